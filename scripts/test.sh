@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Sets up (packages, build, test dependencies) and runs every test with ctest.
+#   scripts/test.sh [ctest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+# Real-client tests use the npm packages (openai, @anthropic-ai/sdk) and a
+# prebuilt llama.cpp (node-llama-cpp) as the reference implementation.
+if [ -f tests/js/package.json ] && [ ! -d tests/js/node_modules ]; then
+  (cd tests/js && npm install --no-audit --no-fund --loglevel=error) ||
+    echo "test.sh: npm install failed; tests that need the npm packages will skip" >&2
+fi
+cd build
+ctest --output-on-failure "$@"

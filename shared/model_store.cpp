@@ -1,0 +1,648 @@
+#include "shared/model_store.h"
+
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <new>
+#include <thread>
+
+#include "shared/error.h"
+
+namespace ds4::store {
+
+namespace bip = boost::interprocess;
+
+namespace {
+
+constexpr uint64_t kRegionAlignment = 64;
+constexpr uint64_t kCopyChunk = uint64_t(8) << 20;  // progress granularity while copying
+// A segment this young with no header yet is being created by someone right now.
+constexpr int64_t kCreationGraceNs = int64_t(5) * 1000 * 1000 * 1000;
+
+uint64_t fnv1a(const void* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= b[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+std::string format_bytes(uint64_t b) {
+  char buf[48];
+  if (b >= (uint64_t(1) << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f GiB", double(b) / double(uint64_t(1) << 30));
+  } else if (b >= (uint64_t(1) << 20)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(uint64_t(1) << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(b));
+  }
+  return buf;
+}
+
+int64_t realtime_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// The loader holds an exclusive flock on the segment for the whole load; the
+// kernel drops it when the loader dies, so a free lock means nobody is loading.
+bool loader_lock_held(int fd) {
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK;
+}
+
+bool recently_created(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  const int64_t ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+  return realtime_ns() - ctime_ns < kCreationGraceNs;
+}
+
+std::string segment_label(const std::string& name) { return "shared-memory segment '" + name + "'"; }
+
+Identity identity_of(const gguf::File& f, const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot stat: " + std::strerror(errno));
+  if (uint64_t(st.st_size) != f.file_size()) throw Error(path + ": file changed while it was being read");
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::canonical(path, ec);
+  if (ec) throw Error(path + ": cannot resolve the absolute path: " + ec.message());
+  Identity id;
+  id.path = abs.string();
+  if (id.path.size() >= kMaxPath) throw Error(path + ": absolute path longer than " + std::to_string(kMaxPath - 1) + " bytes");
+  id.size = uint64_t(st.st_size);
+  id.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  id.header_hash = fnv1a(f.bytes().data(), size_t(std::min(f.data_offset(), f.file_size())));
+  return id;
+}
+
+Identity header_identity(const SegmentHeader& h) {
+  Identity id;
+  id.path.assign(h.path, size_t(std::min<uint64_t>(h.path_len, kMaxPath)));
+  id.size = h.file_size;
+  id.mtime_ns = h.mtime_ns;
+  id.header_hash = h.header_hash;
+  return id;
+}
+
+void refuse_unsupported(const gguf::File& f) {
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    if (!type_supported(t.type)) {
+      throw Error(f.source() + ": tensor '" + t.name + "' has type " +
+                  std::string(type_traits(uint32_t(t.type))->name) +
+                  ", which ds4 cannot compute (supported: F32, F16, BF16, Q8_0)");
+    }
+  }
+}
+
+// ---- layout -------------------------------------------------------------
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  VocabHeader header{};
+  uint64_t bytes = 0;
+};
+
+Vocab read_vocab(const gguf::File& f) {
+  Vocab v;
+  v.tokens = f.get_string_array("tokenizer.ggml.tokens").value_or(std::vector<std::string>{});
+  const uint64_t n = v.tokens.size();
+  if (auto scores = f.get_float_array("tokenizer.ggml.scores")) {
+    if (scores->size() != n) {
+      throw Error(f.source() + ": key 'tokenizer.ggml.scores': " + std::to_string(scores->size()) +
+                  " entries, expected " + std::to_string(n) + " (one per token)");
+    }
+    v.scores = std::move(*scores);
+  }
+  if (auto types = f.get_int_array("tokenizer.ggml.token_type")) {
+    if (types->size() != n) {
+      throw Error(f.source() + ": key 'tokenizer.ggml.token_type': " + std::to_string(types->size()) +
+                  " entries, expected " + std::to_string(n) + " (one per token)");
+    }
+    for (int64_t t : *types) {
+      if (t < INT32_MIN || t > INT32_MAX) throw Error(f.source() + ": key 'tokenizer.ggml.token_type': value out of int32 range");
+      v.types.push_back(int32_t(t));
+    }
+  }
+  VocabHeader& h = v.header;
+  uint64_t off = sizeof(VocabHeader);
+  h.n_tokens = n;
+  h.offsets_offset = off;
+  off += (n + 1) * sizeof(uint64_t);
+  if (!v.scores.empty()) {
+    h.scores_offset = off;
+    off += n * sizeof(float);
+  }
+  if (!v.types.empty()) {
+    h.types_offset = off;
+    off += n * sizeof(int32_t);
+  }
+  h.strings_offset = off;
+  for (const std::string& t : v.tokens) h.strings_bytes += t.size();
+  v.bytes = off + h.strings_bytes;
+  return v;
+}
+
+struct Plan {
+  uint64_t blob_offset = 0, blob_bytes = 0;
+  uint64_t dir_offset = 0;
+  uint64_t vocab_offset = 0;
+  uint64_t data_offset = 0, data_bytes = 0;
+  uint64_t total = 0;
+  uint64_t tensor_bytes = 0;  // sum of the tensors' own bytes (progress total)
+  std::vector<uint64_t> tensor_offsets;
+  Vocab vocab;
+};
+
+Plan plan_layout(const gguf::File& f) {
+  Plan p;
+  uint64_t off = align_up(sizeof(SegmentHeader), kRegionAlignment);
+  p.blob_offset = off;
+  p.blob_bytes = std::min(f.data_offset(), f.file_size());
+  off = align_up(off + p.blob_bytes, kRegionAlignment);
+  p.dir_offset = off;
+  off = align_up(off + f.tensors().size() * sizeof(TensorRecord), kRegionAlignment);
+  p.vocab_offset = off;
+  p.vocab = read_vocab(f);
+  off += p.vocab.bytes;
+  p.data_offset = align_up(off, kDataAlignment);
+  off = p.data_offset;
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    p.tensor_offsets.push_back(off);
+    off = align_up(off + t.n_bytes, kDataAlignment);
+    p.tensor_bytes += t.n_bytes;
+  }
+  p.data_bytes = off - p.data_offset;
+  p.total = align_up(std::max(off, p.data_offset), 4096);
+  return p;
+}
+
+// ---- writing ------------------------------------------------------------
+
+void write_vocab(uint8_t* region, const Vocab& v) {
+  std::memcpy(region, &v.header, sizeof v.header);
+  auto* offsets = reinterpret_cast<uint64_t*>(region + v.header.offsets_offset);
+  char* strings = reinterpret_cast<char*>(region + v.header.strings_offset);
+  uint64_t at = 0;
+  for (size_t i = 0; i < v.tokens.size(); ++i) {
+    offsets[i] = at;
+    std::memcpy(strings + at, v.tokens[i].data(), v.tokens[i].size());
+    at += v.tokens[i].size();
+  }
+  offsets[v.tokens.size()] = at;
+  if (!v.scores.empty()) std::memcpy(region + v.header.scores_offset, v.scores.data(), v.scores.size() * sizeof(float));
+  if (!v.types.empty()) std::memcpy(region + v.header.types_offset, v.types.data(), v.types.size() * sizeof(int32_t));
+}
+
+void write_segment(uint8_t* base, const Plan& p, const gguf::File& f, const Identity& id, const ProgressFn& progress) {
+  auto* h = new (base) SegmentHeader();
+  std::memcpy(h->magic, kMagic, sizeof h->magic);
+  h->layout_version = kLayoutVersion;
+  h->state.store(uint32_t(SegmentState::loading), std::memory_order_relaxed);
+  h->total_bytes = p.total;
+  h->loader_pid = ::getpid();
+  h->loaded_at_ns = realtime_ns();
+  h->file_size = id.size;
+  h->mtime_ns = id.mtime_ns;
+  h->header_hash = id.header_hash;
+  h->path_len = id.path.size();
+  std::memcpy(h->path, id.path.data(), id.path.size());
+  h->blob_offset = p.blob_offset;
+  h->blob_bytes = p.blob_bytes;
+  h->dir_offset = p.dir_offset;
+  h->n_tensors = f.tensors().size();
+  h->vocab_offset = p.vocab_offset;
+  h->vocab_bytes = p.vocab.bytes;
+  h->data_offset = p.data_offset;
+  h->data_bytes = p.data_bytes;
+
+  std::memcpy(base + p.blob_offset, f.bytes().data(), p.blob_bytes);
+  auto* records = reinterpret_cast<TensorRecord*>(base + p.dir_offset);
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    const gguf::TensorInfo& t = f.tensors()[i];
+    TensorRecord& r = records[i];
+    std::memcpy(r.name, t.name.data(), t.name.size());  // the reader caps names at 255 bytes
+    r.type = uint32_t(t.type);
+    r.n_dims = uint32_t(t.dims.size());
+    for (int d = 0; d < 4; ++d) r.dims[d] = d < int(t.dims.size()) ? t.dims[d] : 1;
+    r.offset = p.tensor_offsets[i];
+    r.n_bytes = t.n_bytes;
+  }
+  write_vocab(base + p.vocab_offset, p.vocab);
+
+  uint64_t done = 0;
+  if (progress) progress(0, p.tensor_bytes);
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    const std::span<const uint8_t> src = f.tensor_data(f.tensors()[i]);
+    uint8_t* dst = base + p.tensor_offsets[i];
+    for (uint64_t at = 0; at < src.size(); at += kCopyChunk) {
+      const uint64_t n = std::min<uint64_t>(kCopyChunk, src.size() - at);
+      std::memcpy(dst + at, src.data() + at, n);
+      done += n;
+      h->bytes_done.store(done, std::memory_order_relaxed);
+      if (progress && done < p.tensor_bytes) progress(done, p.tensor_bytes);
+    }
+  }
+  h->state.store(uint32_t(SegmentState::ready), std::memory_order_release);
+  if (progress) progress(p.tensor_bytes, p.tensor_bytes);
+}
+
+uint64_t free_bytes(const LoadOptions& opts) {
+  if (opts.assume_free_bytes) return *opts.assume_free_bytes;
+  struct statvfs vfs {};
+  if (::statvfs(kShmDir, &vfs) != 0) throw Error(std::string(kShmDir) + ": statvfs failed: " + std::strerror(errno));
+  return uint64_t(vfs.f_bavail) * vfs.f_frsize;
+}
+
+[[noreturn]] void throw_no_space(const std::string& source, uint64_t need, uint64_t have) {
+  throw Error(source + ": model needs " + format_bytes(need) + " of shared memory, " + kShmDir + " has " +
+              format_bytes(have) + " free; enlarge it (mount -o remount,size=<bytes> " + kShmDir +
+              ") or remove unused segments there");
+}
+
+// Reserves the pages for real, so that a full tmpfs fails here and not with SIGBUS mid-copy.
+void reserve(int fd, uint64_t bytes, const std::string& source, const LoadOptions& opts) {
+  int rc;
+  do {
+    rc = ::posix_fallocate(fd, 0, off_t(bytes));
+  } while (rc == EINTR);
+  if (rc == ENOSPC) throw_no_space(source, bytes, free_bytes(opts));
+  if (rc != 0) throw Error(source + ": cannot reserve " + format_bytes(bytes) + " of shared memory: " + std::strerror(rc));
+}
+
+// Creates and fills the segment; nullopt when someone else created it first.
+std::optional<LoadResult> create_segment(const std::string& name, const gguf::File& f, const Identity& id,
+                                         const LoadOptions& opts) {
+  const Plan p = plan_layout(f);
+  const uint64_t have = free_bytes(opts);
+  if (p.total > have) throw_no_space(f.source(), p.total, have);
+
+  std::optional<bip::shared_memory_object> shm;
+  try {
+    shm.emplace(bip::create_only, name.c_str(), bip::read_write, bip::permissions(0644));
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::already_exists_error) return std::nullopt;
+    throw Error(segment_label(name) + ": cannot create: " + e.what());
+  }
+  const int fd = shm->get_mapping_handle().handle;
+  ::flock(fd, LOCK_EX);  // held until `shm` closes: others see a live loader
+  try {
+    reserve(fd, p.total, f.source(), opts);
+    bip::mapped_region region(*shm, bip::read_write, 0, p.total);
+    write_segment(static_cast<uint8_t*>(region.get_address()), p, f, id, opts.progress);
+  } catch (const bip::interprocess_exception& e) {
+    bip::shared_memory_object::remove(name.c_str());
+    throw Error(segment_label(name) + ": cannot map " + format_bytes(p.total) + ": " + e.what());
+  } catch (...) {
+    bip::shared_memory_object::remove(name.c_str());
+    throw;
+  }
+  LoadResult r;
+  r.name = name;
+  r.bytes = p.total;
+  return r;
+}
+
+// ---- looking at an existing segment -------------------------------------
+
+enum class Found { missing, ready, loading, stale };
+
+struct Inspection {
+  Found found = Found::missing;
+  std::string why;  // for stale ones
+  uint64_t bytes = 0;
+  uint64_t done = 0, total = 0;  // a live loader's progress
+};
+
+Inspection inspect(const std::string& name, const Identity& id) {
+  Inspection s;
+  std::optional<bip::shared_memory_object> shm;
+  try {
+    shm.emplace(bip::open_only, name.c_str(), bip::read_only);
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::not_found_error) return s;
+    throw Error(segment_label(name) + ": cannot open: " + e.what());
+  }
+  bip::offset_t size = 0;
+  shm->get_size(size);
+  s.bytes = uint64_t(size);
+  const int fd = shm->get_mapping_handle().handle;
+  const bool locked = loader_lock_held(fd);
+  const bool young = recently_created(fd);
+  if (uint64_t(size) < sizeof(SegmentHeader)) {
+    s.found = locked || young ? Found::loading : Found::stale;
+    s.why = "it is too small (" + std::to_string(size) + " bytes) to hold a header";
+    return s;
+  }
+  bip::mapped_region region(*shm, bip::read_only, 0, sizeof(SegmentHeader));
+  const auto* h = static_cast<const SegmentHeader*>(region.get_address());
+  if (std::memcmp(h->magic, kMagic, sizeof kMagic) != 0) {
+    s.found = locked || young ? Found::loading : Found::stale;
+    s.why = "it has no ds4 magic";
+    return s;
+  }
+  if (h->layout_version != kLayoutVersion) {
+    s.found = Found::stale;
+    s.why = "it has layout version " + std::to_string(h->layout_version) + ", this build writes " +
+            std::to_string(kLayoutVersion);
+    return s;
+  }
+  if (h->state.load(std::memory_order_acquire) != uint32_t(SegmentState::ready)) {
+    s.found = locked ? Found::loading : Found::stale;
+    s.why = "it was left half-written by loader pid " + std::to_string(h->loader_pid);
+    s.done = h->bytes_done.load(std::memory_order_relaxed);
+    s.total = h->data_bytes;
+    return s;
+  }
+  if (h->total_bytes != uint64_t(size)) {
+    s.found = Found::stale;
+    s.why = "its size " + std::to_string(size) + " differs from its header's " + std::to_string(h->total_bytes);
+    return s;
+  }
+  if (!(header_identity(*h) == id)) {
+    s.found = Found::stale;
+    s.why = "it holds another model or version of the file (" + header_identity(*h).path + ")";
+    return s;
+  }
+  s.found = Found::ready;
+  return s;
+}
+
+}  // namespace
+
+// ---- public: identity, loading, removal ---------------------------------
+
+Identity identify(const std::string& path) {
+  const gguf::File f = gguf::File::open(path);
+  return identity_of(f, path);
+}
+
+std::string segment_name(const Identity& id) {
+  uint64_t h = fnv1a(id.path.data(), id.path.size());
+  h = fnv1a(&id.size, sizeof id.size, h);
+  h = fnv1a(&id.mtime_ns, sizeof id.mtime_ns, h);
+  h = fnv1a(&id.header_hash, sizeof id.header_hash, h);
+  h = fnv1a(&kLayoutVersion, sizeof kLayoutVersion, h);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ds4-model-%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+LoadResult load(const std::string& gguf_path, const LoadOptions& opts) {
+  const gguf::File file = gguf::File::open(gguf_path);  // validates everything
+  refuse_unsupported(file);
+  const Identity id = identity_of(file, gguf_path);
+  const std::string name = opts.name.empty() ? segment_name(id) : opts.name;
+  const auto deadline = std::chrono::steady_clock::now() + opts.wait_timeout;
+  bool force = opts.force_rebuild;
+  std::string reason;
+  for (;;) {
+    const Inspection s = inspect(name, id);
+    if (s.found == Found::ready && !force) {
+      LoadResult r;
+      r.name = name;
+      r.reused = true;
+      r.bytes = s.bytes;
+      return r;
+    }
+    if (s.found == Found::loading) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Error(segment_label(name) + ": another process is still loading it after " +
+                    std::to_string(opts.wait_timeout.count() / 1000) + " s; giving up");
+      }
+      if (opts.progress && s.total > 0 && s.done < s.total) opts.progress(s.done, s.total);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    if (s.found != Found::missing) {
+      reason = s.found == Found::ready ? "rebuild forced" : s.why;
+      bip::shared_memory_object::remove(name.c_str());  // mappings that exist stay valid
+    }
+    force = false;
+    if (std::optional<LoadResult> r = create_segment(name, file, id, opts)) {
+      r->rebuild_reason = reason;
+      return *r;
+    }
+    // Another process created it between our look and our create: look again.
+  }
+}
+
+std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts) {
+  return load(gguf_path, opts).name;
+}
+
+bool remove(const std::string& name) { return bip::shared_memory_object::remove(name.c_str()); }
+
+// ---- attaching ----------------------------------------------------------
+
+struct Segment::Impl {
+  std::string name;
+  bip::mapped_region region;
+  const SegmentHeader* header = nullptr;
+  gguf::File metadata;
+  std::vector<TensorRef> tensors;
+  std::map<std::string_view, size_t, std::less<>> index;
+  VocabView vocab;
+};
+
+namespace {
+
+class Checker {
+ public:
+  Checker(const std::string& name, uint64_t size) : name_(name), size_(size) {}
+
+  [[noreturn]] void fail(const std::string& what) const { throw Error(segment_label(name_) + ": " + what); }
+
+  // [offset, offset + bytes) lies inside the segment.
+  void region(std::string_view what, uint64_t offset, uint64_t bytes) const {
+    if (offset > size_ || bytes > size_ - offset) {
+      fail(std::string(what) + " [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
+           ") lies outside the segment (size " + std::to_string(size_) + "); it is corrupt");
+    }
+  }
+
+ private:
+  const std::string& name_;
+  uint64_t size_;
+};
+
+// count elements of `elem` bytes at `offset` fit in `limit` bytes, suitably aligned.
+bool fits(uint64_t offset, uint64_t count, uint64_t elem, uint64_t limit) {
+  if (offset % elem != 0 || offset > limit) return false;
+  return count <= (limit - offset) / elem;
+}
+
+VocabView check_vocab(const Checker& c, const uint8_t* base, const SegmentHeader& h) {
+  c.region("vocabulary", h.vocab_offset, h.vocab_bytes);
+  if (h.vocab_bytes < sizeof(VocabHeader) || h.vocab_offset % 8 != 0) c.fail("vocabulary region is corrupt (header)");
+  const uint8_t* region = base + h.vocab_offset;
+  const auto* vh = reinterpret_cast<const VocabHeader*>(region);
+  const uint64_t n = vh->n_tokens, limit = h.vocab_bytes;
+  if (n >= limit || !fits(vh->offsets_offset, n + 1, 8, limit) ||
+      (vh->scores_offset && !fits(vh->scores_offset, n, 4, limit)) ||
+      (vh->types_offset && !fits(vh->types_offset, n, 4, limit)) ||
+      !fits(vh->strings_offset, vh->strings_bytes, 1, limit)) {
+    c.fail("vocabulary region is corrupt (" + std::to_string(n) + " tokens do not fit its " + std::to_string(limit) +
+           " bytes)");
+  }
+  VocabView v;
+  v.n_tokens = n;
+  v.offsets = reinterpret_cast<const uint64_t*>(region + vh->offsets_offset);
+  v.strings = reinterpret_cast<const char*>(region + vh->strings_offset);
+  v.scores = vh->scores_offset ? reinterpret_cast<const float*>(region + vh->scores_offset) : nullptr;
+  v.types = vh->types_offset ? reinterpret_cast<const int32_t*>(region + vh->types_offset) : nullptr;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (v.offsets[i] > v.offsets[i + 1]) c.fail("vocabulary token " + std::to_string(i) + " has a negative length");
+  }
+  if (v.offsets[0] != 0 || v.offsets[n] > vh->strings_bytes) c.fail("vocabulary strings run past their region");
+  return v;
+}
+
+void check_header(const Checker& c, const SegmentHeader& h, uint64_t size, int fd) {
+  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) c.fail("bad magic: this is not a ds4 model segment");
+  if (h.layout_version != kLayoutVersion) {
+    c.fail("layout version " + std::to_string(h.layout_version) + ", this build reads layout version " +
+           std::to_string(kLayoutVersion) + "; the supervisor must rebuild it (restart it, or run ensure_loaded)");
+  }
+  if (size < sizeof(SegmentHeader)) c.fail("truncated: " + std::to_string(size) + " bytes, smaller than its header");
+  if (h.state.load(std::memory_order_acquire) != uint32_t(SegmentState::ready)) {
+    const std::string pid = std::to_string(h.loader_pid);
+    if (loader_lock_held(fd)) {
+      c.fail("still loading (loader pid " + pid + " is running); wait until it is ready");
+    }
+    c.fail("was left half-written by loader pid " + pid + ", which is no longer running; ensure_loaded rebuilds it");
+  }
+  if (h.total_bytes != size) {
+    c.fail("size " + std::to_string(size) + " differs from the " + std::to_string(h.total_bytes) +
+           " bytes its header records; it is truncated or corrupt");
+  }
+  if (h.path_len >= kMaxPath) c.fail("header is corrupt (path length " + std::to_string(h.path_len) + ")");
+  c.region("GGUF header blob", h.blob_offset, h.blob_bytes);
+  if (h.n_tensors > size / sizeof(TensorRecord) || h.dir_offset % 8 != 0) c.fail("tensor directory is corrupt");
+  c.region("tensor directory", h.dir_offset, h.n_tensors * sizeof(TensorRecord));
+  c.region("tensor data", h.data_offset, h.data_bytes);
+}
+
+TensorRef check_record(const Checker& c, const uint8_t* base, const SegmentHeader& h, const TensorRecord& r, size_t i) {
+  const std::string what = "tensor record " + std::to_string(i);
+  const void* nul = std::memchr(r.name, 0, sizeof r.name);
+  if (!nul) c.fail(what + ": name is not terminated");
+  TensorRef t;
+  t.name = std::string_view(r.name, size_t(static_cast<const char*>(nul) - r.name));
+  const std::optional<TypeTraits> traits = type_traits(r.type);
+  if (!traits || r.n_dims == 0 || r.n_dims > 4) c.fail(what + " '" + std::string(t.name) + "': bad type or n_dims");
+  uint64_t n = 1;
+  for (int d = 0; d < 4; ++d) {
+    if (r.dims[d] == 0 || __builtin_mul_overflow(n, r.dims[d], &n)) c.fail(what + " '" + std::string(t.name) + "': bad dims");
+    t.dims[d] = r.dims[d];
+  }
+  if (r.dims[0] % traits->block_elems != 0 || n / traits->block_elems * traits->block_bytes != r.n_bytes) {
+    c.fail(what + " '" + std::string(t.name) + "': size " + std::to_string(r.n_bytes) + " does not match its type and dims");
+  }
+  if (r.offset % kDataAlignment != 0 || r.offset < h.data_offset || r.offset - h.data_offset > h.data_bytes ||
+      r.n_bytes > h.data_bytes - (r.offset - h.data_offset)) {
+    c.fail(what + " '" + std::string(t.name) + "': data at " + std::to_string(r.offset) +
+           " is misaligned or outside the data region");
+  }
+  t.type = GgmlType(r.type);
+  t.n_dims = r.n_dims;
+  t.data = base + r.offset;
+  t.n_bytes = r.n_bytes;
+  return t;
+}
+
+}  // namespace
+
+Segment::Segment(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Segment::Segment(Segment&&) noexcept = default;
+Segment& Segment::operator=(Segment&&) noexcept = default;
+Segment::~Segment() = default;
+
+Segment Segment::attach(const std::string& name) {
+  std::optional<bip::shared_memory_object> shm;
+  try {
+    shm.emplace(bip::open_only, name.c_str(), bip::read_only);
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::not_found_error) {
+      throw Error(segment_label(name) + ": does not exist (" + kShmDir + "/" + name +
+                  "); the supervisor creates it when it loads the model");
+    }
+    throw Error(segment_label(name) + ": cannot open: " + e.what());
+  }
+  bip::offset_t size = 0;
+  shm->get_size(size);
+  const Checker c(name, uint64_t(size));
+  // magic and layout version come first in every layout.
+  if (uint64_t(size) < sizeof(kMagic) + sizeof(uint32_t)) {
+    c.fail("truncated: " + std::to_string(size) + " bytes, too small for a ds4 model segment");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->name = name;
+  try {
+    impl->region = bip::mapped_region(*shm, bip::read_only);
+  } catch (const bip::interprocess_exception& e) {
+    c.fail(std::string("cannot map: ") + e.what());
+  }
+  const auto* base = static_cast<const uint8_t*>(impl->region.get_address());
+  const auto& h = *reinterpret_cast<const SegmentHeader*>(base);
+  check_header(c, h, uint64_t(size), shm->get_mapping_handle().handle);
+  impl->header = &h;
+
+  gguf::ParseOptions po;
+  po.check_tensor_data = false;
+  try {
+    impl->metadata = gguf::File::parse(std::span<const uint8_t>(base + h.blob_offset, h.blob_bytes),
+                                       segment_label(name) + " GGUF header", po);
+  } catch (const Error& e) {
+    c.fail(std::string("its GGUF header does not parse: ") + e.what());
+  }
+  if (impl->metadata.tensors().size() != h.n_tensors) c.fail("tensor directory and GGUF header disagree on the tensor count");
+  const auto* records = reinterpret_cast<const TensorRecord*>(base + h.dir_offset);
+  impl->tensors.reserve(h.n_tensors);
+  for (size_t i = 0; i < h.n_tensors; ++i) {
+    impl->tensors.push_back(check_record(c, base, h, records[i], i));
+    if (!impl->index.emplace(impl->tensors.back().name, i).second) {
+      c.fail("tensor '" + std::string(impl->tensors.back().name) + "' appears twice");
+    }
+  }
+  impl->vocab = check_vocab(c, base, h);
+  return Segment(std::move(impl));
+}
+
+const std::string& Segment::name() const { return impl_->name; }
+Identity Segment::identity() const { return header_identity(*impl_->header); }
+uint64_t Segment::bytes() const { return impl_->header->total_bytes; }
+uint64_t Segment::weight_bytes() const { return impl_->header->data_bytes; }
+const gguf::File& Segment::metadata() const { return impl_->metadata; }
+std::span<const TensorRef> Segment::tensors() const { return impl_->tensors; }
+const void* Segment::base() const { return impl_->region.get_address(); }
+const SegmentHeader& Segment::header() const { return *impl_->header; }
+const VocabView& Segment::vocab() const { return impl_->vocab; }
+
+const TensorRef* Segment::find_tensor(std::string_view name) const {
+  const auto it = impl_->index.find(name);
+  return it == impl_->index.end() ? nullptr : &impl_->tensors[it->second];
+}
+
+}  // namespace ds4::store

@@ -1,0 +1,194 @@
+#pragma once
+/// The model store: a GGUF file loaded once into a named shared-memory segment
+/// (Boost.Interprocess shared_memory_object, /dev/shm/<name>) that outlives the
+/// processes using it. Layout (all offsets from the segment start):
+///   SegmentHeader | GGUF header blob (metadata + tensor directory, as in the
+///   file) | tensor directory (TensorRecord[]) | vocabulary | tensor data,
+///   each tensor aligned to kDataAlignment.
+/// The loader writes everything with state `loading`, then publishes `ready`
+/// with a release store. Readers map it read-only and refuse anything else.
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared/ggml_types.h"
+#include "shared/gguf.h"
+
+namespace ds4::store {
+
+inline constexpr char kMagic[8] = {'D', 'S', '4', 'M', 'O', 'D', 'E', 'L'};
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint64_t kDataAlignment = 256;  // SIMD loads and GPU copies
+
+enum class SegmentState : uint32_t { loading = 0, ready = 1 };
+
+/// Where named segments live (shm_open's filesystem); its free space is checked before loading.
+inline constexpr char kShmDir[] = "/dev/shm";
+inline constexpr size_t kMaxPath = 4096;
+
+/// The segment's first bytes. `magic` and `layout_version` keep these offsets in
+/// every layout, so a reader tells another layout apart before trusting the rest.
+/// Regions are [offset, offset + bytes) from the segment start.
+struct SegmentHeader {
+  char magic[8];
+  uint32_t layout_version;
+  std::atomic<uint32_t> state;         // SegmentState; `ready` is published with a release store
+  uint64_t total_bytes;                // the whole segment (= its size)
+  int64_t loader_pid;
+  std::atomic<uint64_t> bytes_done;    // tensor bytes copied so far (waiters show progress)
+  int64_t loaded_at_ns;                // CLOCK_REALTIME when loading began
+  // identity
+  uint64_t file_size;
+  int64_t mtime_ns;
+  uint64_t header_hash;
+  uint64_t path_len;
+  char path[kMaxPath];
+  // regions
+  uint64_t blob_offset, blob_bytes;    // GGUF file bytes [0, data section)
+  uint64_t dir_offset, n_tensors;      // TensorRecord[n_tensors]
+  uint64_t vocab_offset, vocab_bytes;  // VocabHeader and its arrays
+  uint64_t data_offset, data_bytes;    // tensor data, each tensor aligned to kDataAlignment
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+/// One tensor in the directory region.
+struct TensorRecord {
+  char name[256];     // NUL-terminated, up to 255 bytes
+  uint32_t type;      // GgmlType
+  uint32_t n_dims;
+  uint64_t dims[4];   // unused ones are 1
+  uint64_t offset;    // from the segment start, a multiple of kDataAlignment
+  uint64_t n_bytes;
+};
+
+/// Start of the vocabulary region; offsets are from the region start, 0 = absent.
+struct VocabHeader {
+  uint64_t n_tokens;
+  uint64_t offsets_offset;  // uint64_t[n_tokens + 1]: token i is strings[offsets[i], offsets[i + 1])
+  uint64_t scores_offset;   // float[n_tokens] (tokenizer.ggml.scores)
+  uint64_t types_offset;    // int32_t[n_tokens] (tokenizer.ggml.token_type)
+  uint64_t strings_offset;  // token bytes (tokenizer.ggml.tokens)
+  uint64_t strings_bytes;
+};
+
+/// The vocabulary as stored in a segment (pointers into the mapping).
+struct VocabView {
+  uint64_t n_tokens = 0;
+  const uint64_t* offsets = nullptr;
+  const char* strings = nullptr;
+  const float* scores = nullptr;    // null when the file has none
+  const int32_t* types = nullptr;   // null when the file has none
+  std::string_view token(uint64_t i) const {
+    return {strings + offsets[i], size_t(offsets[i + 1] - offsets[i])};
+  }
+};
+
+/// What a segment was loaded from. Two identities are equal when every field is.
+struct Identity {
+  std::string path;        // absolute path of the GGUF file
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t header_hash = 0;  // FNV-1a 64 of the GGUF header bytes (up to the data section)
+  bool operator==(const Identity&) const = default;
+};
+
+/// Reads `path`'s identity (stat + header hash). Throws ds4::Error naming the path.
+Identity identify(const std::string& path);
+
+/// "ds4-model-<16 hex digits>": derived from the identity and the layout version.
+std::string segment_name(const Identity& id);
+
+/// One tensor as the engine sees it: a pointer into the mapped segment.
+struct TensorRef {
+  std::string_view name;
+  GgmlType type = GgmlType::F32;
+  uint32_t n_dims = 0;
+  uint64_t dims[4] = {1, 1, 1, 1};  // ne[0] innermost
+  const void* data = nullptr;
+  uint64_t n_bytes = 0;
+};
+
+/// Load progress: bytes done out of total. Called often; cheap.
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+/// A read-only attachment to a ready segment. Movable; unmaps on destruction.
+class Segment {
+ public:
+  /// Attaches `name`. Throws ds4::Error with a clear message when it is missing,
+  /// has a bad magic, another layout version, is still `loading` (half-written),
+  /// or is truncated.
+  static Segment attach(const std::string& name);
+
+  Segment(Segment&&) noexcept;
+  Segment& operator=(Segment&&) noexcept;
+  ~Segment();
+
+  const std::string& name() const;
+  Identity identity() const;
+  uint64_t bytes() const;          // whole segment
+  uint64_t weight_bytes() const;   // the tensor data region (tensors and their alignment padding)
+  /// Metadata parsed from the header blob (tensor_data() of it is not usable:
+  /// use tensors()/find_tensor()).
+  const gguf::File& metadata() const;
+  std::span<const TensorRef> tensors() const;
+  const TensorRef* find_tensor(std::string_view name) const;
+  /// Base address and length of the mapping (for residency checks and GPU registration).
+  const void* base() const;
+  /// The header as mapped (loader pid, load time, region offsets).
+  const SegmentHeader& header() const;
+  /// Tokens, scores and types for the proxy's tokenizer (n_tokens 0 when the file has none).
+  const VocabView& vocab() const;
+
+ private:
+  struct Impl;
+  explicit Segment(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+struct LoadOptions {
+  bool force_rebuild = false;   // rebuild even when a ready, matching segment exists
+  ProgressFn progress;          // may be empty
+  std::string name;             // segment name; empty = segment_name(identity) (tests set their own)
+  /// How long to wait for another live process that is loading the same segment.
+  std::chrono::milliseconds wait_timeout = std::chrono::minutes(10);
+  /// Tests: pretend the backing filesystem has this many bytes free.
+  std::optional<uint64_t> assume_free_bytes;
+};
+
+struct LoadResult {
+  std::string name;
+  bool reused = false;   // a ready, matching segment existed: nothing was copied
+  uint64_t bytes = 0;    // segment size
+  std::string rebuild_reason;  // why an existing segment was replaced; empty when none was
+};
+
+/// ensure_loaded(), also telling whether the segment was reused.
+LoadResult load(const std::string& gguf_path, const LoadOptions& opts = {});
+
+/// Makes sure a ready segment for `gguf_path` exists and returns its name:
+/// reuses one that is ready and matches the identity; otherwise (missing,
+/// half-written by a dead loader, other layout) removes it and loads afresh.
+/// Checks the backing space (/dev/shm) before writing and throws a clear
+/// ds4::Error instead of dying with SIGBUS when the model does not fit.
+/// Validates the GGUF completely first (bad files never reach shared memory).
+std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts = {});
+
+/// Removes the named segment (its pages are freed once no process maps it).
+/// Returns false when there was none.
+bool remove(const std::string& name);
+
+/// A progress reporter for long loads: on a terminal a single updating line with
+/// percent and MB/s; under systemd `STATUS=` via sd_notify (rate-limited).
+/// `what` starts the line: "loading stories260K.gguf" gives
+/// `loading stories260K.gguf: 45% 812 MB/s`. (shared/progress.h has the parts.)
+ProgressFn make_progress_reporter(std::string what);
+
+}  // namespace ds4::store

@@ -1,0 +1,87 @@
+#pragma once
+/// The worker's token-level protocol, spoken over a Unix stream socket as
+/// newline-delimited JSON. One request per connection:
+///
+///   client → worker   {"op":"generate","prompt":[1,403,...],"generated":[432,...],
+///                      "max_tokens":64,"temperature":0,"top_k":40,"top_p":0.95,
+///                      "min_p":0.05,"seed":7,"logprobs":0,"ignore_eos":false}
+///   worker → client   {"ev":"token","i":0,"t":432,"lp":-0.01,"top":[[432,-0.01],...]}   (one per token)
+///                     {"ev":"done","reason":"stop|length|context|cancelled","timings":{...}}
+///                  or {"ev":"error","message":"..."}
+///
+///   client → worker   {"op":"info"}   →  {"ev":"info", model, ctx, slots, busy, ...}
+///
+/// Resuming: a request whose worker died is sent again, to any worker, with
+/// "generated" holding every token received so far; "i" of the next token is
+/// generated.size(). Sampling draws depend only on (seed, i), so the answer
+/// continues exactly as it would have. Closing the connection cancels.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ds4::proto {
+
+/// Hard limits on what one request may carry.
+inline constexpr size_t kMaxLineBytes = 32u << 20;
+inline constexpr size_t kMaxTokens = 1u << 22;
+
+struct Sampling {
+  float temperature = 0.8f;
+  int32_t top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  uint64_t seed = 0;
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> generated;
+  int32_t max_tokens = 128;
+  Sampling sampling;
+  int32_t logprobs = 0;
+  bool ignore_eos = false;
+};
+
+struct Request {
+  enum class Op { generate, info } op = Op::info;
+  GenerateRequest generate;
+};
+
+/// Parses one request line. Throws ds4::Error saying which field is wrong and
+/// what was expected (types, ranges, sizes); never anything else.
+Request parse_request(std::string_view line);
+std::string to_line(const GenerateRequest& r);
+
+struct TokenEvent {
+  int64_t index = 0;
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct Timings {
+  int64_t prompt_n = 0, cache_n = 0, predicted_n = 0;
+  double prompt_ms = 0, predicted_ms = 0;
+};
+
+std::string token_line(const TokenEvent& e);
+std::string done_line(std::string_view reason, const Timings& t);
+std::string error_line(std::string_view message);
+
+/// One event a worker sent, parsed (for clients: the proxy, tests, tools).
+struct Event {
+  enum class Kind { token, done, error, info } kind = Kind::error;
+  TokenEvent token;
+  std::string reason;   // done
+  Timings timings;      // done
+  std::string message;  // error
+  nlohmann::json info;  // info
+};
+Event parse_event(std::string_view line);
+
+}  // namespace ds4::proto

@@ -1,0 +1,72 @@
+#pragma once
+/// The one small interface every compute backend implements (worker/cpu/,
+/// worker/cuda/). The engine hands it a batch of tokens from several slots;
+/// the backend runs the whole llama forward pass for them, keeps the KV cache,
+/// and returns the logits of the tokens that need one.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "worker/model.h"
+
+namespace ds4 {
+
+/// The sizes a worker is started with.
+struct EngineShape {
+  int64_t ctx = 2048;      // tokens per slot
+  int64_t slots = 1;       // concurrent sequences
+  int64_t max_batch = 256; // tokens per forward step (prefill chunk + decodes)
+};
+
+/// Memory a worker will use, known before anything is allocated.
+struct MemoryPlan {
+  uint64_t weights = 0;  // resident in the shared segment (not the worker's own)
+  uint64_t kv = 0;       // KV cache, context x slots
+  uint64_t scratch = 0;  // activations and logits for one step
+  uint64_t own() const { return kv + scratch; }
+};
+
+/// One token of a forward step.
+struct BatchToken {
+  int32_t token = 0;
+  int32_t slot = 0;
+  int32_t pos = 0;         // position in the slot's sequence
+  int32_t logit_row = -1;  // where its logits go, or -1 when not needed
+};
+
+/// Intermediate values for tests: name ("attn_norm", "ffn_out", "l_out",
+/// "result_norm"), layer (-1 outside layers), rows x cols floats (one row per token).
+using TraceFn = std::function<void(std::string_view name, int layer, const float* data,
+                                   int64_t rows, int64_t cols, int64_t stride)>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  /// What reserve(shape) will allocate.
+  virtual MemoryPlan plan(const EngineShape& shape) const = 0;
+  /// Allocates and touches the KV cache and scratch: after this the backend
+  /// allocates nothing more. Throws ds4::Error when memory is refused.
+  virtual void reserve(const EngineShape& shape) = 0;
+  /// Runs the forward pass for `batch` (at most shape.max_batch tokens, logit
+  /// rows at most shape.slots + 1). Tokens must be valid ids, positions below ctx.
+  virtual void forward(std::span<const BatchToken> batch) = 0;
+  /// Logits (n_vocab floats) of a row the last forward() produced.
+  virtual std::span<const float> logits(int32_t row) const = 0;
+  virtual void set_trace(TraceFn fn) { (void)fn; }
+};
+
+/// The CPU backend; threads <= 0 means one per core.
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads);
+
+/// KV cache bytes for a shape (f16 K and V for every layer, slot and position).
+inline uint64_t kv_cache_bytes(const HParams& hp, const EngineShape& shape) {
+  return 2ull * uint64_t(hp.n_layers) * uint64_t(shape.slots) * uint64_t(shape.ctx) *
+         uint64_t(hp.kv_dim()) * 2ull;
+}
+
+}  // namespace ds4

@@ -1,0 +1,230 @@
+#include "worker/commands.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "shared/error.h"
+#include "shared/log.h"
+#include "shared/model_store.h"
+#include "worker/cli.h"
+#include "worker/engine.h"
+#include "worker/memory_plan.h"
+#include "worker/runtime.h"
+#include "worker/server.h"
+#include "worker/utf8.h"
+
+namespace ds4 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Backend for `--device`: cpu, or auto (the CPU until a GPU backend is built in).
+std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int threads) {
+  if (device == "cpu" || device == "auto") return make_cpu_backend(model, threads);
+  if (device.rfind("cuda", 0) == 0)
+    throw Error("device '" + device + "': this ds4-worker was built without the CUDA backend");
+  throw Error("unknown device '" + device + "' (expected auto, cpu or cuda:N)");
+}
+
+/// Collects a one-shot generation.
+class CollectSink : public RequestSink {
+ public:
+  explicit CollectSink(const Tokenizer& tok, bool echo) : tok_(tok), echo_(echo) {}
+  void on_token(int64_t, const Sampled& s) override {
+    tokens.push_back(s.token);
+    if (echo_) {
+      pending_ += tok_.piece(s.token);
+      const size_t n = utf8_complete_prefix(pending_);
+      std::fwrite(pending_.data(), 1, n, stdout);
+      std::fflush(stdout);
+      pending_.erase(0, n);
+    }
+  }
+  void on_done(Finish r, const Timings& t, const std::string& e) override {
+    reason = r;
+    timings = t;
+    error = e;
+    if (echo_ && !pending_.empty()) std::fwrite(pending_.data(), 1, pending_.size(), stdout);
+  }
+  std::vector<int32_t> tokens;
+  Finish reason = Finish::error;
+  Timings timings;
+  std::string error;
+
+ private:
+  const Tokenizer& tok_;
+  bool echo_;
+  std::string pending_;
+};
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& argv) {
+  Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device"},
+         {"json", "ignore-eos", "no-bos"}, {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
+  auto lm = open_model(a.required("model"));
+  const HParams& hp = lm->model.hp();
+  const Tokenizer& tok = lm->tokenizer;
+  GenerateRequest req;
+  req.prompt = tok.encode(a.str("prompt"), tok.add_bos() && !a.has("no-bos"));
+  req.max_tokens = int32_t(a.integer("n-predict", 64, 0, 1 << 20));
+  req.sampling.temperature = float(a.real("temp", 0.8, 0, 100));
+  req.sampling.seed = uint64_t(a.integer("seed", 0, 0, INT64_MAX));
+  req.sampling.top_k = int32_t(a.integer("top-k", 40, 0, 1 << 30));
+  req.sampling.top_p = float(a.real("top-p", 0.95, 0, 1));
+  req.sampling.min_p = float(a.real("min-p", 0.05, 0, 1));
+  req.ignore_eos = a.has("ignore-eos");
+
+  EngineShape shape;
+  const int64_t need = int64_t(req.prompt.size()) + req.max_tokens + 1;
+  shape.ctx = a.integer("ctx", std::max<int64_t>(need, std::min<int64_t>(hp.train_ctx, 4096)), 1, 1 << 24);
+  shape.slots = 1;
+  shape.max_batch = 512;
+  auto backend = make_backend(a.str("device", "auto"), lm->model, int(a.integer("threads", 0, 0, 1024)));
+  const MemoryPlan plan = backend->plan(shape);
+  check_plan_fits(plan, shape, read_memory_room());
+  backend->reserve(shape);
+
+  const bool json = a.has("json");
+  Engine engine(*backend, hp, tok.eos(), shape);
+  auto sink = std::make_shared<CollectSink>(tok, !json);
+  if (!json) {
+    std::fputs(a.str("prompt").c_str(), stdout);
+    std::fflush(stdout);
+  }
+  engine.submit(req, sink);
+  engine.run_until_idle();
+  if (sink->reason == Finish::error) throw Error(sink->error);
+  if (json) {
+    nlohmann::json out = {{"prompt_tokens", req.prompt},
+                          {"tokens", sink->tokens},
+                          {"text", tok.decode(sink->tokens)},
+                          {"finish_reason", finish_name(sink->reason)}};
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  } else {
+    std::cout << std::endl;
+    const Timings& t = sink->timings;
+    std::fprintf(stderr, "prompt: %lld tokens in %.1f ms (%.1f tok/s); generated: %lld tokens in %.1f ms (%.1f tok/s)\n",
+                 (long long)t.prompt_n, t.prompt_ms, t.prompt_ms > 0 ? 1000.0 * t.prompt_n / t.prompt_ms : 0.0,
+                 (long long)t.predicted_n, t.predicted_ms,
+                 t.predicted_ms > 0 ? 1000.0 * t.predicted_n / t.predicted_ms : 0.0);
+  }
+  return 0;
+}
+
+int cmd_bench(const std::vector<std::string>& argv) {
+  Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment"}, {},
+         {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}});
+  const auto t_attach = Clock::now();
+  auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
+  const double attach_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_attach).count();
+  const HParams& hp = lm->model.hp();
+  const int64_t np = a.integer("n-prompt", 128, 0, 1 << 20), ng = a.integer("n-gen", 128, 0, 1 << 20);
+  const int64_t reps = a.integer("repetitions", 3, 1, 1000);
+  const int threads = int(a.integer("threads", 0, 0, 1024));
+  auto backend = make_backend(a.str("device", "cpu"), lm->model, threads);
+  EngineShape shape;
+  shape.ctx = std::max<int64_t>(np, ng) + 1;
+  shape.slots = 1;
+  shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(np, 512));
+  check_plan_fits(backend->plan(shape), shape, read_memory_room());
+  backend->reserve(shape);
+
+  std::mt19937 rng(42);
+  auto random_token = [&] { return int32_t(rng() % uint32_t(hp.n_vocab)); };
+  // A P-token prompt in batches, as llama-bench's pp test.
+  auto run_pp = [&] {
+    std::vector<BatchToken> b;
+    for (int64_t i = 0; i < np; i += shape.max_batch) {
+      b.clear();
+      for (int64_t j = i; j < std::min(np, i + shape.max_batch); ++j)
+        b.push_back({random_token(), 0, int32_t(j), j == np - 1 ? 0 : -1});
+      backend->forward(b);
+    }
+  };
+  // N tokens one at a time from an empty cache, as llama-bench's tg test.
+  auto run_tg = [&] {
+    for (int64_t i = 0; i < ng; ++i) {
+      BatchToken t{random_token(), 0, int32_t(i), 0};
+      backend->forward({&t, 1});
+    }
+  };
+  auto measure = [&](auto&& fn, int64_t n) {
+    std::vector<double> rates;
+    if (n == 0) return std::pair{0.0, 0.0};
+    fn();  // warm-up
+    for (int64_t r = 0; r < reps; ++r) {
+      const auto t0 = Clock::now();
+      fn();
+      rates.push_back(double(n) / std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    double mean = 0, var = 0;
+    for (double x : rates) mean += x;
+    mean /= double(rates.size());
+    for (double x : rates) var += (x - mean) * (x - mean);
+    const double sd = rates.size() > 1 ? std::sqrt(var / double(rates.size() - 1)) : 0.0;
+    return std::pair{mean, sd};
+  };
+  const auto [pp, pp_sd] = measure(run_pp, np);
+  const auto [tg, tg_sd] = measure(run_tg, ng);
+  nlohmann::json out = {{"model", hp.name},
+                        {"segment", lm->segment.name()},
+                        {"backend", backend->name()},
+                        {"n_prompt", np},
+                        {"n_gen", ng},
+                        {"repetitions", reps},
+                        {"weights_bytes", lm->model.w().bytes},
+                        {"attach_ms", attach_ms},
+                        {"pp_tok_s", pp},
+                        {"pp_sd", pp_sd},
+                        {"tg_tok_s", tg},
+                        {"tg_sd", tg_sd}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+int cmd_serve(const std::vector<std::string>& argv) {
+  Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch"}, {});
+  ServeOptions o;
+  o.id = int(a.integer("id", 0, 0, 1 << 20));
+  o.socket_path = a.required("socket");
+  o.shape.ctx = a.integer("context", 4096, 16, 1 << 24);
+  o.shape.slots = a.integer("slots", 1, 1, 256);
+  o.shape.max_batch = a.integer("batch", 256, 1, 8192);
+  o.threads = int(a.integer("threads", 0, 0, 1024));
+  o.device = a.str("device", "auto");
+  const auto t0 = Clock::now();
+  auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  log::info("attached model segment " + lm->segment.name() + " in " + std::to_string(ms) + " ms",
+            {{"DS4_WORKER", std::to_string(o.id)}, {"DS4_SEGMENT", lm->segment.name()}});
+  auto backend = make_backend(o.device, lm->model, o.threads);
+  serve(*lm, *backend, o);
+  return 0;
+}
+
+int cmd_load(const std::vector<std::string>& argv) {
+  Args a(argv, {"model"}, {"force"});
+  store::LoadOptions opts;
+  opts.force_rebuild = a.has("force");
+  opts.progress = store::make_progress_reporter(a.required("model"));
+  std::cout << store::ensure_loaded(a.required("model"), opts) << std::endl;
+  return 0;
+}
+
+int cmd_unload(const std::vector<std::string>& argv) {
+  Args a(argv, {"model", "segment"}, {});
+  const std::string name = a.has("segment") ? a.str("segment") : store::segment_name(store::identify(a.required("model")));
+  if (!store::remove(name)) throw Error("no segment named " + name);
+  std::cout << "removed " << name << std::endl;
+  return 0;
+}
+
+}  // namespace ds4

@@ -1,0 +1,16 @@
+#pragma once
+/// The ds4-worker subcommands. Each takes its arguments (after the
+/// subcommand name) and returns the exit status; errors propagate as ds4::Error.
+
+#include <string>
+#include <vector>
+
+namespace ds4 {
+
+int cmd_run(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
+int cmd_serve(const std::vector<std::string>& args);
+int cmd_load(const std::vector<std::string>& args);
+int cmd_unload(const std::vector<std::string>& args);
+
+}  // namespace ds4

@@ -1,0 +1,66 @@
+#pragma once
+/// CPU compute kernels, one table per instruction set (generic, AVX2+FMA+F16C,
+/// AVX-512), chosen once at run time by cpu_kernels().
+///
+/// Numerical contract, relied on for "greedy output is the same alone or
+/// batched": every weight type converts exactly to f32 (F16, BF16, and Q8_0's
+/// d*q all fit f32 without rounding), and each output y[t][n] = sum_k W[n][k] *
+/// x[t][k] is accumulated in 8 lanes (lane l takes k = l, l+8, ... in order,
+/// one fused multiply-add each), then reduced as ((l0+l4)+(l2+l6)) +
+/// ((l1+l5)+(l3+l7)). That order does not depend on how many tokens are in the
+/// batch, on threads, or on the tiling, so results are bit-identical.
+
+#include <cstdint>
+#include <string_view>
+
+#include "shared/ggml_types.h"
+
+namespace ds4::cpu {
+
+/// y[t*ldy + n] = dot(W row n, x[t*ldx ...]) for n in [n0, n1), t in [0, T).
+/// x rows hold K floats followed by zeros up to a multiple of 8 (ldx >= that).
+struct MatmulArgs {
+  GgmlType type = GgmlType::F32;
+  const void* w = nullptr;  // N rows of K elements, row-major, as stored in GGUF
+  int64_t K = 0;
+  int64_t N = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int64_t T = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+};
+
+/// Floats of scratch one thread needs for matmul_rows with this K.
+int64_t matmul_scratch_floats(int64_t K);
+
+struct KernelTable {
+  std::string_view name;
+  /// Rows [n0, n1) of the product; `scratch` holds matmul_scratch_floats(K) floats.
+  void (*matmul_rows)(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch);
+  /// Attention of one query head over n_pos cached positions (f16 K and V, one
+  /// row of `hd` values every `stride` elements): out = softmax(scale * q.K) V.
+  /// `scores` holds n_pos floats.
+  void (*attend)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos,
+                 int64_t hd, int64_t stride, float scale, float* out, float* scores);
+  /// dst[i] = f16(src[i]), round to nearest even.
+  void (*to_f16)(const float* src, uint16_t* dst, int64_t n);
+};
+
+const KernelTable& generic_kernels();
+const KernelTable* avx2_kernels();    // nullptr when not built
+const KernelTable* avx512_kernels();  // nullptr when not built
+/// The best table this CPU runs (env DS4_CPU_KERNELS=generic|avx2|avx512 forces one).
+const KernelTable& cpu_kernels();
+
+/// Row `row` of a weight matrix with K columns, converted exactly to f32.
+void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float* out);
+/// Bytes of one row of K elements.
+int64_t row_bytes(GgmlType type, int64_t K);
+
+/// The reduction order of the contract, for scalar code.
+inline float reduce8(const float l[8]) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+}  // namespace ds4::cpu

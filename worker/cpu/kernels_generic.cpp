@@ -1,0 +1,123 @@
+// Portable kernels: the reference for the numerical contract in kernels.h,
+// written as plain loops over 8 emulated lanes.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "worker/cpu/kernels.h"
+
+namespace ds4::cpu {
+
+int64_t row_bytes(GgmlType type, int64_t K) {
+  switch (type) {
+    case GgmlType::F32: return K * 4;
+    case GgmlType::F16:
+    case GgmlType::BF16: return K * 2;
+    case GgmlType::Q8_0: return K / 32 * int64_t(sizeof(BlockQ8_0));
+    default: return 0;
+  }
+}
+
+void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float* out) {
+  const auto* base = static_cast<const uint8_t*>(w) + row * row_bytes(type, K);
+  switch (type) {
+    case GgmlType::F32:
+      std::memcpy(out, base, size_t(K) * 4);
+      break;
+    case GgmlType::F16: {
+      const auto* h = reinterpret_cast<const uint16_t*>(base);
+      for (int64_t k = 0; k < K; ++k) out[k] = fp16_to_fp32(h[k]);
+      break;
+    }
+    case GgmlType::BF16: {
+      const auto* h = reinterpret_cast<const uint16_t*>(base);
+      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_fp32(h[k]);
+      break;
+    }
+    case GgmlType::Q8_0: {
+      const auto* b = reinterpret_cast<const BlockQ8_0*>(base);
+      for (int64_t i = 0; i < K / 32; ++i) {
+        const float d = fp16_to_fp32(b[i].d);
+        for (int j = 0; j < 32; ++j) out[i * 32 + j] = float(b[i].qs[j]) * d;
+      }
+      break;
+    }
+    default:
+      std::abort();  // the model loader refuses other types
+  }
+}
+
+int64_t matmul_scratch_floats(int64_t K) { return 16 * ((K + 7) / 8 * 8) + 64; }
+
+namespace {
+
+void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  const int64_t kp = (a.K + 7) / 8 * 8;
+  float* wrow = scratch;
+  for (int64_t n = n0; n < n1; ++n) {
+    dequantize_row(a.type, a.w, a.K, n, wrow);
+    for (int64_t k = a.K; k < kp; ++k) wrow[k] = 0;
+    for (int64_t t = 0; t < a.T; ++t) {
+      const float* x = a.x + t * a.ldx;
+      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t k = 0; k < kp; k += 8)
+        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(wrow[k + l], x[k + l], lanes[l]);
+      a.y[t * a.ldy + n] = reduce8(lanes);
+    }
+  }
+}
+
+void attend_generic(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos,
+                    int64_t hd, int64_t stride, float scale, float* out, float* scores) {
+  float mx = -INFINITY;
+  for (int64_t p = 0; p < n_pos; ++p) {
+    float s = 0;
+    for (int64_t i = 0; i < hd; ++i) s += q[i] * fp16_to_fp32(k[p * stride + i]);
+    scores[p] = s * scale;
+    mx = std::max(mx, scores[p]);
+  }
+  float sum = 0;
+  for (int64_t p = 0; p < n_pos; ++p) {
+    scores[p] = std::exp(scores[p] - mx);
+    sum += scores[p];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < hd; ++i) out[i] = 0;
+  for (int64_t p = 0; p < n_pos; ++p) {
+    const float w = scores[p] * inv;
+    for (int64_t i = 0; i < hd; ++i) out[i] += w * fp16_to_fp32(v[p * stride + i]);
+  }
+}
+
+void to_f16_generic(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
+}
+
+}  // namespace
+
+const KernelTable& generic_kernels() {
+  static const KernelTable table{"generic", matmul_rows_generic, attend_generic, to_f16_generic};
+  return table;
+}
+
+const KernelTable* avx512_kernels() { return nullptr; }  // no AVX-512 table yet
+
+const KernelTable& cpu_kernels() {
+  static const KernelTable* chosen = [] {
+    const char* force = std::getenv("DS4_CPU_KERNELS");
+    const std::string want = force ? force : "";
+    __builtin_cpu_init();
+    const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl");
+    const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c");
+    if (want == "generic") return &generic_kernels();
+    if (want != "avx2" && has512 && avx512_kernels()) return avx512_kernels();
+    if (has2 && avx2_kernels()) return avx2_kernels();
+    return &generic_kernels();
+  }();
+  return *chosen;
+}
+
+}  // namespace ds4::cpu

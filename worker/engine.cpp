@@ -1,0 +1,230 @@
+#include "worker/engine.h"
+
+#include <algorithm>
+
+#include "shared/error.h"
+
+namespace ds4 {
+
+using Clock = std::chrono::steady_clock;
+
+static double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+const char* finish_name(Finish f) {
+  switch (f) {
+    case Finish::stop: return "stop";
+    case Finish::length: return "length";
+    case Finish::context: return "context";
+    case Finish::cancelled: return "cancelled";
+    case Finish::error: return "error";
+  }
+  return "error";
+}
+
+struct Engine::Active {
+  int64_t id = 0;
+  GenerateRequest req;
+  std::shared_ptr<RequestSink> sink;
+  std::vector<int32_t> seq;  // prompt + generated
+  int64_t n_past = 0;        // tokens of seq already in the slot's KV
+  int slot = -1;
+  bool done = false;
+  Timings timings;
+  Clock::time_point t_start, t_first;
+  int64_t prefilled = 0;
+  bool sampled_once = false;
+};
+
+Engine::Engine(Backend& backend, const HParams& hp, int32_t eos, EngineShape shape)
+    : backend_(backend), hp_(hp), eos_(eos), shape_(shape), slots_(size_t(shape.slots)) {}
+
+std::string Engine::validate(const GenerateRequest& r) const {
+  if (r.prompt.empty()) return "the prompt has no tokens";
+  const int64_t total = int64_t(r.prompt.size() + r.generated.size());
+  if (total >= shape_.ctx)
+    return "the prompt has " + std::to_string(total) + " tokens but the context is " +
+           std::to_string(shape_.ctx) + " tokens per slot";
+  for (const auto* v : {&r.prompt, &r.generated})
+    for (int32_t t : *v)
+      if (t < 0 || t >= hp_.n_vocab)
+        return "token " + std::to_string(t) + " is out of range [0, " + std::to_string(hp_.n_vocab) + ")";
+  if (r.max_tokens < 0) return "max_tokens must not be negative";
+  if (r.n_probs < 0 || r.n_probs > 20) return "logprobs must be between 0 and 20";
+  return "";
+}
+
+int64_t Engine::submit(GenerateRequest req, std::shared_ptr<RequestSink> sink) {
+  auto a = std::make_shared<Active>();
+  a->req = std::move(req);
+  a->sink = std::move(sink);
+  a->t_start = Clock::now();
+  std::lock_guard lock(mu_);
+  a->id = next_id_++;
+  inbox_.push_back(a);
+  cv_.notify_all();
+  return a->id;
+}
+
+void Engine::cancel(int64_t id) {
+  std::lock_guard lock(mu_);
+  cancels_.push_back(id);
+  cv_.notify_all();
+}
+
+void Engine::wait_for_work(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  auto busy = [&] {
+    return !inbox_.empty() || !cancels_.empty() ||
+           std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.req != nullptr; });
+  };
+  cv_.wait_for(lock, timeout, busy);
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard lock(mu_);
+  EngineStats s;
+  s.slots = shape_.slots;
+  s.ctx = shape_.ctx;
+  s.waiting = int64_t(inbox_.size());
+  for (const Slot& sl : slots_) s.busy += sl.req != nullptr;
+  return s;
+}
+
+void Engine::finish(Active& a, Finish reason, const std::string& error) {
+  if (a.done) return;
+  a.done = true;
+  if (a.sampled_once) a.timings.predicted_ms = ms_since(a.t_first);
+  a.sink->on_done(reason, a.timings, error);
+  if (a.slot >= 0) slots_[size_t(a.slot)].req.reset();
+}
+
+// Takes waiting requests into free slots, longest cached prefix first.
+void Engine::admit() {
+  std::vector<std::shared_ptr<Active>> incoming;
+  std::vector<int64_t> cancels;
+  {
+    std::lock_guard lock(mu_);
+    cancels.swap(cancels_);
+    for (int64_t id : cancels) {
+      auto it = std::find_if(inbox_.begin(), inbox_.end(), [&](auto& a) { return a->id == id; });
+      if (it != inbox_.end()) {
+        incoming.push_back(*it);
+        (*it)->done = true;  // finished below, outside the lock
+        inbox_.erase(it);
+      }
+    }
+    const int64_t free = std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.req; });
+    for (int64_t i = 0; i < free && !inbox_.empty(); ++i) {
+      incoming.push_back(inbox_.front());
+      inbox_.pop_front();
+    }
+  }
+  for (int64_t id : cancels)
+    for (Slot& s : slots_)
+      if (s.req && s.req->id == id) finish(*s.req, Finish::cancelled);
+  for (auto& a : incoming) {
+    if (a->done) {  // cancelled while waiting
+      a->done = false;
+      finish(*a, Finish::cancelled);
+      continue;
+    }
+    if (std::string err = validate(a->req); !err.empty()) {
+      finish(*a, Finish::error, err);
+      continue;
+    }
+    a->seq = a->req.prompt;
+    a->seq.insert(a->seq.end(), a->req.generated.begin(), a->req.generated.end());
+    if (int64_t(a->req.generated.size()) >= a->req.max_tokens) {
+      finish(*a, Finish::length);
+      continue;
+    }
+    int best = -1;
+    size_t best_len = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i].req) continue;
+      const auto& c = slots_[i].cache;
+      const size_t n = std::min(c.size(), a->seq.size());
+      size_t l = 0;
+      while (l < n && c[l] == a->seq[l]) ++l;
+      if (best < 0 || l > best_len) best = int(i), best_len = l;
+    }
+    Slot& s = slots_[size_t(best)];
+    a->slot = best;
+    // Keep at least the last token to evaluate: its logits give the next token.
+    a->n_past = int64_t(std::min(best_len, a->seq.size() - 1));
+    s.cache.resize(size_t(a->n_past));
+    a->timings.cache_n = a->n_past;
+    s.req = a;
+  }
+}
+
+bool Engine::step() {
+  admit();
+  std::vector<BatchToken> batch;
+  std::vector<Active*> sampled;  // per logit row
+  // Generating slots first: one token each.
+  for (Slot& s : slots_) {
+    if (!s.req) continue;
+    Active& a = *s.req;
+    if (int64_t(a.seq.size()) - a.n_past != 1) continue;
+    batch.push_back({a.seq.back(), int32_t(a.slot), int32_t(a.n_past), int32_t(sampled.size())});
+    sampled.push_back(&a);
+  }
+  // Then prompt chunks with what is left of the batch.
+  for (Slot& s : slots_) {
+    if (!s.req) continue;
+    Active& a = *s.req;
+    const int64_t left = int64_t(a.seq.size()) - a.n_past;
+    if (left <= 1) continue;  // generating: queued above
+    const int64_t room = shape_.max_batch - int64_t(batch.size());
+    if (room <= 0) break;
+    const int64_t n = std::min(left, room);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = a.n_past + i;
+      const bool last = pos == int64_t(a.seq.size()) - 1;
+      batch.push_back({a.seq[size_t(pos)], int32_t(a.slot), int32_t(pos), last ? int32_t(sampled.size()) : -1});
+      if (last) sampled.push_back(&a);
+    }
+  }
+  if (batch.empty()) return false;
+
+  backend_.forward(batch);
+
+  // Advance every slot by the tokens it had in the batch.
+  for (const BatchToken& b : batch) {
+    Slot& s = slots_[size_t(b.slot)];
+    s.cache.push_back(b.token);
+    s.req->n_past = b.pos + 1;
+    if (!s.req->sampled_once) s.req->timings.prompt_n++;
+  }
+  for (size_t row = 0; row < sampled.size(); ++row) {
+    Active& a = *sampled[row];
+    const int64_t index = int64_t(a.seq.size() - a.req.prompt.size());
+    Sampled out = sample(backend_.logits(int32_t(row)), a.req.sampling, uint64_t(index), a.req.n_probs,
+                         sample_scratch_);
+    if (!a.sampled_once) {
+      a.sampled_once = true;
+      a.t_first = Clock::now();
+      a.timings.prompt_ms = std::chrono::duration<double, std::milli>(a.t_first - a.t_start).count();
+    }
+    if (out.token == eos_ && !a.req.ignore_eos) {
+      finish(a, Finish::stop);
+      continue;
+    }
+    a.seq.push_back(out.token);
+    a.timings.predicted_n++;
+    a.sink->on_token(index, out);
+    if (index + 1 >= a.req.max_tokens) finish(a, Finish::length);
+    else if (int64_t(a.seq.size()) > shape_.ctx) finish(a, Finish::context);  // next position would be ctx
+  }
+  return true;
+}
+
+void Engine::run_until_idle() {
+  while (step()) {
+  }
+}
+
+}  // namespace ds4

@@ -1,0 +1,27 @@
+#pragma once
+/// The worker daemon: serves the token-level protocol (shared/protocol.h) on a
+/// Unix socket, one request per connection, with the engine stepping on its
+/// own thread. Tells systemd READY=1 once it can serve and STOPPING=1 on
+/// SIGTERM/SIGINT, cancels what is in flight (the proxy resumes it elsewhere)
+/// and returns.
+
+#include <string>
+
+#include "worker/backend.h"
+#include "worker/runtime.h"
+
+namespace ds4 {
+
+struct ServeOptions {
+  std::string socket_path;
+  int id = 0;
+  EngineShape shape;
+  int threads = 0;
+  std::string device = "cpu";
+};
+
+/// Runs until a stop signal. Throws ds4::Error when it cannot start (plan does
+/// not fit, socket cannot be bound).
+void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts);
+
+}  // namespace ds4

@@ -1,0 +1,45 @@
+// ds4-worker: runs the engine on a model in shared memory.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shared/error.h"
+#include "shared/log.h"
+#include "worker/commands.h"
+
+static const char* kUsage =
+    "usage: ds4-worker COMMAND [options]\n"
+    "  run    --model FILE -p TEXT -n N [--temp T] [--seed S] [--top-k K] [--top-p P] [--min-p P]\n"
+    "         [--ctx N] [--threads T] [--json]        one-shot generation\n"
+    "  bench  --model FILE [-p 128] [-n 128] [-r 3] [--threads T] [--device cpu]\n"
+    "                                                 prompt and generation speed, one JSON line\n"
+    "  serve  (--segment NAME | --model FILE) --socket PATH [--context N] [--slots N]\n"
+    "         [--threads T] [--device auto|cpu] [--id N] the worker daemon\n"
+    "  load   --model FILE [--force]                  load into shared memory, print the segment\n"
+    "  unload (--model FILE | --segment NAME)         remove a model's segment\n";
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  ds4::log::set_identifier("ds4-worker");
+  try {
+    if (cmd == "run") return ds4::cmd_run(args);
+    if (cmd == "bench") return ds4::cmd_bench(args);
+    if (cmd == "serve") return ds4::cmd_serve(args);
+    if (cmd == "load") return ds4::cmd_load(args);
+    if (cmd == "unload") return ds4::cmd_unload(args);
+    std::fprintf(stderr, "ds4-worker: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+    return 2;
+  } catch (const ds4::Error& e) {
+    ds4::log::error(std::string("ds4-worker ") + cmd + ": " + e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    ds4::log::error(std::string("ds4-worker ") + cmd + ": unexpected error: " + e.what());
+    return 1;
+  }
+}
