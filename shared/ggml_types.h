@@ -72,7 +72,7 @@ inline uint16_t fp32_to_fp16(float f) {
   }
   if (absx >= 0x477ff000) return uint16_t(sign | 0x7c00);  // overflow to inf
   if (absx < 0x38800000) {  // subnormal or zero in half
-    const int shift = 113 - int(absx >> 23);  // 126 - 14 + 1
+    const int shift = 126 - int(absx >> 23);  // value = mant * 2^(e-150), half ulp = 2^-24
     if (shift > 24) return uint16_t(sign);
     const uint32_t mant = (absx & 0x7fffff) | 0x800000;
     const uint32_t half_ulp = 1u << (shift - 1);

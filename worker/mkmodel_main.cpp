@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -190,11 +191,11 @@ uint64_t fnv1a(std::string_view s) {
 /// (key, i) makes the output independent of thread count and tensor order.
 inline float normal_at(uint64_t key, uint64_t i) {
   const uint64_t r = splitmix64(key + i);
-  const float sum = float(r & 0xffff) + float((r >> 16) & 0xffff) + float((r >> 32) & 0xffff) +
-                    float(r >> 48);
+  const uint32_t sum = uint32_t(r & 0xffff) + uint32_t((r >> 16) & 0xffff) +
+                       uint32_t((r >> 32) & 0xffff) + uint32_t(r >> 48);
   constexpr float kMean = 2.0f * 65535.0f;
   constexpr float kScale = 1.7320508f / 65535.0f;  // sqrt(3): the sum of 4 U(0,1) has variance 1/3
-  return (sum - kMean) * kScale;
+  return (float(sum) - kMean) * kScale;
 }
 
 /// Encodes elements [begin, end) of a normal(0, stddev) tensor into `out`
@@ -317,9 +318,16 @@ int run(int argc, char** argv) {
   validate(o);
   const Shape& s = o.shape;
 
-  const gguf::File vocab_src = gguf::File::open(o.vocab_from);
-  const Tokenizer tok = Tokenizer::from_gguf(vocab_src);  // the vocabulary must be usable
-  const uint64_t n_vocab = uint64_t(tok.n_vocab());
+  // The vocabulary must be one ds4 (and llama.cpp) can use.
+  std::optional<gguf::File> vocab_src;
+  std::optional<Tokenizer> tok;
+  try {
+    vocab_src = gguf::File::open(o.vocab_from);
+    tok = Tokenizer::from_gguf(*vocab_src);
+  } catch (const Error& e) {
+    throw Error(std::string("--vocab-from: ") + e.what());
+  }
+  const uint64_t n_vocab = uint64_t(tok->n_vocab());
   const uint32_t head_dim = s.dim / s.heads;
   const uint64_t kv_dim = uint64_t(s.kv_heads) * head_dim;
 
@@ -341,7 +349,7 @@ int run(int argc, char** argv) {
   w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
   w.set_u32("llama.rope.dimension_count", head_dim);
   w.set_f32("llama.rope.freq_base", 10000.0f);
-  copy_vocabulary(vocab_src, w);
+  copy_vocabulary(*vocab_src, w);
 
   // Scales keep activations near unit size: a matrix with fan-in n gets
   // stddev 1/sqrt(n); the output projection a larger one so that logits have a
@@ -389,8 +397,8 @@ int run(int argc, char** argv) {
   w.write(o.out);
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "ds4-mkmodel: wrote %s (%.2f GB) in %.1f s\n", o.out.c_str(),
-               double(progress.total) / 1e9, secs);
+  std::fprintf(stderr, "ds4-mkmodel: wrote %s (%.1f MB of tensors) in %.1f s\n", o.out.c_str(),
+               double(progress.total) / 1e6, secs);
   return 0;
 }
 

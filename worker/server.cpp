@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
+
 #include <boost/asio.hpp>
 #include <deque>
 #include <map>

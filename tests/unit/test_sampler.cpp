@@ -1,0 +1,175 @@
+// Sampler: greedy and its ties, the truncation chain, the counter-based
+// randomness (a draw depends only on seed and output index), the shape of the
+// distribution, and log-probs against a hand computation.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "shared/error.h"
+#include "worker/sampler.h"
+
+using namespace ds4;
+
+namespace {
+
+SamplingParams plain(float temperature, uint64_t seed = 1) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<float> random_logits(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+int32_t draw(const std::vector<float>& logits, const SamplingParams& p, uint64_t n) {
+  std::vector<float> scratch;
+  return sample(logits, p, n, 0, scratch).token;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: greedy takes the largest logit, ties to the lowest id") {
+  std::vector<float> scratch;
+  const SamplingParams g = plain(0.0f);
+  CHECK(sample(std::vector<float>{0.1f, 2.0f, -1.0f}, g, 0, 0, scratch).token == 1);
+  CHECK(sample(std::vector<float>{1.0f, 3.0f, 3.0f, 2.0f}, g, 0, 0, scratch).token == 1);
+  CHECK(sample(std::vector<float>{5.0f, 5.0f}, g, 7, 0, scratch).token == 0);
+  SamplingParams neg = g;
+  neg.temperature = -1.0f;
+  CHECK(sample(std::vector<float>{0.0f, 0.0f, 9.0f}, neg, 3, 0, scratch).token == 2);
+  // A NaN never wins.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  CHECK(sample(std::vector<float>{nan, 1.0f, nan}, g, 0, 0, scratch).token == 1);
+}
+
+TEST_CASE("sampler: the same seed and index give the same token") {
+  const std::vector<float> logits = random_logits(1000, 1);
+  SamplingParams p;  // defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05
+  p.seed = 1234;
+  std::vector<int32_t> first, again;
+  for (uint64_t n = 0; n < 200; ++n) first.push_back(draw(logits, p, n));
+  // In reverse order: a draw does not depend on the calls before it.
+  for (uint64_t n = 200; n-- > 0;) again.insert(again.begin(), draw(logits, p, n));
+  CHECK(first == again);
+
+  p.seed = 1235;
+  std::vector<int32_t> other;
+  for (uint64_t n = 0; n < 200; ++n) other.push_back(draw(logits, p, n));
+  CHECK(first != other);
+}
+
+TEST_CASE("sampler: truncations that leave one token equal greedy") {
+  for (uint32_t s = 0; s < 20; ++s) {
+    const std::vector<float> logits = random_logits(4096, s);
+    const int32_t greedy = draw(logits, plain(0.0f), 0);
+    for (uint64_t n = 0; n < 10; ++n) {
+      SamplingParams k1 = plain(1.5f, s);
+      k1.top_k = 1;
+      CHECK(draw(logits, k1, n) == greedy);
+      SamplingParams p0 = plain(1.5f, s);
+      p0.top_p = 1e-6f;
+      CHECK(draw(logits, p0, n) == greedy);
+      SamplingParams m1 = plain(1.5f, s);
+      m1.min_p = 1.0f;
+      CHECK(draw(logits, m1, n) == greedy);
+    }
+  }
+}
+
+TEST_CASE("sampler: two equal logits are both drawn") {
+  const std::vector<float> logits = {-10.0f, 2.0f, 2.0f, -10.0f};
+  int counts[4] = {};
+  for (uint64_t n = 0; n < 2000; ++n) ++counts[draw(logits, plain(1.0f, 99), n)];
+  CHECK(counts[1] > 900);
+  CHECK(counts[2] > 900);
+  CHECK(counts[0] + counts[3] < 10);  // each has probability ~3e-6
+}
+
+TEST_CASE("sampler: frequencies follow the softmax, temperature sharpens") {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  const int draws = 20000;
+  int counts[3] = {};
+  for (uint64_t n = 0; n < uint64_t(draws); ++n) ++counts[draw(logits, plain(1.0f, 7), n)];
+  CHECK(counts[0] / double(draws) == doctest::Approx(0.5).epsilon(0.05));
+  CHECK(counts[1] / double(draws) == doctest::Approx(0.3).epsilon(0.05));
+  CHECK(counts[2] / double(draws) == doctest::Approx(0.2).epsilon(0.07));
+
+  // Temperature 0.5 squares the probabilities: 25 : 9 : 4.
+  int cold[3] = {};
+  for (uint64_t n = 0; n < uint64_t(draws); ++n) ++cold[draw(logits, plain(0.5f, 7), n)];
+  CHECK(cold[0] / double(draws) == doctest::Approx(25.0 / 38).epsilon(0.05));
+  CHECK(cold[2] / double(draws) == doctest::Approx(4.0 / 38).epsilon(0.1));
+}
+
+TEST_CASE("sampler: top-k, top-p and min-p cut where they should") {
+  // Probabilities 0.4, 0.3, 0.2, 0.1.
+  const std::vector<float> logits = {std::log(0.4f), std::log(0.3f), std::log(0.2f),
+                                     std::log(0.1f)};
+  auto seen = [&](const SamplingParams& p) {
+    std::vector<bool> s(logits.size());
+    for (uint64_t n = 0; n < 3000; ++n) s[size_t(draw(logits, p, n))] = true;
+    return s;
+  };
+  SamplingParams k2 = plain(1.0f);
+  k2.top_k = 2;
+  CHECK(seen(k2) == std::vector<bool>{true, true, false, false});
+  SamplingParams p65 = plain(1.0f);
+  p65.top_p = 0.65f;  // 0.4 + 0.3 reaches it
+  CHECK(seen(p65) == std::vector<bool>{true, true, false, false});
+  SamplingParams p75 = plain(1.0f);
+  p75.top_p = 0.75f;
+  CHECK(seen(p75) == std::vector<bool>{true, true, true, false});
+  SamplingParams m = plain(1.0f);
+  m.min_p = 0.45f;  // keeps p >= 0.18
+  CHECK(seen(m) == std::vector<bool>{true, true, true, false});
+  SamplingParams all = plain(1.0f);
+  CHECK(seen(all) == std::vector<bool>{true, true, true, true});
+}
+
+TEST_CASE("sampler: log-probs are the log-softmax of the raw logits") {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f};
+  // log(e^1 + e^2 + e^3) = 3.40760596
+  const double lse = 3.4076059644443806;
+  std::vector<float> scratch;
+  const Sampled g = sample(logits, plain(0.0f), 0, 2, scratch);
+  CHECK(g.token == 2);
+  CHECK(g.logprob == doctest::Approx(3.0 - lse).epsilon(1e-6));
+  REQUIRE(g.top.size() == 2);
+  CHECK(g.top[0].token == 2);
+  CHECK(g.top[0].logprob == doctest::Approx(3.0 - lse).epsilon(1e-6));
+  CHECK(g.top[1].token == 1);
+  CHECK(g.top[1].logprob == doctest::Approx(2.0 - lse).epsilon(1e-6));
+
+  // Temperature and truncation change the draw, not the reported log-probs.
+  SamplingParams hot = plain(2.0f, 5);
+  hot.top_k = 2;
+  for (uint64_t n = 0; n < 50; ++n) {
+    const Sampled s = sample(logits, hot, n, 5, scratch);
+    CHECK(s.token != 0);
+    CHECK(s.logprob == doctest::Approx(logits[size_t(s.token)] - lse).epsilon(1e-6));
+    REQUIRE(s.top.size() == 3);  // n_top beyond the vocabulary: all of it
+    CHECK(s.top[2].token == 0);
+    CHECK(s.top[2].logprob == doctest::Approx(1.0 - lse).epsilon(1e-6));
+  }
+
+  // Large logits do not overflow.
+  const Sampled big = sample(std::vector<float>{1000.0f, 1000.0f}, plain(0.0f), 0, 1, scratch);
+  CHECK(big.logprob == doctest::Approx(-std::log(2.0)).epsilon(1e-6));
+}
+
+TEST_CASE("sampler: no logits is an error") {
+  std::vector<float> scratch;
+  CHECK_THROWS_AS(sample(std::vector<float>{}, plain(1.0f), 0, 0, scratch), Error);
+}

@@ -108,14 +108,17 @@ class CpuBackend final : public Backend {
   void trace(std::string_view name, int layer, const float* d, int64_t rows, int64_t cols, int64_t ld) {
     if (trace_) trace_(name, layer, d, rows, cols, ld);
   }
+  /// Runs fn(i, n) on the pool, or inline as fn(0, 1) when `work` (multiply-adds)
+  /// is too small to pay for waking the other threads.
+  template <typename Fn>
+  void parallel(int64_t work, Fn&& fn) {
+    if (work < (int64_t(1) << 18)) return fn(0, 1);
+    pool_.run(fn);
+  }
   /// Runs fn(t) for each token, spread over the pool when the batch is large.
   template <typename Fn>
   void for_tokens(int64_t T, Fn&& fn) {
-    if (T < 4) {
-      for (int64_t t = 0; t < T; ++t) fn(t);
-      return;
-    }
-    pool_.run([&](int i, int n) {
+    parallel(T * std::max(hp_.dim, hp_.ff) * 8, [&](int i, int n) {
       for (int64_t t = i; t < T; t += n) fn(t);
     });
   }
@@ -133,7 +136,9 @@ class CpuBackend final : public Backend {
 };
 
 void CpuBackend::matmul(std::initializer_list<Product> ps, int64_t T) {
-  pool_.run([&](int i, int n) {
+  int64_t work = 0;
+  for (const Product& p : ps) work += p.w->rows * p.w->cols * T;
+  parallel(work, [&](int i, int n) {
     float* scratch = thread_scratch(i);
     for (const Product& p : ps) {
       MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x, p.ldx, T, p.y, p.ldy};
@@ -208,7 +213,7 @@ void CpuBackend::forward(std::span<const BatchToken> batch) {
       k_.to_f16(kk_ + t * ld_kv(), k_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
       k_.to_f16(vv_ + t * ld_kv(), v_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
     });
-    pool_.run([&](int i, int n) {
+    parallel(T * hp_.n_heads * hd * (batch.back().pos + 1), [&](int i, int n) {
       float* scores = thread_scratch(i) + cpu::matmul_scratch_floats(std::max({hp_.dim, hp_.q_dim(), hp_.ff}));
       for (int64_t job = i; job < T * hp_.n_heads; job += n) {
         const int64_t t = job / hp_.n_heads, h = job % hp_.n_heads;

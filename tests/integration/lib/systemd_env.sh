@@ -124,6 +124,12 @@ ds4_manager_ready() {
   [[ $state == running || $state == degraded ]]
 }
 
+# The manager owns org.freedesktop.systemd1 on the user bus (an activatable
+# name does not count: that only means dbus could start it).
+ds4_manager_on_bus() {
+  timeout 5 busctl --user status org.freedesktop.systemd1 2>/dev/null | grep -q "^PID=[0-9]"
+}
+
 ds4_systemd_start() {
   DS4_SD_SKIP_REASON=
   if ((EUID != 0)); then
@@ -201,9 +207,24 @@ ds4_systemd_start() {
     ds4_systemd_stop
     return 77
   fi
-  # The user bus (dbus.socket) is what sd_bus_open_user() connects to.
+  # The manager moved itself into init.scope. Its pid from there is right
+  # even where setsid had to fork (a caller with job control).
+  local h pid
+  while read -r h; do
+    pid=$(head -n1 "$h$DS4_SD_CGROUP/init.scope/cgroup.procs" 2>/dev/null)
+    [[ -n $pid ]] && { DS4_SD_MANAGER_PID=$pid; break; }
+  done < <(ds4_cgroup_hierarchies)
+  # The user bus (dbus.socket) is what sd_bus_open_user() connects to. Start
+  # the bus now and wait until the manager has joined it, so that a test's
+  # first sd-bus call does not race the manager's connection.
   if ! ds4_wait_until 10 test -S "$XDG_RUNTIME_DIR/bus"; then
     echo "SKIP: the user manager has no bus socket at $XDG_RUNTIME_DIR/bus (is dbus-user-session installed?)" >&2
+    ds4_systemd_stop
+    return 77
+  fi
+  timeout 10 systemctl --user start dbus.service >/dev/null 2>&1
+  if ! ds4_wait_until 10 ds4_manager_on_bus; then
+    echo "SKIP: org.freedesktop.systemd1 did not appear on the user bus within 10 s" >&2
     ds4_systemd_stop
     return 77
   fi

@@ -1,0 +1,58 @@
+#pragma once
+/// Structured logging to the systemd journal.
+///
+///   ds4::log::info("worker 0 OOM-killed", {{"DS4_EVENT", "oom"}, {"DS4_WORKER", "0"}});
+///
+/// Each call is one journal entry with MESSAGE, PRIORITY, SYSLOG_IDENTIFIER
+/// and the given fields. A plain line also goes to stderr when stderr is a
+/// terminal, or when the journal cannot be reached (no socket at
+/// /run/systemd/journal/socket, or nothing answering there); never when stderr is
+/// itself a journal stream ($JOURNAL_STREAM names it), so that nothing is
+/// logged twice under systemd. All functions are thread-safe.
+
+#include <initializer_list>
+#include <source_location>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace ds4::log {
+
+/// syslog priorities, as the journal's PRIORITY= field has them.
+enum class Level { error = 3, warn = 4, info = 6, debug = 7 };
+
+/// One extra journal field. The name is upper-cased; characters the journal
+/// does not allow in names become '_'. Values may hold any bytes.
+using Field = std::pair<std::string_view, std::string_view>;
+using Fields = std::initializer_list<Field>;
+
+/// CODE_FILE, CODE_LINE and CODE_FUNC name the caller.
+using Where = std::source_location;
+
+void error(std::string_view message, Fields fields = {}, Where where = Where::current());
+void warn(std::string_view message, Fields fields = {}, Where where = Where::current());
+void info(std::string_view message, Fields fields = {}, Where where = Where::current());
+void debug(std::string_view message, Fields fields = {}, Where where = Where::current());
+
+/// The general form of the four above.
+void write(Level level, std::string_view message, std::span<const Field> fields,
+           Where where = Where::current());
+
+/// SYSLOG_IDENTIFIER= of later entries and the prefix of stderr lines;
+/// "ds4" until set (programs set their own name first thing in main).
+void set_identifier(std::string_view identifier);
+
+/// Entries less severe than `level` are dropped; the default is debug (the
+/// journal keeps everything; `journalctl -p info` filters).
+void set_level(Level level);
+
+/// The stderr line for an entry: "ident: warning: message (KEY=value, ...)".
+/// Exposed for tests.
+std::string format_line(std::string_view identifier, Level level, std::string_view message,
+                        std::span<const Field> fields);
+
+/// A valid journal field name made from `name` (see Field).
+std::string field_name(std::string_view name);
+
+}  // namespace ds4::log

@@ -1,0 +1,166 @@
+// CPU kernels: every table against the generic reference (bit-identical matrix
+// products, close attention), products against a double-precision sum, and
+// batch invariance: a token's result does not depend on its batch.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "worker/cpu/kernels.h"
+
+using namespace ds4;
+using namespace ds4::cpu;
+
+namespace {
+
+struct Matrix {
+  GgmlType type;
+  int64_t K, N;
+  std::vector<uint8_t> bytes;
+};
+
+Matrix random_matrix(GgmlType type, int64_t N, int64_t K, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  Matrix m{type, K, N, std::vector<uint8_t>(size_t(row_bytes(type, K) * N))};
+  for (int64_t n = 0; n < N; ++n) {
+    uint8_t* row = m.bytes.data() + n * row_bytes(type, K);
+    for (int64_t k = 0; k < K; ++k) {
+      const float v = nd(rng);
+      if (type == GgmlType::F32) std::memcpy(row + 4 * k, &v, 4);
+      if (type == GgmlType::F16) { uint16_t h = fp32_to_fp16(v); std::memcpy(row + 2 * k, &h, 2); }
+      if (type == GgmlType::BF16) { uint16_t h = fp32_to_bf16(v); std::memcpy(row + 2 * k, &h, 2); }
+    }
+    if (type == GgmlType::Q8_0) {
+      auto* b = reinterpret_cast<BlockQ8_0*>(row);
+      for (int64_t i = 0; i < K / 32; ++i) {
+        b[i].d = fp32_to_fp16(0.01f + 0.001f * float(rng() % 100));
+        for (int j = 0; j < 32; ++j) b[i].qs[j] = int8_t(int(rng() % 255) - 127);
+      }
+    }
+  }
+  return m;
+}
+
+std::vector<float> random_x(int64_t T, int64_t K, int64_t ldx, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(size_t(T * ldx), 0.f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) x[size_t(t * ldx + k)] = nd(rng);
+  return x;
+}
+
+std::vector<float> product(const KernelTable& kt, const Matrix& m, const std::vector<float>& x, int64_t T,
+                           int64_t ldx) {
+  std::vector<float> y(size_t(T * m.N), NAN);
+  std::vector<float> scratch(size_t(matmul_scratch_floats(m.K)));
+  MatmulArgs a{m.type, m.bytes.data(), m.K, m.N, x.data(), ldx, T, y.data(), m.N};
+  // Two uneven ranges, as two threads would split it.
+  kt.matmul_rows(a, 0, 5, scratch.data());
+  kt.matmul_rows(a, 5, m.N, scratch.data());
+  return y;
+}
+
+std::vector<const KernelTable*> tables() {
+  std::vector<const KernelTable*> t{&generic_kernels()};
+  if (avx2_kernels() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
+    t.push_back(avx2_kernels());
+  if (avx512_kernels() && __builtin_cpu_supports("avx512f")) t.push_back(avx512_kernels());
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("kernels: matrix products match a double-precision sum and the generic table bit for bit") {
+  std::mt19937 rng(1);
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+    for (int64_t K : {32, 96, 172, 1024}) {
+      if (type == GgmlType::Q8_0 && K % 32) continue;
+      const int64_t N = 37, ldx = (K + 7) / 8 * 8;
+      const Matrix m = random_matrix(type, N, K, rng);
+      for (int64_t T : {1, 2, 3, 4, 5, 7, 50}) {
+        CAPTURE(int(type));
+        CAPTURE(K);
+        CAPTURE(T);
+        const auto x = random_x(T, K, ldx, rng);
+        const auto ref = product(generic_kernels(), m, x, T, ldx);
+        std::vector<float> w(static_cast<size_t>(K));
+        for (int64_t n = 0; n < N; ++n) {
+          dequantize_row(type, m.bytes.data(), K, n, w.data());
+          for (int64_t t = 0; t < T; ++t) {
+            double s = 0, mag = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              s += double(w[size_t(k)]) * double(x[size_t(t * ldx + k)]);
+              mag += std::fabs(double(w[size_t(k)]) * double(x[size_t(t * ldx + k)]));
+            }
+            REQUIRE(std::fabs(double(ref[size_t(t * N + n)]) - s) <= 1e-5 * mag + 1e-6);
+          }
+        }
+        for (const KernelTable* kt : tables()) {
+          CAPTURE(kt->name);
+          const auto y = product(*kt, m, x, T, ldx);
+          REQUIRE(std::memcmp(y.data(), ref.data(), y.size() * 4) == 0);
+          // Batch invariance: each token alone gives the same bits.
+          for (int64_t t = 0; t < T; ++t) {
+            std::vector<float> one(x.begin() + t * ldx, x.begin() + (t + 1) * ldx);
+            const auto y1 = product(*kt, m, one, 1, ldx);
+            REQUIRE(std::memcmp(y1.data(), y.data() + t * N, size_t(N) * 4) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("kernels: attention agrees across tables and with a direct softmax") {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t hd : {8, 64, 100}) {
+    const int64_t n_pos = 37, stride = hd * 3;
+    std::vector<float> q(static_cast<size_t>(hd));
+    for (auto& v : q) v = nd(rng);
+    std::vector<uint16_t> k(size_t(n_pos * stride)), v(size_t(n_pos * stride));
+    for (auto& e : k) e = fp32_to_fp16(nd(rng));
+    for (auto& e : v) e = fp32_to_fp16(nd(rng));
+    const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<double> ref(static_cast<size_t>(hd), 0.0), s(static_cast<size_t>(n_pos));
+    double mx = -1e30, sum = 0;
+    for (int64_t p = 0; p < n_pos; ++p) {
+      double d = 0;
+      for (int64_t i = 0; i < hd; ++i) d += double(q[size_t(i)]) * fp16_to_fp32(k[size_t(p * stride + i)]);
+      s[size_t(p)] = d * scale;
+      mx = std::max(mx, s[size_t(p)]);
+    }
+    for (auto& e : s) sum += (e = std::exp(e - mx));
+    for (int64_t p = 0; p < n_pos; ++p)
+      for (int64_t i = 0; i < hd; ++i) ref[size_t(i)] += s[size_t(p)] / sum * fp16_to_fp32(v[size_t(p * stride + i)]);
+    for (const KernelTable* kt : tables()) {
+      std::vector<float> out(static_cast<size_t>(hd)), scores(static_cast<size_t>(n_pos));
+      kt->attend(q.data(), k.data(), v.data(), n_pos, hd, stride, scale, out.data(), scores.data());
+      for (int64_t i = 0; i < hd; ++i) CHECK(out[size_t(i)] == doctest::Approx(ref[size_t(i)]).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE("kernels: f16 conversions are exact and round to nearest even") {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = fp16_to_fp32(uint16_t(h));
+    if (std::isnan(f)) continue;
+    REQUIRE(fp32_to_fp16(f) == h);
+  }
+  CHECK(fp32_to_fp16(1.0f + 1.0f / 2048) == fp32_to_fp16(1.0f));  // tie to even
+  CHECK(fp16_to_fp32(fp32_to_fp16(65520.f)) == INFINITY);           // overflow
+  CHECK(fp16_to_fp32(fp32_to_fp16(1e-8f)) == 0.0f);                 // underflow
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 100.f);
+  for (const KernelTable* kt : tables()) {
+    std::vector<float> src(1003);
+    for (auto& e : src) e = nd(rng) * float(rng() % 3 == 0 ? 1e-6 : 1.0);
+    std::vector<uint16_t> dst(src.size());
+    kt->to_f16(src.data(), dst.data(), int64_t(src.size()));
+    for (size_t i = 0; i < src.size(); ++i) REQUIRE(dst[i] == fp32_to_fp16(src[i]));
+  }
+  CHECK(bf16_to_fp32(fp32_to_bf16(1.5f)) == 1.5f);
+}
