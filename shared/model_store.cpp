@@ -454,6 +454,18 @@ std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts)
 
 bool remove(const std::string& name) { return bip::shared_memory_object::remove(name.c_str()); }
 
+std::vector<std::string> list_segments(std::string_view prefix) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(kShmDir, ec)) {
+    std::string leaf = entry.path().filename().string();
+    if (leaf.starts_with(prefix)) names.push_back(std::move(leaf));
+  }
+  if (ec) throw Error(std::string(kShmDir) + ": cannot list: " + ec.message());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 // ---- attaching ----------------------------------------------------------
 
 struct Segment::Impl {

@@ -185,6 +185,10 @@ std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts 
 /// Returns false when there was none.
 bool remove(const std::string& name);
 
+/// Names in kShmDir that start with `prefix`, sorted: how a supervisor finds
+/// segments of older files or layouts to remove.
+std::vector<std::string> list_segments(std::string_view prefix = "ds4-model-");
+
 /// A progress reporter for long loads: on a terminal a single updating line with
 /// percent and MB/s; under systemd `STATUS=` via sd_notify (rate-limited).
 /// `what` starts the line: "loading stories260K.gguf" gives

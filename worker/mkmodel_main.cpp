@@ -237,9 +237,8 @@ void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_
       }
       break;
     }
-    default:
-      throw Error("ds4-mkmodel: cannot generate tensors of type " +
-                  std::to_string(uint32_t(type)));
+    default:  // random_tensor accepts only the types above
+      break;
   }
 }
 
@@ -247,6 +246,10 @@ void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_
 /// in block-aligned ranges.
 gguf::TensorGenerator random_tensor(std::string_view name, uint64_t seed, GgmlType type,
                                     uint64_t n_elements, float stddev) {
+  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 &&
+      type != GgmlType::Q8_0) {
+    throw Error("cannot generate tensors of ggml type " + std::to_string(uint32_t(type)));
+  }
   const uint64_t key = splitmix64(seed ^ fnv1a(name));
   return [=](uint8_t* out, uint64_t) {
     const uint64_t n_threads = std::clamp<uint64_t>(std::thread::hardware_concurrency(), 1, 64);

@@ -3,20 +3,8 @@
 //
 // Usage: node tests/tools/llamacpp_generate.mjs MODEL.gguf [N] [PROMPT]
 // Prints one JSON line: {"prompt_tokens":[…],"tokens":[…],"text":"…"}.
-// node-llama-cpp is looked up in the folders of $DS4_NODE_MODULES (colon-
-// separated), then by the usual resolution.
-import {createRequire} from "node:module";
-import path from "node:path";
-
-async function loadNodeLlamaCpp() {
-  for (const dir of (process.env.DS4_NODE_MODULES || "").split(":").filter(Boolean)) {
-    try {
-      const require = createRequire(path.join(path.resolve(dir), "noop.js"));
-      return await import(require.resolve("node-llama-cpp"));
-    } catch {}
-  }
-  return await import("node-llama-cpp");
-}
+// node-llama-cpp is found as node_llama_cpp.mjs describes.
+import {loadNodeLlamaCpp} from "./node_llama_cpp.mjs";
 
 const [modelPath, nArg = "8", prompt = "Once upon a time"] = process.argv.slice(2);
 if (!modelPath) {

@@ -3,30 +3,19 @@
 // 32 greedy tokens generated after [BOS] + prompt, and the next-token
 // probabilities (temperature 1, no truncation) after the prompt.
 //
-// Usage: NODE_PATH=<dir with node-llama-cpp> node tests/tools/make_refs.mjs \
-//          MODEL.gguf OUT.json
-// llama.cpp comes from the npm package node-llama-cpp (prebuilt, CPU only).
-import {createRequire} from "node:module";
+// Usage: node tests/tools/make_refs.mjs \
+//          ../shared/models/stories260K.gguf tests/data/stories260K_refs.json
+// llama.cpp comes from the npm package node-llama-cpp (see node_llama_cpp.mjs),
+// run on the CPU with one thread.
 import {writeFileSync} from "node:fs";
 import path from "node:path";
+
+import {loadNodeLlamaCpp} from "./node_llama_cpp.mjs";
 
 const [modelPath, outPath] = process.argv.slice(2);
 if (!modelPath || !outPath) {
   console.error("usage: make_refs.mjs MODEL.gguf OUT.json");
   process.exit(2);
-}
-
-// Resolve node-llama-cpp from NODE_PATH-like folders given in DS4_NODE_MODULES
-// or from the usual resolution.
-async function loadNodeLlamaCpp() {
-  const dirs = (process.env.DS4_NODE_MODULES || "").split(":").filter(Boolean);
-  for (const dir of dirs) {
-    try {
-      const require = createRequire(path.join(path.resolve(dir), "noop.js"));
-      return await import(require.resolve("node-llama-cpp"));
-    } catch {}
-  }
-  return await import("node-llama-cpp");
 }
 
 const PROMPTS = [

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -256,8 +257,11 @@ TEST_CASE("store: remove") {
   opts.name = g.name;
   load(kStories, opts);
   const Segment seg = Segment::attach(g.name);
+  const auto listed = list_segments(test_name(""));
+  CHECK(std::find(listed.begin(), listed.end(), g.name) != listed.end());
   CHECK(remove(g.name));
   CHECK_FALSE(remove(g.name));
+  CHECK(list_segments(g.name).empty());
   CHECK(attach_error(g.name).find("does not exist") != std::string::npos);
   CHECK(seg.tensors().size() == 48);  // an existing mapping stays valid
   CHECK(seg.find_tensor("output.weight")->n_bytes == 64 * 512 * 4);

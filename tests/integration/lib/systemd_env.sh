@@ -164,11 +164,15 @@ ds4_systemd_start() {
     mkdir -p "$h$DS4_SD_CGROUP" || { echo "SKIP: cannot create cgroup $h$DS4_SD_CGROUP" >&2; ds4_systemd_stop; return 77; }
   done < <(ds4_cgroup_hierarchies)
   if [[ $DS4_SD_CGROUP_MODE == unified ]]; then
-    # Hand the v2 controllers down to the manager's subtree (the parent is
-    # the hierarchy's root, which may hold processes).
+    # Hand the v2 controllers down to user@.service (the manager enables
+    # them further down itself). The hierarchy's root is exempt from the
+    # no-processes-in-inner-cgroups rule; the slice holds no processes.
+    # Not tested on a v2-only machine yet: test_systemd_harness.sh checks
+    # that MemoryMax= arrives and skips with the reason if not.
     local c
     for c in memory pids cpu io; do
       echo "+$c" >"$DS4_SD_CGROOT/cgroup.subtree_control" 2>/dev/null || true
+      echo "+$c" >"$DS4_SD_CGROOT$DS4_SD_CGROUP_TOP/cgroup.subtree_control" 2>/dev/null || true
     done
   fi
 
