@@ -119,8 +119,10 @@ void write(Level level, std::string_view message, std::span<const Field> fields,
   const bool journaled = send_to_journal(identifier, level, message, fields, where);
   // A stderr that is a journal stream is the fallback when the native
   // socket failed, and otherwise stays quiet: the entry is already there.
+  // Any other stderr (a terminal, a pipe to the supervisor or a test) gets
+  // the line too: whoever started the process reads it there.
   const Stderr kind = stderr_kind();
-  const bool to_stderr = !journaled || kind == Stderr::terminal;
+  const bool to_stderr = !journaled || kind != Stderr::journal;
   if (!to_stderr) return;
   const std::string line = format_line(identifier, level, message, fields);
   std::lock_guard lock(g_mutex);

@@ -4,11 +4,10 @@
 ///   ds4::log::info("worker 0 OOM-killed", {{"DS4_EVENT", "oom"}, {"DS4_WORKER", "0"}});
 ///
 /// Each call is one journal entry with MESSAGE, PRIORITY, SYSLOG_IDENTIFIER
-/// and the given fields. A plain line also goes to stderr when stderr is a
-/// terminal, or when the journal cannot be reached (no socket at
-/// /run/systemd/journal/socket, or nothing answering there); never when stderr is
-/// itself a journal stream ($JOURNAL_STREAM names it), so that nothing is
-/// logged twice under systemd. All functions are thread-safe.
+/// and the given fields. A plain line also goes to stderr (a terminal, or the
+/// pipe of whoever started the process), except when stderr is itself a
+/// journal stream ($JOURNAL_STREAM names it) that the entry already reached,
+/// so that nothing is logged twice under systemd. All functions are thread-safe.
 
 #include <initializer_list>
 #include <source_location>

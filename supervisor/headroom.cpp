@@ -1,0 +1,56 @@
+#include "supervisor/headroom.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace ds4::sup {
+
+namespace {
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::ostringstream o;
+  o << f.rdbuf();
+  return o.str();
+}
+}  // namespace
+
+std::optional<Bytes> parse_mem_available(const std::string& text) {
+  std::istringstream in(text);
+  std::string key, unit;
+  unsigned long long kb = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream l(line);
+    if (!(l >> key >> kb)) continue;
+    if (key == "MemAvailable:") return Bytes(kb) * 1024;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> parse_psi_some_avg10(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("some ", 0) != 0) continue;
+    const auto pos = line.find("avg10=");
+    if (pos == std::string::npos) return std::nullopt;
+    try {
+      return std::stod(line.substr(pos + 6));
+    } catch (...) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+ProcMemorySource::ProcMemorySource(std::string meminfo, std::string pressure)
+    : meminfo_(std::move(meminfo)), pressure_(std::move(pressure)) {}
+
+Readings ProcMemorySource::read() {
+  Readings r;
+  r.available = parse_mem_available(slurp(meminfo_)).value_or(0);
+  r.psi_some_avg10 = parse_psi_some_avg10(slurp(pressure_)).value_or(0);
+  return r;
+}
+
+}  // namespace ds4::sup

@@ -1,0 +1,381 @@
+#include "supervisor/policy.h"
+
+#include <algorithm>
+
+#include "shared/error.h"
+
+namespace ds4::sup {
+
+PolicyConfig PolicyConfig::from(const Config& c) {
+  PolicyConfig p;
+  p.ladder = c.workers.ladder;
+  p.reserve = c.workers.reserve;
+  p.min_available = c.headroom.min_available;
+  p.low_for = c.headroom.for_;
+  p.step_up_after = c.headroom.step_up_after;
+  p.psi = c.headroom.psi;
+  p.backoff_initial = c.restart.backoff_initial;
+  p.backoff_max = c.restart.backoff_max;
+  return p;
+}
+
+const char* exit_kind_name(ExitKind k) {
+  switch (k) {
+    case ExitKind::clean: return "clean";
+    case ExitKind::oom: return "oom";
+    case ExitKind::crash: return "crash";
+    case ExitKind::killed: return "killed";
+  }
+  return "?";
+}
+
+WorkerPolicy::WorkerPolicy(int id, PolicyConfig config, std::vector<Bytes> own_bytes)
+    : id_(id), config_(std::move(config)), own_(std::move(own_bytes)) {
+  if (config_.ladder.empty() || own_.size() != config_.ladder.size())
+    throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
+}
+
+Decision WorkerPolicy::decision(const std::string& event, size_t from, size_t to, std::string reason) const {
+  Decision d;
+  d.event = event;
+  d.worker = id_;
+  d.context_from = config_.ladder[from];
+  d.context_to = config_.ladder[to];
+  d.reason = std::move(reason);
+  return d;
+}
+
+bool WorkerPolicy::low(const Readings& r) const {
+  if (r.available < config_.min_available) return true;
+  return config_.psi > 0 && r.psi_some_avg10 > config_.psi;
+}
+
+bool WorkerPolicy::ample(const Readings& r) const {
+  if (rung_ == 0 || low(r)) return false;
+  // The step up adds the difference of the two plans; what is left must
+  // still be above both thresholds.
+  const Bytes extra = own_[rung_ - 1] > own_[rung_] ? own_[rung_ - 1] - own_[rung_] : 0;
+  const Bytes keep = std::max(config_.min_available, config_.reserve);
+  return r.available >= extra && r.available - extra >= keep;
+}
+
+Step WorkerPolicy::start(TimePoint now, const Readings& r) {
+  const Bytes room = r.available > config_.reserve ? r.available - config_.reserve : 0;
+  size_t rung = config_.ladder.size() - 1;
+  bool fits = false;
+  for (size_t i = 0; i < config_.ladder.size(); ++i) {
+    if (own_[i] <= room) {
+      rung = i;
+      fits = true;
+      break;
+    }
+  }
+  std::string reason = fits ? "largest rung that fits: needs " + format_size(own_[rung]) + ", " +
+                                  format_size(r.available) + " available − " + format_size(config_.reserve) +
+                                  " reserve"
+                            : "no rung fits (smallest needs " + format_size(own_[rung]) + ", " +
+                                  format_size(r.available) + " available − " + format_size(config_.reserve) +
+                                  " reserve); trying the smallest";
+  Step s = start_at(rung, "start", reason, now);
+  s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
+                                {"DS4_RESERVE", std::to_string(config_.reserve)},
+                                {"DS4_NEEDS", std::to_string(own_[rung])}};
+  return s;
+}
+
+Step WorkerPolicy::start_at(size_t rung, const std::string& event, const std::string& reason, TimePoint now) {
+  Step s;
+  const size_t from = rung_;
+  rung_ = rung;
+  state_ = WorkerState::starting;
+  stopping_ = false;
+  after_ = After::nothing;
+  backoff_until_.reset();
+  ready_since_.reset();
+  low_since_.reset();
+  ample_since_.reset();
+  s.decisions.push_back(decision(event, from, rung, reason));
+  s.actions.push_back({Action::Kind::start, config_.ladder[rung]});
+  return s;
+}
+
+Step WorkerPolicy::on_ready(TimePoint now, int pid) {
+  state_ = WorkerState::ready;
+  pid_ = pid;
+  ready_since_ = now;
+  low_since_.reset();
+  ample_since_.reset();
+  return {};
+}
+
+Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& message) {
+  if (!message.empty()) last_error_ = message;
+  pid_ = 0;
+  const bool was_ready = state_ == WorkerState::ready || state_ == WorkerState::draining;
+  // A worker that stayed up long enough ends a crash loop.
+  if (ready_since_ && now - *ready_since_ >= config_.backoff_max) failures_ = 0;
+  ready_since_.reset();
+
+  if (kind == ExitKind::oom) {
+    ++oom_kills_;
+    ++restarts_;
+    const size_t to = std::min(rung_ + 1, config_.ladder.size() - 1);
+    if (to == rung_) {
+      // Already at the bottom: an OOM kill here is a failure like a crash.
+      ++failures_;
+    } else {
+      failures_ = 0;
+    }
+    if (failures_ >= 2) {
+      Step s;
+      stopping_ = false;
+      after_ = After::nothing;
+      const Duration d = std::min(config_.backoff_max, config_.backoff_initial * (int64_t(1) << std::min<int64_t>(failures_ - 2, 30)));
+      state_ = WorkerState::backoff;
+      backoff_until_ = now + d;
+      target_ = to;
+      s.decisions.push_back(decision("backoff", rung_, to,
+                                     "OOM-killed at the smallest context " + std::to_string(context()) +
+                                         " (" + std::to_string(failures_) + " failures in a row); retrying in " +
+                                         format_duration(d)));
+      s.decisions.back().figures = {{"DS4_BACKOFF_MS", std::to_string(d.count())},
+                                    {"DS4_FAILURES", std::to_string(failures_)}};
+      return s;
+    }
+    Step s = start_at(to, "oom", "OOM-killed by the kernel at context " + std::to_string(config_.ladder[rung_]) +
+                                     (to == rung_ ? "; already the smallest rung, restarting at it"
+                                                  : "; restarting one rung lower at once"),
+                      now);
+    s.decisions.back().figures = {{"DS4_OOM_KILLS", std::to_string(oom_kills_)}};
+    return s;
+  }
+
+  if (stopping_) {
+    stopping_ = false;
+    if (after_ == After::start_target) {
+      ++restarts_;
+      Step s = start_at(target_, "restart", "restarting at context " + std::to_string(config_.ladder[target_]) +
+                                                 " as decided", now);
+      return s;
+    }
+    state_ = WorkerState::stopped;
+    after_ = After::nothing;
+    return {};
+  }
+
+  // Unexpected: a crash, a person's kill, or a clean exit nobody asked for.
+  ++failures_;
+  ++restarts_;
+  std::string what = std::string(exit_kind_name(kind)) + (was_ready ? "" : " before it was ready");
+  if (!message.empty()) what += ": " + message;
+  if (failures_ == 1) {
+    Step s = start_at(rung_, "restart", "worker exited (" + what + "); restarting at once", now);
+    s.decisions.back().figures = {{"DS4_EXIT", exit_kind_name(kind)}};
+    return s;
+  }
+  Step s;
+  const Duration d =
+      std::min(config_.backoff_max, config_.backoff_initial * (int64_t(1) << std::min<int64_t>(failures_ - 2, 30)));
+  state_ = WorkerState::backoff;
+  backoff_until_ = now + d;
+  target_ = rung_;
+  s.decisions.push_back(decision("backoff", rung_, rung_,
+                                 "worker exited (" + what + "), " + std::to_string(failures_) +
+                                     " failures in a row; retrying in " + format_duration(d)));
+  s.decisions.back().figures = {{"DS4_BACKOFF_MS", std::to_string(d.count())},
+                                {"DS4_FAILURES", std::to_string(failures_)},
+                                {"DS4_EXIT", exit_kind_name(kind)}};
+  return s;
+}
+
+Step WorkerPolicy::on_timer(TimePoint now) {
+  if (state_ != WorkerState::backoff || !backoff_until_ || now < *backoff_until_) return {};
+  return start_at(target_, "restart",
+                  "backoff over after " + std::to_string(failures_) + " failures; starting again", now);
+}
+
+std::optional<TimePoint> WorkerPolicy::next_wakeup() const {
+  if (state_ == WorkerState::backoff) return backoff_until_;
+  return std::nullopt;
+}
+
+Step WorkerPolicy::drain_then(size_t target, TimePoint now) {
+  Step s;
+  target_ = target;
+  after_ = After::start_target;
+  if (state_ == WorkerState::ready || state_ == WorkerState::starting) {
+    state_ = WorkerState::draining;
+    s.actions.push_back({Action::Kind::drain, 0});
+  } else if (state_ == WorkerState::backoff || state_ == WorkerState::stopped) {
+    // Nothing runs: start at the target right away.
+    return start_at(target, "restart", "starting at context " + std::to_string(config_.ladder[target]), now);
+  }
+  return s;
+}
+
+Step WorkerPolicy::on_drained(TimePoint now) {
+  if (state_ != WorkerState::draining) return {};
+  state_ = WorkerState::restarting;
+  if (after_ == After::stay_stopped) state_ = WorkerState::draining;
+  stopping_ = true;
+  Step s;
+  s.actions.push_back({Action::Kind::stop, 0});
+  return s;
+}
+
+Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
+  if (state_ != WorkerState::ready) {
+    low_since_.reset();
+    ample_since_.reset();
+    return {};
+  }
+  Step s;
+  if (low(r)) {
+    ample_since_.reset();
+    if (!low_since_) low_since_ = now;
+    if (now - *low_since_ < config_.low_for) return s;
+    const size_t to = rung_ + 1;
+    if (to >= config_.ladder.size()) return s;  // nothing lower to go to: the kernel decides
+    const std::string why = "headroom low for " + format_duration(std::chrono::duration_cast<Duration>(now - *low_since_)) +
+                            ": " + format_size(r.available) + " available < min_available " +
+                            format_size(config_.min_available) +
+                            (config_.psi > 0 ? ", PSI some avg10 " + std::to_string(r.psi_some_avg10) + "%" : "") +
+                            "; draining, then one rung lower";
+    s.decisions.push_back(decision("downgrade", rung_, to, why));
+    s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
+                                  {"DS4_MIN_AVAILABLE", std::to_string(config_.min_available)},
+                                  {"DS4_PSI_SOME_AVG10", std::to_string(r.psi_some_avg10)}};
+    Step d = drain_then(to, now);
+    s.actions = d.actions;
+    low_since_.reset();
+    return s;
+  }
+  low_since_.reset();
+  if (config_.step_up_after.count() == 0 || !ample(r)) {
+    ample_since_.reset();
+    return s;
+  }
+  if (!ample_since_) ample_since_ = now;
+  if (now - *ample_since_ < config_.step_up_after || !idle) return s;
+  const size_t to = rung_ - 1;
+  s.decisions.push_back(decision(
+      "upgrade", rung_, to,
+      "headroom ample for " + format_duration(std::chrono::duration_cast<Duration>(now - *ample_since_)) + ": " +
+          format_size(r.available) + " available, context " + std::to_string(config_.ladder[to]) + " needs " +
+          format_size(own_[to] - std::min(own_[to], own_[rung_])) + " more; worker idle, one rung up"));
+  s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
+                                {"DS4_NEEDS", std::to_string(own_[to])}};
+  Step d = drain_then(to, now);
+  s.actions = d.actions;
+  ample_since_.reset();
+  return s;
+}
+
+void WorkerPolicy::reset_headroom_timers(TimePoint now) {
+  if (low_since_) low_since_ = now;
+}
+
+Step WorkerPolicy::request_drain(TimePoint now) {
+  Step s;
+  if (state_ == WorkerState::backoff) {
+    state_ = WorkerState::stopped;
+    backoff_until_.reset();
+    return s;
+  }
+  if (state_ != WorkerState::ready && state_ != WorkerState::starting) return s;
+  after_ = After::stay_stopped;
+  state_ = WorkerState::draining;
+  s.actions.push_back({Action::Kind::drain, 0});
+  return s;
+}
+
+Step WorkerPolicy::request_restart(TimePoint now) {
+  failures_ = 0;
+  if (state_ == WorkerState::draining || state_ == WorkerState::restarting) {
+    target_ = rung_;
+    after_ = After::start_target;
+    return {};
+  }
+  Step s;
+  s.decisions.push_back(decision("restart", rung_, rung_, "restart requested by an administrator"));
+  Step d = drain_then(rung_, now);
+  s.actions = d.actions;
+  for (auto& x : d.decisions) s.decisions.push_back(x);
+  return s;
+}
+
+Step WorkerPolicy::request_context(TimePoint now, uint32_t context) {
+  auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);
+  if (it == config_.ladder.end()) {
+    std::string l;
+    for (auto c : config_.ladder) l += (l.empty() ? "" : ", ") + std::to_string(c);
+    throw Error("context " + std::to_string(context) + " is not on the ladder [" + l + "]");
+  }
+  const size_t to = size_t(it - config_.ladder.begin());
+  failures_ = 0;
+  Step s;
+  s.decisions.push_back(decision(to < rung_ ? "upgrade" : to > rung_ ? "downgrade" : "restart", rung_, to,
+                                 "context set to " + std::to_string(context) + " by an administrator"));
+  if (state_ == WorkerState::draining || state_ == WorkerState::restarting) {
+    target_ = to;
+    after_ = After::start_target;
+    return s;
+  }
+  Step d = drain_then(to, now);
+  s.actions = d.actions;
+  for (auto& x : d.decisions) s.decisions.push_back(x);
+  return s;
+}
+
+Step WorkerPolicy::request_stop(TimePoint now) {
+  Step s;
+  backoff_until_.reset();
+  after_ = After::stay_stopped;
+  if (state_ == WorkerState::stopped || state_ == WorkerState::backoff) {
+    state_ = WorkerState::stopped;
+    return s;
+  }
+  stopping_ = true;
+  state_ = WorkerState::draining;
+  s.actions.push_back({Action::Kind::stop, 0});
+  return s;
+}
+
+Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes) {
+  if (config.ladder.empty() || own_bytes.size() != config.ladder.size())
+    throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
+  const uint32_t current = context();
+  config_ = std::move(config);
+  own_ = std::move(own_bytes);
+  auto it = std::find(config_.ladder.begin(), config_.ladder.end(), current);
+  if (it != config_.ladder.end()) {
+    rung_ = size_t(it - config_.ladder.begin());
+    return {};
+  }
+  // The running context is no longer on the ladder: the largest rung not above it.
+  size_t to = config_.ladder.size() - 1;
+  for (size_t i = 0; i < config_.ladder.size(); ++i)
+    if (config_.ladder[i] <= current) { to = i; break; }
+  rung_ = std::min(rung_, config_.ladder.size() - 1);
+  Step s;
+  Decision d;
+  d.event = config_.ladder[to] < current ? "downgrade" : "upgrade";
+  d.worker = id_;
+  d.context_from = current;
+  d.context_to = config_.ladder[to];
+  d.reason = "reload: context " + std::to_string(current) + " is no longer on the ladder";
+  s.decisions.push_back(d);
+  Step x = drain_then(to, now);
+  s.actions = x.actions;
+  return s;
+}
+
+void WorkerPolicy::adopt(TimePoint now, uint32_t context, int pid) {
+  auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);
+  rung_ = it == config_.ladder.end() ? config_.ladder.size() - 1 : size_t(it - config_.ladder.begin());
+  state_ = WorkerState::ready;
+  pid_ = pid;
+  ready_since_ = now;
+}
+
+}  // namespace ds4::sup

@@ -1,0 +1,167 @@
+#pragma once
+/// The memory policy of one worker: a pure state machine (no I/O, no clock of
+/// its own). The worker manager feeds it what happened (the worker became
+/// ready, exited and why, memory readings, admin requests, timers) with the
+/// current time, and carries out the actions it returns. Every decision comes
+/// back as a Decision, which the manager logs as one structured journal entry
+/// (DS4_EVENT=oom|downgrade|upgrade|restart|backoff) and keeps for
+/// `ds4ctl events`.
+///
+/// Rules (DESIGN.md "Context ladder and memory policy"):
+///   start     the largest rung whose own memory (KV + scratch; the weights are
+///             already resident) fits available − reserve; the smallest when
+///             none fits.
+///   OOM kill  restart at once, one rung lower.
+///   headroom  available < min_available (or PSI above its threshold)
+///             continuously for `for`: drain, then restart one rung lower.
+///   step up   headroom ample (the next rung up would still leave
+///             max(min_available, reserve) free) continuously for
+///             step_up_after, and the worker idle: drain, restart one rung up.
+///   crashes   the first unexpected exit is retried at once; each further one
+///             in a row waits backoff_initial, doubling, capped at
+///             backoff_max (state backoff, `degraded`). The count resets
+///             once a worker stayed ready for backoff_max.
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shared/config.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::sup {
+
+using TimePoint = std::chrono::steady_clock::time_point;
+
+/// The settings the policy uses, taken from Config.
+struct PolicyConfig {
+  std::vector<uint32_t> ladder;  // descending
+  Bytes reserve = 0;
+  Bytes min_available = 0;
+  Duration low_for{0};
+  Duration step_up_after{0};  // 0 = never
+  double psi = 0;             // 0 = not used
+  Duration backoff_initial{1000};
+  Duration backoff_max{60000};
+  static PolicyConfig from(const Config& c);
+};
+
+/// One memory reading (host; GPU free where workers report it).
+struct Readings {
+  Bytes available = 0;                // MemAvailable, or the smaller of it and GPU free
+  double psi_some_avg10 = 0;          // % of time some task stalled on memory
+  std::optional<Bytes> gpu_free;
+};
+
+/// Why a worker process went away, as the backends tell it apart.
+enum class ExitKind {
+  clean,      // exited 0 / stopped by us
+  oom,        // killed by the kernel's OOM killer
+  crash,      // non-zero exit or a fatal signal of its own (SEGV, ABRT)
+  killed,     // SIGKILL/SIGTERM from someone else (a person), no OOM evidence
+};
+const char* exit_kind_name(ExitKind k);
+
+/// What the manager must do.
+struct Action {
+  enum class Kind { start, stop, drain } kind = Kind::start;
+  uint32_t context = 0;  // start
+};
+
+/// One decision, for the journal and `ds4ctl events`.
+struct Decision {
+  std::string event;   // oom | downgrade | upgrade | restart | backoff | start | stop
+  int worker = 0;
+  uint32_t context_from = 0;
+  uint32_t context_to = 0;
+  std::string reason;  // a sentence saying why, with the figures
+  std::vector<std::pair<std::string, std::string>> figures;  // DS4_* fields
+};
+
+struct Step {
+  std::vector<Action> actions;
+  std::vector<Decision> decisions;
+};
+
+class WorkerPolicy {
+ public:
+  /// `own_bytes[i]`: KV + scratch of a worker at ladder rung i.
+  WorkerPolicy(int id, PolicyConfig config, std::vector<Bytes> own_bytes);
+
+  /// Starts the worker at the rung that fits `r.available`.
+  Step start(TimePoint now, const Readings& r);
+  /// The worker said READY=1.
+  Step on_ready(TimePoint now, int pid);
+  /// The worker process is gone. `message` is its last error line, if any.
+  Step on_exit(TimePoint now, ExitKind kind, const std::string& message);
+  /// A memory reading; `idle` = nothing in flight on this worker.
+  Step on_readings(TimePoint now, const Readings& r, bool idle);
+  /// Nothing is in flight any more on a draining worker (or its deadline passed).
+  Step on_drained(TimePoint now);
+  /// A timer the manager armed for next_wakeup() fired.
+  Step on_timer(TimePoint now);
+
+  /// Admin: drain and keep stopped / restart at the current rung / a rung.
+  Step request_drain(TimePoint now);
+  Step request_restart(TimePoint now);
+  /// Throws ds4::Error when `context` is not on the ladder.
+  Step request_context(TimePoint now, uint32_t context);
+  /// Supervisor stopping: stop the worker, no restart.
+  Step request_stop(TimePoint now);
+  /// A new config (reload). Returns the actions to apply it (drain+restart
+  /// when the ladder changed such that the current context is gone).
+  Step reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes);
+
+  /// A running worker found at start (supervisor restart): take it as ready.
+  void adopt(TimePoint now, uint32_t context, int pid);
+  /// Another worker just stepped down: this one starts its low-headroom count anew.
+  void reset_headroom_timers(TimePoint now);
+
+  /// When on_timer() wants to be called (backoff end), if ever.
+  std::optional<TimePoint> next_wakeup() const;
+
+  WorkerState state() const { return state_; }
+  uint32_t context() const { return config_.ladder[rung_]; }
+  size_t rung() const { return rung_; }
+  int id() const { return id_; }
+  int64_t restarts() const { return restarts_; }
+  int64_t oom_kills() const { return oom_kills_; }
+  int64_t failures() const { return failures_; }
+  bool degraded() const { return failures_ >= 2; }
+  const std::string& last_error() const { return last_error_; }
+  Bytes own_bytes(size_t rung) const { return own_[rung]; }
+  const PolicyConfig& config() const { return config_; }
+
+ private:
+  /// What to do once the current process is gone.
+  enum class After { nothing, start_target, stay_stopped };
+
+  Step start_at(size_t rung, const std::string& event, const std::string& reason, TimePoint now);
+  Step drain_then(size_t target, TimePoint now);
+  Decision decision(const std::string& event, size_t from, size_t to, std::string reason) const;
+  bool low(const Readings& r) const;
+  bool ample(const Readings& r) const;
+
+  int id_;
+  PolicyConfig config_;
+  std::vector<Bytes> own_;
+  WorkerState state_ = WorkerState::stopped;
+  size_t rung_ = 0;
+  size_t target_ = 0;
+  After after_ = After::nothing;
+  bool stopping_ = false;  // we asked the process to stop: its exit is expected
+  int pid_ = 0;
+  int64_t restarts_ = 0;
+  int64_t oom_kills_ = 0;
+  int64_t failures_ = 0;
+  std::string last_error_;
+  std::optional<TimePoint> ready_since_;
+  std::optional<TimePoint> low_since_;
+  std::optional<TimePoint> ample_since_;
+  std::optional<TimePoint> backoff_until_;
+};
+
+}  // namespace ds4::sup

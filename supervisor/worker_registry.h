@@ -1,0 +1,53 @@
+#pragma once
+/// The seam between the supervisor's worker management and its proxy. The
+/// supervisor owns the workers and implements WorkerRegistry; the proxy reads
+/// it to dispatch requests and implements ProxyStatsSource for `ds4ctl status`
+/// and /metrics. Everything here is used on the supervisor's one io_context
+/// thread: no locking.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace ds4::sup {
+
+/// DESIGN.md's worker states, as `ds4ctl status` shows them.
+enum class WorkerState { starting, ready, draining, restarting, backoff, stopped };
+const char* state_name(WorkerState s);
+
+struct WorkerInfo {
+  int id = 0;
+  WorkerState state = WorkerState::stopped;
+  std::string socket_path;  // the worker's Unix socket (token protocol, shared/protocol.h)
+  int64_t context = 0;      // tokens per slot
+  int64_t slots = 0;
+  int pid = 0;
+  uint64_t generation = 0;  // +1 at every (re)start: a new process behind the same id
+  int64_t restarts = 0;
+  int64_t oom_kills = 0;
+};
+
+class WorkerRegistry {
+ public:
+  virtual ~WorkerRegistry() = default;
+  virtual std::vector<WorkerInfo> workers() const = 0;
+  /// `fn` runs after any worker's state changes (a worker became ready, went
+  /// away, started draining). Several listeners may subscribe.
+  virtual void on_change(std::function<void()> fn) = 0;
+};
+
+struct ProxyStats {
+  int64_t waiting = 0;                     // queued, no worker yet
+  int64_t in_flight = 0;                   // running on a worker
+  std::map<int, int64_t> in_flight_by_worker;
+};
+
+class ProxyStatsSource {
+ public:
+  virtual ~ProxyStatsSource() = default;
+  virtual ProxyStats proxy_stats() const = 0;
+};
+
+}  // namespace ds4::sup

@@ -1,0 +1,141 @@
+"""Integration test of `ds4-worker serve` (see test_worker_daemon.sh)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "lib"))
+from ds4test import *  # noqa: F401,F403
+
+if not os.path.exists(STORIES):
+    skip(f"{STORIES} is missing")
+
+seg = load_segment()
+check(seg.startswith("ds4-model-"), f"model loaded into shared memory segment {seg}")
+weights = os.path.getsize(f"/dev/shm/{seg}")
+
+a = Daemon(seg, context=256, slots=2)
+info = a.info()
+check(info["ctx"] == 256 and info["slots"] == 2 and info["n_vocab"] == 512, "info reports context, slots, vocabulary")
+check(info["plan"]["kv"] == 2 * 5 * 2 * 256 * 32 * 2, "info reports the KV plan (f16, 5 layers, 2 slots, 256, kv_dim 32)")
+
+# Greedy generation, streamed token by token with log-probs, then timings.
+ev = request(a.sock, {"op": "generate", "prompt": ONCE, "max_tokens": 12, "temperature": 0, "logprobs": 2})
+toks = tokens_of(ev)
+check(toks == ONCE_NEXT, f"greedy tokens match llama.cpp: {toks}")
+check([e["i"] for e in ev if e["ev"] == "token"] == list(range(12)), "token events are numbered 0..11")
+check(all(len(e.get("top", [])) == 2 and e["lp"] <= 0 for e in ev if e["ev"] == "token"), "log-probs and alternatives")
+done = ev[-1]
+check(done["ev"] == "done" and done["reason"] == "length", "final event says done/length")
+check(done["timings"]["predicted_n"] == 12 and done["timings"]["prompt_n"] >= 1, "final event has timings")
+
+# Resume: the same request with 5 generated tokens continues with the other 7.
+ev = request(a.sock, {"op": "generate", "prompt": ONCE, "generated": ONCE_NEXT[:5], "max_tokens": 12, "temperature": 0})
+check(tokens_of(ev) == ONCE_NEXT[5:], "a resumed request continues exactly")
+check([e["i"] for e in ev if e["ev"] == "token"] == list(range(5, 12)), "resumed tokens keep their indices")
+check(ev[-1]["timings"]["cache_n"] >= 5, "the resumed request reused the slot's cached prefix")
+
+# Seeded sampling is reproducible.
+req = {"op": "generate", "prompt": ONCE, "max_tokens": 20, "temperature": 1.0, "seed": 99}
+check(tokens_of(request(a.sock, req)) == tokens_of(request(a.sock, req)), "same seed, same tokens")
+
+# Bad input: a clear error, and the daemon keeps serving.
+bad = [
+    (b"{not json\n", "not valid JSON"),
+    (b"[1,2]\n", "JSON object"),
+    (json.dumps({"op": "generate", "prompt": [1, 99999]}).encode() + b"\n", "out of range"),
+    (json.dumps({"op": "generate", "prompt": [1, -4]}).encode() + b"\n", "not a token id"),
+    (json.dumps({"op": "generate", "prompt": ONCE, "max_tokens": 10**12}).encode() + b"\n", "out of range"),
+    (json.dumps({"op": "generate", "prompt": [5] * 300}).encode() + b"\n", "context is 256"),
+    (json.dumps({"op": "generate", "prompt": ONCE, "temperature": "hot"}).encode() + b"\n", "must be a number"),
+    (json.dumps({"op": "explode"}).encode() + b"\n", "unknown op"),
+    (b"x" * (33 << 20) + b"\n", "too long"),
+]
+for raw, want in bad:
+    ev = request(a.sock, raw)
+    check(len(ev) == 1 and ev[0]["ev"] == "error" and want in ev[0]["message"],
+          f"bad request -> error containing '{want}': {ev[0]['message'][:80] if ev else 'nothing'}")
+check(a.proc.poll() is None and tokens_of(request(a.sock, {"op": "generate", "prompt": ONCE, "max_tokens": 3, "temperature": 0})) == ONCE_NEXT[:3],
+      "the daemon still serves after bad input")
+
+# Cancel on disconnect: the slot is freed.
+s = connect(a.sock)
+s.sendall((json.dumps({"op": "generate", "prompt": ONCE, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}) + "\n").encode())
+s.recv(100)
+s.close()
+deadline = time.time() + 10
+while time.time() < deadline and a.info()["busy"] != 0:
+    time.sleep(0.01)
+check(a.info()["busy"] == 0, "a disconnected client's request is cancelled and its slot freed")
+
+# A second daemon on the same segment shares the weights' pages.
+b = Daemon(seg, context=256, slots=2)
+for d in (a, b):
+    request(d.sock, {"op": "generate", "prompt": ONCE, "max_tokens": 4, "temperature": 0})
+rss_a, pss_a = smaps_of(a.proc.pid, seg)
+rss_b, pss_b = smaps_of(b.proc.pid, seg)
+print(f"segment {weights} bytes; worker A Rss {rss_a} Pss {pss_a}; worker B Rss {rss_b} Pss {pss_b}")
+check(rss_a > 0.5 * weights and rss_b > 0.5 * weights, "both workers have the weights resident")
+check(pss_a + pss_b <= 1.05 * max(rss_a, rss_b), "the two workers share one copy (Pss adds up to one Rss)")
+
+# SIGKILL B in the middle of a long generation; A is unaffected.
+results = {}
+
+def long_gen(name, d):
+    try:
+        results[name] = request(d.sock, {"op": "generate", "prompt": ONCE, "max_tokens": 200, "temperature": 0,
+                                         "ignore_eos": True}, timeout=60)
+    except Exception as e:  # the killed worker's connection breaks
+        results[name] = e
+
+ta = threading.Thread(target=long_gen, args=("a", a))
+tb = threading.Thread(target=long_gen, args=("b", b))
+ta.start(); tb.start()
+time.sleep(0.05)
+b.stop(signal.SIGKILL)
+ta.join(60); tb.join(60)
+ev_a = results.get("a")
+check(isinstance(ev_a, list) and ev_a and ev_a[-1].get("ev") == "done" and len(tokens_of(ev_a)) == 200,
+      "worker A finished its generation while B was killed")
+check(tokens_of(ev_a)[:12] == ONCE_NEXT, "worker A's answer is still correct")
+check(b.proc.returncode == -9, "worker B died of SIGKILL")
+run_p = run(os.path.join(BIN, "ds4-worker"), "run", "--model", STORIES, "-p", "Once upon a time", "-n", "12",
+            "--temp", "0", "--json")
+check(run_p.returncode == 0 and json.loads(run_p.stdout)["tokens"] == ONCE_NEXT, "the segment is intact after the kill")
+
+# A restarted worker attaches the same segment and is ready again.
+b2 = Daemon(seg, context=256, slots=2)
+print(f"restarted worker ready {b2.ready_after * 1000:.1f} ms after exec")
+check(tokens_of(request(b2.sock, {"op": "generate", "prompt": ONCE, "max_tokens": 12, "temperature": 0})) == ONCE_NEXT,
+      "the restarted worker serves")
+
+# SIGTERM: a clean stop.
+rc = a.stop(signal.SIGTERM)
+check(rc == 0, f"SIGTERM stops the worker cleanly (exit {rc})")
+check(not os.path.exists(a.sock), "the socket is removed on stop")
+check("stopping on signal" in a.output(), "the worker logs that it stops")
+b2.stop()
+
+# A plan that cannot fit fails fast with the figures.
+p = run(os.path.join(BIN, "ds4-worker"), "serve", "--segment", seg, "--socket", "/tmp/ds4-nofit.sock",
+        "--context", str(1 << 24), "--slots", "256", timeout=30)
+check(p.returncode == 1 and "memory plan does not fit" in p.stderr and "KV cache" in p.stderr,
+      f"an impossible plan is refused: {p.stderr.strip()[:160]}")
+
+# Broken model files are refused with a clear error, never a crash.
+import tempfile
+tmp = tempfile.mkdtemp(prefix="ds4-badgguf-")
+data = open(STORIES, "rb").read()
+cases = {"magic.gguf": b"XXXX" + data[4:], "truncated.gguf": data[: len(data) // 2], "empty.gguf": b""}
+for name, content in cases.items():
+    path = os.path.join(tmp, name)
+    open(path, "wb").write(content)
+    p = run(os.path.join(BIN, "ds4-worker"), "run", "--model", path, "-p", "x", "-n", "1")
+    check(p.returncode == 1 and name in p.stderr, f"{name}: clear error ({p.stderr.strip()[:100]})")
+p = run(os.path.join(BIN, "ds4-worker"), "run", "--model", os.path.join(tmp, "missing.gguf"), "-p", "x")
+check(p.returncode == 1 and "missing.gguf" in p.stderr, "missing model file: clear error")
+
+finish()

@@ -1,0 +1,273 @@
+// The worker policy (supervisor/policy.h) with a fake clock and scripted readings.
+#include <doctest/doctest.h>
+
+#include "shared/error.h"
+#include "supervisor/policy.h"
+
+using namespace ds4;
+using namespace ds4::sup;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr Bytes MiB = 1 << 20;
+
+PolicyConfig test_config() {
+  PolicyConfig c;
+  c.ladder = {8192, 4096, 2048};
+  c.reserve = 100 * MiB;
+  c.min_available = 200 * MiB;
+  c.low_for = 10s;
+  c.step_up_after = 60s;
+  c.backoff_initial = 1s;
+  c.backoff_max = 8s;
+  return c;
+}
+
+/// KV + scratch per rung: 800, 400, 200 MiB.
+std::vector<Bytes> plans() { return {800 * MiB, 400 * MiB, 200 * MiB}; }
+
+struct Fixture {
+  TimePoint t{};  // the fake clock
+  WorkerPolicy p{0, test_config(), plans()};
+  Readings mem(Bytes mib) { return Readings{mib * MiB, 0, std::nullopt}; }
+  void advance(std::chrono::milliseconds d) { t += d; }
+};
+
+bool has(const Step& s, Action::Kind k, uint32_t ctx = 0) {
+  for (const auto& a : s.actions)
+    if (a.kind == k && (ctx == 0 || a.context == ctx)) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("policy: start picks the largest rung that fits available - reserve") {
+  Fixture f;
+  Step s = f.p.start(f.t, f.mem(1000));  // 900 after reserve: 8192 fits
+  CHECK(has(s, Action::Kind::start, 8192));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "start");
+
+  Fixture g;
+  s = g.p.start(g.t, g.mem(600));  // 500 after reserve: 4096
+  CHECK(has(s, Action::Kind::start, 4096));
+  CHECK(g.p.state() == WorkerState::starting);
+
+  Fixture h;
+  s = h.p.start(h.t, h.mem(150));  // nothing fits: the smallest, said so
+  CHECK(has(s, Action::Kind::start, 2048));
+  CHECK(s.decisions[0].reason.find("no rung fits") != std::string::npos);
+}
+
+TEST_CASE("policy: an OOM kill restarts one rung lower at once, down to the bottom") {
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 100);
+  CHECK(f.p.state() == WorkerState::ready);
+  f.advance(5s);
+  Step s = f.p.on_exit(f.t, ExitKind::oom, "");
+  CHECK(has(s, Action::Kind::start, 4096));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "oom");
+  CHECK(s.decisions[0].context_from == 8192);
+  CHECK(s.decisions[0].context_to == 4096);
+  CHECK(f.p.oom_kills() == 1);
+  CHECK(f.p.restarts() == 1);
+  CHECK(f.p.state() == WorkerState::starting);
+
+  // OOM again before ready: one more rung down, still at once.
+  s = f.p.on_exit(f.t, ExitKind::oom, "");
+  CHECK(has(s, Action::Kind::start, 2048));
+  CHECK(f.p.oom_kills() == 2);
+  // At the bottom: restarted at the same rung once, then backoff.
+  s = f.p.on_exit(f.t, ExitKind::oom, "");
+  CHECK(has(s, Action::Kind::start, 2048));
+  s = f.p.on_exit(f.t, ExitKind::oom, "");
+  CHECK(s.actions.empty());
+  CHECK(f.p.state() == WorkerState::backoff);
+  CHECK(s.decisions[0].event == "backoff");
+}
+
+TEST_CASE("policy: low headroom for `for` drains, then restarts one rung lower") {
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 100);
+  CHECK(f.p.on_readings(f.t, f.mem(150), true).actions.empty());  // low starts counting
+  f.advance(5s);
+  CHECK(f.p.on_readings(f.t, f.mem(150), true).actions.empty());
+  f.advance(2s);
+  CHECK(f.p.on_readings(f.t, f.mem(500), true).actions.empty());  // recovered: count restarts
+  f.advance(1s);
+  CHECK(f.p.on_readings(f.t, f.mem(150), true).actions.empty());
+  f.advance(9s);
+  CHECK(f.p.on_readings(f.t, f.mem(150), true).actions.empty());
+  f.advance(1s);
+  Step s = f.p.on_readings(f.t, f.mem(150), true);
+  CHECK(has(s, Action::Kind::drain));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "downgrade");
+  CHECK(s.decisions[0].context_to == 4096);
+  CHECK(f.p.state() == WorkerState::draining);
+
+  s = f.p.on_drained(f.t);
+  CHECK(has(s, Action::Kind::stop));
+  CHECK(f.p.state() == WorkerState::restarting);
+  s = f.p.on_exit(f.t, ExitKind::clean, "");
+  CHECK(has(s, Action::Kind::start, 4096));
+  CHECK(f.p.oom_kills() == 0);
+  CHECK(f.p.restarts() == 1);
+  CHECK(f.p.failures() == 0);
+}
+
+TEST_CASE("policy: PSI above its threshold counts as low headroom") {
+  Fixture f;
+  PolicyConfig c = test_config();
+  c.psi = 20;
+  WorkerPolicy p(1, c, plans());
+  p.start(f.t, f.mem(1000));
+  p.on_ready(f.t, 5);
+  Readings r = f.mem(5000);
+  r.psi_some_avg10 = 35;
+  p.on_readings(f.t, r, true);
+  f.advance(10s);
+  CHECK(has(p.on_readings(f.t, r, true), Action::Kind::drain));
+}
+
+TEST_CASE("policy: ample headroom for step_up_after steps up one rung, only when idle") {
+  Fixture f;
+  f.p.start(f.t, f.mem(600));  // 4096
+  f.p.on_ready(f.t, 100);
+  REQUIRE(f.p.context() == 4096);
+  // 8192 needs 400 MiB more; with 500 available 100 would be left: not ample.
+  f.p.on_readings(f.t, f.mem(500), true);
+  f.advance(120s);
+  CHECK(f.p.on_readings(f.t, f.mem(500), true).actions.empty());
+  // 700: 300 left above max(min_available 200, reserve 100): ample.
+  CHECK(f.p.on_readings(f.t, f.mem(700), true).actions.empty());
+  f.advance(59s);
+  CHECK(f.p.on_readings(f.t, f.mem(700), true).actions.empty());
+  f.advance(2s);
+  CHECK(f.p.on_readings(f.t, f.mem(700), false).actions.empty());  // busy: wait
+  f.advance(1s);
+  Step s = f.p.on_readings(f.t, f.mem(700), true);
+  CHECK(has(s, Action::Kind::drain));
+  CHECK(s.decisions[0].event == "upgrade");
+  CHECK(s.decisions[0].context_to == 8192);
+  f.p.on_drained(f.t);
+  s = f.p.on_exit(f.t, ExitKind::clean, "");
+  CHECK(has(s, Action::Kind::start, 8192));
+}
+
+TEST_CASE("policy: step_up_after 0 never steps up") {
+  Fixture f;
+  PolicyConfig c = test_config();
+  c.step_up_after = 0s;
+  WorkerPolicy p(0, c, plans());
+  p.start(f.t, f.mem(600));
+  p.on_ready(f.t, 1);
+  for (int i = 0; i < 10; ++i) {
+    f.advance(1h);
+    CHECK(p.on_readings(f.t, f.mem(100000), true).actions.empty());
+  }
+}
+
+TEST_CASE("policy: a crash loop backs off exponentially up to backoff_max and keeps the error") {
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 100);
+  Step s = f.p.on_exit(f.t, ExitKind::crash, "boom 1");
+  CHECK(has(s, Action::Kind::start, 8192));  // the first: at once
+  CHECK(s.decisions[0].event == "restart");
+  CHECK_FALSE(f.p.degraded());
+  std::vector<Duration> waits;
+  for (int i = 0; i < 6; ++i) {
+    s = f.p.on_exit(f.t, ExitKind::crash, "boom " + std::to_string(i + 2));
+    CHECK(s.actions.empty());
+    CHECK(f.p.state() == WorkerState::backoff);
+    CHECK(f.p.degraded());
+    REQUIRE(f.p.next_wakeup());
+    waits.push_back(std::chrono::duration_cast<Duration>(*f.p.next_wakeup() - f.t));
+    CHECK(s.decisions[0].event == "backoff");
+    // Not before the time.
+    CHECK(f.p.on_timer(f.t + waits.back() - 1ms).actions.empty());
+    f.t += waits.back();
+    s = f.p.on_timer(f.t);
+    CHECK(has(s, Action::Kind::start, 8192));
+  }
+  CHECK(waits == std::vector<Duration>{1s, 2s, 4s, 8s, 8s, 8s});
+  CHECK(f.p.last_error() == "boom 7");
+  // Ready for backoff_max ends the loop.
+  f.p.on_ready(f.t, 7);
+  f.advance(8s);
+  s = f.p.on_exit(f.t, ExitKind::crash, "again");
+  CHECK(has(s, Action::Kind::start));
+  CHECK(f.p.failures() == 1);
+}
+
+TEST_CASE("policy: a person's kill restarts at the same rung, not lower") {
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 100);
+  Step s = f.p.on_exit(f.t, ExitKind::killed, "");
+  CHECK(has(s, Action::Kind::start, 8192));
+  CHECK(f.p.oom_kills() == 0);
+}
+
+TEST_CASE("policy: admin drain, restart and context") {
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 100);
+  Step s = f.p.request_drain(f.t);
+  CHECK(has(s, Action::Kind::drain));
+  CHECK(f.p.state() == WorkerState::draining);
+  CHECK(has(f.p.on_drained(f.t), Action::Kind::stop));
+  CHECK(f.p.on_exit(f.t, ExitKind::clean, "").actions.empty());
+  CHECK(f.p.state() == WorkerState::stopped);
+
+  s = f.p.request_restart(f.t);
+  CHECK(has(s, Action::Kind::start, 8192));
+  f.p.on_ready(f.t, 101);
+
+  CHECK_THROWS_AS(f.p.request_context(f.t, 1000), ds4::Error);
+  s = f.p.request_context(f.t, 2048);
+  CHECK(has(s, Action::Kind::drain));
+  CHECK(s.decisions[0].event == "downgrade");
+  f.p.on_drained(f.t);
+  CHECK(has(f.p.on_exit(f.t, ExitKind::clean, ""), Action::Kind::start, 2048));
+}
+
+TEST_CASE("policy: stop, adopt and reconfigure") {
+  Fixture f;
+  f.p.adopt(f.t, 4096, 55);
+  CHECK(f.p.state() == WorkerState::ready);
+  CHECK(f.p.context() == 4096);
+  Step s = f.p.request_stop(f.t);
+  CHECK(has(s, Action::Kind::stop));
+  CHECK(f.p.on_exit(f.t, ExitKind::clean, "").actions.empty());
+  CHECK(f.p.state() == WorkerState::stopped);
+
+  Fixture g;
+  g.p.start(g.t, g.mem(1000));
+  g.p.on_ready(g.t, 1);
+  PolicyConfig c = test_config();
+  c.ladder = {8192, 1024};
+  CHECK(g.p.reconfigure(g.t, c, {800 * MiB, 100 * MiB}).actions.empty());  // 8192 still there
+  c.ladder = {4096, 1024};
+  s = g.p.reconfigure(g.t, c, {400 * MiB, 100 * MiB});
+  CHECK(has(s, Action::Kind::drain));
+  g.p.on_drained(g.t);
+  CHECK(has(g.p.on_exit(g.t, ExitKind::clean, ""), Action::Kind::start, 4096));
+}
+
+#include "supervisor/headroom.h"
+
+TEST_CASE("headroom: /proc/meminfo and /proc/pressure/memory parsers") {
+  CHECK(parse_mem_available("MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   2048 kB\n") == 2048u * 1024);
+  CHECK_FALSE(parse_mem_available("MemTotal: 5 kB\n"));
+  CHECK(parse_psi_some_avg10("some avg10=12.50 avg60=0.00 avg300=0.00 total=5\nfull avg10=1.00 avg60=0 avg300=0 total=0\n") ==
+        doctest::Approx(12.5));
+  CHECK_FALSE(parse_psi_some_avg10(""));
+  ProcMemorySource real;
+  CHECK(real.read().available > 0);
+}
