@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <systemd/sd-daemon.h>
+
 #include "shared/error.h"
 #include "shared/log.h"
 #include "worker/commands.h"
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const ds4::Error& e) {
     ds4::log::error(std::string("ds4-worker ") + cmd + ": " + e.what());
+    // The supervisor (or systemctl status) shows why the worker failed.
+    sd_notify(0, (std::string("STATUS=error: ") + e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
     ds4::log::error(std::string("ds4-worker ") + cmd + ": unexpected error: " + e.what());

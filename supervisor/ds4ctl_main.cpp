@@ -1,0 +1,137 @@
+// ds4ctl: talks to ds4-supervisor over its admin socket (supervisor/admin.h).
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "shared/config.h"
+#include "shared/error.h"
+#include "supervisor/admin.h"
+#include "supervisor/paths.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: ds4ctl [--socket PATH] COMMAND\n"
+    "  status [--json]      workers, headroom, queue and model\n"
+    "  events [--json]      the supervisor's last decisions\n"
+    "  drain N              stop giving worker N work, then stop it\n"
+    "  restart N            restart worker N at its current context\n"
+    "  context N SIZE       restart worker N at context SIZE (a ladder rung)\n"
+    "  reload               re-read the config (like SIGHUP)\n"
+    "The supervisor is found at $XDG_RUNTIME_DIR/ds4/admin.sock.\n";
+
+int parse_int(const std::string& s, const char* what) {
+  try {
+    size_t n = 0;
+    const long v = std::stol(s, &n);
+    if (n != s.size() || v < 0) throw 0;
+    return int(v);
+  } catch (...) {
+    throw ds4::Error(std::string("expected ") + what + ", got '" + s + "'");
+  }
+}
+
+void print_status(const nlohmann::json& s) {
+  const auto& m = s["model"];
+  std::printf("model     %s  segment %s  %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
+              ds4::format_size(m.value("bytes", uint64_t(0))).c_str(),
+              m.value("synthetic", false) ? "  (SYNTHETIC, RANDOM WEIGHTS)" : "");
+  const auto& h = s["headroom"];
+  std::printf("headroom  %s available (min %s), PSI some avg10 %.2f%%\n",
+              ds4::format_size(h.value("host_available", uint64_t(0))).c_str(),
+              ds4::format_size(h.value("min_available", uint64_t(0))).c_str(), h.value("psi_some_avg10", 0.0));
+  std::printf("queue     %lld waiting\n", (long long)s["queue"].value("waiting", int64_t(0)));
+  std::printf("backend   %s\n\n", s.value("backend", "").c_str());
+  std::printf("%-3s %-22s %-10s %-8s %-8s %-5s %-8s %-4s\n", "ID", "UNIT", "STATE", "PID", "CONTEXT", "SLOTS",
+              "RESTARTS", "OOM");
+  for (const auto& w : s["workers"]) {
+    std::string state = w.value("state", "");
+    if (w.value("degraded", false)) state += "!";
+    std::printf("%-3d %-22s %-10s %-8d %-8u %-5u %-8lld %-4lld\n", w.value("id", 0), w.value("unit", "").c_str(),
+                state.c_str(), w.value("pid", 0), w.value("context", 0u), w.value("slots", 0u),
+                (long long)w.value("restarts", int64_t(0)), (long long)w.value("oom_kills", int64_t(0)));
+    if (w.contains("binary")) {
+      std::string cmd = w["binary"].get<std::string>();
+      for (const auto& a : w["args"]) cmd += " " + a.get<std::string>();
+      std::printf("    runs: %s\n", cmd.c_str());
+    }
+    if (w.value("degraded", false) || w.contains("backoff_ms"))
+      std::printf("    degraded: %lld failures in a row, next try in %lld ms\n",
+                  (long long)w.value("failures", int64_t(0)), (long long)w.value("backoff_ms", int64_t(0)));
+    if (!w.value("last_error", "").empty()) std::printf("    last error: %s\n", w.value("last_error", "").c_str());
+  }
+}
+
+void print_events(const nlohmann::json& a) {
+  for (const auto& e : a["events"]) {
+    const std::time_t t = std::time_t(e.value("time_ms", int64_t(0)) / 1000);
+    char when[32];
+    std::strftime(when, sizeof when, "%F %T", std::localtime(&t));
+    std::printf("%s  worker %d  %-9s %u -> %u  %s\n", when, e.value("worker", 0), e.value("event", "").c_str(),
+                e.value("context_from", 0u), e.value("context_to", 0u), e.value("reason", "").c_str());
+  }
+}
+
+int run(std::vector<std::string> args) {
+  std::string socket = ds4::sup::admin_socket_path();
+  if (args.size() >= 2 && args[0] == "--socket") {
+    socket = args[1];
+    args.erase(args.begin(), args.begin() + 2);
+  }
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fputs(kUsage, args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string cmd = args[0];
+  const bool json = args.size() > 1 && args.back() == "--json";
+  nlohmann::json req = {{"cmd", cmd}};
+  auto want = [&](size_t n) {
+    if (args.size() != n + 1) throw ds4::Error("'" + cmd + "' takes " + std::to_string(n) + " argument(s)\n" + kUsage);
+  };
+  if (cmd == "status" || cmd == "events") {
+    if (args.size() > 2 || (args.size() == 2 && !json)) throw ds4::Error(std::string("usage:\n") + kUsage);
+  } else if (cmd == "drain" || cmd == "restart") {
+    want(1);
+    req["worker"] = parse_int(args[1], "a worker id");
+  } else if (cmd == "context") {
+    want(2);
+    req["worker"] = parse_int(args[1], "a worker id");
+    req["size"] = parse_int(args[2], "a context size");
+  } else if (cmd == "reload") {
+    want(0);
+  } else {
+    throw ds4::Error("unknown command '" + cmd + "'\n" + kUsage);
+  }
+  const nlohmann::json a = ds4::sup::admin_call(socket, req);
+  if (!a.value("ok", false)) {
+    std::fprintf(stderr, "ds4ctl: %s\n", a.value("error", "failed").c_str());
+    return 1;
+  }
+  if (json) {
+    nlohmann::json out = a;
+    out.erase("ok");
+    std::cout << out.dump(2) << std::endl;
+  } else if (cmd == "status") {
+    print_status(a);
+  } else if (cmd == "events") {
+    print_events(a);
+  } else {
+    std::printf("ok\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ds4ctl: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,108 @@
+#include "supervisor/model_setup.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "shared/error.h"
+#include "shared/gguf_writer.h"
+#include "shared/log.h"
+#include "shared/model_store.h"
+#include "worker/backend.h"
+#include "worker/runtime.h"
+
+namespace ds4::sup {
+
+namespace fs = std::filesystem;
+
+void write_byte_vocab(const std::string& path) {
+  gguf::Writer w;
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};  // unknown, control, control
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    tokens.push_back(name);
+    types.push_back(6);  // byte
+  }
+  w.set_string("general.architecture", "llama");
+  w.set_string("tokenizer.ggml.model", "llama");
+  w.set_string_array("tokenizer.ggml.tokens", tokens);
+  w.set_f32_array("tokenizer.ggml.scores", std::vector<float>(tokens.size(), 0.0f));
+  w.set_i32_array("tokenizer.ggml.token_type", types);
+  w.set_u32("tokenizer.ggml.unknown_token_id", 0);
+  w.set_u32("tokenizer.ggml.bos_token_id", 1);
+  w.set_u32("tokenizer.ggml.eos_token_id", 2);
+  w.write(path);
+}
+
+std::string make_synthetic_model(const std::string& dir, const std::string& bin_dir) {
+  const std::string out = dir + "/synthetic-stories-like.gguf";
+  if (fs::exists(out)) return out;
+  const std::string vocab = dir + "/byte-vocab.gguf";
+  write_byte_vocab(vocab);
+  const std::string mkmodel = bin_dir + "/ds4-mkmodel";
+  if (access(mkmodel.c_str(), X_OK) != 0)
+    throw Error("cannot make a synthetic model: no executable " + mkmodel + " beside ds4-supervisor");
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("cannot make a synthetic model: fork failed");
+  if (pid == 0) {
+    // Its progress output is not wanted on ours.
+    std::freopen("/dev/null", "w", stdout);
+    execl(mkmodel.c_str(), mkmodel.c_str(), "--out", out.c_str(), "--vocab-from", vocab.c_str(), "--preset",
+          "stories-like", "--name", "ds4-synthetic-random-weights", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !fs::exists(out))
+    throw Error("cannot make a synthetic model: " + mkmodel + " --out " + out + " failed");
+  return out;
+}
+
+ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir) {
+  ModelInfo m;
+  m.path = config.model.path.string();
+  m.name = config.model.name;
+  if (m.path.empty() || !fs::exists(m.path)) {
+    const std::string why = m.path.empty() ? "no model.path is configured" : "model file " + m.path + " does not exist";
+    m.path = make_synthetic_model(runtime_dir, bin_dir);
+    m.synthetic = true;
+    if (m.name.empty()) m.name = "ds4-synthetic";
+    const std::string msg = "THE MODEL HAS RANDOM WEIGHTS: " + why + ", so a small synthetic model (" + m.path +
+                            ") is served; its answers are gibberish. Set model.path in the config to a GGUF file.";
+    log::warn(msg, {{"DS4_MODEL_SYNTHETIC", "1"}});
+    std::fprintf(stderr, "\n*** ds4-supervisor: %s ***\n\n", msg.c_str());
+  }
+  if (m.name.empty()) m.name = fs::path(m.path).stem().string();
+  store::LoadOptions opts;
+  opts.progress = store::make_progress_reporter("loading " + fs::path(m.path).filename().string());
+  const store::LoadResult r = store::load(m.path, opts);
+  m.segment = r.name;
+  m.bytes = r.bytes;
+  m.reused = r.reused;
+  if (!r.rebuild_reason.empty())
+    log::info("rebuilt model segment " + r.name + ": " + r.rebuild_reason, {{"DS4_SEGMENT", r.name}});
+  store::Segment seg = store::Segment::attach(r.name);
+  m.weight_bytes = seg.weight_bytes();
+  return m;
+}
+
+std::vector<Bytes> plan_ladder(const std::string& segment, const std::vector<uint32_t>& ladder, uint32_t slots,
+                               uint32_t threads) {
+  auto lm = attach_model(segment);
+  auto backend = make_cpu_backend(lm->model, int(threads));
+  std::vector<Bytes> out;
+  for (uint32_t ctx : ladder) {
+    EngineShape shape;
+    shape.ctx = ctx;
+    shape.slots = slots;
+    shape.max_batch = 256;  // ds4-worker serve's default --batch
+    out.push_back(backend->plan(shape).own());
+  }
+  return out;
+}
+
+}  // namespace ds4::sup

@@ -1,0 +1,42 @@
+#pragma once
+/// The model the supervisor serves: the configured GGUF file (or, when none is
+/// configured or it is missing, a small synthetic one with RANDOM weights made
+/// by ds4-mkmodel), loaded once into its shared-memory segment, and the
+/// memory plan of a worker at every ladder rung.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shared/config.h"
+
+namespace ds4::sup {
+
+struct ModelInfo {
+  std::string path;        // the GGUF file served
+  std::string name;        // served id (config model.name, else the file's stem)
+  bool synthetic = false;  // random weights: made because no model was found
+  std::string segment;
+  uint64_t bytes = 0;      // segment size
+  uint64_t weight_bytes = 0;
+  bool reused = false;     // the segment existed already (supervisor restart)
+};
+
+/// Makes a synthetic model under `dir` with the ds4-mkmodel in `bin_dir`
+/// (a byte-level vocabulary is written first), unless one is there already.
+/// Returns its path. Throws ds4::Error naming the step that failed.
+std::string make_synthetic_model(const std::string& dir, const std::string& bin_dir);
+
+/// Resolves (synthesizing if needed, with a loud warning) and loads the model.
+ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir);
+
+/// KV + scratch of a worker at each context in `ladder` (slots and threads as
+/// configured), computed by the CPU backend's own planner on the segment.
+std::vector<Bytes> plan_ladder(const std::string& segment, const std::vector<uint32_t>& ladder,
+                               uint32_t slots, uint32_t threads);
+
+/// Writes a GGUF holding only a byte-level llama vocabulary (<unk>, <s>,
+/// </s>, <0x00>..<0xFF>), which is all ds4-mkmodel needs from --vocab-from.
+void write_byte_vocab(const std::string& path);
+
+}  // namespace ds4::sup

@@ -1,0 +1,34 @@
+#pragma once
+/// Errors as each API shapes them. OpenAI: {"error":{"message","type","param","code"}};
+/// Anthropic: {"type":"error","error":{"type","message"}}. The status code and
+/// the error type travel together so that a handler names one thing: ApiError.
+
+#include <string>
+
+namespace ds4::proxy {
+
+enum class Api { openai, anthropic };
+
+enum class ErrorKind {
+  bad_request,     // 400
+  unauthorized,    // 401
+  not_found,       // 404
+  too_large,       // 413
+  unavailable,     // 503 (Retry-After)
+  timeout,         // 504
+  internal,        // 500
+};
+
+struct ApiError {
+  ErrorKind kind = ErrorKind::internal;
+  std::string message;
+  int retry_after_s = 0;  // 503: seconds for Retry-After
+};
+
+int status_of(ErrorKind k);
+/// The JSON body of an error, in `api`'s shape.
+std::string error_body(Api api, const ApiError& e);
+
+inline ApiError bad_request(std::string m) { return {ErrorKind::bad_request, std::move(m)}; }
+
+}  // namespace ds4::proxy

@@ -1,0 +1,66 @@
+#pragma once
+/// Answers in each API's shape, streamed (SSE) or whole. One Responder per
+/// request turns the text as it comes (with the tokens behind it, for
+/// log-probs) and the finish into bytes. Pure: tested without sockets.
+///
+/// Streams:
+///   OpenAI     data: {chunk}\n\n ... data: [DONE]\n\n
+///   Anthropic  event: message_start, content_block_start, ping,
+///              content_block_delta*, content_block_stop, message_delta, message_stop
+/// While a request waits in the queue, a stream carries SSE comment lines
+/// (": waiting, position N"), which SSE parsers skip.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shared/protocol.h"
+#include "supervisor/proxy/api_error.h"
+#include "supervisor/proxy/api_request.h"
+#include "worker/tokenizer.h"
+
+namespace ds4::proxy {
+
+struct TokenInfo {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+enum class FinishReason { stop, length, stop_sequence };
+
+struct Finish {
+  FinishReason reason = FinishReason::stop;
+  std::string stop_sequence;  // the one that matched
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  proto::Timings timings;
+};
+
+class Responder {
+ public:
+  virtual ~Responder() = default;
+  /// Streams: the first bytes (role chunk, message_start). Whole answers: "".
+  virtual std::string open() = 0;
+  /// New answer text and the tokens it came from. Streams: the event(s) to
+  /// send; whole answers keep it and return "".
+  virtual std::string text(std::string_view delta, std::vector<TokenInfo> tokens) = 0;
+  /// Streams: the closing events; whole answers: the JSON body.
+  virtual std::string finish(const Finish& f) = 0;
+  /// An error after the stream began (queue timeout): the API's error event.
+  virtual std::string stream_error(const ApiError& e) = 0;
+};
+
+/// `id` is the response id ("chatcmpl-…", "msg_…"), `created` Unix seconds.
+std::unique_ptr<Responder> make_responder(const Plan& plan, const Tokenizer& tok, std::string id, int64_t created);
+
+/// ": waiting, position N\n\n".
+std::string waiting_comment(int64_t position);
+
+/// llama.cpp's timings object: prompt_n, prompt_ms, prompt_per_token_ms,
+/// prompt_per_second, predicted_n, …, cache_n.
+std::string timings_json(const proto::Timings& t);
+
+}  // namespace ds4::proxy

@@ -1,0 +1,52 @@
+#pragma once
+/// What the listener, the sessions and the Proxy share (internal).
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
+
+#include <boost/asio.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "shared/config.h"
+#include "supervisor/proxy/api_keys.h"
+#include "supervisor/proxy/metrics.h"
+#include "supervisor/proxy/model_text.h"
+#include "supervisor/proxy/router.h"
+#include "supervisor/proxy/scheduler.h"
+
+namespace ds4::proxy {
+
+class Session;
+
+struct Core {
+  Core(boost::asio::io_context& io, const ProxyConfig& cfg, ModelText m, sup::WorkerRegistry& reg);
+
+  boost::asio::io_context& io;
+  ProxyConfig cfg;
+  ModelText model;
+  sup::WorkerRegistry& registry;
+  ApiKeys keys;
+  Scheduler scheduler;
+  Metrics metrics;
+  boost::asio::ip::tcp::acceptor acceptor;
+  std::map<Session*, std::weak_ptr<Session>> sessions;
+  std::function<std::string()> metrics_extra;
+  std::mt19937_64 rng;
+  uint64_t next_id = 1;
+  bool stopping = false;
+
+  RouteContext route_context();
+  std::string metrics_text();
+  std::string new_id(const char* prefix);
+};
+
+SchedulerOptions scheduler_options(const ProxyConfig& cfg);
+
+/// Starts accepting connections on core.acceptor.
+void accept_connections(Core& core);
+/// Closes every connection (at the end of a stop).
+void close_sessions(Core& core);
+
+}  // namespace ds4::proxy

@@ -1,0 +1,89 @@
+#include "supervisor/proxy/metrics.h"
+
+#include <sstream>
+
+#include "supervisor/proxy/router.h"
+
+namespace ds4::proxy {
+
+namespace {
+constexpr int64_t kRateWindow = 10;  // seconds behind ds4_tokens_per_second
+
+int64_t now_s() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+void Metrics::add_tokens_out(int64_t n) {
+  tokens_out_ += n;
+  const int64_t s = now_s();
+  if (per_second_.empty() || per_second_.back().first != s) per_second_.emplace_back(s, 0);
+  per_second_.back().second += n;
+  while (per_second_.front().first < s - kRateWindow) per_second_.pop_front();
+}
+
+std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const Scheduler& sched) const {
+  std::ostringstream o;
+  auto head = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  head("ds4_http_requests_total", "counter", "HTTP answers by status code.");
+  for (auto& [status, n] : by_status_) o << "ds4_http_requests_total{code=\"" << status << "\"} " << n << '\n';
+  head("ds4_http_errors_total", "counter", "HTTP answers with status 400 or above, by status code.");
+  for (auto& [status, n] : by_status_)
+    if (status >= 400) o << "ds4_http_errors_total{code=\"" << status << "\"} " << n << '\n';
+
+  const SchedulerCounters& c = sched.counters();
+  head("ds4_queue_waiting", "gauge", "Requests waiting for a worker.");
+  o << "ds4_queue_waiting " << sched.waiting() << '\n';
+  head("ds4_requests_in_flight", "gauge", "Requests running on a worker.");
+  o << "ds4_requests_in_flight " << sched.running() << '\n';
+  head("ds4_queue_wait_seconds", "summary", "Time requests waited before their first worker.");
+  o << "ds4_queue_wait_seconds_sum " << c.wait_seconds_sum << "\nds4_queue_wait_seconds_count " << c.dispatched << '\n';
+  head("ds4_queue_wait_seconds_max", "gauge", "Longest wait before a first worker.");
+  o << "ds4_queue_wait_seconds_max " << c.wait_seconds_max << '\n';
+  head("ds4_queue_rejected_total", "counter", "Requests refused because the queue was full (503).");
+  o << "ds4_queue_rejected_total " << c.rejected_full << '\n';
+  head("ds4_queue_timeouts_total", "counter", "Requests that reached queue.max_wait.");
+  o << "ds4_queue_timeouts_total " << c.timeouts << '\n';
+  head("ds4_resumes_total", "counter", "Requests moved to another worker mid-answer.");
+  o << "ds4_resumes_total " << c.resumes << '\n';
+  head("ds4_worker_calls_broken_total", "counter", "Worker connections that failed or broke.");
+  o << "ds4_worker_calls_broken_total " << c.broken_calls << '\n';
+  head("ds4_prompt_tokens_total", "counter", "Prompt tokens received.");
+  o << "ds4_prompt_tokens_total " << tokens_in_ << '\n';
+  head("ds4_generated_tokens_total", "counter", "Tokens generated for clients.");
+  o << "ds4_generated_tokens_total " << tokens_out_ << '\n';
+  head("ds4_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s.");
+  int64_t recent = 0;
+  const int64_t s = now_s();
+  for (auto& [sec, n] : per_second_)
+    if (sec >= s - kRateWindow && sec < s) recent += n;
+  o << "ds4_tokens_per_second " << double(recent) / double(kRateWindow) << '\n';
+
+  const sup::ProxyStats st = sched.stats();
+  head("ds4_worker_context", "gauge", "Context (tokens per slot) of each worker.");
+  for (auto& w : workers) o << "ds4_worker_context{worker=\"" << w.id << "\"} " << w.context << '\n';
+  head("ds4_worker_slots", "gauge", "Slots of each worker.");
+  for (auto& w : workers) o << "ds4_worker_slots{worker=\"" << w.id << "\"} " << w.slots << '\n';
+  head("ds4_worker_in_flight", "gauge", "Requests running on each worker.");
+  for (auto& w : workers) {
+    auto it = st.in_flight_by_worker.find(w.id);
+    o << "ds4_worker_in_flight{worker=\"" << w.id << "\"} " << (it == st.in_flight_by_worker.end() ? 0 : it->second) << '\n';
+  }
+  head("ds4_worker_state", "gauge", "1 for each worker's current state.");
+  static constexpr sup::WorkerState kStates[] = {sup::WorkerState::starting, sup::WorkerState::ready,
+                                                 sup::WorkerState::draining, sup::WorkerState::restarting,
+                                                 sup::WorkerState::backoff, sup::WorkerState::stopped};
+  for (auto& w : workers)
+    for (auto state : kStates)
+      o << "ds4_worker_state{worker=\"" << w.id << "\",state=\"" << worker_state_name(state) << "\"} "
+        << (w.state == state ? 1 : 0) << '\n';
+  head("ds4_worker_restarts_total", "counter", "Restarts of each worker.");
+  for (auto& w : workers) o << "ds4_worker_restarts_total{worker=\"" << w.id << "\"} " << w.restarts << '\n';
+  head("ds4_worker_oom_kills_total", "counter", "OOM kills of each worker.");
+  for (auto& w : workers) o << "ds4_worker_oom_kills_total{worker=\"" << w.id << "\"} " << w.oom_kills << '\n';
+  return o.str();
+}
+
+}  // namespace ds4::proxy

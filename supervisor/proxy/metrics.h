@@ -1,0 +1,33 @@
+#pragma once
+/// /metrics in Prometheus text format (version 0.0.4): HTTP answers by
+/// status, queue depth and wait, tokens in and out, tokens/s over the last
+/// 10 s, and per-worker context, slots, state, restarts and OOM kills from the
+/// registry.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "supervisor/proxy/scheduler.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::proxy {
+
+class Metrics {
+ public:
+  void count(int status) { ++by_status_[status]; }
+  void add_tokens_in(int64_t n) { tokens_in_ += n; }
+  void add_tokens_out(int64_t n);
+  std::string render(const std::vector<sup::WorkerInfo>& workers, const Scheduler& sched) const;
+
+ private:
+  std::map<int, int64_t> by_status_;
+  int64_t tokens_in_ = 0;
+  int64_t tokens_out_ = 0;
+  mutable std::deque<std::pair<int64_t, int64_t>> per_second_;  // (second, tokens)
+};
+
+}  // namespace ds4::proxy

@@ -1,0 +1,41 @@
+#pragma once
+/// What the proxy knows of the model's text side: its name, tokenizer, chat
+/// family and special tokens. Built from GGUF metadata (the model segment's,
+/// or a file's in standalone mode); immutable afterwards.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "shared/gguf.h"
+#include "supervisor/proxy/chat_template.h"
+#include "worker/tokenizer.h"
+
+namespace ds4::proxy {
+
+class ModelText {
+ public:
+  /// Throws ds4::Error when the vocabulary cannot be used.
+  static ModelText from_gguf(const gguf::File& meta, std::string name);
+
+  const std::string& name() const { return name_; }
+  const Tokenizer& tokenizer() const { return tok_; }
+  ChatFamily family() const { return family_; }
+
+  /// Tokens for `text` with control tokens written in it (<|im_start|>, </s>)
+  /// taken as those tokens, as llama.cpp's server does; BOS first when the
+  /// model wants one and `add_bos`.
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const;
+
+ private:
+  ModelText(Tokenizer tok) : tok_(std::move(tok)) {}
+  std::string name_;
+  Tokenizer tok_;
+  ChatFamily family_ = ChatFamily::chatml;
+  // Control tokens by their first byte, longest text first.
+  std::unordered_map<unsigned char, std::vector<std::pair<std::string, int32_t>>> specials_;
+};
+
+}  // namespace ds4::proxy

@@ -1,0 +1,61 @@
+#pragma once
+/// The front proxy: OpenAI and Anthropic APIs on proxy.listen, a queue in
+/// front of the workers, and resumption of every request whose worker dies.
+/// The supervisor constructs it on its io_context with its WorkerRegistry:
+///
+///   proxy::Proxy proxy(io, config.proxy, proxy::ModelText::from_gguf(seg.metadata(), config.model.name), registry);
+///   proxy.start();                  // binds; throws ds4::Error
+///   ... SIGHUP: proxy.reload_keys(); reload: proxy.apply(new_config.proxy);
+///   ... SIGTERM: proxy.stop(deadline, [&] { sd_notify(0, "STOPPING=1"); ... });
+///
+/// Single-threaded: every call on the io_context's thread.
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
+
+#include <boost/asio.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "shared/config.h"
+#include "supervisor/proxy/model_text.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::proxy {
+
+struct Core;
+
+class Proxy : public sup::ProxyStatsSource {
+ public:
+  Proxy(boost::asio::io_context& io, const ProxyConfig& config, ModelText model, sup::WorkerRegistry& registry);
+  ~Proxy() override;
+
+  /// Loads the key file and listens. Throws ds4::Error when the address
+  /// cannot be bound, the key file cannot be read, or the address is not
+  /// loopback, there are no keys and limits.allow_insecure_bind is off.
+  void start();
+  /// The bound address (port 0 in the config: the one the kernel chose).
+  boost::asio::ip::tcp::endpoint endpoint() const;
+
+  /// Rereads proxy.api_keys_file (SIGHUP). Throws ds4::Error naming the file;
+  /// the keys loaded before stay in force then.
+  void reload_keys();
+  /// Applies the parts of a new config that change in place: queue, limits,
+  /// key file (listen needs a restart of the proxy).
+  void apply(const ProxyConfig& config);
+
+  /// Graceful stop: no new connections or requests; work in flight finishes
+  /// or, at `deadline`, is cut off; then every connection closes and `done` runs.
+  void stop(Duration deadline, std::function<void()> done);
+
+  sup::ProxyStats proxy_stats() const override;
+  /// The /metrics text.
+  std::string metrics_text() const;
+  /// More Prometheus text for /metrics (the supervisor's headroom figures).
+  void set_metrics_extra(std::function<std::string()> fn);
+
+ private:
+  std::unique_ptr<Core> core_;
+};
+
+}  // namespace ds4::proxy

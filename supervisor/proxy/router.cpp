@@ -1,0 +1,141 @@
+#include "supervisor/proxy/router.h"
+
+#include "supervisor/proxy/json_util.h"
+
+namespace ds4::proxy {
+
+namespace http = boost::beast::http;
+
+const char* worker_state_name(sup::WorkerState s) {
+  switch (s) {
+    case sup::WorkerState::starting: return "starting";
+    case sup::WorkerState::ready: return "ready";
+    case sup::WorkerState::draining: return "draining";
+    case sup::WorkerState::restarting: return "restarting";
+    case sup::WorkerState::backoff: return "backoff";
+    case sup::WorkerState::stopped: return "stopped";
+  }
+  return "stopped";
+}
+
+Response error_response(Api api, const ApiError& e) {
+  Response r;
+  r.status = status_of(e.kind);
+  r.body = error_body(api, e);
+  if (e.kind == ErrorKind::unavailable || e.kind == ErrorKind::timeout)
+    r.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s > 0 ? e.retry_after_s : 1));
+  if (e.kind == ErrorKind::unauthorized && api == Api::openai) r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return r;
+}
+
+std::string serialize(const Response& r, bool keep_alive) {
+  std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " +
+                    std::string(http::obsolete_reason(http::int_to_status(unsigned(r.status)))) + "\r\n";
+  out += "Content-Type: " + r.content_type + "\r\n";
+  out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+  out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
+  for (auto& [k, v] : r.headers) out += k + ": " + v + "\r\n";
+  out += "\r\n";
+  out += r.body;
+  return out;
+}
+
+namespace {
+
+Response json_response(int status, const json& j) {
+  Response r;
+  r.status = status;
+  r.body = dump(j);
+  return r;
+}
+
+Response health(const RouteContext& ctx) {
+  json workers = json::array();
+  int ready = 0;
+  for (const auto& w : ctx.workers) {
+    ready += w.state == sup::WorkerState::ready;
+    workers.push_back({{"id", w.id}, {"state", worker_state_name(w.state)}, {"context", w.context}, {"slots", w.slots}});
+  }
+  const bool ok = ready > 0 && !ctx.stopping;
+  Response r = json_response(ok ? 200 : 503, {{"status", ok ? "ok" : (ctx.stopping ? "stopping" : "unavailable")},
+                                              {"workers_ready", ready},
+                                              {"workers", workers}});
+  if (!ok) r.headers.emplace_back("Retry-After", "1");
+  return r;
+}
+
+Response models(const RouteContext& ctx) {
+  return json_response(200, {{"object", "list"},
+                             {"data", json::array({{{"id", ctx.model.name()},
+                                                    {"object", "model"},
+                                                    {"created", 0},
+                                                    {"owned_by", "ds4"},
+                                                    {"meta", {{"chat_template", family_name(ctx.model.family())},
+                                                              {"n_vocab", ctx.model.tokenizer().n_vocab()},
+                                                              {"n_ctx", ctx.limits.context}}}}})}});
+}
+
+}  // namespace
+
+Route route(const HttpRequest& req, const RouteContext& ctx) {
+  Route out;
+  std::string_view target(req.target().data(), req.target().size());
+  if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  while (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
+  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+  const bool post = req.method() == http::verb::post;
+
+  if (target == "/health" && get) return out.response = health(ctx), out;
+  if (target == "/metrics" && get) {
+    Response r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = ctx.metrics ? ctx.metrics() : "";
+    out.response = std::move(r);
+    return out;
+  }
+
+  std::optional<Endpoint> ep;
+  if (target == "/v1/chat/completions" || target == "/chat/completions") ep = Endpoint::chat;
+  else if (target == "/v1/completions" || target == "/completions") ep = Endpoint::completion;
+  else if (target == "/v1/messages") ep = Endpoint::messages;
+  out.api = ep == Endpoint::messages ? Api::anthropic : Api::openai;
+  const bool models_path = target == "/v1/models" || target == "/models";
+  if (!ep && !models_path) {
+    out.response = error_response(out.api, {ErrorKind::not_found, "no route for " + std::string(req.method_string()) +
+                                                                      " " + std::string(target)});
+    return out;
+  }
+
+  auto header = [&](http::field f) {
+    auto it = req.find(f);
+    return it == req.end() ? std::string_view() : std::string_view(it->value().data(), it->value().size());
+  };
+  auto x_api_key = [&] {
+    auto it = req.find("x-api-key");
+    return it == req.end() ? std::string_view() : std::string_view(it->value().data(), it->value().size());
+  };
+  if (!ctx.keys.accepts(ApiKeys::presented(header(http::field::authorization), x_api_key()))) {
+    out.response = error_response(out.api, {ErrorKind::unauthorized, "invalid or missing API key"});
+    return out;
+  }
+
+  if (models_path) {
+    if (!get) out.response = error_response(out.api, {ErrorKind::not_found, "use GET " + std::string(target)});
+    else out.response = models(ctx);
+    return out;
+  }
+  if (!post) {
+    out.response = error_response(out.api, {ErrorKind::not_found, "use POST " + std::string(target)});
+    return out;
+  }
+  if (ctx.stopping) {
+    out.response = error_response(out.api, {ErrorKind::unavailable, "the server is shutting down", 5});
+    return out;
+  }
+  auto plan = parse_request(*ep, req.body(), ctx.model, ctx.limits);
+  if (auto* e = std::get_if<ApiError>(&plan)) out.response = error_response(out.api, *e);
+  else out.plan = std::move(std::get<Plan>(plan));
+  return out;
+}
+
+}  // namespace ds4::proxy

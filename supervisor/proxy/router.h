@@ -1,0 +1,59 @@
+#pragma once
+/// Routing and admission, as a plain function of the request: which endpoint,
+/// authentication, and the answer for everything that needs no worker
+/// (health, models, metrics, errors). Generation requests come back as a Plan
+/// for the session to run. Tested without sockets.
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <boost/beast/http.hpp>
+
+#include "supervisor/proxy/api_error.h"
+#include "supervisor/proxy/api_keys.h"
+#include "supervisor/proxy/api_request.h"
+#include "supervisor/proxy/model_text.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::proxy {
+
+using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
+
+struct Response {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // extra, e.g. Retry-After
+};
+
+/// An error answer in `api`'s shape (503 gets Retry-After).
+Response error_response(Api api, const ApiError& e);
+
+/// The bytes of a whole response with Content-Length.
+std::string serialize(const Response& r, bool keep_alive);
+
+struct RouteContext {
+  const ModelText& model;
+  const ApiKeys& keys;
+  PlanLimits limits;
+  std::vector<sup::WorkerInfo> workers;        // for /health
+  std::function<std::string()> metrics;        // /metrics text
+  bool stopping = false;                       // shutting down: no new work
+};
+
+struct Route {
+  Api api = Api::openai;              // whose error shape applies
+  std::optional<Response> response;   // answer at once …
+  std::optional<Plan> plan;           // … or generate
+};
+
+Route route(const HttpRequest& req, const RouteContext& ctx);
+
+/// DESIGN.md's state names (also in the supervisor; kept here so the proxy
+/// library stands alone).
+const char* worker_state_name(sup::WorkerState s);
+
+}  // namespace ds4::proxy

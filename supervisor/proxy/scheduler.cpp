@@ -1,0 +1,346 @@
+#include "supervisor/proxy/scheduler.h"
+
+#include <algorithm>
+
+#include "shared/log.h"
+#include "supervisor/proxy/worker_call.h"
+
+namespace ds4::proxy {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const size_t n = std::min(a.size(), b.size());
+  size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+std::optional<int> pick_worker(const std::vector<Candidate>& cands, const std::vector<int32_t>& tokens, int64_t needed) {
+  std::optional<int> best;
+  size_t best_prefix = 0;
+  int64_t best_free = 0;
+  for (const Candidate& c : cands) {
+    if (c.free_slots <= 0 || c.context <= needed) continue;
+    size_t prefix = 0;
+    if (c.history)
+      for (const auto& seq : *c.history) prefix = std::max(prefix, common_prefix(tokens, seq));
+    const bool better = !best || prefix > best_prefix ||
+                        (prefix == best_prefix && (c.free_slots > best_free || (c.free_slots == best_free && c.id < *best)));
+    if (better) {
+      best = c.id;
+      best_prefix = prefix;
+      best_free = c.free_slots;
+    }
+  }
+  return best;
+}
+
+Scheduler::Scheduler(asio::io_context& io, sup::WorkerRegistry& registry, SchedulerOptions options)
+    : io_(io), registry_(registry), opt_(options), notice_timer_(io), retry_timer_(io), alive_(std::make_shared<bool>(true)) {
+  registry_.on_change([this, alive = std::weak_ptr<bool>(alive_)] {
+    if (alive.expired()) return;
+    pump();
+  });
+}
+
+Scheduler::~Scheduler() {
+  alive_.reset();
+  for (auto& [p, job] : running_)
+    if (job->call) job->call->cancel();
+}
+
+bool Scheduler::submit(const std::shared_ptr<Job>& job) {
+  if (queue_.size() >= opt_.max_waiting) {
+    ++counters_.rejected_full;
+    return false;
+  }
+  job->seq = next_seq_++;
+  job->state = Job::State::queued;
+  job->queued_at = Clock::now();
+  queue_.push_back(job);
+  enqueue_timer(job);
+  pump();
+  arm_notices();
+  return true;
+}
+
+void Scheduler::cancel(const std::shared_ptr<Job>& job) {
+  job->sink = nullptr;
+  if (job->state == Job::State::queued) {
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), job), queue_.end());
+    if (job->wait_timer) job->wait_timer->cancel();
+  } else if (job->state == Job::State::running) {
+    leave_worker(job);
+  }
+  job->state = Job::State::done;
+  pump();
+}
+
+sup::ProxyStats Scheduler::stats() const {
+  sup::ProxyStats s;
+  s.waiting = int64_t(queue_.size());
+  s.in_flight = int64_t(running_.size());
+  for (auto& [id, n] : in_flight_)
+    if (n > 0) s.in_flight_by_worker[id] = n;
+  return s;
+}
+
+int64_t Scheduler::max_context() const {
+  int64_t ctx = 0;
+  for (const auto& w : registry_.workers()) ctx = std::max(ctx, w.context);
+  return ctx;
+}
+
+void Scheduler::enqueue_timer(const std::shared_ptr<Job>& job) {
+  if (!job->wait_timer) job->wait_timer = std::make_unique<asio::steady_timer>(io_);
+  const auto left = std::chrono::duration_cast<Clock::duration>(opt_.max_wait) - job->waited;
+  job->wait_timer->expires_after(std::max(left, Clock::duration::zero()));
+  job->wait_timer->async_wait([this, w = std::weak_ptr<Job>(job), alive = std::weak_ptr<bool>(alive_)](const boost::system::error_code& ec) {
+    auto job = w.lock();
+    if (ec || alive.expired() || !job || job->state != Job::State::queued) return;
+    queue_.erase(std::remove(queue_.begin(), queue_.end(), job), queue_.end());
+    ++counters_.timeouts;
+    finish(job, {false, "", job->timings,
+                 {ErrorKind::timeout, "the request waited " + format_duration(opt_.max_wait) +
+                                          " for a worker (queue.max_wait); try again later", 5}});
+    notify_positions(false);
+  });
+}
+
+void Scheduler::pump() {
+  if (pumping_) return;
+  pumping_ = true;
+  const auto workers = registry_.workers();
+  const auto now = Clock::now();
+  std::vector<Candidate> cands;
+  for (const sup::WorkerInfo& w : workers) {
+    if (w.state != sup::WorkerState::ready || w.slots <= 0 || w.socket_path.empty()) continue;
+    if (auto b = blocked_.find(w.id); b != blocked_.end()) {
+      if (b->second.generation != w.generation) blocked_.erase(b);  // a new process: try it at once
+      else if (now < b->second.until) continue;
+    }
+    cands.push_back({w.id, w.context, w.slots - in_flight_[w.id], &history_[w.id]});
+  }
+  for (size_t i = 0; i < queue_.size();) {
+    if (std::none_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.free_slots > 0; })) break;
+    std::shared_ptr<Job> job = queue_[i];
+    const int64_t needed = int64_t(job->gen.prompt.size() + job->gen.generated.size());
+    if (int64_t(job->gen.generated.size()) >= job->gen.max_tokens) {
+      queue_.erase(queue_.begin() + std::ptrdiff_t(i));
+      finish(job, {true, "length", job->timings, {}});
+      continue;
+    }
+    const std::optional<int> pick = pick_worker(cands, job->gen.prompt, needed);
+    if (!pick) {
+      // A free worker exists but its context is too small: wait for a bigger
+      // one if any could come, otherwise end here.
+      const bool could = std::any_of(workers.begin(), workers.end(), [&](const sup::WorkerInfo& w) {
+        return w.state != sup::WorkerState::stopped && (w.context == 0 || w.context > needed);
+      });
+      if (could) {
+        ++i;
+        continue;
+      }
+      queue_.erase(queue_.begin() + std::ptrdiff_t(i));
+      if (job->gen.generated.empty())
+        finish(job, {false, "", job->timings,
+                     bad_request("the prompt has " + std::to_string(needed) + " tokens but the context is " +
+                                 std::to_string(max_context()) + " tokens: shorten the prompt")});
+      else
+        finish(job, {true, "length", job->timings, {}});
+      continue;
+    }
+    queue_.erase(queue_.begin() + std::ptrdiff_t(i));
+    for (Candidate& c : cands)
+      if (c.id == *pick) --c.free_slots;
+    for (const sup::WorkerInfo& w : workers)
+      if (w.id == *pick) start(job, w);
+  }
+  pumping_ = false;
+  notify_positions(false);
+}
+
+void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w) {
+  const auto now = Clock::now();
+  if (job->wait_timer) job->wait_timer->cancel();
+  job->waited += now - job->queued_at;
+  if (job->worker < 0) {
+    const double s = std::chrono::duration<double>(job->waited).count();
+    ++counters_.dispatched;
+    counters_.wait_seconds_sum += s;
+    counters_.wait_seconds_max = std::max(counters_.wait_seconds_max, s);
+  }
+  job->state = Job::State::running;
+  job->worker = w.id;
+  job->worker_generation = w.generation;
+  job->call_started = now;
+  job->call_tokens = 0;
+  job->last_position = 0;
+  ++in_flight_[w.id];
+  running_[job.get()] = job;
+  remember(w.id, *job);
+
+  std::weak_ptr<Job> wj = job;
+  std::weak_ptr<bool> alive = alive_;
+  WorkerCall::Handler h{
+      [this, wj, alive](proto::Event&& e) {
+        if (alive.expired()) return;
+        if (auto j = wj.lock()) on_event(j, std::move(e));
+      },
+      [this, wj, alive](const std::string& why, bool answered) {
+        if (alive.expired()) return;
+        if (auto j = wj.lock()) on_broken(j, why, answered);
+      }};
+  job->call = std::make_shared<WorkerCall>(io_, w.socket_path, proto::to_line(job->gen), std::move(h));
+  job->call->start();
+}
+
+void Scheduler::on_event(const std::shared_ptr<Job>& job, proto::Event&& e) {
+  if (job->state != Job::State::running) return;
+  using K = proto::Event::Kind;
+  if (e.kind == K::token) {
+    const int64_t expected = int64_t(job->gen.generated.size());
+    if (e.token.index < expected) return;  // already have it
+    if (e.token.index > expected) {
+      job->call->cancel();
+      return on_broken(job, "the worker skipped token " + std::to_string(expected), true);
+    }
+    blocked_.erase(job->worker);  // it answers: no backoff
+    const auto now = Clock::now();
+    if (job->call_tokens++ == 0) job->first_token = now;
+    job->last_token = now;
+    job->gen.generated.push_back(e.token.token);
+    ++counters_.tokens_out;
+    const bool more = job->sink && job->sink->on_token(e.token);
+    if (more || job->state != Job::State::running) return;
+    // The answer is complete before the worker knows: stop it, estimate its timings.
+    auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    job->timings.prompt_n += int64_t(job->gen.prompt.size() + job->gen.generated.size()) - job->call_tokens;
+    job->timings.prompt_ms += ms(job->first_token - job->call_started);
+    job->timings.predicted_n += job->call_tokens;
+    job->timings.predicted_ms += ms(job->last_token - job->first_token);
+    leave_worker(job);
+    finish(job, {true, "stop", job->timings, {}});
+    pump();
+    return;
+  }
+  if (e.kind == K::done) {
+    job->timings.prompt_n += e.timings.prompt_n;
+    job->timings.cache_n += e.timings.cache_n;
+    job->timings.predicted_n += e.timings.predicted_n;
+    job->timings.prompt_ms += e.timings.prompt_ms;
+    job->timings.predicted_ms += e.timings.predicted_ms;
+    if (e.reason == "cancelled") return on_broken(job, "the worker cancelled the request (stopping)", true);
+    leave_worker(job);
+    finish(job, {true, e.reason == "stop" ? "stop" : "length", job->timings, {}});
+    pump();
+    return;
+  }
+  // An error from the worker.
+  if (e.message.find("stopping") != std::string::npos) return on_broken(job, e.message, true);
+  leave_worker(job);
+  if (e.message.find("context") != std::string::npos && !job->gen.generated.empty())
+    finish(job, {true, "length", job->timings, {}});
+  else
+    finish(job, {false, "", job->timings, {ErrorKind::internal, "worker " + std::to_string(job->worker) + ": " + e.message}});
+  pump();
+}
+
+void Scheduler::on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered) {
+  if (job->state != Job::State::running) return;
+  ++counters_.broken_calls;
+  const int w = job->worker;
+  Block& b = blocked_[w];
+  if (b.generation != job->worker_generation) b = {job->worker_generation, {}, {}};
+  b.delay = b.delay.count() == 0 ? opt_.retry_min : std::min(b.delay * 2, opt_.retry_max);
+  b.until = Clock::now() + b.delay;
+  leave_worker(job);
+  if (answered || !job->gen.generated.empty()) {
+    ++job->resumes;
+    ++counters_.resumes;
+  }
+  log::debug("request moves back to the queue: worker " + std::to_string(w) + ": " + why,
+             {{"DS4_WORKER", std::to_string(w)}, {"DS4_TOKENS_DONE", std::to_string(job->gen.generated.size())}});
+  requeue_front(job);
+  arm_retry();
+  pump();
+}
+
+void Scheduler::requeue_front(const std::shared_ptr<Job>& job) {
+  job->state = Job::State::queued;
+  job->queued_at = Clock::now();
+  // Ahead of every fresh job; among jobs moved back, in submission order.
+  size_t p = 0;
+  while (p < queue_.size() && queue_[p]->worker >= 0 && queue_[p]->seq < job->seq) ++p;
+  queue_.insert(queue_.begin() + std::ptrdiff_t(p), job);
+  enqueue_timer(job);
+  arm_notices();
+}
+
+void Scheduler::leave_worker(const std::shared_ptr<Job>& job) {
+  if (job->call) {
+    job->call->cancel();
+    job->call.reset();
+  }
+  if (running_.erase(job.get())) {
+    --in_flight_[job->worker];
+    remember(job->worker, *job);
+  }
+}
+
+void Scheduler::finish(const std::shared_ptr<Job>& job, JobResult r) {
+  job->state = Job::State::done;
+  if (job->wait_timer) job->wait_timer->cancel();
+  JobSink* sink = job->sink;
+  job->sink = nullptr;
+  if (sink) sink->on_done(r);
+}
+
+void Scheduler::remember(int worker, const Job& job) {
+  auto& h = history_[worker];
+  std::vector<int32_t> seq = job.gen.prompt;
+  seq.insert(seq.end(), job.gen.generated.begin(), job.gen.generated.end());
+  h.push_back(std::move(seq));
+  while (h.size() > opt_.prefix_history) h.pop_front();
+}
+
+void Scheduler::notify_positions(bool force) {
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    Job& j = *queue_[i];
+    const int64_t pos = int64_t(i) + 1;
+    if (!force && j.last_position == pos) continue;
+    j.last_position = pos;
+    if (j.sink) j.sink->on_waiting(pos);
+  }
+}
+
+void Scheduler::arm_notices() {
+  if (notices_armed_ || queue_.empty()) return;
+  notices_armed_ = true;
+  notice_timer_.expires_after(opt_.notice_interval);
+  notice_timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](const boost::system::error_code& ec) {
+    if (ec || alive.expired()) return;
+    notices_armed_ = false;
+    notify_positions(true);
+    arm_notices();
+  });
+}
+
+void Scheduler::arm_retry() {
+  // The earliest block still in force; pump lets a worker in again after it.
+  const auto now = Clock::now();
+  Clock::time_point first = Clock::time_point::max();
+  for (auto& [id, b] : blocked_)
+    if (b.until > now) first = std::min(first, b.until);
+  if (first == Clock::time_point::max()) return;
+  retry_timer_.expires_at(first);
+  retry_timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](const boost::system::error_code& ec) {
+    if (ec || alive.expired()) return;
+    pump();
+    if (!queue_.empty()) arm_retry();
+  });
+}
+
+}  // namespace ds4::proxy

@@ -1,0 +1,166 @@
+#pragma once
+/// The queue and dispatch. One FIFO queue; a job goes to a ready worker with
+/// a free slot (slots as the registry reports them), preferring the worker
+/// whose recent requests share the longest token prefix with it (its KV cache
+/// holds them). The queue is bounded by count (max_waiting) and time
+/// (max_wait). When a worker connection breaks mid-answer, the job goes back
+/// to the head of the queue with every token received so far and continues
+/// on the next ready worker from exactly there: the worker samples token i
+/// from (seed, i) only, so the continuation is the one an undisturbed run
+/// would have produced.
+///
+/// Everything runs on the io_context's one thread.
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "shared/config.h"
+#include "shared/protocol.h"
+#include "supervisor/proxy/api_error.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::proxy {
+
+class WorkerCall;
+
+struct JobResult {
+  bool ok = true;
+  std::string reason;     // ok: "stop" (end of turn, or the sink stopped it) or "length"
+  proto::Timings timings; // summed over every worker that worked on it
+  ApiError error;         // !ok
+};
+
+/// The request's owner (an HTTP exchange) hears about its job here.
+class JobSink {
+ public:
+  virtual ~JobSink() = default;
+  /// Waiting in the queue at `position` (1 = next); repeated now and then.
+  virtual void on_waiting(int64_t position) = 0;
+  /// A new token (index = tokens before it). Return false when the answer is
+  /// complete (stop string, end of turn): the worker is told to stop.
+  virtual bool on_token(const proto::TokenEvent& e) = 0;
+  /// The end; nothing follows.
+  virtual void on_done(const JobResult& r) = 0;
+};
+
+struct Job {
+  proto::GenerateRequest gen;  // prompt, every token generated so far, limits, sampling
+  JobSink* sink = nullptr;
+
+  // Kept by the scheduler.
+  enum class State { fresh, queued, running, done } state = State::fresh;
+  uint64_t seq = 0;          // submission order
+  int worker = -1;
+  uint64_t worker_generation = 0;
+  std::shared_ptr<WorkerCall> call;
+  std::chrono::steady_clock::time_point queued_at{}, call_started{}, first_token{}, last_token{};
+  std::chrono::steady_clock::duration waited{};  // in the queue, all visits summed
+  int64_t call_tokens = 0;   // tokens from the current call
+  int64_t resumes = 0;       // times moved to another worker mid-answer
+  int64_t last_position = 0;
+  proto::Timings timings;
+  std::unique_ptr<boost::asio::steady_timer> wait_timer;
+};
+
+struct SchedulerOptions {
+  std::uint32_t max_waiting = 256;
+  Duration max_wait = std::chrono::minutes(10);
+  Duration notice_interval = std::chrono::seconds(2);  // ": waiting" lines to streams
+  Duration retry_min = std::chrono::milliseconds(10);  // after a worker's connection failed …
+  Duration retry_max = std::chrono::milliseconds(200); // … doubling up to this
+  size_t prefix_history = 8;                           // recent sequences kept per worker
+};
+
+/// A worker as dispatch sees it.
+struct Candidate {
+  int id = 0;
+  int64_t context = 0;
+  int64_t free_slots = 0;
+  const std::deque<std::vector<int32_t>>* history = nullptr;  // recent token sequences
+};
+
+/// The worker for `tokens` among `cands` (all ready, not blocked): one with a
+/// free slot and a context above `needed`, longest shared prefix first, then
+/// most free slots, then lowest id. Pure.
+std::optional<int> pick_worker(const std::vector<Candidate>& cands, const std::vector<int32_t>& tokens, int64_t needed);
+
+/// Length of the common prefix.
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b);
+
+struct SchedulerCounters {
+  int64_t resumes = 0;            // jobs continued on another worker
+  int64_t broken_calls = 0;       // worker connections that failed
+  int64_t dispatched = 0;         // first dispatches
+  double wait_seconds_sum = 0;    // queue wait of dispatched jobs (first dispatch)
+  double wait_seconds_max = 0;
+  int64_t timeouts = 0;           // max_wait reached
+  int64_t rejected_full = 0;      // queue full
+  int64_t tokens_out = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(boost::asio::io_context& io, sup::WorkerRegistry& registry, SchedulerOptions options);
+  ~Scheduler();
+
+  /// Queues `job` (its gen and sink set). False when the queue is full
+  /// (the caller answers 503); the sink hears nothing then.
+  bool submit(const std::shared_ptr<Job>& job);
+  /// The client went away: the job leaves the queue or its worker connection
+  /// is closed (the worker stops). The sink hears nothing more.
+  void cancel(const std::shared_ptr<Job>& job);
+
+  void set_options(const SchedulerOptions& o) { opt_ = o; }
+  const SchedulerOptions& options() const { return opt_; }
+  sup::ProxyStats stats() const;
+  const SchedulerCounters& counters() const { return counters_; }
+  /// The largest context among the registry's workers (0 when none is known).
+  int64_t max_context() const;
+  size_t waiting() const { return queue_.size(); }
+  size_t running() const { return running_.size(); }
+
+ private:
+  struct Block {
+    uint64_t generation = 0;
+    std::chrono::steady_clock::time_point until{};
+    Duration delay{};
+  };
+  void pump();
+  void start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
+  void on_event(const std::shared_ptr<Job>& job, proto::Event&& e);
+  void on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered);
+  void requeue_front(const std::shared_ptr<Job>& job);
+  void enqueue_timer(const std::shared_ptr<Job>& job);
+  void leave_worker(const std::shared_ptr<Job>& job);
+  void finish(const std::shared_ptr<Job>& job, JobResult r);
+  void notify_positions(bool force);
+  void arm_notices();
+  void arm_retry();
+  void remember(int worker, const Job& job);
+
+  boost::asio::io_context& io_;
+  sup::WorkerRegistry& registry_;
+  SchedulerOptions opt_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::map<Job*, std::shared_ptr<Job>> running_;
+  std::map<int, int64_t> in_flight_;
+  std::map<int, Block> blocked_;
+  std::map<int, std::deque<std::vector<int32_t>>> history_;
+  boost::asio::steady_timer notice_timer_;
+  boost::asio::steady_timer retry_timer_;
+  bool notices_armed_ = false;
+  bool pumping_ = false;
+  uint64_t next_seq_ = 1;
+  SchedulerCounters counters_;
+  std::shared_ptr<bool> alive_;
+};
+
+}  // namespace ds4::proxy

@@ -1,0 +1,302 @@
+#include "supervisor/proxy/session.h"
+
+#include <ctime>
+
+#include <boost/beast/http/read.hpp>
+
+#include "shared/log.h"
+
+namespace ds4::proxy {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+Session::Session(Core& core, tcp::socket sock) : core_(core), sock_(std::move(sock)), timer_(core.io) {}
+
+Session::~Session() { core_.sessions.erase(this); }
+
+void Session::start(bool reject) {
+  core_.sessions[this] = weak_from_this();
+  if (reject) {
+    keep_alive_ = false;
+    exchange_done_ = false;
+    phase_ = Phase::busy;
+    respond_error({ErrorKind::unavailable, "too many connections (proxy.limits.max_connections)", 1});
+    return;
+  }
+  boost::system::error_code ignored;
+  sock_.set_option(tcp::no_delay(true), ignored);
+  do_read_header();
+}
+
+void Session::close() {
+  if (phase_ == Phase::closed) return;
+  phase_ = Phase::closed;
+  if (job_) {
+    core_.scheduler.cancel(job_);
+    job_.reset();
+  }
+  timer_.cancel();
+  boost::system::error_code ignored;
+  sock_.shutdown(tcp::socket::shutdown_both, ignored);
+  sock_.close(ignored);
+}
+
+// ---- reading a request ----
+
+void Session::do_read_header() {
+  phase_ = Phase::header;
+  const LimitsConfig& lim = core_.cfg.limits;
+  parser_.emplace();
+  parser_->header_limit(uint32_t(std::min<Bytes>(lim.max_header_bytes, UINT32_MAX)));
+  parser_->body_limit(lim.max_body_bytes);
+  arm(lim.header_timeout);
+  http::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+    self->on_header(ec);
+  });
+}
+
+void Session::on_header(const boost::system::error_code& ec) {
+  if (phase_ == Phase::closed) return;
+  exchange_done_ = false;
+  phase_ = Phase::busy;
+  keep_alive_ = false;  // until the request says otherwise
+  if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::operation_aborted ||
+      ec == asio::error::connection_reset)
+    return close();
+  if (ec == http::error::header_limit)
+    return respond_error({ErrorKind::too_large, "the request headers are larger than " +
+                                                    format_size(core_.cfg.limits.max_header_bytes) +
+                                                    " (proxy.limits.max_header_bytes)"});
+  if (ec) return respond_error(bad_request("malformed HTTP request: " + ec.message()));
+  auto& req = parser_->get();
+  if (auto len = parser_->content_length(); len && *len > core_.cfg.limits.max_body_bytes)
+    return respond_error({ErrorKind::too_large, "the request body has " + std::to_string(*len) +
+                                                    " bytes, more than " + format_size(core_.cfg.limits.max_body_bytes) +
+                                                    " (proxy.limits.max_body_bytes)"});
+  auto expect = req.find(http::field::expect);
+  if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) write("HTTP/1.1 100 Continue\r\n\r\n");
+  phase_ = Phase::body;
+  arm(core_.cfg.limits.request_timeout);
+  http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+    self->on_body(ec);
+  });
+}
+
+void Session::on_body(const boost::system::error_code& ec) {
+  if (phase_ == Phase::closed) return;
+  phase_ = Phase::busy;
+  if (ec == http::error::body_limit)
+    return respond_error({ErrorKind::too_large, "the request body is larger than " +
+                                                    format_size(core_.cfg.limits.max_body_bytes) +
+                                                    " (proxy.limits.max_body_bytes)"});
+  if (ec) return close();
+  handle();
+}
+
+void Session::handle() {
+  const HttpRequest& req = parser_->get();
+  keep_alive_ = req.keep_alive() && !core_.stopping;
+  Route r = route(req, core_.route_context());
+  api_ = r.api;
+  if (r.response) {
+    if (req.method() == http::verb::head) r.response->body.clear();
+    return respond(*r.response);
+  }
+  start_job(std::move(*r.plan));
+}
+
+// ---- running a job ----
+
+void Session::start_job(Plan plan) {
+  plan_ = std::move(plan);
+  stream_ = plan_->stream;
+  head_sent_ = false;
+  text_.emplace(plan_->stop);
+  pending_tokens_.clear();
+  const char* prefix = plan_->endpoint == Endpoint::messages ? "msg_" : plan_->endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-";
+  responder_ = make_responder(*plan_, core_.model.tokenizer(), core_.new_id(prefix), int64_t(std::time(nullptr)));
+  job_ = std::make_shared<Job>();
+  job_->gen = plan_->gen;
+  job_->sink = this;
+  core_.metrics.add_tokens_in(int64_t(plan_->gen.prompt.size()));
+  if (!core_.scheduler.submit(job_)) {
+    job_.reset();
+    return respond_error({ErrorKind::unavailable,
+                          "the queue is full (" + std::to_string(core_.cfg.queue.max_waiting) +
+                              " requests waiting, proxy.queue.max_waiting); retry later", 2});
+  }
+  if (exchange_done_) return;  // finished already (nothing could ever serve it)
+  if (stream_) send_head();
+  watch();
+}
+
+void Session::on_waiting(int64_t position) {
+  if (!stream_ || exchange_done_) return;
+  send_head();
+  chunk(waiting_comment(position));
+}
+
+bool Session::on_token(const proto::TokenEvent& e) {
+  const Tokenizer& tok = core_.model.tokenizer();
+  if (tok.is_eog(e.token)) return false;
+  core_.metrics.add_tokens_out(1);
+  if (plan_->logprobs) pending_tokens_.push_back({e.token, e.logprob, e.top});
+  TextStream::Out out = text_->push(tok.piece(e.token));
+  if (!out.text.empty() || out.stopped) {
+    std::string bytes = responder_->text(out.text, std::move(pending_tokens_));
+    pending_tokens_.clear();
+    if (stream_) chunk(bytes);
+  }
+  return !out.stopped;
+}
+
+void Session::on_done(const JobResult& r) {
+  std::shared_ptr<Job> job = std::move(job_);
+  if (!r.ok) {
+    if (head_sent_) {
+      core_.metrics.count(status_of(r.error.kind));
+      chunk(responder_->stream_error(r.error));
+      keep_alive_ = false;
+      return end_exchange();
+    }
+    return respond_error(r.error);
+  }
+  std::string rest = text_->flush();
+  if (!rest.empty() || !pending_tokens_.empty()) {
+    std::string bytes = responder_->text(rest, std::move(pending_tokens_));
+    pending_tokens_.clear();
+    if (stream_) chunk(bytes);
+  }
+  Finish f;
+  f.reason = !text_->matched().empty() ? FinishReason::stop_sequence
+             : r.reason == "length"    ? FinishReason::length
+                                       : FinishReason::stop;
+  f.stop_sequence = text_->matched();
+  f.prompt_tokens = int64_t(job->gen.prompt.size());
+  f.completion_tokens = int64_t(job->gen.generated.size());
+  f.timings = r.timings;
+  if (!stream_) {
+    Response resp;
+    resp.body = responder_->finish(f);
+    return respond(resp);
+  }
+  send_head();
+  chunk(responder_->finish(f));
+  core_.metrics.count(200);
+  end_exchange();
+}
+
+// ---- writing ----
+
+void Session::respond(const Response& r) {
+  core_.metrics.count(r.status);
+  if (r.status == 413 || r.status >= 500) keep_alive_ = keep_alive_ && r.status != 413;
+  // A body we did not read (413 on the headers) leaves the stream unusable.
+  if (parser_ && !parser_->is_done()) keep_alive_ = false;
+  write(serialize(r, keep_alive_));
+  exchange_done_ = true;
+  if (!writing_ && out_.empty()) after_exchange();
+}
+
+void Session::send_head() {
+  if (head_sent_) return;
+  head_sent_ = true;
+  write(std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n") +
+        (keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n") +
+        "X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n\r\n");
+  chunk(responder_->open());
+}
+
+void Session::chunk(const std::string& bytes) {
+  if (bytes.empty()) return;
+  char size[24];
+  std::snprintf(size, sizeof size, "%zx\r\n", bytes.size());
+  write(size + bytes + "\r\n");
+}
+
+void Session::end_exchange() {
+  write("0\r\n\r\n");
+  exchange_done_ = true;
+}
+
+void Session::write(std::string bytes) {
+  if (phase_ == Phase::closed) return;
+  out_.push_back(std::move(bytes));
+  if (!writing_) do_write();
+}
+
+void Session::do_write() {
+  if (out_.empty()) {
+    writing_ = false;
+    if (exchange_done_) after_exchange();
+    return;
+  }
+  writing_ = true;
+  asio::async_write(sock_, asio::buffer(out_.front()), [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+    if (self->phase_ == Phase::closed) return;
+    if (ec) return self->close();
+    self->out_.pop_front();
+    self->do_write();
+  });
+}
+
+void Session::after_exchange() {
+  if (phase_ == Phase::closed || phase_ == Phase::idle || phase_ == Phase::header) return;
+  plan_.reset();
+  responder_.reset();
+  text_.reset();
+  job_.reset();
+  if (!keep_alive_) return close();
+  if (watching_) {  // the pending read delivers the next request
+    phase_ = Phase::idle;
+    arm(core_.cfg.limits.header_timeout);
+    return;
+  }
+  do_read_header();
+}
+
+// While a job runs (and after, until the next request), read whatever comes:
+// an error or EOF means the client went away.
+void Session::watch() {
+  if (watching_ || phase_ == Phase::closed) return;
+  if (buf_.size() >= core_.cfg.limits.max_header_bytes) return;  // pipelined too far ahead: stop reading
+  watching_ = true;
+  sock_.async_read_some(buf_.prepare(4096), [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+    self->watching_ = false;
+    if (self->phase_ == Phase::closed) return;
+    if (ec) return self->close();  // cancels the job
+    self->buf_.commit(n);
+    if (self->phase_ == Phase::idle) return self->do_read_header();
+    self->watch();
+  });
+}
+
+// ---- time limits ----
+
+void Session::arm(Duration d) {
+  const uint64_t gen = ++timer_gen_;
+  timer_.expires_after(d);
+  timer_.async_wait([w = weak_from_this(), gen](const boost::system::error_code& ec) {
+    auto self = w.lock();
+    if (ec || !self || self->timer_gen_ != gen) return;
+    self->on_deadline();
+  });
+}
+
+void Session::on_deadline() {
+  if (phase_ == Phase::closed) return;
+  if (phase_ == Phase::busy && !exchange_done_ && !head_sent_ && job_) {
+    core_.scheduler.cancel(job_);
+    job_.reset();
+    keep_alive_ = false;
+    return respond_error({ErrorKind::timeout, "the request took longer than " +
+                                                  format_duration(core_.cfg.limits.request_timeout) +
+                                                  " (proxy.limits.request_timeout)"});
+  }
+  close();  // slow headers or body, an idle keep-alive connection, or a stream past its time
+}
+
+}  // namespace ds4::proxy

@@ -1,0 +1,79 @@
+#pragma once
+/// One client connection (Beast's listener/session pattern): reads requests
+/// with the configured limits, answers at once what the router answers, or
+/// runs a job and streams or sends its answer; keep-alive between requests.
+/// While a job runs the connection is still read, so that a client that goes
+/// away is noticed at once and its job cancelled.
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
+
+#include <boost/asio.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <memory>
+#include <optional>
+
+#include "supervisor/proxy/api_response.h"
+#include "supervisor/proxy/core.h"
+#include "supervisor/proxy/text_stream.h"
+
+namespace ds4::proxy {
+
+class Session : public std::enable_shared_from_this<Session>, public JobSink {
+ public:
+  Session(Core& core, boost::asio::ip::tcp::socket sock);
+  ~Session() override;
+  /// `reject`: too many connections, answer 503 and close.
+  void start(bool reject);
+  void close();
+
+ private:
+  enum class Phase { header, body, busy, idle, closed };
+
+  void do_read_header();
+  void on_header(const boost::system::error_code& ec);
+  void on_body(const boost::system::error_code& ec);
+  void handle();
+  void start_job(Plan plan);
+  void respond(const Response& r);                  // a whole answer; ends the exchange
+  void respond_error(const ApiError& e) { respond(error_response(api_, e)); }
+  void send_head();
+  void chunk(const std::string& bytes);
+  void end_exchange();
+  void write(std::string bytes);
+  void do_write();
+  void after_exchange();
+  void watch();
+  void arm(Duration d);
+  void on_deadline();
+
+  void on_waiting(int64_t position) override;
+  bool on_token(const proto::TokenEvent& e) override;
+  void on_done(const JobResult& r) override;
+
+  Core& core_;
+  boost::asio::ip::tcp::socket sock_;
+  boost::asio::steady_timer timer_;
+  boost::beast::flat_buffer buf_;
+  std::optional<boost::beast::http::request_parser<boost::beast::http::string_body>> parser_;
+  Phase phase_ = Phase::header;
+  std::deque<std::string> out_;
+  bool writing_ = false;
+  bool watching_ = false;
+  bool keep_alive_ = true;
+  uint64_t timer_gen_ = 0;
+
+  // The exchange in progress.
+  Api api_ = Api::openai;
+  bool exchange_done_ = true;
+  std::optional<Plan> plan_;
+  std::unique_ptr<Responder> responder_;
+  std::shared_ptr<Job> job_;
+  std::optional<TextStream> text_;
+  std::vector<TokenInfo> pending_tokens_;
+  bool stream_ = false;
+  bool head_sent_ = false;
+};
+
+}  // namespace ds4::proxy

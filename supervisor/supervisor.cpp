@@ -1,0 +1,299 @@
+#include "supervisor/supervisor.h"
+
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "shared/error.h"
+#include "shared/log.h"
+#include "supervisor/admin.h"
+#include "supervisor/headroom.h"
+#include "supervisor/paths.h"
+#include "supervisor/process_backend.h"
+#include "supervisor/systemd_backend.h"
+#include "supervisor/worker_manager.h"
+
+namespace ds4::sup {
+
+namespace {
+
+/// The binary and arguments process `pid` really runs (/proc, not config).
+nlohmann::json proc_command(int pid) {
+  if (pid <= 0) return nullptr;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (all.empty()) return nullptr;
+  std::vector<std::string> argv;
+  std::string cur;
+  for (char c : all) {
+    if (c == '\0') {
+      argv.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) argv.push_back(cur);
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec);
+  nlohmann::json j;
+  j["binary"] = ec ? (argv.empty() ? "" : argv[0]) : exe.string();
+  j["args"] = argv.size() > 1 ? std::vector<std::string>(argv.begin() + 1, argv.end()) : std::vector<std::string>{};
+  return j;
+}
+
+ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std::string& runtime_dir) {
+  ManagerSettings s;
+  s.policy = PolicyConfig::from(c);
+  s.own_bytes = plan_ladder(m.segment, c.workers.ladder, c.workers.slots, c.workers.threads);
+  s.count = c.workers.count;
+  s.slots = c.workers.slots;
+  s.device = c.workers.device.str();
+  s.threads = c.workers.threads;
+  s.memory_max = c.workers.memory_max;
+  s.segment = m.segment;
+  s.socket_dir = runtime_dir;
+  // Sample often enough to notice low headroom well within `for`.
+  s.sample_every = std::clamp<Duration>(c.headroom.for_ / 4, std::chrono::milliseconds(100), std::chrono::seconds(1));
+  return s;
+}
+
+}  // namespace
+
+Supervisor::Supervisor(SupervisorOptions options) : opts_(std::move(options)) {
+  if (opts_.bin_dir.empty()) opts_.bin_dir = self_dir();
+}
+
+Supervisor::~Supervisor() = default;
+
+WorkerRegistry& Supervisor::registry() {
+  if (!manager_) throw Error("Supervisor::registry() before prepare()");
+  return *manager_;
+}
+
+void Supervisor::set_proxy_stats(const ProxyStatsSource* stats) {
+  stats_ = stats;
+  if (manager_) manager_->set_proxy_stats(stats);
+}
+
+void Supervisor::prepare() {
+  config_ = load_config(opts_.config_path);
+  if (!config_.file_found)
+    log::warn("config file " + opts_.config_path + " not found; running on the defaults");
+  if (config_.workers.engine == WorkerEngine::exec)
+    throw Error(opts_.config_path + ": workers.engine: exec is not supported by this supervisor yet");
+  runtime_dir_ = runtime_dir();
+  ensure_private_dir(runtime_dir_);
+  model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir);
+  log::info("model " + model_.name + " in segment " + model_.segment + " (" + format_size(model_.bytes) +
+                (model_.reused ? ", reused" : ", loaded") + ")",
+            {{"DS4_SEGMENT", model_.segment}, {"DS4_MODEL", model_.path}});
+  memory_ = std::make_unique<ProcMemorySource>();
+  start_backend();
+  manager_ = std::make_unique<WorkerManager>(io_, *backend_, *memory_, manager_settings(config_, model_, runtime_dir_));
+  manager_->set_proxy_stats(stats_);
+  manager_->on_change([this] { maybe_ready(); });
+  admin_ = std::make_unique<AdminServer>(io_, runtime_dir_ + "/admin.sock",
+                                         [this](const nlohmann::json& r) { return handle_admin(r); });
+}
+
+void Supervisor::start_backend() {
+  const std::string worker = opts_.bin_dir + "/ds4-worker";
+  const WorkerBackend want = config_.workers.backend;
+  if (want != WorkerBackend::process) {
+    std::string why;
+    SystemdBackendOptions so;
+    so.worker_binary = worker;
+    so.runtime_dir = runtime_dir_;
+    backend_ = make_systemd_backend(io_, so, &why);
+    if (backend_) return;
+    if (want == WorkerBackend::systemd)
+      throw Error("workers.backend is systemd, but " + why);
+    log::info("no systemd user manager (" + why + "): running workers as child processes");
+  }
+  ProcessBackendOptions po;
+  po.worker_binary = worker;
+  po.runtime_dir = runtime_dir_;
+  if (const char* cg = std::getenv("DS4_WORKER_CGROUP_PARENT")) po.cgroup_parent = cg;
+  auto pb = std::make_unique<ProcessBackend>(io_, po);
+  if (config_.workers.memory_max > 0 && !pb->cgroup_note().empty())
+    log::warn("workers.memory_max is not enforced for child processes: " + pb->cgroup_note());
+  backend_ = std::move(pb);
+}
+
+void Supervisor::maybe_ready() {
+  if (ready_sent_ || stopping_) return;
+  bool any = false;
+  for (const auto& w : manager_->workers())
+    if (w.state == WorkerState::ready || w.state == WorkerState::backoff) any = true;
+  if (!any || (ready_gate_ && !ready_gate_())) return;
+  ready_sent_ = true;
+  sd_notify(0, ("READY=1\nSTATUS=serving " + model_.name + " with " + std::to_string(config_.workers.count) +
+                " worker(s), " + backend_->name() + " backend")
+                   .c_str());
+  log::info("ready: admin socket " + runtime_dir_ + "/admin.sock, workers via " + backend_->name());
+}
+
+int Supervisor::run() {
+  if (!manager_) prepare();
+  wait_signals();
+  manager_->start();
+  io_.run();
+  return exit_status_;
+}
+
+void Supervisor::wait_signals() {
+  signals_ = std::make_unique<asio::signal_set>(io_, SIGTERM, SIGINT, SIGHUP);
+  signals_->async_wait([this](boost::system::error_code ec, int sig) {
+    if (ec) return;
+    if (sig == SIGHUP) {
+      reload();
+      wait_signals();
+      return;
+    }
+    shutdown(sig);
+  });
+}
+
+void Supervisor::shutdown(int sig) {
+  if (stopping_) return;
+  stopping_ = true;
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping workers");
+  log::info("stopping on signal " + std::to_string(sig) + ": stopping the workers");
+  for (auto& fn : stop_listeners_) fn();
+  manager_->stop([this] {
+    log::info("all workers stopped");
+    if (admin_) admin_->close();
+    if (signals_) signals_->cancel();
+    io_.stop();
+  });
+}
+
+bool Supervisor::reload(std::string* error) {
+  Config next;
+  try {
+    next = load_config(opts_.config_path);
+  } catch (const Error& e) {
+    log::error(std::string("reload refused, keeping the running config: ") + e.what(),
+               {{"DS4_EVENT", "reload_failed"}});
+    if (error) *error = e.what();
+    return false;
+  }
+  sd_notify(0, "RELOADING=1");
+  const ConfigChanges ch = diff(config_, next);
+  if (!ch.any()) {
+    log::info("reload: nothing changed");
+    sd_notify(0, "READY=1");
+    return true;
+  }
+  std::string keys;
+  for (const auto& k : ch.keys) keys += (keys.empty() ? "" : ", ") + k;
+  log::info("reload: changed " + keys, {{"DS4_EVENT", "reload"}});
+  try {
+    if (ch.changed("workers.backend"))
+      log::warn("reload: workers.backend takes effect at the next supervisor start, ignoring");
+    if (ch.model) {
+      next.workers.backend = config_.workers.backend;
+      model_ = prepare_model(next, runtime_dir_, opts_.bin_dir);
+    }
+    ManagerSettings s = manager_settings(next, model_, runtime_dir_);
+    const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
+                             ch.changed("workers.threads") || ch.changed("workers.memory_max") ||
+                             ch.changed("workers.engine");
+    const Config before = config_;
+    config_ = next;
+    manager_->reconfigure(std::move(s), restart_all);
+    for (auto& fn : reload_listeners_) fn(before, config_, ch);
+  } catch (const Error& e) {
+    log::error(std::string("reload failed while applying it: ") + e.what());
+    if (error) *error = e.what();
+    sd_notify(0, "READY=1");
+    return false;
+  }
+  sd_notify(0, "READY=1");
+  return true;
+}
+
+nlohmann::json Supervisor::status_json() const {
+  nlohmann::json workers = manager_->status_json();
+  for (auto& w : workers) {
+    const int pid = w["pid"].get<int>();
+    auto cmd = proc_command(pid);
+    if (!cmd.is_null()) {
+      w["binary"] = cmd["binary"];
+      w["args"] = cmd["args"];
+    }
+  }
+  const Readings r = manager_->last_readings();
+  nlohmann::json out;
+  out["workers"] = workers;
+  out["headroom"] = {{"host_available", r.available},
+                     {"gpu_free", r.gpu_free ? nlohmann::json(*r.gpu_free) : nlohmann::json(nullptr)},
+                     {"psi_some_avg10", r.psi_some_avg10},
+                     {"min_available", config_.headroom.min_available},
+                     {"reserve", config_.workers.reserve}};
+  int64_t waiting = 0, in_flight = 0;
+  if (stats_) {
+    const ProxyStats ps = stats_->proxy_stats();
+    waiting = ps.waiting;
+    in_flight = ps.in_flight;
+  }
+  out["queue"] = {{"waiting", waiting}, {"in_flight", in_flight}};
+  out["model"] = {{"name", model_.name},     {"path", model_.path},       {"segment", model_.segment},
+                  {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic}};
+  out["backend"] = backend_->name();
+  out["ladder"] = config_.workers.ladder;
+  out["config"] = opts_.config_path;
+  return out;
+}
+
+nlohmann::json Supervisor::handle_admin(const nlohmann::json& req) {
+  const std::string cmd = req.value("cmd", "");
+  auto worker_id = [&] {
+    if (!req.contains("worker") || !req["worker"].is_number_integer())
+      throw Error("'" + cmd + "' needs \"worker\": a worker id");
+    return req["worker"].get<int>();
+  };
+  if (cmd == "status") {
+    nlohmann::json s = status_json();
+    s["ok"] = true;
+    return s;
+  }
+  if (cmd == "events") {
+    nlohmann::json ev = nlohmann::json::array();
+    for (const auto& e : manager_->events())
+      ev.push_back({{"time_ms", e.time_ms},
+                    {"event", e.decision.event},
+                    {"worker", e.decision.worker},
+                    {"context_from", e.decision.context_from},
+                    {"context_to", e.decision.context_to},
+                    {"reason", e.decision.reason}});
+    return {{"ok", true}, {"events", ev}};
+  }
+  if (cmd == "drain") {
+    manager_->drain(worker_id());
+    return {{"ok", true}};
+  }
+  if (cmd == "restart") {
+    manager_->restart(worker_id());
+    return {{"ok", true}};
+  }
+  if (cmd == "context") {
+    const int id = worker_id();
+    if (!req.contains("size") || !req["size"].is_number_unsigned())
+      throw Error("'context' needs \"size\": a context size on the ladder");
+    manager_->set_context(id, req["size"].get<uint32_t>());
+    return {{"ok", true}};
+  }
+  if (cmd == "reload") {
+    std::string err;
+    if (!reload(&err)) return {{"ok", false}, {"error", "reload refused, the old config stays:\n" + err}};
+    return {{"ok", true}};
+  }
+  throw Error("unknown command '" + cmd + "' (expected status, events, drain, restart, context or reload)");
+}
+
+}  // namespace ds4::sup

@@ -1,0 +1,106 @@
+#pragma once
+/// ds4-supervisor: the daemon. It owns the config, the model segment, the
+/// workers (through a UnitBackend and the WorkerManager) and the admin socket,
+/// all on one boost::asio::io_context run by one thread.
+///
+/// Attaching the proxy (issue 4). The proxy is built between prepare() and
+/// run(), on the same io_context, from what the Supervisor exposes:
+///
+///   ds4::sup::Supervisor sup({.config_path = path});
+///   sup.prepare();                          // config, model segment, backend, admin socket
+///   Proxy proxy(sup.io(), sup.config(), sup.registry(), sup.model());
+///   sup.set_proxy_stats(&proxy);            // queue length in status, idle checks for drains
+///   sup.on_reload([&](const Config& before, const Config& after, const ConfigChanges& c) {
+///     proxy.apply(after, c); });            // after a valid reload was applied
+///   sup.on_stop([&] { proxy.stop_accepting(); });  // SIGTERM: before workers stop
+///   return sup.run();                       // workers start; READY=1; until SIGTERM
+///
+/// The registry (WorkerRegistry) tells the proxy which workers are ready, on
+/// which socket, and calls on_change() listeners on every state change; a
+/// worker in state `draining` must get no new requests. set_ready_gate() lets
+/// the proxy hold READY=1 back until its port is open.
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "shared/config.h"
+#include "supervisor/asio.h"
+#include "supervisor/model_setup.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::sup {
+
+class AdminServer;
+class MemorySource;
+class UnitBackend;
+class WorkerManager;
+
+struct SupervisorOptions {
+  std::string config_path;
+  /// Where ds4-worker and ds4-mkmodel are; empty = beside this executable.
+  std::string bin_dir;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(SupervisorOptions options);
+  ~Supervisor();
+
+  /// Loads and validates the config, loads the model segment (making a
+  /// synthetic model if there is none), computes the ladder's memory plans,
+  /// picks the worker backend and opens the admin socket. Throws ds4::Error.
+  void prepare();
+  /// Starts (or adopts) the workers, tells systemd READY=1 once one serves,
+  /// and runs until SIGTERM/SIGINT (SIGHUP reloads). Returns the exit status.
+  int run();
+
+  asio::io_context& io() { return io_; }
+  WorkerRegistry& registry();
+  const Config& config() const { return config_; }
+  const ModelInfo& model() const { return model_; }
+  const std::string& segment_name() const { return model_.segment; }
+
+  void set_proxy_stats(const ProxyStatsSource* stats);
+  using ReloadFn = std::function<void(const Config& before, const Config& after, const ConfigChanges& changes)>;
+  void on_reload(ReloadFn fn) { reload_listeners_.push_back(std::move(fn)); }
+  void on_stop(std::function<void()> fn) { stop_listeners_.push_back(std::move(fn)); }
+  /// READY=1 waits until `gate` returns true as well (checked on every worker change).
+  void set_ready_gate(std::function<bool()> gate) { ready_gate_ = std::move(gate); }
+
+  /// Re-reads the config file and applies it. Returns false (and logs why)
+  /// when the file is invalid; the old config stays.
+  bool reload(std::string* error = nullptr);
+  /// `ds4ctl status --json`.
+  nlohmann::json status_json() const;
+  /// One admin request (admin.h) → its answer.
+  nlohmann::json handle_admin(const nlohmann::json& request);
+
+ private:
+  void start_backend();
+  void maybe_ready();
+  void shutdown(int signal);
+  void wait_signals();
+
+  SupervisorOptions opts_;
+  asio::io_context io_;
+  Config config_;
+  ModelInfo model_;
+  std::string runtime_dir_;
+  std::unique_ptr<MemorySource> memory_;
+  std::unique_ptr<UnitBackend> backend_;
+  std::unique_ptr<WorkerManager> manager_;
+  std::unique_ptr<AdminServer> admin_;
+  std::unique_ptr<asio::signal_set> signals_;
+  const ProxyStatsSource* stats_ = nullptr;
+  std::vector<ReloadFn> reload_listeners_;
+  std::vector<std::function<void()>> stop_listeners_;
+  std::function<bool()> ready_gate_;
+  bool ready_sent_ = false;
+  bool stopping_ = false;
+  int exit_status_ = 0;
+};
+
+}  // namespace ds4::sup

@@ -1,0 +1,61 @@
+#pragma once
+/// How workers are run: as child processes (process_backend.h) or as systemd
+/// user units ds4-worker@N.service (systemd_backend.h). The worker manager
+/// starts and stops them through this interface and hears back, on the
+/// io_context thread, when one became ready or went away and why.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shared/config.h"
+#include "supervisor/policy.h"
+
+namespace ds4::sup {
+
+/// Everything a worker is started with.
+struct LaunchSpec {
+  int id = 0;
+  std::string segment;      // model segment name
+  std::string socket_path;  // the worker's token-protocol socket
+  uint32_t context = 0;
+  uint32_t slots = 1;
+  std::string device = "auto";
+  uint32_t threads = 0;
+  Bytes memory_max = 0;     // 0 = no limit
+};
+
+/// A worker that was already running when the supervisor started.
+struct AdoptedWorker {
+  int id = 0;
+  int pid = 0;
+  uint32_t context = 0;
+  std::string socket_path;
+};
+
+struct BackendCallbacks {
+  /// READY=1 from worker `id`'s process `pid`.
+  std::function<void(int id, int pid)> ready;
+  /// Worker `id`'s process is gone. `message` is its last error, if known.
+  std::function<void(int id, ExitKind kind, const std::string& message)> exited;
+};
+
+class UnitBackend {
+ public:
+  virtual ~UnitBackend() = default;
+  virtual std::string name() const = 0;  // "process" | "systemd"
+  virtual void set_callbacks(BackendCallbacks cb) = 0;
+  /// Starts worker `spec.id` (which must not be running). Failures to even
+  /// start come back through exited(crash, message).
+  virtual void start(const LaunchSpec& spec) = 0;
+  /// Asks worker `id` to stop (SIGTERM); exited() follows.
+  virtual void stop(int id) = 0;
+  /// The unit name status shows ("ds4-worker@0.service", or "process" for children).
+  virtual std::string unit_name(int id) const = 0;
+  /// Running workers to take over (a supervisor restart); empty for children.
+  virtual std::vector<AdoptedWorker> find_running(const std::string& segment) { return {}; }
+  /// Leaves running workers as they are (the supervisor is restarting) or not.
+  virtual bool keeps_workers_on_exit() const { return false; }
+};
+
+}  // namespace ds4::sup

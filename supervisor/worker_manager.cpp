@@ -1,0 +1,334 @@
+#include "supervisor/worker_manager.h"
+
+#include <chrono>
+
+#include "shared/error.h"
+#include "shared/log.h"
+
+namespace ds4::sup {
+
+void log_decision(const Decision& d) {
+  std::vector<log::Field> f;
+  const std::string worker = std::to_string(d.worker), from = std::to_string(d.context_from),
+                    to = std::to_string(d.context_to);
+  f.push_back({"DS4_EVENT", d.event});
+  f.push_back({"DS4_WORKER", worker});
+  f.push_back({"DS4_CONTEXT_FROM", from});
+  f.push_back({"DS4_CONTEXT_TO", to});
+  f.push_back({"DS4_REASON", d.reason});
+  for (const auto& [k, v] : d.figures) f.push_back({k, v});
+  std::string msg = "worker " + worker + ": " + d.event;
+  if (d.context_from != d.context_to) msg += " " + from + " -> " + to;
+  else msg += " at " + to;
+  msg += ": " + d.reason;
+  const bool bad = d.event == "oom" || d.event == "backoff" || d.event == "downgrade";
+  log::write(bad ? log::Level::warn : log::Level::info, msg, f);
+}
+
+WorkerManager::WorkerManager(asio::io_context& io, UnitBackend& backend, MemorySource& memory,
+                             ManagerSettings settings)
+    : io_(io), backend_(backend), memory_(memory), s_(std::move(settings)), sampler_(io) {
+  backend_.set_callbacks({[this](int id, int pid) { on_ready(id, pid); },
+                          [this](int id, ExitKind k, const std::string& m) { on_exit(id, k, m); }});
+}
+
+WorkerManager::Slot& WorkerManager::slot(int id) {
+  auto it = slots_.find(id);
+  if (it == slots_.end()) throw Error("no worker " + std::to_string(id) + " (there are " +
+                                      std::to_string(slots_.size()) + ")");
+  return it->second;
+}
+
+std::string WorkerManager::socket_path(int id) const {
+  return s_.socket_dir + "/worker-" + std::to_string(id) + ".sock";
+}
+
+void WorkerManager::start() {
+  last_ = memory_.read();
+  std::map<int, AdoptedWorker> running;
+  for (const auto& a : backend_.find_running(s_.segment)) running[a.id] = a;
+  for (uint32_t i = 0; i < s_.count; ++i) {
+    Slot& sl = slots_[int(i)];
+    sl.policy = std::make_unique<WorkerPolicy>(int(i), s_.policy, s_.own_bytes);
+    sl.timer = std::make_unique<asio::steady_timer>(io_);
+    auto it = running.find(int(i));
+    if (it != running.end()) {
+      sl.policy->adopt(now(), it->second.context, it->second.pid);
+      sl.pid = it->second.pid;
+      sl.running = true;
+      sl.generation = 1;
+      log::info("worker " + std::to_string(i) + ": adopted the running process " + std::to_string(sl.pid) +
+                    " at context " + std::to_string(it->second.context),
+                {{"DS4_WORKER", std::to_string(i)}, {"DS4_PID", std::to_string(sl.pid)}});
+      continue;
+    }
+    start_worker(int(i));
+  }
+  notify();
+  schedule_sample();
+}
+
+void WorkerManager::start_worker(int id) {
+  // Room for this one: what others still starting will take is not free yet.
+  Readings r = memory_.read();
+  for (const auto& [oid, o] : slots_)
+    if (oid != id && o.policy && o.policy->state() == WorkerState::starting) {
+      const Bytes own = o.policy->own_bytes(o.policy->rung());
+      r.available = r.available > own ? r.available - own : 0;
+    }
+  apply(id, slot(id).policy->start(now(), r));
+}
+
+void WorkerManager::apply(int id, Step step) {
+  Slot& sl = slot(id);
+  for (const auto& d : step.decisions) {
+    log_decision(d);
+    EventRecord e;
+    e.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+    e.decision = d;
+    events_.push_back(std::move(e));
+    while (events_.size() > s_.events_kept) events_.pop_front();
+  }
+  for (const auto& a : step.actions) {
+    switch (a.kind) {
+      case Action::Kind::start:
+        launch(id, a.context);
+        break;
+      case Action::Kind::stop:
+        if (sl.running) backend_.stop(id);
+        else {
+          // Nothing to stop: report the exit ourselves.
+          asio::post(io_, [this, id] { on_exit(id, ExitKind::clean, ""); });
+        }
+        break;
+      case Action::Kind::drain:
+        sl.drain_since = now();
+        // Checked at once, then at every sample.
+        asio::post(io_, [this, id] {
+          Slot& s = slot(id);
+          if (s.policy->state() == WorkerState::draining && s.drain_since && idle(id)) {
+            s.drain_since.reset();
+            apply(id, s.policy->on_drained(now()));
+          }
+        });
+        break;
+    }
+  }
+  arm_timer(id);
+  notify();
+}
+
+void WorkerManager::launch(int id, uint32_t context) {
+  Slot& sl = slot(id);
+  LaunchSpec spec;
+  spec.id = id;
+  spec.segment = s_.segment;
+  spec.socket_path = socket_path(id);
+  spec.context = context;
+  spec.slots = s_.slots;
+  spec.device = s_.device;
+  spec.threads = s_.threads;
+  spec.memory_max = s_.memory_max;
+  sl.running = true;
+  sl.pid = 0;
+  ++sl.generation;
+  backend_.start(spec);
+}
+
+void WorkerManager::arm_timer(int id) {
+  Slot& sl = slot(id);
+  sl.timer->cancel();
+  auto when = sl.policy->next_wakeup();
+  if (!when) return;
+  sl.timer->expires_at(*when);
+  sl.timer->async_wait([this, id](boost::system::error_code ec) {
+    if (ec || stopping_) return;
+    apply(id, slot(id).policy->on_timer(now()));
+  });
+}
+
+void WorkerManager::on_ready(int id, int pid) {
+  auto it = slots_.find(id);
+  if (it == slots_.end()) return;
+  Slot& sl = it->second;
+  sl.pid = pid;
+  std::string extra;
+  if (sl.down_since) {
+    sl.last_downtime_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now() - *sl.down_since).count();
+    extra = ", " + std::to_string(sl.last_downtime_ms) + " ms after it went away";
+    sl.down_since.reset();
+  }
+  log::info("worker " + std::to_string(id) + " ready (pid " + std::to_string(pid) + ", context " +
+                std::to_string(sl.policy->context()) + ")" + extra,
+            {{"DS4_WORKER", std::to_string(id)}, {"DS4_PID", std::to_string(pid)},
+             {"DS4_CONTEXT", std::to_string(sl.policy->context())},
+             {"DS4_DOWNTIME_MS", std::to_string(sl.last_downtime_ms)}});
+  apply(id, sl.policy->on_ready(now(), pid));
+}
+
+void WorkerManager::on_exit(int id, ExitKind kind, const std::string& message) {
+  auto it = slots_.find(id);
+  if (it == slots_.end()) return;
+  Slot& sl = it->second;
+  sl.running = false;
+  sl.pid = 0;
+  sl.drain_since.reset();
+  if (kind != ExitKind::clean) {
+    if (!sl.down_since) sl.down_since = now();
+  } else {
+    sl.down_since = now();  // planned restarts are measured too
+  }
+  sl.last_exit = std::string(exit_kind_name(kind)) + (message.empty() ? "" : ": " + message);
+  if (stopping_) {
+    sl.policy->on_exit(now(), ExitKind::clean, message);  // expected: request_stop() came first
+    maybe_finish_stop();
+    return;
+  }
+  apply(id, sl.policy->on_exit(now(), kind, message));
+}
+
+bool WorkerManager::idle(int id) const {
+  if (!stats_) return true;
+  const ProxyStats st = stats_->proxy_stats();
+  auto it = st.in_flight_by_worker.find(id);
+  return it == st.in_flight_by_worker.end() || it->second == 0;
+}
+
+void WorkerManager::schedule_sample() {
+  sampler_.expires_after(s_.sample_every);
+  sampler_.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping_) return;
+    sample();
+    schedule_sample();
+  });
+}
+
+void WorkerManager::sample() {
+  last_ = memory_.read();
+  const TimePoint t = now();
+  for (auto& [id, sl] : slots_) {
+    if (sl.policy->state() == WorkerState::draining && sl.drain_since) {
+      if (idle(id) || t - *sl.drain_since >= s_.drain_deadline) {
+        sl.drain_since.reset();
+        apply(id, sl.policy->on_drained(t));
+      }
+      continue;
+    }
+    Step st = sl.policy->on_readings(t, last_, idle(id));
+    const bool stepped_down = !st.decisions.empty() && st.decisions.front().event == "downgrade";
+    apply(id, std::move(st));
+    if (stepped_down) {
+      // One worker at a time: the others count their low headroom anew.
+      for (auto& [oid, o] : slots_)
+        if (oid != id) o.policy->reset_headroom_timers(t);
+    }
+  }
+}
+
+void WorkerManager::drain(int id) { apply(id, slot(id).policy->request_drain(now())); }
+
+void WorkerManager::restart(int id) { apply(id, slot(id).policy->request_restart(now())); }
+
+void WorkerManager::set_context(int id, uint32_t context) {
+  apply(id, slot(id).policy->request_context(now(), context));
+}
+
+void WorkerManager::stop(std::function<void()> done) {
+  stopping_ = true;
+  stopped_ = std::move(done);
+  sampler_.cancel();
+  for (auto& [id, sl] : slots_) {
+    sl.timer->cancel();
+    sl.policy->request_stop(now());
+    if (sl.running) backend_.stop(id);
+  }
+  maybe_finish_stop();
+}
+
+void WorkerManager::maybe_finish_stop() {
+  if (!stopping_ || !stopped_) return;
+  for (const auto& [id, sl] : slots_)
+    if (sl.running) return;
+  auto done = std::move(stopped_);
+  stopped_ = nullptr;
+  notify();
+  asio::post(io_, done);
+}
+
+void WorkerManager::reconfigure(ManagerSettings settings, bool restart_all) {
+  const uint32_t old_count = s_.count;
+  s_ = std::move(settings);
+  for (auto& [id, sl] : slots_) {
+    if (uint32_t(id) >= s_.count) continue;
+    apply(id, sl.policy->reconfigure(now(), s_.policy, s_.own_bytes));
+    if (restart_all) apply(id, sl.policy->request_restart(now()));
+  }
+  // Fewer workers: drain and stop the extra ones, then forget them once stopped.
+  for (auto& [id, sl] : slots_)
+    if (uint32_t(id) >= s_.count) apply(id, sl.policy->request_drain(now()));
+  for (uint32_t i = old_count; i < s_.count; ++i) {
+    if (slots_.count(int(i))) {
+      apply(int(i), slots_[int(i)].policy->request_restart(now()));
+      continue;
+    }
+    Slot& sl = slots_[int(i)];
+    sl.policy = std::make_unique<WorkerPolicy>(int(i), s_.policy, s_.own_bytes);
+    sl.timer = std::make_unique<asio::steady_timer>(io_);
+    start_worker(int(i));
+  }
+  notify();
+}
+
+std::vector<WorkerInfo> WorkerManager::workers() const {
+  std::vector<WorkerInfo> out;
+  for (const auto& [id, sl] : slots_) {
+    WorkerInfo w;
+    w.id = id;
+    w.state = sl.policy->state();
+    w.socket_path = socket_path(id);
+    w.context = sl.policy->context();
+    w.slots = s_.slots;
+    w.pid = sl.pid;
+    w.generation = sl.generation;
+    w.restarts = sl.policy->restarts();
+    w.oom_kills = sl.policy->oom_kills();
+    out.push_back(w);
+  }
+  return out;
+}
+
+nlohmann::json WorkerManager::status_json() const {
+  nlohmann::json arr = nlohmann::json::array();
+  const TimePoint t = now();
+  for (const auto& [id, sl] : slots_) {
+    const WorkerPolicy& p = *sl.policy;
+    nlohmann::json w = {{"id", id},
+                        {"unit", backend_.unit_name(id)},
+                        {"state", state_name(p.state())},
+                        {"pid", sl.pid},
+                        {"context", p.context()},
+                        {"slots", s_.slots},
+                        {"restarts", p.restarts()},
+                        {"oom_kills", p.oom_kills()},
+                        {"generation", sl.generation},
+                        {"degraded", p.degraded()},
+                        {"failures", p.failures()},
+                        {"last_error", p.last_error()},
+                        {"last_exit", sl.last_exit},
+                        {"socket", socket_path(id)},
+                        {"memory_plan", p.own_bytes(p.rung())}};
+    if (sl.last_downtime_ms >= 0) w["last_downtime_ms"] = sl.last_downtime_ms;
+    if (auto wake = p.next_wakeup(); wake && *wake > t)
+      w["backoff_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(*wake - t).count();
+    arr.push_back(std::move(w));
+  }
+  return arr;
+}
+
+void WorkerManager::notify() {
+  for (auto& fn : listeners_) fn();
+}
+
+}  // namespace ds4::sup

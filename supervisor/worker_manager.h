@@ -1,0 +1,126 @@
+#pragma once
+/// The worker manager: one WorkerPolicy per worker, carried out through a
+/// UnitBackend, fed with memory readings on a timer. Implements
+/// WorkerRegistry for the proxy. Everything runs on one io_context thread.
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "supervisor/asio.h"
+#include "supervisor/headroom.h"
+#include "supervisor/policy.h"
+#include "supervisor/unit_backend.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::sup {
+
+/// What the manager needs besides the policy settings.
+struct ManagerSettings {
+  PolicyConfig policy;
+  std::vector<Bytes> own_bytes;  // KV + scratch per ladder rung
+  uint32_t count = 1;
+  uint32_t slots = 1;
+  std::string device = "auto";
+  uint32_t threads = 0;
+  Bytes memory_max = 0;
+  std::string segment;
+  std::string socket_dir;  // worker-N.sock go here
+  /// How often memory is read (also how often draining workers are checked).
+  Duration sample_every = std::chrono::milliseconds(500);
+  /// A draining worker still busy after this is stopped anyway (the proxy
+  /// resumes its requests on another worker).
+  Duration drain_deadline = std::chrono::seconds(30);
+  size_t events_kept = 200;
+};
+
+/// One decision as `ds4ctl events` shows it.
+struct EventRecord {
+  int64_t time_ms = 0;  // CLOCK_REALTIME
+  Decision decision;
+};
+
+class WorkerManager : public WorkerRegistry {
+ public:
+  WorkerManager(asio::io_context& io, UnitBackend& backend, MemorySource& memory, ManagerSettings settings);
+
+  /// Adopts running workers the backend finds, starts the others.
+  void start();
+  /// Stops every worker (unless the backend keeps them), then calls `done`.
+  void stop(std::function<void()> done);
+  /// Applies new settings (reload): policies are reconfigured; workers whose
+  /// launch settings changed are drained and restarted; the count grows or shrinks.
+  void reconfigure(ManagerSettings settings, bool restart_all);
+
+  // Admin. Throw ds4::Error on a bad worker id or context.
+  void drain(int id);
+  void restart(int id);
+  void set_context(int id, uint32_t context);
+
+  void set_proxy_stats(const ProxyStatsSource* stats) { stats_ = stats; }
+  const std::deque<EventRecord>& events() const { return events_; }
+  Readings last_readings() const { return last_; }
+  const ManagerSettings& settings() const { return s_; }
+  /// `ds4ctl status` for the workers (without /proc details).
+  nlohmann::json status_json() const;
+
+  // WorkerRegistry
+  std::vector<WorkerInfo> workers() const override;
+  void on_change(std::function<void()> fn) override { listeners_.push_back(std::move(fn)); }
+
+  /// The clock (tests may replace it).
+  std::function<TimePoint()> now = [] { return std::chrono::steady_clock::now(); };
+
+ private:
+  struct Slot {
+    std::unique_ptr<WorkerPolicy> policy;
+    int pid = 0;
+    uint64_t generation = 0;
+    bool running = false;  // a process exists (started, not yet exited)
+    std::optional<TimePoint> drain_since;
+    std::optional<TimePoint> down_since;  // when it last went away unexpectedly
+    int64_t last_downtime_ms = -1;        // went away → ready again
+    std::string last_exit;
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+
+  Slot& slot(int id);
+  void start_worker(int id);
+  void apply(int id, Step step);
+  void launch(int id, uint32_t context);
+  void arm_timer(int id);
+  void on_ready(int id, int pid);
+  void on_exit(int id, ExitKind kind, const std::string& message);
+  void sample();
+  void schedule_sample();
+  bool idle(int id) const;
+  void notify();
+  void maybe_finish_stop();
+  std::string socket_path(int id) const;
+
+  asio::io_context& io_;
+  UnitBackend& backend_;
+  MemorySource& memory_;
+  ManagerSettings s_;
+  std::map<int, Slot> slots_;
+  const ProxyStatsSource* stats_ = nullptr;
+  std::vector<std::function<void()>> listeners_;
+  std::deque<EventRecord> events_;
+  asio::steady_timer sampler_;
+  Readings last_;
+  bool stopping_ = false;
+  std::function<void()> stopped_;
+};
+
+/// Logs a decision as one journal entry (DS4_EVENT, DS4_WORKER,
+/// DS4_CONTEXT_FROM, DS4_CONTEXT_TO, DS4_REASON and its figures).
+void log_decision(const Decision& d);
+
+}  // namespace ds4::sup
