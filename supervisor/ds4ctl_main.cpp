@@ -11,6 +11,7 @@
 #include "shared/error.h"
 #include "supervisor/admin.h"
 #include "supervisor/paths.h"
+#include "supervisor/policy.h"
 
 namespace {
 
@@ -38,12 +39,12 @@ int parse_int(const std::string& s, const char* what) {
 void print_status(const nlohmann::json& s) {
   const auto& m = s["model"];
   std::printf("model     %s  segment %s  %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
-              ds4::format_size(m.value("bytes", uint64_t(0))).c_str(),
+              ds4::sup::human_size(m.value("bytes", uint64_t(0))).c_str(),
               m.value("synthetic", false) ? "  (SYNTHETIC, RANDOM WEIGHTS)" : "");
   const auto& h = s["headroom"];
   std::printf("headroom  %s available (min %s), PSI some avg10 %.2f%%\n",
-              ds4::format_size(h.value("host_available", uint64_t(0))).c_str(),
-              ds4::format_size(h.value("min_available", uint64_t(0))).c_str(), h.value("psi_some_avg10", 0.0));
+              ds4::sup::human_size(h.value("host_available", uint64_t(0))).c_str(),
+              ds4::sup::human_size(h.value("min_available", uint64_t(0))).c_str(), h.value("psi_some_avg10", 0.0));
   std::printf("queue     %lld waiting\n", (long long)s["queue"].value("waiting", int64_t(0)));
   std::printf("backend   %s\n\n", s.value("backend", "").c_str());
   std::printf("%-3s %-22s %-10s %-8s %-8s %-5s %-8s %-4s\n", "ID", "UNIT", "STATE", "PID", "CONTEXT", "SLOTS",
@@ -59,9 +60,11 @@ void print_status(const nlohmann::json& s) {
       for (const auto& a : w["args"]) cmd += " " + a.get<std::string>();
       std::printf("    runs: %s\n", cmd.c_str());
     }
-    if (w.value("degraded", false) || w.contains("backoff_ms"))
-      std::printf("    degraded: %lld failures in a row, next try in %lld ms\n",
-                  (long long)w.value("failures", int64_t(0)), (long long)w.value("backoff_ms", int64_t(0)));
+    if (w.value("degraded", false)) {
+      std::printf("    degraded: %lld failures in a row", (long long)w.value("failures", int64_t(0)));
+      if (w.contains("backoff_ms")) std::printf(", next try in %lld ms", (long long)w.value("backoff_ms", int64_t(0)));
+      std::printf("\n");
+    }
     if (!w.value("last_error", "").empty()) std::printf("    last error: %s\n", w.value("last_error", "").c_str());
   }
 }

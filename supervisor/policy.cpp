@@ -1,6 +1,7 @@
 #include "supervisor/policy.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "shared/error.h"
 
@@ -17,6 +18,14 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   p.backoff_initial = c.restart.backoff_initial;
   p.backoff_max = c.restart.backoff_max;
   return p;
+}
+
+std::string human_size(Bytes b) {
+  char buf[64];
+  if (b >= (Bytes(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(Bytes(1) << 30));
+  else if (b >= (Bytes(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(Bytes(1) << 20));
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024.0);
+  return buf;
 }
 
 const char* exit_kind_name(ExitKind k) {
@@ -70,11 +79,11 @@ Step WorkerPolicy::start(TimePoint now, const Readings& r) {
       break;
     }
   }
-  std::string reason = fits ? "largest rung that fits: needs " + format_size(own_[rung]) + ", " +
-                                  format_size(r.available) + " available − " + format_size(config_.reserve) +
+  std::string reason = fits ? "largest rung that fits: needs " + human_size(own_[rung]) + ", " +
+                                  human_size(r.available) + " available − " + human_size(config_.reserve) +
                                   " reserve"
-                            : "no rung fits (smallest needs " + format_size(own_[rung]) + ", " +
-                                  format_size(r.available) + " available − " + format_size(config_.reserve) +
+                            : "no rung fits (smallest needs " + human_size(own_[rung]) + ", " +
+                                  human_size(r.available) + " available − " + human_size(config_.reserve) +
                                   " reserve); trying the smallest";
   Step s = start_at(rung, "start", reason, now);
   s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
@@ -94,7 +103,7 @@ Step WorkerPolicy::start_at(size_t rung, const std::string& event, const std::st
   ready_since_.reset();
   low_since_.reset();
   ample_since_.reset();
-  s.decisions.push_back(decision(event, from, rung, reason));
+  if (!event.empty()) s.decisions.push_back(decision(event, from, rung, reason));
   s.actions.push_back({Action::Kind::start, config_.ladder[rung]});
   return s;
 }
@@ -154,9 +163,8 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
     stopping_ = false;
     if (after_ == After::start_target) {
       ++restarts_;
-      Step s = start_at(target_, "restart", "restarting at context " + std::to_string(config_.ladder[target_]) +
-                                                 " as decided", now);
-      return s;
+      // Carries out a decision already logged (downgrade, upgrade, restart).
+      return start_at(target_, "", "", now);
     }
     state_ = WorkerState::stopped;
     after_ = After::nothing;
@@ -208,7 +216,7 @@ Step WorkerPolicy::drain_then(size_t target, TimePoint now) {
     s.actions.push_back({Action::Kind::drain, 0});
   } else if (state_ == WorkerState::backoff || state_ == WorkerState::stopped) {
     // Nothing runs: start at the target right away.
-    return start_at(target, "restart", "starting at context " + std::to_string(config_.ladder[target]), now);
+    return start_at(target, "", "", now);
   }
   return s;
 }
@@ -237,8 +245,8 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
     const size_t to = rung_ + 1;
     if (to >= config_.ladder.size()) return s;  // nothing lower to go to: the kernel decides
     const std::string why = "headroom low for " + format_duration(std::chrono::duration_cast<Duration>(now - *low_since_)) +
-                            ": " + format_size(r.available) + " available < min_available " +
-                            format_size(config_.min_available) +
+                            ": " + human_size(r.available) + " available < min_available " +
+                            human_size(config_.min_available) +
                             (config_.psi > 0 ? ", PSI some avg10 " + std::to_string(r.psi_some_avg10) + "%" : "") +
                             "; draining, then one rung lower";
     s.decisions.push_back(decision("downgrade", rung_, to, why));
@@ -261,8 +269,8 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
   s.decisions.push_back(decision(
       "upgrade", rung_, to,
       "headroom ample for " + format_duration(std::chrono::duration_cast<Duration>(now - *ample_since_)) + ": " +
-          format_size(r.available) + " available, context " + std::to_string(config_.ladder[to]) + " needs " +
-          format_size(own_[to] - std::min(own_[to], own_[rung_])) + " more; worker idle, one rung up"));
+          human_size(r.available) + " available, context " + std::to_string(config_.ladder[to]) + " needs " +
+          human_size(own_[to] - std::min(own_[to], own_[rung_])) + " more; worker idle, one rung up"));
   s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
                                 {"DS4_NEEDS", std::to_string(own_[to])}};
   Step d = drain_then(to, now);

@@ -88,7 +88,7 @@ void Supervisor::prepare() {
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
   model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir);
-  log::info("model " + model_.name + " in segment " + model_.segment + " (" + format_size(model_.bytes) +
+  log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) +
                 (model_.reused ? ", reused" : ", loaded") + ")",
             {{"DS4_SEGMENT", model_.segment}, {"DS4_MODEL", model_.path}});
   memory_ = std::make_unique<ProcMemorySource>();

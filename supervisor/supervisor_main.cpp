@@ -1,10 +1,14 @@
 // ds4-supervisor: the daemon (supervisor/supervisor.h).
+#include <csignal>
 #include <cstdio>
+#include <functional>
 #include <cstring>
 #include <string>
 
 #include "shared/error.h"
 #include "shared/log.h"
+#include "shared/model_store.h"
+#include "supervisor/proxy/proxy.h"
 #include "supervisor/supervisor.h"
 
 static const char* kUsage =
@@ -36,6 +40,51 @@ int main(int argc, char** argv) {
   try {
     ds4::sup::Supervisor sup(opts);
     sup.prepare();
+    // The front proxy (supervisor/proxy/proxy.h) on the supervisor's io_context;
+    // its tokenizer and chat template come from the model segment's metadata.
+    ds4::proxy::ModelText text = [&] {
+      const ds4::store::Segment seg = ds4::store::Segment::attach(sup.segment_name());
+      return ds4::proxy::ModelText::from_gguf(seg.metadata(), sup.model().name);
+    }();
+    ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(text), sup.registry());
+    proxy.start();
+    ds4::log::info("proxy listening on " + sup.config().proxy.listen.str() + " (port " +
+                   std::to_string(proxy.endpoint().port()) + ")");
+    sup.set_proxy_stats(&proxy);
+    // /metrics also shows the supervisor's headroom readings (ds4ctl status's).
+    proxy.set_metrics_extra([&sup] {
+      std::string out = "# HELP ds4_headroom Memory headroom readings (bytes; psi in %).\n# TYPE ds4_headroom gauge\n";
+      for (const auto& [key, value] : sup.status_json().value("headroom", nlohmann::json::object()).items())
+        if (value.is_number()) out += "ds4_headroom{reading=\"" + key + "\"} " + value.dump() + "\n";
+      return out;
+    });
+    sup.on_reload([&](const ds4::Config&, const ds4::Config& after, const ds4::ConfigChanges& changes) {
+      if (changes.listen) ds4::log::warn("proxy.listen changed: it applies at the next start, ignoring");
+      try {
+        proxy.apply(after.proxy);
+      } catch (const ds4::Error& e) {
+        ds4::log::error(std::string("Failed to apply the proxy settings, keeping the old api keys: ") + e.what());
+      }
+    });
+    // SIGHUP also rereads the key file when the config itself did not change.
+    boost::asio::signal_set hup(sup.io(), SIGHUP);
+    std::function<void()> wait_hup = [&] {
+      hup.async_wait([&](const boost::system::error_code& ec, int) {
+        if (ec) return;
+        try {
+          proxy.reload_keys();
+        } catch (const ds4::Error& e) {
+          ds4::log::warn(std::string("Failed to reload the api keys, keeping the old ones: ") + e.what());
+        }
+        wait_hup();
+      });
+    };
+    wait_hup();
+    // SIGTERM: no new connections or requests; the supervisor then stops the workers.
+    sup.on_stop([&] {
+      hup.cancel();
+      proxy.stop(sup.config().proxy.limits.request_timeout, nullptr);
+    });
     return sup.run();
   } catch (const ds4::Error& e) {
     ds4::log::error(std::string("ds4-supervisor: ") + e.what());

@@ -160,11 +160,15 @@ void WorkerManager::on_ready(int id, int pid) {
     extra = ", " + std::to_string(sl.last_downtime_ms) + " ms after it went away";
     sl.down_since.reset();
   }
-  log::info("worker " + std::to_string(id) + " ready (pid " + std::to_string(pid) + ", context " +
-                std::to_string(sl.policy->context()) + ")" + extra,
-            {{"DS4_WORKER", std::to_string(id)}, {"DS4_PID", std::to_string(pid)},
-             {"DS4_CONTEXT", std::to_string(sl.policy->context())},
-             {"DS4_DOWNTIME_MS", std::to_string(sl.last_downtime_ms)}});
+  const std::string msg = "worker " + std::to_string(id) + " ready (pid " + std::to_string(pid) + ", context " +
+                          std::to_string(sl.policy->context()) + ")" + extra;
+  if (extra.empty())
+    log::info(msg, {{"DS4_WORKER", std::to_string(id)}, {"DS4_PID", std::to_string(pid)},
+                    {"DS4_CONTEXT", std::to_string(sl.policy->context())}});
+  else
+    log::info(msg, {{"DS4_WORKER", std::to_string(id)}, {"DS4_PID", std::to_string(pid)},
+                    {"DS4_CONTEXT", std::to_string(sl.policy->context())},
+                    {"DS4_DOWNTIME_MS", std::to_string(sl.last_downtime_ms)}});
   apply(id, sl.policy->on_ready(now(), pid));
 }
 

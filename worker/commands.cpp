@@ -19,17 +19,38 @@
 #include "worker/runtime.h"
 #include "worker/server.h"
 #include "worker/utf8.h"
+#ifdef DS4_HAVE_CUDA
+#include "worker/cuda/cuda_backend.h"
+#endif
 
 namespace ds4 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// Backend for `--device`: cpu, or auto (the CPU until a GPU backend is built in).
+/// Backend for `--device`: cpu, cuda[:N], or auto (the first GPU when this
+/// build has the CUDA backend and a device answers, else the CPU).
 std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int threads) {
-  if (device == "cpu" || device == "auto") return make_cpu_backend(model, threads);
+  if (device == "cpu") return make_cpu_backend(model, threads);
+#ifdef DS4_HAVE_CUDA
+  if (device == "auto") {
+    std::string why;
+    if (cuda_available(&why)) return make_cuda_backend(model, 0);
+    log::info("no CUDA device (" + why + "); running on the CPU");
+    return make_cpu_backend(model, threads);
+  }
+  if (device == "cuda") return make_cuda_backend(model, 0);
+  if (device.rfind("cuda:", 0) == 0) {
+    const std::string n = device.substr(5);
+    if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos)
+      throw Error("device '" + device + "': expected cuda:N with N a device number");
+    return make_cuda_backend(model, std::stoi(n));
+  }
+#else
+  if (device == "auto") return make_cpu_backend(model, threads);
   if (device.rfind("cuda", 0) == 0)
     throw Error("device '" + device + "': this ds4-worker was built without the CUDA backend");
+#endif
   throw Error("unknown device '" + device + "' (expected auto, cpu or cuda:N)");
 }
 

@@ -36,6 +36,9 @@ struct Core {
   std::mt19937_64 rng;
   uint64_t next_id = 1;
   bool stopping = false;
+  /// Expires with the Core: sessions whose handlers outlive the proxy (an
+  /// io_context destroyed later) must not touch it.
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
 
   RouteContext route_context();
   std::string metrics_text();

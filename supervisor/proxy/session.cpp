@@ -13,9 +13,14 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-Session::Session(Core& core, tcp::socket sock) : core_(core), sock_(std::move(sock)), timer_(core.io) {}
+Session::Session(Core& core, tcp::socket sock)
+    : core_(core), core_alive_(core.alive), sock_(std::move(sock)), timer_(core.io) {}
 
-Session::~Session() { core_.sessions.erase(this); }
+Session::~Session() {
+  if (core_alive_.expired()) return;
+  if (job_) core_.scheduler.cancel(job_);  // nothing may call back into a dead session
+  core_.sessions.erase(this);
+}
 
 void Session::start(bool reject) {
   core_.sessions[this] = weak_from_this();
@@ -34,10 +39,8 @@ void Session::start(bool reject) {
 void Session::close() {
   if (phase_ == Phase::closed) return;
   phase_ = Phase::closed;
-  if (job_) {
-    core_.scheduler.cancel(job_);
-    job_.reset();
-  }
+  if (job_ && !core_alive_.expired()) core_.scheduler.cancel(job_);
+  job_.reset();
   timer_.cancel();
   boost::system::error_code ignored;
   sock_.shutdown(tcp::socket::shutdown_both, ignored);
@@ -70,6 +73,10 @@ void Session::on_header(const boost::system::error_code& ec) {
     return respond_error({ErrorKind::too_large, "the request headers are larger than " +
                                                     format_size(core_.cfg.limits.max_header_bytes) +
                                                     " (proxy.limits.max_header_bytes)"});
+  if (ec == http::error::body_limit)  // Content-Length over the limit, seen with the headers
+    return respond_error({ErrorKind::too_large, "the request body is larger than " +
+                                                    format_size(core_.cfg.limits.max_body_bytes) +
+                                                    " (proxy.limits.max_body_bytes)"});
   if (ec) return respond_error(bad_request("malformed HTTP request: " + ec.message()));
   auto& req = parser_->get();
   if (auto len = parser_->content_length(); len && *len > core_.cfg.limits.max_body_bytes)
@@ -193,9 +200,8 @@ void Session::on_done(const JobResult& r) {
 
 void Session::respond(const Response& r) {
   core_.metrics.count(r.status);
-  if (r.status == 413 || r.status >= 500) keep_alive_ = keep_alive_ && r.status != 413;
-  // A body we did not read (413 on the headers) leaves the stream unusable.
-  if (parser_ && !parser_->is_done()) keep_alive_ = false;
+  // A body not read (413) leaves the stream unusable.
+  if (r.status == 413 || (parser_ && !parser_->is_done())) keep_alive_ = false;
   write(serialize(r, keep_alive_));
   exchange_done_ = true;
   if (!writing_ && out_.empty()) after_exchange();
@@ -249,13 +255,47 @@ void Session::after_exchange() {
   responder_.reset();
   text_.reset();
   job_.reset();
-  if (!keep_alive_) return close();
+  if (!keep_alive_) return linger_close();
   if (watching_) {  // the pending read delivers the next request
     phase_ = Phase::idle;
     arm(core_.cfg.limits.header_timeout);
     return;
   }
   do_read_header();
+}
+
+// Closing with unread input makes the kernel send RST, which can destroy the
+// answer before the client reads it: send FIN, drain for a moment, then close.
+void Session::linger_close() {
+  phase_ = Phase::closed;
+  if (job_) {
+    core_.scheduler.cancel(job_);
+    job_.reset();
+  }
+  boost::system::error_code ignored;
+  sock_.shutdown(tcp::socket::shutdown_send, ignored);
+  timer_.expires_after(std::chrono::seconds(2));
+  timer_.async_wait([self = shared_from_this()](const boost::system::error_code&) {
+    boost::system::error_code ignored;
+    self->sock_.close(ignored);
+  });
+  drain();
+}
+
+void Session::drain() {
+  if (watching_) return;  // the pending read goes on draining below
+  watching_ = true;
+  buf_.clear();
+  sock_.async_read_some(buf_.prepare(65536), [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+    self->watching_ = false;
+    if (ec) {
+      self->timer_.cancel();
+      boost::system::error_code ignored;
+      self->sock_.close(ignored);
+      return;
+    }
+    self->drain();
+  });
 }
 
 // While a job runs (and after, until the next request), read whatever comes:
@@ -266,7 +306,10 @@ void Session::watch() {
   watching_ = true;
   sock_.async_read_some(buf_.prepare(4096), [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
     self->watching_ = false;
-    if (self->phase_ == Phase::closed) return;
+    if (self->phase_ == Phase::closed) {
+      if (!ec) self->drain();  // lingering: keep discarding
+      return;
+    }
     if (ec) return self->close();  // cancels the job
     self->buf_.commit(n);
     if (self->phase_ == Phase::idle) return self->do_read_header();

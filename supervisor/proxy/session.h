@@ -45,6 +45,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void do_write();
   void after_exchange();
   void watch();
+  void linger_close();
+  void drain();
   void arm(Duration d);
   void on_deadline();
 
@@ -53,6 +55,7 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void on_done(const JobResult& r) override;
 
   Core& core_;
+  std::weak_ptr<bool> core_alive_;
   boost::asio::ip::tcp::socket sock_;
   boost::asio::steady_timer timer_;
   boost::beast::flat_buffer buf_;

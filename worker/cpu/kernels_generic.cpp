@@ -48,7 +48,8 @@ void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float*
   }
 }
 
-int64_t matmul_scratch_floats(int64_t K) { return 16 * ((K + 7) / 8 * 8) + 64; }
+// 16 packed rows plus one row of packing buffer (the AVX-512 table's).
+int64_t matmul_scratch_floats(int64_t K) { return 17 * ((K + 7) / 8 * 8) + 64; }
 
 namespace {
 
@@ -101,15 +102,13 @@ const KernelTable& generic_kernels() {
   return table;
 }
 
-const KernelTable* avx512_kernels() { return nullptr; }  // no AVX-512 table yet
-
 const KernelTable& cpu_kernels() {
   static const KernelTable* chosen = [] {
     const char* force = std::getenv("DS4_CPU_KERNELS");
     const std::string want = force ? force : "";
     __builtin_cpu_init();
     const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl");
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                       __builtin_cpu_supports("f16c");
     if (want == "generic") return &generic_kernels();

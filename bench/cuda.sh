@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The CUDA backend on a GPU machine in one go: build, conformance tests,
+# CPU-vs-CUDA greedy tokens on stories260K, and llama-bench style speed on
+# synthetic 1B (f16, q8_0) and 7B (f16) models. Logs go to $OUT (or ./out).
+#   bench/cuda.sh [all|test|bench]   (stories260K is read from .devdata/ or ../shared/models/)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+what=${1:-all}
+jobs=$(nproc)
+log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+
+models=../shared/models
+if [ ! -f $models/stories260K.gguf ]; then
+  mkdir -p $models && cp .devdata/stories260K.gguf $models/
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/summary.txt"
+
+log build
+t0=$(date +%s)
+cmake -S . -B build-gpu -G Ninja -DDS4_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/build.log" 2>&1 &&
+  cmake --build build-gpu -j"$jobs" --target ds4-worker ds4-mkmodel ds4_unit_tests >>"$OUT/build.log" 2>&1
+rc=$?
+log "build rc=$rc in $(( $(date +%s) - t0 )) s"
+if [ $rc != 0 ]; then grep -E "error|Error" -A3 "$OUT/build.log" | head -60; exit 1; fi
+bin=build-gpu/bin
+
+if [ "$what" != bench ]; then
+  log "unit tests: cuda"
+  timeout 300 $bin/ds4_unit_tests -tc='cuda:*' >"$OUT/test_cuda.log" 2>&1
+  log "cuda tests rc=$?"; tail -5 "$OUT/test_cuda.log" | tee -a "$OUT/summary.txt"
+  grep -E "ERROR|FAILED|CHECK|with expansion|values:|  CHECK" "$OUT/test_cuda.log" | head -40
+  log "greedy tokens, cpu vs cuda (stories260K)"
+  for p in "Once upon a time" "The little cat"; do
+    $bin/ds4-worker run --model $models/stories260K.gguf -p "$p" -n 200 --temp 0 --ignore-eos --json --device cpu >"$OUT/cpu.json" 2>/dev/null
+    $bin/ds4-worker run --model $models/stories260K.gguf -p "$p" -n 200 --temp 0 --ignore-eos --json --device cuda >"$OUT/gpu.json" 2>"$OUT/gpu_run.err"
+    if cmp -s "$OUT/cpu.json" "$OUT/gpu.json"; then log "'$p': identical 200 tokens"; else log "'$p': DIFFERENT"; head -c 600 "$OUT/cpu.json" "$OUT/gpu.json" "$OUT/gpu_run.err"; fi
+  done
+fi
+
+if [ "$what" != test ]; then
+  mk() { [ -f "$2" ] || $bin/ds4-mkmodel --out "$2" --vocab-from $models/stories260K.gguf $1 >/dev/null 2>>"$OUT/mkmodel.log"; }
+  dir=/tmp/ds4models; mkdir -p $dir
+  t0=$(date +%s)
+  mk "--preset 1b --type f16" $dir/1b-f16.gguf
+  mk "--preset 1b --type q8_0" $dir/1b-q8.gguf
+  mk "--preset 7b --ff 14336 --kv-heads 8 --type f16" $dir/7b-f16.gguf
+  log "models made in $(( $(date +%s) - t0 )) s"; ls -la $dir | tee -a "$OUT/summary.txt"
+  df -h /dev/shm | tee -a "$OUT/summary.txt"
+  avail=$(df --output=avail -B1G /dev/shm | tail -1)
+  if [ "$avail" -lt 40 ]; then mount -o remount,size=80G /dev/shm || true; fi
+  for m in 1b-f16 1b-q8 7b-f16; do
+    log "bench $m"
+    timeout 240 $bin/ds4-worker bench --model $dir/$m.gguf -p 512 -n 128 -r 3 --device cuda 2>>"$OUT/bench.err" | tee -a "$OUT/summary.txt"
+    $bin/ds4-worker unload --model $dir/$m.gguf >/dev/null 2>&1
+  done
+fi

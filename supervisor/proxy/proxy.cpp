@@ -1,0 +1,145 @@
+#include "supervisor/proxy/proxy.h"
+
+#include "shared/error.h"
+#include "shared/log.h"
+#include "supervisor/proxy/core.h"
+#include "supervisor/proxy/session.h"
+
+namespace ds4::proxy {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+SchedulerOptions scheduler_options(const ProxyConfig& cfg) {
+  SchedulerOptions o;
+  o.max_waiting = cfg.queue.max_waiting;
+  o.max_wait = cfg.queue.max_wait;
+  return o;
+}
+
+Core::Core(asio::io_context& io_, const ProxyConfig& c, ModelText m, sup::WorkerRegistry& reg)
+    : io(io_), cfg(c), model(std::move(m)), registry(reg), keys(c.api_keys_file),
+      scheduler(io_, reg, scheduler_options(c)), acceptor(io_), rng(std::random_device{}()) {}
+
+RouteContext Core::route_context() {
+  PlanLimits limits;
+  limits.max_tokens_per_request = cfg.limits.max_tokens_per_request;
+  limits.context = scheduler.max_context();
+  limits.random_seed = rng();
+  return RouteContext{model, keys, limits, registry.workers(), [this] { return metrics_text(); }, stopping};
+}
+
+std::string Core::metrics_text() {
+  std::string text = metrics.render(registry.workers(), scheduler);
+  if (metrics_extra) text += metrics_extra();
+  return text;
+}
+
+std::string Core::new_id(const char* prefix) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%s%016llx%04llx", prefix, static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(next_id++ & 0xffff));
+  return buf;
+}
+
+void accept_connections(Core& core) {
+  core.acceptor.async_accept([&core](const boost::system::error_code& ec, tcp::socket sock) {
+    if (ec == asio::error::operation_aborted || !core.acceptor.is_open()) return;
+    if (!ec) {
+      const bool reject = core.sessions.size() >= core.cfg.limits.max_connections;
+      std::make_shared<Session>(core, std::move(sock))->start(reject);
+    }
+    accept_connections(core);
+  });
+}
+
+void close_sessions(Core& core) {
+  std::vector<std::shared_ptr<Session>> live;
+  for (auto& [p, w] : core.sessions)
+    if (auto s = w.lock()) live.push_back(std::move(s));
+  for (auto& s : live) s->close();
+}
+
+Proxy::Proxy(asio::io_context& io, const ProxyConfig& config, ModelText model, sup::WorkerRegistry& registry)
+    : core_(std::make_unique<Core>(io, config, std::move(model), registry)) {}
+
+Proxy::~Proxy() {
+  boost::system::error_code ignored;
+  core_->acceptor.close(ignored);
+  close_sessions(*core_);
+}
+
+void Proxy::start() {
+  Core& c = *core_;
+  c.keys.reload();
+  if (!c.cfg.listen.is_loopback() && !c.keys.enabled() && !c.cfg.limits.allow_insecure_bind)
+    throw Error("proxy.listen " + c.cfg.listen.str() +
+                " is not a loopback address and proxy.api_keys_file is empty: set api keys, or "
+                "proxy.limits.allow_insecure_bind: true to serve without them");
+  try {
+    const tcp::endpoint ep(asio::ip::make_address(c.cfg.listen.host), c.cfg.listen.port);
+    c.acceptor.open(ep.protocol());
+    c.acceptor.set_option(asio::socket_base::reuse_address(true));
+    c.acceptor.bind(ep);
+    c.acceptor.listen(asio::socket_base::max_listen_connections);
+  } catch (const boost::system::system_error& e) {
+    boost::system::error_code ignored;
+    c.acceptor.close(ignored);
+    throw Error("proxy.listen " + c.cfg.listen.str() + ": cannot listen: " + e.code().message());
+  }
+  accept_connections(c);
+}
+
+tcp::endpoint Proxy::endpoint() const {
+  boost::system::error_code ec;
+  return core_->acceptor.local_endpoint(ec);
+}
+
+void Proxy::reload_keys() { core_->keys.reload(); }
+
+void Proxy::apply(const ProxyConfig& config) {
+  Core& c = *core_;
+  const bool keys_changed = config.api_keys_file != c.cfg.api_keys_file;
+  const ListenAddress listen = c.cfg.listen;
+  c.cfg = config;
+  c.cfg.listen = listen;  // rebinding is the caller's (a new Proxy)
+  c.scheduler.set_options(scheduler_options(config));
+  if (keys_changed) {
+    ApiKeys keys(config.api_keys_file);
+    keys.reload();
+    c.keys = std::move(keys);
+  }
+}
+
+void Proxy::stop(Duration deadline, std::function<void()> done) {
+  Core& c = *core_;
+  c.stopping = true;
+  boost::system::error_code ignored;
+  c.acceptor.close(ignored);
+  auto until = std::chrono::steady_clock::now() + deadline;
+  auto timer = std::make_shared<asio::steady_timer>(c.io);
+  auto poll = std::make_shared<std::function<void()>>();
+  *poll = [this, until, timer, poll, done = std::move(done)]() mutable {
+    Core& c = *core_;
+    if ((c.scheduler.waiting() == 0 && c.scheduler.running() == 0) || std::chrono::steady_clock::now() >= until) {
+      close_sessions(c);
+      auto d = std::move(done);
+      *poll = nullptr;  // breaks the cycle
+      if (d) d();
+      return;
+    }
+    timer->expires_after(std::chrono::milliseconds(20));
+    timer->async_wait([poll](const boost::system::error_code&) {
+      if (*poll) (*poll)();
+    });
+  };
+  (*poll)();
+}
+
+sup::ProxyStats Proxy::proxy_stats() const { return core_->scheduler.stats(); }
+
+std::string Proxy::metrics_text() const { return core_->metrics_text(); }
+
+void Proxy::set_metrics_extra(std::function<std::string()> fn) { core_->metrics_extra = std::move(fn); }
+
+}  // namespace ds4::proxy

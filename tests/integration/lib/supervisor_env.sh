@@ -1,0 +1,105 @@
+# shellcheck shell=bash
+# Helpers for tests that run ds4-supervisor and query it with ds4ctl.
+#
+#   . "$DS4_SRC/tests/integration/lib/supervisor_env.sh"
+#   sup_init || exit $?                 # checks DS4_BIN etc.; makes $SUP_DIR
+#   sup_start CONFIG_FILE               # starts it (log: $SUP_DIR/sup.log)
+#   sup_wait 30 'w[0]["state"] == "ready"'   # a Python expression on status:
+#                                       #   s = the status JSON, w = s["workers"]
+#   sup_stop                            # SIGTERM, bounded wait
+# Every wait is bounded. Requires python3 (for JSON).
+
+sup_log() { echo "[supervisor_env] $*" >&2; }
+
+sup_init() {
+  : "${DS4_BIN:?DS4_BIN must name the bin folder of a build}"
+  : "${DS4_SRC:?DS4_SRC must name the source folder}"
+  : "${DS4_MODELS:=$DS4_SRC/../shared/models}"
+  for b in ds4-supervisor ds4ctl ds4-worker; do
+    [[ -x $DS4_BIN/$b ]] || { echo "SKIP: no $DS4_BIN/$b (build first)"; return 77; }
+  done
+  command -v python3 >/dev/null || { echo "SKIP: python3 is needed to read JSON"; return 77; }
+  SUP_DIR=$(mktemp -d /tmp/ds4-sup-test.XXXXXX) || return 1
+  SUP_PID=
+  # A private runtime dir unless the caller (systemd harness) set one.
+  if [[ -z ${XDG_RUNTIME_DIR:-} || ${SUP_PRIVATE_RUNTIME:-1} == 1 ]]; then
+    export XDG_RUNTIME_DIR=$SUP_DIR/run
+    mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
+  fi
+  export SUP_DIR
+}
+
+sup_start() {
+  local config=$1
+  "$DS4_BIN/ds4-supervisor" --config "$config" >>"$SUP_DIR/sup.log" 2>&1 &
+  SUP_PID=$!
+  if ! sup_wait 60 'True'; then
+    sup_log "the supervisor did not answer within 60 s; its log:"
+    tail -n 30 "$SUP_DIR/sup.log" >&2
+    return 1
+  fi
+}
+
+# sup_status: the status JSON on stdout.
+sup_status() { "$DS4_BIN/ds4ctl" status --json 2>/dev/null; }
+
+# sup_check EXPR: true when EXPR holds on the current status.
+sup_check() {
+  local json
+  json=$(sup_status) || return 1
+  python3 -c '
+import json, sys
+s = json.loads(sys.argv[1]); w = s["workers"]
+sys.exit(0 if eval(sys.argv[2]) else 1)' "$json" "$1" 2>/dev/null
+}
+
+# sup_get EXPR: prints EXPR evaluated on the current status.
+sup_get() {
+  local json
+  json=$(sup_status) || return 1
+  python3 -c '
+import json, sys
+s = json.loads(sys.argv[1]); w = s["workers"]
+print(eval(sys.argv[2]))' "$json" "$1"
+}
+
+# sup_events: the events as JSON lines.
+sup_events() { "$DS4_BIN/ds4ctl" events --json 2>/dev/null; }
+
+# sup_wait SECONDS EXPR
+sup_wait() {
+  local timeout=$1 expr=$2 now deadline
+  now=${EPOCHREALTIME/[.,]/}
+  deadline=$((now + timeout * 1000000))
+  while true; do
+    sup_check "$expr" && return 0
+    if [[ -n $SUP_PID ]] && ! kill -0 "$SUP_PID" 2>/dev/null; then
+      sup_log "the supervisor exited"
+      return 1
+    fi
+    now=${EPOCHREALTIME/[.,]/}
+    ((now >= deadline)) && return 1
+    sleep 0.1
+  done
+}
+
+sup_stop() {
+  [[ -n ${SUP_PID:-} ]] || return 0
+  if kill -0 "$SUP_PID" 2>/dev/null; then
+    kill -TERM "$SUP_PID"
+    local i
+    for i in $(seq 150); do kill -0 "$SUP_PID" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$SUP_PID" 2>/dev/null; then
+      sup_log "supervisor $SUP_PID did not stop within 15 s; killing it"
+      kill -KILL "$SUP_PID"
+    fi
+  fi
+  wait "$SUP_PID" 2>/dev/null
+  SUP_RC=$?
+  SUP_PID=
+}
+
+sup_cleanup() {
+  sup_stop
+  [[ -n ${SUP_DIR:-} && ${SUP_KEEP:-0} != 1 ]] && rm -rf "$SUP_DIR"
+}

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The proxy's APIs with a real worker on stories260K: the official openai and
+# @anthropic-ai/sdk clients (tests/js/proxy_clients.mjs), raw SSE framing with
+# curl, and the error cases: malformed JSON, wrong types, huge bodies and
+# headers, bad keys, unknown paths, prompts over the context, absurd max_tokens.
+# Exit 0 = pass, 1 = fail, 77 = skipped (reason printed).
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/lib/proxy_env.sh"
+proxy_env_init
+
+echo "sk-test-1" >"$T/keys"
+cat >"$T/cfg.yaml" <<EOC
+model:
+  path: $MODEL
+  name: stories
+proxy:
+  listen: 127.0.0.1:0
+  api_keys_file: $T/keys
+  limits:
+    max_body_bytes: 1MiB
+    max_header_bytes: 16KiB
+    header_timeout: 2s
+EOC
+start_worker 0 256 2 && wait_worker 0 || exit 1
+start_proxy "$T/cfg.yaml" "$T/w0.sock" || exit 1
+U=$PROXY_URL
+K=(-H "Authorization: Bearer sk-test-1")
+for _ in $(seq 50); do [ "$(curl -s -o /dev/null -w '%{http_code}' "$U/health")" = 200 ] && break; sleep 0.1; done
+
+# --- real clients ---
+if js_ready; then
+  expected=$("$BIN/ds4-worker" run --model "$MODEL" -p "Once upon a time" -n 24 --temp 0 --json 2>/dev/null | jq -r .text)
+  if (cd "$SRC/tests/js" && timeout 180 node proxy_clients.mjs "$U" sk-test-1 "$expected"); then
+    pass "openai and @anthropic-ai/sdk clients"
+  else
+    fail "openai and @anthropic-ai/sdk clients"
+  fi
+else
+  echo "note: tests/js/node_modules missing (scripts/test.sh installs it): the SDK checks are skipped"
+fi
+
+# --- raw SSE framing ---
+curl -sN --max-time 30 "${K[@]}" "$U/v1/chat/completions" \
+  -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":6,"temperature":0,"stream":true}' -D "$T/h1" >"$T/sse1"
+check "SSE: text/event-stream, chunked" grep -qi "content-type: text/event-stream" "$T/h1"
+check "SSE: every event is one data: line and a blank line; [DONE] last" \
+  python3 - "$T/sse1" <<'PY'
+import json, sys
+raw = open(sys.argv[1], encoding="utf-8").read()
+assert raw.endswith("data: [DONE]\n\n"), raw[-40:]
+events = raw.split("\n\n")[:-1]
+for e in events:
+    lines = e.split("\n")
+    assert len(lines) == 1 and lines[0].startswith("data: "), e
+    if lines[0] != "data: [DONE]":
+        json.loads(lines[0][6:])
+chunks = [json.loads(e[6:]) for e in events[:-1]]
+assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+assert "timings" in chunks[-1]
+PY
+curl -sN --max-time 30 -H "x-api-key: sk-test-1" "$U/v1/messages" \
+  -d '{"model":"x","messages":[{"role":"user","content":"Hi"}],"max_tokens":5,"temperature":0,"stream":true}' >"$T/sse2"
+check "SSE: Anthropic event names match their data types, in order" \
+  python3 - "$T/sse2" <<'PY'
+import json, sys
+raw = open(sys.argv[1], encoding="utf-8").read()
+events = raw.split("\n\n")[:-1]
+names = []
+for e in events:
+    ev, data = e.split("\n")
+    assert ev.startswith("event: ") and data.startswith("data: "), e
+    assert json.loads(data[6:])["type"] == ev[7:], e
+    if not names or names[-1] != ev[7:]:
+        names.append(ev[7:])
+assert names == ["message_start", "content_block_start", "ping", "content_block_delta", "content_block_stop",
+                 "message_delta", "message_stop"], names
+PY
+
+# --- errors ---
+code() { curl -s -o "$T/body" -w '%{http_code}' --max-time 30 "$@"; }
+check "no key: 401 in OpenAI's shape" \
+  bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' $U/v1/models)\" = 401 ] && jq -e '.error.type == \"authentication_error\"' $T/b >/dev/null"
+check "bad x-api-key on /v1/messages: 401 in Anthropic's shape" \
+  bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'x-api-key: nope' $U/v1/messages -d '{}')\" = 401 ] && jq -e '.type == \"error\" and .error.type == \"authentication_error\"' $T/b >/dev/null"
+check "unknown path: 404" test "$(code "${K[@]}" "$U/v2/nothing")" = 404
+check "malformed JSON: 400" bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":')\" = 400 ] && jq -e '.error.message | test(\"JSON\")' $T/b >/dev/null"
+check "wrong type: 400 naming the field" bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"many\"}')\" = 400 ] && jq -e '.error.message | test(\"max_tokens\")' $T/b >/dev/null"
+python3 -c "print('[' * 100000 + ']' * 100000)" >"$T/deep.json"
+check "deeply nested JSON: 400" test "$(code "${K[@]}" "$U/v1/completions" --data-binary @"$T/deep.json")" = 400
+printf '{"prompt":"\xff\xfe bad utf8","max_tokens":3}' >"$T/badutf8.json"
+check "invalid UTF-8: an answer, not a crash" bash -c "c=\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions --data-binary @$T/badutf8.json); [ \"\$c\" = 400 ] || [ \"\$c\" = 200 ]"
+head -c 100000000 /dev/zero | tr '\0' 'a' >"$T/huge"
+check "100 MB body: 413" test "$(code "${K[@]}" "$U/v1/completions" --data-binary @"$T/huge")" = 413
+hdrs=()
+for i in $(seq 10000); do hdrs+=(-H "X-Junk-$i: x"); done
+check "10,000 headers: 413" test "$(code "${K[@]}" "${hdrs[@]}" "$U/health" 2>/dev/null)" = 413
+long=$(python3 -c "print('Once upon a time there was a cat. ' * 60)")
+check "prompt over the context: 400 naming context and prompt length" \
+  bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"$long\",\"max_tokens\":4}')\" = 400 ] && jq -e '.error.message | test(\"prompt has [0-9]+ tokens but the context is 256\")' $T/b >/dev/null"
+check "absurd max_tokens: clamped, answered" \
+  bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"Once\",\"max_tokens\":99999999999}')\" = 200 ] && jq -e '.usage.completion_tokens > 0' $T/b >/dev/null"
+# A slowloris client: headers trickle in; the header timeout (2 s) closes it.
+start=$(date +%s)
+( printf 'POST /v1/completions HTTP/1.1\r\nHost: x\r\n'; for i in $(seq 8); do printf 'X-Slow: %d\r\n' "$i"; sleep 1; done ) |
+  timeout 20 curl -s telnet://"${U#http://}" >/dev/null 2>&1
+took=$(( $(date +%s) - start ))
+check "slowloris: cut off by the header timeout (${took}s)" test "$took" -le 6
+check "still serving after all that" test "$(code "${K[@]}" "$U/v1/completions" -d '{"prompt":"Once","max_tokens":2}')" = 200
+# Keys reload on SIGHUP.
+echo "sk-test-2" >"$T/keys"
+kill -HUP "$(cat "$T/proxy.pid")"
+sleep 0.3
+check "SIGHUP reloads the keys" bash -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-2' $U/v1/models)\" = 200 ] && [ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/models)\" = 401 ]"
+check "/metrics counts answers by status and shows the worker" \
+  bash -c "curl -s $U/metrics | grep -q 'ds4_http_requests_total{code=\"401\"}' && curl -s $U/metrics | grep -q 'ds4_worker_context{worker=\"0\"} 256'"
+check "the proxy is still running" kill -0 "$(cat "$T/proxy.pid")"
+
+[ "$fails" = 0 ] && echo "all passed" || echo "$fails failed"
+[ "$fails" = 0 ]

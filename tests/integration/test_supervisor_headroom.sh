@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Headroom: a test process allocates and touches memory until MemAvailable is
+# below headroom.min_available (set relative to the machine's current
+# figure); the worker is drained and restarted one rung lower with no OOM
+# kill. When the memory is freed and step_up_after has passed, it steps back
+# up. SUP_BACKEND=systemd runs the same against a user manager (the caller
+# sets that up). Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/lib/supervisor_env.sh"
+
+fails=0
+pass() { echo "ok   - $*"; }
+fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
+
+model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
+[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
+avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+gib=$((1024 * 1024))
+if ((avail_kb < 5 * gib)); then echo "SKIP: needs 5 GiB available to push headroom down, have $((avail_kb / 1024)) MiB"; exit 77; fi
+sup_init || exit $?
+hog=
+cleanup() { [[ -n $hog ]] && kill "$hog" 2>/dev/null; wait 2>/dev/null; sup_cleanup; }
+trap cleanup EXIT
+
+# min_available: 2 GiB below what is available now; the hog takes 3 GiB.
+min_kb=$((avail_kb - 2 * gib))
+cat >"$SUP_DIR/ds4.yaml" <<YAML
+model:
+  path: $model
+workers:
+  backend: ${SUP_BACKEND:-process}
+  slots: 64
+  threads: 1
+  context:
+    ladder: [2048, 256]
+  reserve: 64MiB
+headroom:
+  min_available: ${min_kb}KiB
+  for: 1s
+  step_up_after: 3s
+YAML
+sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start"; exit 1; }
+sup_wait 30 'w[0]["state"] == "ready" and w[0]["context"] == 2048' && pass "starts at 2048" \
+  || fail "not ready at 2048: $(sup_status | tr -d '\n' | cut -c1-400)"
+pid0=$(sup_get 'w[0]["pid"]')
+
+# The hog: 3 GiB written (so really resident), held until killed.
+python3 -c '
+import signal, sys, time
+b = bytearray(b"\x01") * (3 << 30)
+print("hog holding", len(b) >> 20, "MiB", flush=True)
+time.sleep(120)' &
+hog=$!
+t0=${EPOCHREALTIME/[.,]/}
+if sup_wait 30 'w[0]["state"] == "ready" and w[0]["context"] == 256'; then
+  t1=${EPOCHREALTIME/[.,]/}
+  pass "low headroom: restarted at 256 after $(((t1 - t0) / 1000)) ms (for: 1s)"
+else
+  fail "no downgrade: $(sup_status | tr -d '\n' | cut -c1-400)"
+fi
+oom=$(sup_get 'w[0]["oom_kills"]')
+[[ $oom == 0 ]] && pass "no OOM kill" || fail "oom_kills $oom"
+grep -q 'DS4_EVENT=downgrade, DS4_WORKER=0, DS4_CONTEXT_FROM=2048, DS4_CONTEXT_TO=256, DS4_REASON=headroom low' "$SUP_DIR/sup.log" \
+  && pass "downgrade logged with its reason" || fail "no downgrade event in the log"
+# While the memory is held it must not step up again.
+sleep 4
+[[ $(sup_get 'w[0]["context"]') == 256 ]] && pass "stays at 256 while memory is short" || fail "stepped up while memory was short"
+
+kill "$hog"; wait "$hog" 2>/dev/null; hog=
+if sup_wait 30 'w[0]["state"] == "ready" and w[0]["context"] == 2048'; then
+  pass "memory freed: stepped back up to 2048"
+else
+  fail "no step up: $(sup_status | tr -d '\n' | cut -c1-400)"
+fi
+grep -q 'DS4_EVENT=upgrade, DS4_WORKER=0, DS4_CONTEXT_FROM=256, DS4_CONTEXT_TO=2048' "$SUP_DIR/sup.log" \
+  && pass "upgrade logged" || fail "no upgrade event in the log"
+"$DS4_BIN/ds4ctl" events | sed 's/^/       /'
+sup_stop
+[[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
+if ((fails)); then echo "$fails failure(s)"; tail -n 30 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
+echo "all passed"

@@ -1,0 +1,137 @@
+// A bounded load generator for the ds4 proxy: N requests from C concurrent
+// clients through the official SDKs, half of them streamed, greedy. Records
+// every answer; with --reference, compares each with the same request's
+// answer from an undisturbed run (text, and token by token for streams).
+// With --fault-cmd, runs that shell command --faults times, evenly spread over
+// the run (the test uses it to SIGKILL and restart the worker).
+//
+//   node proxy_load.mjs --base URL [--key K] [--requests 300] [--concurrency 8] [--max-tokens 48]
+//        [--out FILE] [--reference FILE] [--fault-cmd CMD --faults 3]
+// Prints one JSON summary line; exit 1 on any failure or mismatch.
+import {exec} from "node:child_process";
+import fs from "node:fs";
+import OpenAI from "openai";
+import Anthropic from "@anthropic-ai/sdk";
+
+const args = {requests: 300, concurrency: 8, "max-tokens": 48, key: "none", faults: 0};
+for (let i = 2; i < process.argv.length; i += 2) args[process.argv[i].replace(/^--/, "")] = process.argv[i + 1];
+const N = Number(args.requests), C = Number(args.concurrency), maxTokens = Number(args["max-tokens"]);
+const openai = new OpenAI({baseURL: `${args.base}/v1`, apiKey: args.key, maxRetries: 0, timeout: 120000});
+const anthropic = new Anthropic({baseURL: args.base, apiKey: args.key, maxRetries: 0, timeout: 120000});
+
+const animals = ["cat", "dog", "bird", "fish", "frog", "bear", "bunny"];
+const names = ["Tom", "Lily", "Sue", "Max", "Ben"];
+function prompt(i) {
+  return `Once upon a time, there was a ${animals[i % animals.length]} named ${names[Math.floor(i / 7) % names.length]}.`;
+}
+// Kinds, so that half stream: chat stream, chat, messages stream, completions.
+const kinds = ["chat_stream", "chat", "messages_stream", "completion"];
+
+async function one(i) {
+  const kind = kinds[i % kinds.length];
+  const t0 = performance.now();
+  let last = null, maxGap = 0;
+  const tick = () => {
+    const now = performance.now();
+    if (last !== null) maxGap = Math.max(maxGap, now - last);
+    last = now;
+  };
+  const r = {i, kind, text: "", tokens: null, finish: null, completion_tokens: null};
+  if (kind === "chat_stream") {
+    const s = await openai.chat.completions.create({model: "stories", messages: [{role: "user", content: prompt(i)}], max_tokens: maxTokens,
+                                                    temperature: 0, stream: true, logprobs: true, stream_options: {include_usage: true}});
+    r.tokens = [];
+    for await (const c of s) {
+      if (c.usage) r.completion_tokens = c.usage.completion_tokens;
+      const ch = c.choices[0];
+      if (!ch) continue;
+      if (ch.delta?.content) tick();
+      r.text += ch.delta?.content ?? "";
+      for (const t of ch.logprobs?.content ?? []) r.tokens.push(t.token);
+      if (ch.finish_reason) r.finish = ch.finish_reason;
+    }
+  } else if (kind === "chat") {
+    const c = await openai.chat.completions.create({model: "stories", messages: [{role: "user", content: prompt(i)}], max_tokens: maxTokens, temperature: 0});
+    r.text = c.choices[0].message.content;
+    r.finish = c.choices[0].finish_reason;
+    r.completion_tokens = c.usage.completion_tokens;
+  } else if (kind === "messages_stream") {
+    const s = await anthropic.messages.create({model: "stories", max_tokens: maxTokens, temperature: 0, stream: true,
+                                               messages: [{role: "user", content: prompt(i)}]});
+    const seq = [];
+    for await (const ev of s) {
+      if (ev.type !== "content_block_delta") seq.push(ev.type);
+      else tick(), (r.text += ev.delta.text);
+      if (ev.type === "message_delta") (r.finish = ev.delta.stop_reason), (r.completion_tokens = ev.usage.output_tokens);
+    }
+    const want = ["message_start", "content_block_start", "content_block_stop", "message_delta", "message_stop"];
+    if (seq.filter((t) => t !== "ping").join() !== want.join()) throw new Error(`event sequence ${seq.join(",")}`);
+  } else {
+    const c = await openai.completions.create({model: "stories", prompt: prompt(i), max_tokens: maxTokens, temperature: 0});
+    r.text = c.choices[0].text;
+    r.finish = c.choices[0].finish_reason;
+    r.completion_tokens = c.usage.completion_tokens;
+  }
+  r.latency_ms = performance.now() - t0;
+  r.max_gap_ms = maxGap;
+  if (r.tokens && r.tokens.join("") !== r.text) throw new Error("streamed tokens do not add up to the streamed text");
+  return r;
+}
+
+const results = new Array(N);
+const failures = [];
+let next = 0, done = 0, faultsRun = 0;
+const faults = Number(args.faults || 0);
+const faultProcs = [];
+function maybeFault() {
+  if (!args["fault-cmd"] || faultsRun >= faults) return;
+  if (done >= Math.floor((N * (faultsRun + 1)) / (faults + 1))) {
+    faultsRun++;
+    faultProcs.push(new Promise((res) => exec(args["fault-cmd"], (err, out, errOut) => {
+      if (err) failures.push({fault: faultsRun, error: String(errOut || err)});
+      res();
+    })));
+  }
+}
+async function client() {
+  while (next < N) {
+    const i = next++;
+    try {
+      results[i] = await one(i);
+    } catch (e) {
+      failures.push({i, error: String(e?.message || e), status: e?.status});
+    }
+    done++;
+    maybeFault();
+  }
+}
+const t0 = performance.now();
+await Promise.all(Array.from({length: C}, client));
+await Promise.all(faultProcs);
+const wall = performance.now() - t0;
+
+const mismatches = [];
+if (args.reference) {
+  const ref = JSON.parse(fs.readFileSync(args.reference, "utf8"));
+  for (let i = 0; i < N; i++) {
+    const a = results[i], b = ref[i];
+    if (!a || !b) continue;
+    const same = a.text === b.text && a.finish === b.finish && a.completion_tokens === b.completion_tokens &&
+                 JSON.stringify(a.tokens) === JSON.stringify(b.tokens);
+    if (!same) mismatches.push({i, kind: a.kind, got: a.text, want: b.text, got_tokens: a.completion_tokens, want_tokens: b.completion_tokens});
+  }
+}
+if (args.out) fs.writeFileSync(args.out, JSON.stringify(results));
+const ok = results.filter(Boolean);
+const gaps = ok.filter((r) => r.kind.endsWith("stream")).map((r) => r.max_gap_ms);
+const lat = ok.map((r) => r.latency_ms).sort((a, b) => a - b);
+const summary = {
+  requests: N, concurrency: C, ok: ok.length, failed: failures.length, mismatches: mismatches.length, faults_run: faultsRun,
+  streamed: gaps.length, largest_stream_pause_ms: Math.round(Math.max(0, ...gaps)),
+  latency_p50_ms: Math.round(lat[Math.floor(lat.length / 2)] ?? 0), latency_max_ms: Math.round(lat[lat.length - 1] ?? 0),
+  wall_s: +(wall / 1000).toFixed(2),
+};
+console.log(JSON.stringify(summary));
+for (const f of failures.slice(0, 10)) console.log("failure:", JSON.stringify(f));
+for (const m of mismatches.slice(0, 10)) console.log("mismatch:", JSON.stringify(m));
+process.exit(failures.length || mismatches.length || ok.length !== N ? 1 : 0);

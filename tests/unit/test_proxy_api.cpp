@@ -1,0 +1,232 @@
+// Proxy APIs without sockets: routing, authentication, request validation
+// with each protocol's error shape, and the answers' shapes (whole and SSE).
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "shared/gguf.h"
+#include "supervisor/proxy/api_response.h"
+#include "supervisor/proxy/router.h"
+
+using namespace ds4::proxy;
+using nlohmann::json;
+namespace http = boost::beast::http;
+
+namespace {
+
+const ModelText& stories() {
+  static const ds4::gguf::File file = ds4::gguf::File::open(DS4_SHARED_MODELS "/stories260K.gguf");
+  static const ModelText m = ModelText::from_gguf(file, "stories");
+  return m;
+}
+
+HttpRequest post(const std::string& target, const std::string& body, const std::string& key = "") {
+  HttpRequest r{http::verb::post, target, 11};
+  r.body() = body;
+  if (!key.empty()) r.set(http::field::authorization, "Bearer " + key);
+  r.prepare_payload();
+  return r;
+}
+
+struct Ctx {
+  ApiKeys keys;
+  std::vector<ds4::sup::WorkerInfo> workers;
+  int64_t context = 512;
+  RouteContext get() const {
+    PlanLimits l;
+    l.context = context;
+    l.max_tokens_per_request = 4096;
+    l.random_seed = 99;
+    return RouteContext{stories(), keys, l, workers, [] { return std::string("m 1\n"); }, false};
+  }
+};
+
+json body_of(const Route& r) { return json::parse(r.response->body); }
+
+}  // namespace
+
+TEST_CASE("router: health, models, metrics, unknown paths") {
+  Ctx c;
+  HttpRequest get{http::verb::get, "/health", 11};
+  Route r = route(get, c.get());
+  CHECK(r.response->status == 503);  // no worker ready
+  c.workers.push_back({});
+  c.workers[0].state = ds4::sup::WorkerState::ready;
+  r = route(get, c.get());
+  CHECK(r.response->status == 200);
+  CHECK(body_of(r)["workers_ready"] == 1);
+
+  get.target("/v1/models");
+  r = route(get, c.get());
+  CHECK(body_of(r)["data"][0]["id"] == "stories");
+
+  get.target("/metrics");
+  r = route(get, c.get());
+  CHECK(r.response->body == "m 1\n");
+
+  get.target("/nope");
+  r = route(get, c.get());
+  CHECK(r.response->status == 404);
+  CHECK(body_of(r)["error"]["type"] == "not_found_error");
+}
+
+TEST_CASE("router: keys by Bearer or x-api-key; errors in each protocol's shape") {
+  Ctx c;
+  c.keys.set({"sk-good"});
+  Route r = route(post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}]})", "sk-bad"), c.get());
+  CHECK(r.response->status == 401);
+  CHECK(body_of(r)["error"]["type"] == "authentication_error");
+
+  r = route(post("/v1/messages", R"({"model":"x","max_tokens":4,"messages":[{"role":"user","content":"hi"}]})"), c.get());
+  CHECK(r.response->status == 401);
+  CHECK(body_of(r)["type"] == "error");
+  CHECK(body_of(r)["error"]["type"] == "authentication_error");
+
+  auto req = post("/v1/messages", R"({"model":"x","max_tokens":4,"messages":[{"role":"user","content":"hi"}]})");
+  req.set("x-api-key", "sk-good");
+  r = route(req, c.get());
+  REQUIRE(r.plan);
+  CHECK(r.plan->gen.max_tokens == 4);
+}
+
+TEST_CASE("requests: malformed and mistyped bodies are 400 naming the field") {
+  Ctx c;
+  auto err = [&](const std::string& target, const std::string& body) {
+    Route r = route(post(target, body), c.get());
+    REQUIRE(r.response);
+    CHECK(r.response->status == 400);
+    json b = body_of(r);
+    return target == "/v1/messages" ? b["error"]["message"].get<std::string>() : b["error"]["message"].get<std::string>();
+  };
+  CHECK(err("/v1/chat/completions", "{not json").find("not valid JSON") != std::string::npos);
+  CHECK(err("/v1/chat/completions", "[1,2]").find("JSON object") != std::string::npos);
+  CHECK(err("/v1/chat/completions", R"({"messages":"hi"})").find("'messages'") != std::string::npos);
+  CHECK(err("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"temperature":"hot"})")
+            .find("'temperature' must be a number") != std::string::npos);
+  CHECK(err("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"n":2})").find("'n'") !=
+        std::string::npos);
+  CHECK(err("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":-1})")
+            .find("'max_tokens'") != std::string::npos);
+  CHECK(err("/v1/messages", R"({"messages":[{"role":"user","content":"hi"}]})").find("'max_tokens' is required") !=
+        std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":{"a":1}})").find("'prompt'") != std::string::npos);
+  std::string deep(10000, '[');
+  deep += std::string(10000, ']');
+  CHECK(err("/v1/completions", R"({"prompt":"a","x":)" + deep + "}").find("nests deeper") != std::string::npos);
+}
+
+TEST_CASE("requests: a prompt longer than the context is 400 naming both lengths") {
+  Ctx c;
+  c.context = 16;
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "Once upon a time ";
+  Route r = route(post("/v1/completions", json{{"prompt", text}}.dump()), c.get());
+  REQUIRE(r.response);
+  CHECK(r.response->status == 400);
+  const std::string m = body_of(r)["error"]["message"];
+  CHECK(m.find("context is 16 tokens") != std::string::npos);
+  CHECK(m.find("the prompt has ") != std::string::npos);
+}
+
+TEST_CASE("requests: sampling, limits, stops and seeds are carried into the plan") {
+  Ctx c;
+  Route r = route(post("/v1/chat/completions",
+                       R"({"messages":[{"role":"system","content":"S"},{"role":"user","content":[{"type":"text","text":"hi"}]}],
+                           "max_completion_tokens":7,"temperature":0,"top_k":5,"top_p":0.5,"min_p":0.1,"seed":3,
+                           "stop":"\n","stream":true,"stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2})"),
+                  c.get());
+  REQUIRE(r.plan);
+  const Plan& p = *r.plan;
+  CHECK(p.stream);
+  CHECK(p.include_usage);
+  CHECK(p.gen.max_tokens == 7);
+  CHECK(p.gen.sampling.temperature == 0.f);
+  CHECK(p.gen.sampling.top_k == 5);
+  CHECK(p.gen.sampling.seed == 3);
+  CHECK(p.stop == std::vector<std::string>{"\n"});
+  CHECK(p.gen.logprobs == 2);
+  CHECK(p.gen.prompt.front() == stories().tokenizer().bos());
+  // ChatML text around the messages (stories260K has no template).
+  const std::string text = stories().tokenizer().decode(p.gen.prompt);
+  CHECK(text.find("<|im_start|>system\nS<|im_end|>") != std::string::npos);
+
+  // No seed: the proxy's random one, so that a resumed request draws the same.
+  r = route(post("/v1/completions", R"({"prompt":"Once","max_tokens":100000})"), c.get());
+  REQUIRE(r.plan);
+  CHECK(r.plan->gen.sampling.seed == 99);
+  CHECK(r.plan->gen.max_tokens == 512 - int(r.plan->gen.prompt.size()));  // clamped to the context
+}
+
+TEST_CASE("responses: OpenAI chat, whole and streamed") {
+  Ctx c;
+  Route r = route(post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"logprobs":true})"), c.get());
+  REQUIRE(r.plan);
+  auto resp = make_responder(*r.plan, stories().tokenizer(), "chatcmpl-1", 5);
+  CHECK(resp->open().empty());
+  CHECK(resp->text("Hel", {{100, -0.5f, {}}}).empty());
+  CHECK(resp->text("lo", {{101, -0.25f, {}}}).empty());
+  Finish f;
+  f.reason = FinishReason::length;
+  f.prompt_tokens = 9;
+  f.completion_tokens = 2;
+  f.timings.predicted_n = 2;
+  f.timings.predicted_ms = 4;
+  json b = json::parse(resp->finish(f));
+  CHECK(b["object"] == "chat.completion");
+  CHECK(b["choices"][0]["message"]["content"] == "Hello");
+  CHECK(b["choices"][0]["finish_reason"] == "length");
+  CHECK(b["choices"][0]["logprobs"]["content"].size() == 2);
+  CHECK(b["usage"]["total_tokens"] == 11);
+  CHECK(b["timings"]["predicted_per_second"] == 500.0);
+
+  r.plan->stream = true;
+  r.plan->include_usage = true;
+  r.plan->logprobs = false;
+  resp = make_responder(*r.plan, stories().tokenizer(), "chatcmpl-1", 5);
+  std::string s = resp->open() + resp->text("Hi", {}) + resp->finish(f);
+  CHECK(s.rfind("data: {", 0) == 0);
+  CHECK(s.find("\"role\":\"assistant\"") != std::string::npos);
+  CHECK(s.find("\"delta\":{\"content\":\"Hi\"}") != std::string::npos);
+  CHECK(s.find("\"finish_reason\":\"length\"") != std::string::npos);
+  CHECK(s.find("\"choices\":[],") != std::string::npos);  // the usage chunk
+  CHECK(s.size() >= 14);
+  CHECK(s.substr(s.size() - 14) == "data: [DONE]\n\n");
+}
+
+TEST_CASE("responses: Anthropic messages stream has the event sequence") {
+  Ctx c;
+  Route r = route(post("/v1/messages", R"({"model":"claude-x","max_tokens":8,"stream":true,"system":"S",
+                                           "stop_sequences":["END"],"messages":[{"role":"user","content":"hi"}]})"),
+                  c.get());
+  REQUIRE(r.plan);
+  auto resp = make_responder(*r.plan, stories().tokenizer(), "msg_1", 5);
+  Finish f;
+  f.reason = FinishReason::stop_sequence;
+  f.stop_sequence = "END";
+  f.completion_tokens = 3;
+  const std::string s = resp->open() + resp->text("Hi", {}) + resp->finish(f);
+  std::vector<std::string> events;
+  for (size_t at = 0; (at = s.find("event: ", at)) != std::string::npos; at += 7)
+    events.push_back(s.substr(at + 7, s.find('\n', at) - at - 7));
+  CHECK(events == std::vector<std::string>{"message_start", "content_block_start", "ping", "content_block_delta",
+                                           "content_block_stop", "message_delta", "message_stop"});
+  CHECK(s.find("\"stop_reason\":\"stop_sequence\"") != std::string::npos);
+  CHECK(s.find("\"model\":\"claude-x\"") != std::string::npos);
+  CHECK(waiting_comment(3) == ": waiting, position 3\n\n");
+}
+
+TEST_CASE("errors: shapes and statuses") {
+  json o = json::parse(error_body(Api::openai, {ErrorKind::too_large, "big"}));
+  CHECK(o["error"]["message"] == "big");
+  CHECK(o["error"].contains("code"));
+  json a = json::parse(error_body(Api::anthropic, {ErrorKind::unavailable, "full"}));
+  CHECK(a["type"] == "error");
+  CHECK(a["error"]["type"] == "overloaded_error");
+  Response r = error_response(Api::openai, {ErrorKind::unavailable, "full", 2});
+  CHECK(r.status == 503);
+  CHECK(r.headers.at(0) == std::pair<std::string, std::string>{"Retry-After", "2"});
+  CHECK(status_of(ErrorKind::timeout) == 504);
+  const std::string raw = serialize(r, true);
+  CHECK(raw.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0) == 0);
+  CHECK(raw.find("Retry-After: 2\r\n") != std::string::npos);
+}

@@ -1,0 +1,422 @@
+// The CUDA backend: the forward pass of worker/cpu/cpu_backend.cpp on the GPU.
+// Weights are copied once to device memory; the KV cache and every scratch
+// buffer are allocated in reserve(), so forward() allocates nothing. A decode
+// step (up to kMaxGemvTokens tokens) is captured once per batch shape in a
+// CUDA graph and replayed: all per-token data lives in device memory.
+#include "worker/cuda/cuda_backend.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+#include <vector>
+
+#include "worker/cuda/common.cuh"
+#include "worker/cuda/kernels.cuh"
+
+namespace ds4 {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::DeviceWeight;
+
+int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
+uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
+
+/// Pinned host memory (cudaMallocHost), for the transfers of every step.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(size_t bytes, const char* what) : bytes_(bytes) {
+    if (bytes && cudaMallocHost(&ptr_, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(std::string("cannot allocate pinned host memory for the ") + what);
+    }
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct DeviceLayer {
+  DeviceWeight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Model& model, int device);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda(" + device_name_ + ")"; }
+  MemoryPlan plan(const EngineShape& s) const override;
+  void reserve(const EngineShape& s) override;
+  void forward(std::span<const BatchToken> batch) override;
+  std::span<const float> logits(int32_t row) const override {
+    return {logits_host_.as<float>() + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab)};
+  }
+  void set_trace(TraceFn fn) override { trace_ = std::move(fn); }
+
+ private:
+  struct Scratch {  // float offsets into one device buffer
+    int64_t x, xb, q, k, v, att, hb, hb2, xl, logits, attn, total;
+  };
+  Scratch layout(const EngineShape& s) const;
+  int64_t logit_rows() const { return shape_.slots + 1; }
+  uint64_t act_bytes(const EngineShape& s) const {
+    return align256(uint64_t(s.max_batch) * uint64_t(std::max({hp_.dim, hp_.q_dim(), hp_.ff})) * 2);
+  }
+  int attention_splits(int T) const { return cuda::attention_splits(T, int(hp_.n_heads), shape_.ctx, n_sm_); }
+
+  void upload_weights();
+  /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
+  void enqueue(int T, int rows);
+  void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
+  __half* k_cache(int layer) const {
+    return kv_.as<__half>() + int64_t(layer) * shape_.slots * shape_.ctx * hp_.kv_dim();
+  }
+  __half* v_cache(int layer) const { return k_cache(layer) + hp_.n_layers * shape_.slots * shape_.ctx * hp_.kv_dim(); }
+  float* f(int64_t off) const { return scratch_.as<float>() + off; }
+
+  const Model& m_;
+  const HParams& hp_;
+  int device_ = 0;
+  int n_sm_ = 0;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+
+  DeviceBuffer weights_;
+  DeviceWeight token_embd_, output_norm_, output_;
+  std::vector<DeviceLayer> layers_;
+  uint64_t max_q8_elems_ = 0;  // largest Q8_0 matrix (for the prefill dequantisation scratch)
+
+  EngineShape shape_;
+  bool reserved_ = false;
+  DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_;
+  PinnedBuffer tokens_host_, logits_host_;
+  Scratch sc_{};
+  cuda::GemmContext gemm_{};
+
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
+  bool use_graphs_ = true;
+  TraceFn trace_;
+};
+
+CudaBackend::CudaBackend(const Model& model, int device) : m_(model), hp_(model.hp()), device_(device) {
+  DS4_CUDA_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  DS4_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  n_sm_ = prop.multiProcessorCount;
+  device_name_ = std::to_string(device) + ": " + prop.name;
+  if (hp_.n_rot % 2 != 0 || hp_.n_heads % hp_.n_kv_heads != 0)
+    throw Error("CUDA backend: unsupported head layout");
+  if (const char* g = std::getenv("DS4_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
+  DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DS4_BLAS_CHECK(cublasCreate(&blas_));
+  DS4_BLAS_CHECK(cublasSetStream(blas_, stream_));
+  upload_weights();
+}
+
+CudaBackend::~CudaBackend() {
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+  if (stream_) cudaStreamSynchronize(stream_);
+  if (blas_) cublasDestroy(blas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+// Every distinct weight (token_embd and output may be one) is copied once into
+// one device allocation. The host range is pinned for the copy when the
+// system allows it; otherwise the copy goes through the driver's staging.
+void CudaBackend::upload_weights() {
+  const ModelWeights& W = m_.w();
+  std::vector<const Weight*> all = {&W.token_embd, &W.output_norm, &W.output};
+  for (const LayerWeights& L : W.layers)
+    for (const Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
+      all.push_back(w);
+  // Bytes of a weight as GGUF stores it on the host.
+  auto host_bytes = [](const Weight& w) {
+    return w.type == GgmlType::Q8_0 ? uint64_t(w.rows * w.cols) / 32 * sizeof(BlockQ8_0)
+                                    : cuda::device_weight_bytes(w);
+  };
+  std::unordered_map<const void*, uint64_t> offset;
+  uint64_t total = 0, staging = 0;
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (const Weight* w : all) {
+    if (offset.count(w->data)) continue;
+    offset[w->data] = total;
+    total += align256(cuda::device_weight_bytes(*w));
+    if (w->type == GgmlType::Q8_0) {
+      staging = std::max(staging, host_bytes(*w));
+      max_q8_elems_ = std::max<uint64_t>(max_q8_elems_, uint64_t(w->rows * w->cols));
+    }
+    lo = std::min(lo, reinterpret_cast<uintptr_t>(w->data));
+    hi = std::max(hi, reinterpret_cast<uintptr_t>(w->data) + host_bytes(*w));
+  }
+  weights_ = DeviceBuffer(total, "weights");
+  DeviceBuffer stage(staging, "Q8_0 staging");
+
+  // Pin the span of the host segment that holds the tensors, read-only, so the
+  // copy runs at full bus speed. Where that is refused (a file mapping, a
+  // locked-memory limit), the copy goes through the driver's staging instead.
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  void* pin_at = reinterpret_cast<void*>(lo / page * page);
+  bool pinned = false;
+  if (hi > lo && !std::getenv("DS4_CUDA_NO_PIN")) {
+    const size_t pin_len = (hi - reinterpret_cast<uintptr_t>(pin_at) + page - 1) / page * page;
+    pinned = cudaHostRegister(pin_at, pin_len, cudaHostRegisterReadOnly) == cudaSuccess;
+    if (!pinned) cudaGetLastError();
+  }
+  std::unordered_map<const void*, DeviceWeight> done;
+  auto up = [&](const Weight& w) {
+    auto it = done.find(w.data);
+    if (it != done.end()) return it->second;
+    DeviceWeight d = cuda::upload_weight(w, weights_.as<uint8_t>() + offset.at(w.data), stage.as<void>(), stream_);
+    done[w.data] = d;
+    return d;
+  };
+  try {
+    token_embd_ = up(W.token_embd);
+    output_norm_ = up(W.output_norm);
+    output_ = up(W.output);
+    for (const LayerWeights& L : W.layers)
+      layers_.push_back({up(L.attn_norm), up(L.wq), up(L.wk), up(L.wv), up(L.wo), up(L.ffn_norm), up(L.w_gate),
+                         up(L.w_up), up(L.w_down)});
+    DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    if (pinned) cudaHostUnregister(pin_at);
+    throw;
+  }
+  if (pinned) cudaHostUnregister(pin_at);
+}
+
+CudaBackend::Scratch CudaBackend::layout(const EngineShape& s) const {
+  Scratch l{};
+  int64_t at = 0;
+  auto take = [&](int64_t n) {
+    const int64_t r = at;
+    at += (n + 63) / 64 * 64;
+    return r;
+  };
+  const int64_t B = s.max_batch, R = s.slots + 1;
+  l.x = take(B * pad8(hp_.dim));
+  l.xb = take(B * pad8(hp_.dim));
+  l.q = take(B * pad8(hp_.q_dim()));
+  l.k = take(B * pad8(hp_.kv_dim()));
+  l.v = take(B * pad8(hp_.kv_dim()));
+  l.att = take(B * pad8(hp_.q_dim()));
+  l.hb = take(B * pad8(hp_.ff));
+  l.hb2 = take(B * pad8(hp_.ff));
+  l.xl = take(R * pad8(hp_.dim));
+  l.logits = take(R * hp_.n_vocab);
+  int64_t attn = 0;
+  for (int T = 1; T <= int(B); ++T) {
+    const int splits = cuda::attention_splits(T, int(hp_.n_heads), s.ctx, n_sm_);
+    attn = std::max(attn, cuda::attention_scratch_floats(T, int(hp_.n_heads), int(hp_.head_dim), splits));
+  }
+  l.attn = take(attn);
+  l.total = at;
+  return l;
+}
+
+MemoryPlan CudaBackend::plan(const EngineShape& s) const {
+  MemoryPlan p;
+  p.weights = weights_.size();
+  p.kv = kv_cache_bytes(hp_, s);
+  const uint64_t blas_ws = 32ull << 20;
+  p.scratch = uint64_t(layout(s).total) * 4 + act_bytes(s) + max_q8_elems_ * 2 + blas_ws +
+              uint64_t(s.max_batch) * sizeof(BatchToken);
+  return p;
+}
+
+void CudaBackend::reserve(const EngineShape& s) {
+  if (s.ctx <= 0 || s.slots <= 0 || s.max_batch <= 0) throw Error("context, slots and batch must be positive");
+  DS4_CUDA_CHECK(cudaSetDevice(device_));
+  const MemoryPlan p = plan(s);
+  size_t free = 0, total = 0;
+  DS4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  if (p.kv + p.scratch > free)
+    throw Error("CUDA device " + device_name_ + ": the KV cache (" + std::to_string(p.kv >> 20) + " MiB) and scratch (" +
+                std::to_string(p.scratch >> 20) + " MiB) do not fit the " + std::to_string(free >> 20) +
+                " MiB of device memory free");
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
+  shape_ = s;
+  sc_ = layout(s);
+  kv_ = DeviceBuffer(kv_cache_bytes(hp_, s), "KV cache");
+  scratch_ = DeviceBuffer(size_t(sc_.total) * 4, "activations");
+  act_ = DeviceBuffer(act_bytes(s), "16-bit activations");
+  deq_ = DeviceBuffer(max_q8_elems_ * 2, "Q8_0 dequantisation");
+  blas_ws_ = DeviceBuffer(32ull << 20, "cuBLAS workspace");
+  tokens_dev_ = DeviceBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
+  tokens_host_ = PinnedBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
+  logits_host_ = PinnedBuffer(size_t(logit_rows() * hp_.n_vocab) * 4, "logits");
+  // Touch everything now: a worker learns at start whether the memory is there.
+  DS4_CUDA_CHECK(cudaMemsetAsync(kv_.as<void>(), 0, kv_.size(), stream_));
+  DS4_CUDA_CHECK(cudaMemsetAsync(scratch_.as<void>(), 0, scratch_.size(), stream_));
+  DS4_BLAS_CHECK(cublasSetWorkspace(blas_, blas_ws_.as<void>(), blas_ws_.size()));
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  gemm_ = {blas_, act_.as<void>(), act_.size(), deq_.as<__half>(), deq_.size()};
+  reserved_ = true;
+}
+
+void CudaBackend::trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld) {
+  if (!trace_) return;
+  std::vector<float> host(size_t(rows * ld));
+  DS4_CUDA_CHECK(cudaMemcpyAsync(host.data(), dev, host.size() * 4, cudaMemcpyDeviceToHost, stream_));
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  trace_(name, layer, host.data(), rows, cols, ld);
+}
+
+void CudaBackend::enqueue(int T, int rows) {
+  const BatchToken* batch = tokens_dev_.as<BatchToken>();
+  const int64_t ld_dim = pad8(hp_.dim), ld_q = pad8(hp_.q_dim()), ld_kv = pad8(hp_.kv_dim()), ld_ff = pad8(hp_.ff);
+  float *x = f(sc_.x), *xb = f(sc_.xb), *q = f(sc_.q), *k = f(sc_.k), *v = f(sc_.v), *att = f(sc_.att);
+  float *hb = f(sc_.hb), *hb2 = f(sc_.hb2), *xl = f(sc_.xl), *logits = f(sc_.logits);
+  cudaStream_t s = stream_;
+
+  DS4_CUDA_CHECK(cudaMemcpyAsync(tokens_dev_.as<void>(), tokens_host_.as<void>(), size_t(T) * sizeof(BatchToken),
+                                 cudaMemcpyHostToDevice, s));
+  cuda::embed(token_embd_, batch, T, x, ld_dim, s);
+  cuda::RopeArgs ra{int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim), int(hp_.n_rot),
+                    std::pow(hp_.rope_base, -2.0f / float(hp_.n_rot)), shape_.ctx};
+  cuda::AttentionArgs aa{int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim), shape_.ctx,
+                         1.0f / std::sqrt(float(hp_.head_dim)), attention_splits(T)};
+  for (int layer = 0; layer < int(hp_.n_layers); ++layer) {
+    const DeviceLayer& L = layers_[size_t(layer)];
+    cuda::rmsnorm(x, ld_dim, static_cast<const float*>(L.attn_norm.data), hp_.dim, hp_.norm_eps, xb, ld_dim, T, s);
+    trace("attn_norm", layer, xb, T, hp_.dim, ld_dim);
+    const cuda::Product qkv[3] = {{&L.wq, q, ld_q}, {&L.wk, k, ld_kv}, {&L.wv, v, ld_kv}};
+    cuda::matmul(qkv, 3, xb, ld_dim, T, gemm_, s);
+    cuda::rope_store(q, ld_q, k, v, ld_kv, batch, T, ra, k_cache(layer), v_cache(layer), s);
+    cuda::attention(q, ld_q, k_cache(layer), v_cache(layer), batch, T, aa, f(sc_.attn), att, ld_q, s);
+    const cuda::Product wo{&L.wo, x, ld_dim, true};  // x += wo . att
+    cuda::matmul(&wo, 1, att, ld_q, T, gemm_, s);
+    // Feed-forward block (SwiGLU).
+    cuda::rmsnorm(x, ld_dim, static_cast<const float*>(L.ffn_norm.data), hp_.dim, hp_.norm_eps, xb, ld_dim, T, s);
+    cuda::matmul_swiglu(L.w_gate, L.w_up, xb, ld_dim, T, hb, hb2, ld_ff, gemm_, s);
+    if (trace_) {
+      const cuda::Product down{&L.w_down, xb, ld_dim, false};
+      cuda::matmul(&down, 1, hb, ld_ff, T, gemm_, s);
+      trace("ffn_out", layer, xb, T, hp_.dim, ld_dim);
+      cuda::add(x, xb, ld_dim, hp_.dim, T, s);
+    } else {
+      const cuda::Product down{&L.w_down, x, ld_dim, true};  // x += w_down . h
+      cuda::matmul(&down, 1, hb, ld_ff, T, gemm_, s);
+    }
+    trace("l_out", layer, x, T, hp_.dim, ld_dim);
+  }
+  if (rows == 0) return;
+  cuda::gather_logit_rows(x, ld_dim, batch, T, xl, s);
+  cuda::rmsnorm(xl, ld_dim, static_cast<const float*>(output_norm_.data), hp_.dim, hp_.norm_eps, xl, ld_dim, rows, s);
+  trace("result_norm", -1, xl, rows, hp_.dim, ld_dim);
+  const cuda::Product out{&output_, logits, hp_.n_vocab};
+  cuda::matmul(&out, 1, xl, ld_dim, rows, gemm_, s);
+  DS4_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<void>(), logits, size_t(rows * hp_.n_vocab) * 4,
+                                 cudaMemcpyDeviceToHost, s));
+}
+
+void CudaBackend::forward(std::span<const BatchToken> batch) {
+  const int T = int(batch.size());
+  if (T == 0) return;
+  if (!reserved_) throw Error("CUDA backend: forward() before reserve()");
+  if (T > shape_.max_batch) throw Error("batch of " + std::to_string(T) + " tokens exceeds max_batch");
+  int rows = 0;
+  for (const BatchToken& b : batch) {
+    if (b.token < 0 || b.token >= hp_.n_vocab) throw Error("token id " + std::to_string(b.token) + " out of range");
+    if (b.slot < 0 || b.slot >= shape_.slots || b.pos < 0 || b.pos >= shape_.ctx)
+      throw Error("slot or position out of range");
+    if (b.logit_row >= logit_rows()) throw Error("logit row out of range");
+    rows = std::max(rows, b.logit_row + 1);
+  }
+  std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
+  if (!use_graphs_ || trace_ || T > cuda::kMaxGemvTokens) {
+    enqueue(T, rows);
+  } else {
+    cudaGraphExec_t& exec = graphs_[{T, rows}];
+    if (!exec) {
+      cudaGraph_t graph = nullptr;
+      DS4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        enqueue(T, rows);
+      } catch (...) {
+        cudaStreamEndCapture(stream_, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        graphs_.erase({T, rows});
+        throw;
+      }
+      DS4_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      if (e != cudaSuccess) {
+        graphs_.erase({T, rows});
+        DS4_CUDA_CHECK(e);
+      }
+    }
+    DS4_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  }
+  // The pinned batch is rewritten by the next step and the logits are read
+  // after this returns: wait for the step.
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+}  // namespace
+
+bool cuda_available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) {
+      int driver = 0, runtime = 0;
+      cudaDriverGetVersion(&driver);
+      cudaRuntimeGetVersion(&runtime);
+      *why = std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+      if (e == cudaErrorInsufficientDriver)
+        *why += " (driver supports CUDA " + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
+                ", ds4 was built with " + std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
+                ")";
+    }
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
+  return true;
+}
+
+CudaMemory cuda_memory(int device_index) {
+  DS4_CUDA_CHECK(cudaSetDevice(device_index));
+  size_t free = 0, total = 0;
+  DS4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return {free, total};
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, int device_index) {
+  std::string why;
+  if (!cuda_available(&why)) throw Error("device cuda:" + std::to_string(device_index) + ": " + why);
+  int n = 0;
+  DS4_CUDA_CHECK(cudaGetDeviceCount(&n));
+  if (device_index < 0 || device_index >= n)
+    throw Error("device cuda:" + std::to_string(device_index) + ": there are " + std::to_string(n) +
+                " CUDA devices (cuda:0 to cuda:" + std::to_string(n - 1) + ")");
+  return std::make_unique<CudaBackend>(model, device_index);
+}
+
+}  // namespace ds4

@@ -1,0 +1,144 @@
+// Host-array wrappers around the CUDA backend's kernels, for the conformance tests.
+#include "worker/cuda/cuda_ops.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "worker/cuda/common.cuh"
+#include "worker/cuda/kernels.cuh"
+
+namespace ds4::cuda_ops {
+namespace {
+
+using cuda::DeviceBuffer;
+
+template <typename T>
+DeviceBuffer to_device(const T* p, size_t n, const char* what) {
+  DeviceBuffer d(std::max<size_t>(n * sizeof(T), 16), what);
+  DS4_CUDA_CHECK(cudaMemcpy(d.as<void>(), p, n * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+void to_host(const DeviceBuffer& d, T* p, size_t n) {
+  DS4_CUDA_CHECK(cudaDeviceSynchronize());
+  DS4_CUDA_CHECK(cudaMemcpy(p, d.as<void>(), n * sizeof(T), cudaMemcpyDeviceToHost));
+}
+
+struct Uploaded {
+  DeviceBuffer data, staging;
+  cuda::DeviceWeight w;
+  explicit Uploaded(const Weight& host)
+      : data(cuda::device_weight_bytes(host), "weight"),
+        staging(host.type == GgmlType::Q8_0 ? size_t(host.rows * host.cols / 32 * 34) : 0, "staging") {
+    w = cuda::upload_weight(host, data.as<void>(), staging.as<void>(), nullptr);
+    DS4_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
+}  // namespace
+
+void matmul(const Weight& w, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy, bool force_gemm,
+            bool fused) {
+  Uploaded uw(w);
+  DeviceBuffer dx = to_device(x, size_t(T * ldx), "x");
+  DeviceBuffer dy(size_t(T * ldy) * 4, "y");
+  DeviceBuffer other(size_t(T * ldy) * 4, "y2");
+  DS4_CUDA_CHECK(cudaMemset(dy.as<void>(), 0xff, dy.size()));  // poison: every output must be written
+  cublasHandle_t blas = nullptr;
+  DS4_BLAS_CHECK(cublasCreate(&blas));
+  DeviceBuffer act(size_t(T * w.cols) * 2, "act"), deq(size_t(w.rows * w.cols) * 2, "deq");
+  cuda::GemmContext g{blas, act.as<void>(), act.size(), deq.as<__half>(), deq.size()};
+  try {
+    const cuda::Product p[3] = {{&uw.w, dy.as<float>(), ldy}, {&uw.w, other.as<float>(), ldy},
+                                {&uw.w, other.as<float>(), ldy}};
+    cuda::matmul(p, fused ? 3 : 1, dx.as<float>(), ldx, int(T), g, nullptr, force_gemm);
+    to_host(dy, y, size_t(T * ldy));
+  } catch (...) {
+    cublasDestroy(blas);
+    throw;
+  }
+  cublasDestroy(blas);
+}
+
+void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t ldx, int64_t T, float* h,
+                   int64_t ldh, bool force_gemm) {
+  Uploaded ug(gate), uu(up);
+  DeviceBuffer dx = to_device(x, size_t(T * ldx), "x");
+  DeviceBuffer dh(size_t(T * ldh) * 4, "h"), dh2(size_t(T * ldh) * 4, "h2");
+  DS4_CUDA_CHECK(cudaMemset(dh.as<void>(), 0xff, dh.size()));
+  cublasHandle_t blas = nullptr;
+  DS4_BLAS_CHECK(cublasCreate(&blas));
+  DeviceBuffer act(size_t(T * gate.cols) * 2, "act"), deq(size_t(gate.rows * gate.cols) * 2, "deq");
+  cuda::GemmContext g{blas, act.as<void>(), act.size(), deq.as<__half>(), deq.size()};
+  try {
+    cuda::matmul_swiglu(ug.w, uu.w, dx.as<float>(), ldx, int(T), dh.as<float>(), dh2.as<float>(), ldh, g, nullptr,
+                        force_gemm);
+    to_host(dh, h, size_t(T * ldh));
+  } catch (...) {
+    cublasDestroy(blas);
+    throw;
+  }
+  cublasDestroy(blas);
+}
+
+void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out) {
+  DeviceBuffer dx = to_device(x, size_t(T * n), "x"), dg = to_device(g, size_t(n), "g");
+  DeviceBuffer dout(size_t(T * n) * 4, "out");
+  cuda::rmsnorm(dx.as<float>(), n, dg.as<float>(), n, eps, dout.as<float>(), n, int(T), nullptr);
+  to_host(dout, out, size_t(T * n));
+}
+
+void embed(const Weight& table, const std::vector<BatchToken>& batch, float* out) {
+  Uploaded uw(table);
+  DeviceBuffer db = to_device(batch.data(), batch.size(), "batch");
+  DeviceBuffer dout(batch.size() * size_t(table.cols) * 4, "out");
+  cuda::embed(uw.w, db.as<BatchToken>(), int(batch.size()), dout.as<float>(), table.cols, nullptr);
+  to_host(dout, out, batch.size() * size_t(table.cols));
+}
+
+void rope_store(std::vector<float>& q, std::vector<float>& k, const std::vector<float>& v,
+                const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int n_rot,
+                float rope_base, int64_t slots, int64_t ctx, std::vector<uint16_t>& k_cache,
+                std::vector<uint16_t>& v_cache) {
+  const int T = int(batch.size());
+  DeviceBuffer dq = to_device(q.data(), q.size(), "q"), dk = to_device(k.data(), k.size(), "k");
+  DeviceBuffer dv = to_device(v.data(), v.size(), "v"), db = to_device(batch.data(), batch.size(), "batch");
+  DeviceBuffer kc = to_device(k_cache.data(), k_cache.size(), "k cache");
+  DeviceBuffer vc = to_device(v_cache.data(), v_cache.size(), "v cache");
+  cuda::RopeArgs a{n_heads, n_kv_heads, head_dim, n_rot, std::pow(rope_base, -2.0f / float(n_rot)), ctx};
+  (void)slots;
+  cuda::rope_store(dq.as<float>(), int64_t(n_heads) * head_dim, dk.as<float>(), dv.as<float>(),
+                   int64_t(n_kv_heads) * head_dim, db.as<BatchToken>(), T, a, kc.as<__half>(), vc.as<__half>(), nullptr);
+  to_host(dq, q.data(), q.size());
+  to_host(dk, k.data(), k.size());
+  to_host(kc, k_cache.data(), k_cache.size());
+  to_host(vc, v_cache.data(), v_cache.size());
+}
+
+void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache, const std::vector<uint16_t>& v_cache,
+               const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t slots,
+               int64_t ctx, std::vector<float>& out) {
+  const int T = int(batch.size());
+  int n_sm = 0;
+  DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+  cuda::AttentionArgs a{n_heads, n_kv_heads, head_dim, ctx, 1.0f / std::sqrt(float(head_dim)),
+                        cuda::attention_splits(T, n_heads, ctx, n_sm)};
+  (void)slots;
+  DeviceBuffer dq = to_device(q.data(), q.size(), "q"), db = to_device(batch.data(), batch.size(), "batch");
+  DeviceBuffer kc = to_device(k_cache.data(), k_cache.size(), "k cache");
+  DeviceBuffer vc = to_device(v_cache.data(), v_cache.size(), "v cache");
+  DeviceBuffer scratch(size_t(cuda::attention_scratch_floats(T, n_heads, head_dim, a.splits)) * 4, "scratch");
+  out.assign(size_t(T) * n_heads * head_dim, NAN);
+  DeviceBuffer dout = to_device(out.data(), out.size(), "out");
+  cuda::attention(dq.as<float>(), int64_t(n_heads) * head_dim, kc.as<__half>(), vc.as<__half>(), db.as<BatchToken>(),
+                  T, a, scratch.as<float>(), dout.as<float>(), int64_t(n_heads) * head_dim, nullptr);
+  to_host(dout, out.data(), out.size());
+}
+
+void swiglu(std::vector<float>& g, const std::vector<float>& u) {
+  DeviceBuffer dg = to_device(g.data(), g.size(), "g"), du = to_device(u.data(), u.size(), "u");
+  cuda::swiglu(dg.as<float>(), du.as<float>(), int64_t(g.size()), int64_t(g.size()), 1, nullptr);
+  to_host(dg, g.data(), g.size());
+}
+
+}  // namespace ds4::cuda_ops

@@ -1,0 +1,49 @@
+#pragma once
+/// The CUDA backend's operations one at a time, on host arrays: each call
+/// copies its inputs to the device, runs the same kernels forward() runs and
+/// copies the result back. For the conformance tests (tests/unit/test_cuda.cpp),
+/// which compare every operation with the CPU backend's; no CUDA header here.
+
+#include <cstdint>
+#include <vector>
+
+#include "worker/backend.h"
+#include "worker/model.h"
+
+namespace ds4::cuda_ops {
+
+/// y[t*ldy + n] = W row n . x[t*ldx ...], for T tokens: the GEMV kernels when
+/// T <= 8, cuBLAS otherwise or when `force_gemm`. With `fused`, the product is
+/// run as the first of three sharing one launch (as Q, K and V are).
+void matmul(const Weight& w, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy, bool force_gemm = false,
+            bool fused = false);
+
+/// h[t*ldh + n] = silu(gate[n] . x[t]) * (up[n] . x[t]): the fused SwiGLU
+/// products (one GEMV launch when T <= 8), or cuBLAS and swiglu when `force_gemm`.
+void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t ldx, int64_t T, float* h,
+                   int64_t ldh, bool force_gemm = false);
+
+/// out[t] = rmsnorm(x[t]) * g, rows of n floats, contiguous.
+void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out);
+
+/// Row batch[t].token of `table` for each token, rows of table.cols floats.
+void embed(const Weight& table, const std::vector<BatchToken>& batch, float* out);
+
+/// RoPE and the KV store of one layer. q: T x n_heads*hd, k and v: T x n_kv*hd
+/// (contiguous); on return q and k are rotated and k_cache/v_cache (slots x
+/// ctx x n_kv*hd halves, as uint16_t) hold the f16 rows at (slot, pos).
+void rope_store(std::vector<float>& q, std::vector<float>& k, const std::vector<float>& v,
+                const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int n_rot,
+                float rope_base, int64_t slots, int64_t ctx, std::vector<uint16_t>& k_cache,
+                std::vector<uint16_t>& v_cache);
+
+/// Attention of each token's heads over its slot's positions 0..pos of the
+/// given caches (slots x ctx x n_kv*hd f16). q and out: T x n_heads*hd.
+void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache, const std::vector<uint16_t>& v_cache,
+               const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t slots,
+               int64_t ctx, std::vector<float>& out);
+
+/// g[i] = silu(g[i]) * u[i].
+void swiglu(std::vector<float>& g, const std::vector<float>& u);
+
+}  // namespace ds4::cuda_ops

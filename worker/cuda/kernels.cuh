@@ -1,0 +1,95 @@
+#pragma once
+// Launchers of the CUDA backend's kernels. Every launcher enqueues on the given
+// stream and checks the launch; none synchronises, so a decode step can be
+// captured in a CUDA graph. Per-token data (token id, slot, position, logit
+// row) is read from `batch` in device memory, never passed by value, so one
+// captured graph serves every step of the same batch size.
+//
+// Layouts: activations are rows of floats, one row per token, `ld` floats
+// apart (a multiple of 8, so rows are 16-byte aligned). The KV cache of one
+// layer is [slot][pos][kv_dim] halves, K and V in separate arrays.
+
+#include "worker/backend.h"
+#include "worker/cuda/common.cuh"
+
+namespace ds4::cuda {
+
+/// x[t] = row batch[t].token of `table`, converted to f32.
+void embed(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s);
+
+/// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * g, with the sum of squares in
+/// double as the CPU backend does. out may be x.
+void rmsnorm(const float* x, int64_t ldx, const float* g, int64_t n, float eps, float* out, int64_t ldo, int T,
+             cudaStream_t s);
+
+struct RopeArgs {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0, n_rot = 0;
+  float theta_scale = 1;  // rope_base^(-2/n_rot), computed on the host as the CPU does
+  int64_t ctx = 0;        // positions per slot in the cache
+};
+/// Rotates q and k in place (ggml's "normal" RoPE on adjacent pairs, theta =
+/// pos * theta_scale^i by repeated multiplication) and stores k and v as f16
+/// at (slot, pos) of this layer's cache.
+void rope_store(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T,
+                const RopeArgs& a, __half* k_cache, __half* v_cache, cudaStream_t s);
+
+struct AttentionArgs {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t ctx = 0;
+  float scale = 1;
+  int splits = 1;  // position ranges per (token, head), combined at the end
+};
+/// Splits worth using for T tokens: enough blocks to fill the GPU.
+int attention_splits(int T, int n_heads, int64_t ctx, int n_sm);
+/// Floats of scratch attention() needs.
+int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
+/// out[t][h] = softmax(scale * q[t][h] . K[0..pos]) V over the token's own slot,
+/// positions 0..batch[t].pos (grouped-query: head h reads KV head h / group).
+void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
+               int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s);
+
+/// g[t][i] = silu(g[t][i]) * u[t][i].
+void swiglu(float* g, const float* u, int64_t ld, int64_t n, int T, cudaStream_t s);
+/// x[t][i] += o[t][i].
+void add(float* x, const float* o, int64_t ld, int64_t n, int T, cudaStream_t s);
+/// xl[batch[t].logit_row] = x[t] for the tokens that have a logit row.
+void gather_logit_rows(const float* x, int64_t ld, const BatchToken* batch, int T, float* xl, cudaStream_t s);
+
+// --- matrix products (matmul.cu) -------------------------------------------
+
+/// One product of a fused matmul call: y[t][n] (+)= W[n] . x[t].
+struct Product {
+  const DeviceWeight* w = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  bool accumulate = false;  // add to y instead of overwriting it
+};
+
+/// Scratch and handle the prefill path (cuBLAS) needs.
+struct GemmContext {
+  cublasHandle_t blas = nullptr;
+  void* act = nullptr;  // T x K activations as f16 or bf16
+  size_t act_bytes = 0;
+  __half* deq = nullptr;  // a Q8_0 weight dequantised to f16
+  size_t deq_bytes = 0;
+};
+
+/// Largest batch the GEMV (decode) kernels take; larger batches go to cuBLAS.
+constexpr int kMaxGemvTokens = 8;
+
+/// Products sharing the input x (T rows of K = w->cols floats, ldx apart):
+/// custom GEMV kernels, one launch for all, when T <= kMaxGemvTokens; cuBLAS
+/// GEMMs otherwise (or when `force_gemm`).
+void matmul(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmContext& g, cudaStream_t s,
+            bool force_gemm = false);
+
+/// h[t] = silu(gate . x[t]) * (up . x[t]): one GEMV launch for decode batches
+/// (a warp computes a row of both), two products and swiglu() otherwise.
+/// `h_up` is scratch of the same shape as h.
+void matmul_swiglu(const DeviceWeight& gate, const DeviceWeight& up, const float* x, int64_t ldx, int T, float* h,
+                   float* h_up, int64_t ldh, GemmContext& g, cudaStream_t s, bool force_gemm = false);
+
+/// Q8_0 blocks (GGUF layout, device memory) to the split layout of DeviceWeight.
+void repack_q8_0(const void* blocks, int64_t n_blocks, int8_t* qs, __half* scales, cudaStream_t s);
+
+}  // namespace ds4::cuda
