@@ -261,8 +261,9 @@ void Scheduler::on_broken(const std::shared_ptr<Job>& job, const std::string& wh
     ++job->resumes;
     ++counters_.resumes;
   }
-  log::debug("request moves back to the queue: worker " + std::to_string(w) + ": " + why,
-             {{"DS4_WORKER", std::to_string(w)}, {"DS4_TOKENS_DONE", std::to_string(job->gen.generated.size())}});
+  if (answered)  // a refused connect is routine while a worker restarts: not worth an entry each time
+    log::debug("request moves back to the queue: worker " + std::to_string(w) + ": " + why,
+               {{"DS4_WORKER", std::to_string(w)}, {"DS4_TOKENS_DONE", std::to_string(job->gen.generated.size())}});
   requeue_front(job);
   arm_retry();
   pump();

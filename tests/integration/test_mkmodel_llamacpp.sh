@@ -5,8 +5,8 @@
 #
 # Environment: DS4_BIN (folder with ds4-mkmodel), DS4_MODELS (folder with
 # stories260K.gguf), DS4_SRC (source tree; default: two folders up).
-# node-llama-cpp comes from $DS4_NODE_MODULES, tests/js/node_modules or
-# /tmp/nlc/node_modules; without it the llama.cpp part is skipped (exit 77).
+# node-llama-cpp comes from $DS4_NODE_MODULES or tests/js/node_modules
+# (scripts/test.sh installs it there); without it the llama.cpp part is skipped (exit 77).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -59,7 +59,7 @@ echo "ok: ds4-mkmodel wrote ${types[*]} models; same seed, same bytes"
 
 # --- llama.cpp loads and runs each ----------------------------------------
 node_modules=""
-for dir in ${DS4_NODE_MODULES:-} "$src/tests/js/node_modules" /tmp/nlc/node_modules; do
+for dir in ${DS4_NODE_MODULES:-} "$src/tests/js/node_modules"; do
   if [[ -d $dir/node-llama-cpp ]]; then node_modules=$dir; break; fi
 done
 if ! command -v node >/dev/null; then

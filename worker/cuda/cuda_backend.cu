@@ -387,7 +387,9 @@ bool cuda_available(std::string* why) {
       cudaDriverGetVersion(&driver);
       cudaRuntimeGetVersion(&runtime);
       *why = std::string("no usable CUDA device: ") + cudaGetErrorString(e);
-      if (e == cudaErrorInsufficientDriver)
+      if (e == cudaErrorInsufficientDriver && driver == 0)
+        *why = "no NVIDIA driver is loaded (no CUDA device to use)";
+      else if (e == cudaErrorInsufficientDriver)
         *why += " (driver supports CUDA " + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
                 ", ds4 was built with " + std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
                 ")";

@@ -99,7 +99,7 @@ __device__ void prefetch_row(const void* row, int64_t bytes, int lane) {
 }
 
 template <GgmlType TY>
-constexpr int64_t row_bytes(int64_t K) {
+__host__ __device__ constexpr int64_t row_bytes(int64_t K) {
   return TY == GgmlType::F32 ? K * 4 : TY == GgmlType::Q8_0 ? K : K * 2;
 }
 
