@@ -26,7 +26,7 @@ using local = asio::local::stream_protocol;
 class Connection;
 
 struct ServerState {
-  asio::io_context& io;
+  asio::io_context* io = nullptr;
   Engine& engine;
   nlohmann::json info;
   std::map<Connection*, std::weak_ptr<Connection>> live;
@@ -93,7 +93,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.sampling = {g.sampling.temperature, g.sampling.top_k, g.sampling.top_p, g.sampling.min_p, g.sampling.seed};
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
-    request_id_ = st_.engine.submit(std::move(r), std::make_shared<Sink>(st_.io, weak_from_this()));
+    request_id_ = st_.engine.submit(std::move(r), std::make_shared<Sink>(*st_.io, weak_from_this()));
   }
 
   // Anything after the request, or EOF, while generating: EOF means cancel.
@@ -194,8 +194,11 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
              {"DS4_SLOTS", std::to_string(opts.shape.slots)}});
 
   Engine engine(backend, hp, lm.tokenizer.eos(), opts.shape);
+  // The state outlives the io_context: handlers it still holds when it is
+  // destroyed release their connections, which unregister from the state.
+  ServerState st{nullptr, engine, {}, {}, false};
   asio::io_context io;
-  ServerState st{io, engine, {}, {}, false};
+  st.io = &io;
   st.info = {{"ev", "info"},
              {"id", opts.id},
              {"pid", int64_t(getpid())},
