@@ -243,7 +243,8 @@ nlohmann::json Supervisor::status_json() const {
   }
   out["queue"] = {{"waiting", waiting}, {"in_flight", in_flight}};
   out["model"] = {{"name", model_.name},     {"path", model_.path},       {"segment", model_.segment},
-                  {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic}};
+                  {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic},
+                  {"reused", model_.reused}};
   out["backend"] = backend_->name();
   out["ladder"] = config_.workers.ladder;
   out["config"] = opts_.config_path;

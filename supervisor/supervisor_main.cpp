@@ -48,13 +48,14 @@ int main(int argc, char** argv) {
     }();
     ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(text), sup.registry());
     proxy.start();
-    ds4::log::info("proxy listening on " + sup.config().proxy.listen.str() + " (port " +
-                   std::to_string(proxy.endpoint().port()) + ")");
+    ds4::log::info("proxy listening on " + proxy.endpoint().address().to_string() + ":" +
+                   std::to_string(proxy.endpoint().port()));
     sup.set_proxy_stats(&proxy);
     // /metrics also shows the supervisor's headroom readings (ds4ctl status's).
     proxy.set_metrics_extra([&sup] {
       std::string out = "# HELP ds4_headroom Memory headroom readings (bytes; psi in %).\n# TYPE ds4_headroom gauge\n";
-      for (const auto& [key, value] : sup.status_json().value("headroom", nlohmann::json::object()).items())
+      const nlohmann::json headroom = sup.status_json().value("headroom", nlohmann::json::object());
+      for (const auto& [key, value] : headroom.items())
         if (value.is_number()) out += "ds4_headroom{reading=\"" + key + "\"} " + value.dump() + "\n";
       return out;
     });

@@ -38,12 +38,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ds4-worker: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const ds4::Error& e) {
-    ds4::log::error(std::string("ds4-worker ") + cmd + ": " + e.what());
+    ds4::log::error(cmd + ": " + e.what());
     // The supervisor (or systemctl status) shows why the worker failed.
     sd_notify(0, (std::string("STATUS=error: ") + e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
-    ds4::log::error(std::string("ds4-worker ") + cmd + ": unexpected error: " + e.what());
+    ds4::log::error(cmd + ": unexpected error: " + e.what());
     return 1;
   }
 }

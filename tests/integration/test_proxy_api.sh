@@ -115,6 +115,16 @@ check "SIGHUP reloads the keys" bash -c "[ \"\$(curl -s -o /dev/null -w '%{http_
 check "/metrics counts answers by status and shows the worker" \
   bash -c "curl -s $U/metrics | grep -q 'ds4_http_requests_total{code=\"401\"}' && curl -s $U/metrics | grep -q 'ds4_worker_context{worker=\"0\"} 256'"
 check "the proxy is still running" kill -0 "$(cat "$T/proxy.pid")"
+# SIGTERM: stops accepting, finishes what runs, exits 0.
+curl -sN --max-time 30 -H "Authorization: Bearer sk-test-2" "$U/v1/completions" \
+  -d '{"prompt":"Once","max_tokens":200,"stream":true}' >"$T/last" &
+sleep 0.05
+kill -TERM "$(cat "$T/proxy.pid")"
+stopped=no
+for _ in $(seq 100); do kill -0 "$(cat "$T/proxy.pid")" 2>/dev/null || { stopped=yes; break; }; sleep 0.1; done
+check "SIGTERM stops the proxy within 10 s" test "$stopped" = yes
+wait
+check "the request in flight at SIGTERM finished" bash -c "tail -c 20 $T/last | grep -q 'data: \[DONE\]'"
 
 [ "$fails" = 0 ] && echo "all passed" || echo "$fails failed"
 [ "$fails" = 0 ]
