@@ -86,6 +86,7 @@ Step WorkerPolicy::start(TimePoint now, const Readings& r) {
                                   human_size(r.available) + " available − " + human_size(config_.reserve) +
                                   " reserve); trying the smallest";
   Step s = start_at(rung, "start", reason, now);
+  s.decisions.back().context_from = s.decisions.back().context_to;
   s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
                                 {"DS4_RESERVE", std::to_string(config_.reserve)},
                                 {"DS4_NEEDS", std::to_string(own_[rung])}};

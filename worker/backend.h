@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,6 +29,12 @@ struct MemoryPlan {
   uint64_t kv = 0;       // KV cache, context x slots
   uint64_t scratch = 0;  // activations and logits for one step
   uint64_t own() const { return kv + scratch; }
+};
+
+/// Memory of the accelerator a backend allocates on (cudaMemGetInfo).
+struct DeviceRoom {
+  uint64_t free = 0;
+  uint64_t total = 0;
 };
 
 /// One token of a forward step.
@@ -58,6 +65,11 @@ class Backend {
   /// Logits (n_vocab floats) of a row the last forward() produced.
   virtual std::span<const float> logits(int32_t row) const = 0;
   virtual void set_trace(TraceFn fn) { (void)fn; }
+  /// True when reserve() allocates the KV cache and scratch in an
+  /// accelerator's own memory rather than the host's.
+  virtual bool memory_on_device() const { return false; }
+  /// That accelerator's memory now; nullopt for a host backend.
+  virtual std::optional<DeviceRoom> device_room() const { return std::nullopt; }
 };
 
 /// The CPU backend; threads <= 0 means one per core.

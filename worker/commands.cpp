@@ -110,7 +110,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   shape.max_batch = 512;
   auto backend = make_backend(a.str("device", "auto"), lm->model, int(a.integer("threads", 0, 0, 1024)));
   const MemoryPlan plan = backend->plan(shape);
-  check_plan_fits(plan, shape, read_memory_room());
+  check_backend_plan_fits(*backend, plan, shape);
   backend->reserve(shape);
 
   const bool json = a.has("json");
@@ -155,7 +155,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   shape.ctx = std::max<int64_t>(np, ng) + 1;
   shape.slots = 1;
   shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(np, 512));
-  check_plan_fits(backend->plan(shape), shape, read_memory_room());
+  check_backend_plan_fits(*backend, backend->plan(shape), shape);
   backend->reserve(shape);
 
   std::mt19937 rng(42);

@@ -74,4 +74,18 @@ void check_plan_fits(const MemoryPlan& p, const EngineShape& s, const MemoryRoom
               ". Use a smaller context or fewer slots.");
 }
 
+void check_plan_fits_device(const MemoryPlan& p, const EngineShape& s, const DeviceRoom& room) {
+  if (p.own() <= room.free) return;
+  throw Error("memory plan does not fit the device: " + describe_plan(p, s) + ", but the device has only " +
+              format_bytes(room.free) + " free of " + format_bytes(room.total) +
+              ". Use a smaller context or fewer slots.");
+}
+
+void check_backend_plan_fits(const Backend& backend, const MemoryPlan& p, const EngineShape& s) {
+  if (!backend.memory_on_device()) return check_plan_fits(p, s, read_memory_room());
+  // KV cache and scratch live on the device; the host holds only a few
+  // pinned step buffers, far below what the host check would compare.
+  if (const auto room = backend.device_room()) check_plan_fits_device(p, s, *room);
+}
+
 }  // namespace ds4

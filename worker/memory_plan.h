@@ -27,4 +27,11 @@ std::string describe_plan(const MemoryPlan& p, const EngineShape& s);
 /// Throws ds4::Error naming every figure when plan.own() does not fit `room`.
 void check_plan_fits(const MemoryPlan& p, const EngineShape& s, const MemoryRoom& room);
 
+/// Throws ds4::Error when plan.own() does not fit the device memory free.
+void check_plan_fits_device(const MemoryPlan& p, const EngineShape& s, const DeviceRoom& room);
+
+/// The check for where `backend` allocates: its device's free memory when
+/// memory_on_device(), else the host's (read_memory_room()).
+void check_backend_plan_fits(const Backend& backend, const MemoryPlan& p, const EngineShape& s);
+
 }  // namespace ds4

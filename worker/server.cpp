@@ -185,7 +185,7 @@ void do_accept(ServerState& st, local::acceptor& acc) {
 void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
   const HParams& hp = lm.model.hp();
   const MemoryPlan plan = backend.plan(opts.shape);
-  check_plan_fits(plan, opts.shape, read_memory_room());
+  check_backend_plan_fits(backend, plan, opts.shape);
   sd_notify(0, "STATUS=reserving memory");
   backend.reserve(opts.shape);
   log::info("memory reserved: " + describe_plan(plan, opts.shape),

@@ -3,8 +3,8 @@
 # below headroom.min_available (set relative to the machine's current
 # figure); the worker is drained and restarted one rung lower with no OOM
 # kill. When the memory is freed and step_up_after has passed, it steps back
-# up. SUP_BACKEND=systemd runs the same against a user manager (the caller
-# sets that up). Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+# up. SUP_BACKEND=systemd runs the same with worker units under a private
+# user manager (lib/systemd_env.sh). Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
@@ -18,9 +18,20 @@ model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
 gib=$((1024 * 1024))
 if ((avail_kb < 5 * gib)); then echo "SKIP: needs 5 GiB available to push headroom down, have $((avail_kb / 1024)) MiB"; exit 77; fi
-sup_init || exit $?
+if [[ ${SUP_BACKEND:-process} == systemd ]]; then
+  . "$here/lib/systemd_env.sh"
+  ds4_systemd_start || exit $?
+  SUP_PRIVATE_RUNTIME=0 sup_init || { ds4_systemd_stop; exit 77; }
+else
+  sup_init || exit $?
+fi
 hog=
-cleanup() { [[ -n $hog ]] && kill "$hog" 2>/dev/null; wait 2>/dev/null; sup_cleanup; }
+cleanup() {
+  [[ -n $hog ]] && kill "$hog" 2>/dev/null
+  wait 2>/dev/null
+  sup_cleanup
+  [[ ${SUP_BACKEND:-process} == systemd ]] && ds4_systemd_stop
+}
 trap cleanup EXIT
 
 # min_available: 2 GiB below what is available now; the hog takes 3 GiB.

@@ -4,6 +4,8 @@
 # cannot fit 150 MiB, so the kernel OOM-kills the worker while it touches its
 # KV cache; the supervisor restarts it at once at 256, and status shows one
 # OOM kill and the restart. Prints the time from the kill to ready again.
+# Measuring another model: DS4_OOM_MODEL=FILE DS4_OOM_SLOTS=N DS4_OOM_MEMORY_MAX=SIZE
+# (slots and limit such that context 2048 cannot fit and 256 can).
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -13,7 +15,7 @@ fails=0
 pass() { echo "ok   - $*"; }
 fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
 
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
+model=${DS4_OOM_MODEL:-${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf}
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 ((EUID == 0)) || { echo "SKIP: making a memory cgroup needs root"; exit 77; }
 # Our own cgroup-v1 memory cgroup; worker cgroups go in a test cgroup below it.
@@ -41,11 +43,11 @@ model:
   path: $model
 workers:
   backend: process
-  slots: 256
+  slots: ${DS4_OOM_SLOTS:-256}
   threads: 1
   context:
     ladder: [2048, 256]      # 2048 x 256 slots: 320 MiB of KV; 256: 40 MiB
-  memory_max: 150MiB
+  memory_max: ${DS4_OOM_MEMORY_MAX:-150MiB}
   reserve: 64MiB
 headroom:
   min_available: 64MiB
@@ -70,7 +72,7 @@ grep -q 'DS4_EVENT=oom, DS4_WORKER=0, DS4_CONTEXT_FROM=2048, DS4_CONTEXT_TO=256'
 grep -q "oom_kill [1-9]" "$cg/ds4-worker-0/memory.oom_control" && pass "the kernel counted the OOM kill in $cg/ds4-worker-0" \
   || fail "memory.oom_control shows no oom_kill"
 down=$(sup_get 'w[0].get("last_downtime_ms", -1)')
-echo "measured: OOM kill -> worker ready again: ${down} ms (process backend, stories260K, 256 slots x 256)"
+echo "measured: OOM kill -> worker ready again: ${down} ms (process backend, $(basename "$model"), ${DS4_OOM_SLOTS:-256} slots)"
 
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"

@@ -11,6 +11,8 @@
 #   3. Supervisor SIGKILL + restart: the worker keeps its pid, the segment is
 #      reused, status is right.
 #   4. Crash loop: backoff, degraded, the worker's error, no start-limit-hit.
+# Measuring another model: DS4_OOM_MODEL=FILE DS4_OOM_SLOTS=N DS4_OOM_MEMORY_MAX=SIZE
+# (slots and limit such that context 2048 cannot fit and 256 can).
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,7 +23,7 @@ fails=0
 pass() { echo "ok   - $*"; }
 fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
 
-model=${DS4_MODELS:-${DS4_SRC:-}/../shared/models}/stories260K.gguf
+model=${DS4_OOM_MODEL:-${DS4_MODELS:-${DS4_SRC:-}/../shared/models}/stories260K.gguf}
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 ds4_systemd_start || exit $?
 SUP_PRIVATE_RUNTIME=0 sup_init || { ds4_systemd_stop; exit 77; }
@@ -38,11 +40,11 @@ model:
 workers:
   backend: systemd
   device: $1
-  slots: 256
+  slots: ${DS4_OOM_SLOTS:-256}
   threads: 1
   context:
     ladder: [2048, 256]      # x 256 slots: 320 MiB of KV at 2048, 40 MiB at 256
-  memory_max: 150MiB
+  memory_max: ${DS4_OOM_MEMORY_MAX:-150MiB}
   reserve: 64MiB
 headroom:
   min_available: 64MiB
@@ -70,8 +72,10 @@ fi
 pid=$(sup_get 'w[0]["pid"]')
 [[ $pid == $(systemctl --user show -P MainPID $unit) ]] && pass "status pid $pid is the unit's MainPID" || fail "pid $pid vs MainPID $(systemctl --user show -P MainPID $unit)"
 [[ $(sup_get '" ".join(w[0]["args"])') == *"--context 256"* ]] && pass "the unit's process runs --context 256 (/proc)" || fail "args: $(sup_get 'w[0]["args"]')"
-[[ $(systemctl --user show -P MemoryLimit $unit) == 157286400 || $(systemctl --user show -P MemoryMax $unit) == 157286400 ]] \
-  && pass "MemoryMax=150MiB reached the unit (drop-in)" || fail "MemoryMax: $(systemctl --user show -P MemoryMax $unit)"
+dropin=$XDG_RUNTIME_DIR/systemd/user/$unit.d/50-ds4-memory.conf
+want=$(sed -n 's/^MemoryMax=//p' "$dropin" 2>/dev/null)
+have=$(systemctl --user show -P MemoryMax $unit)
+[[ -n $want && $have == "$want" ]] && pass "MemoryMax=$want reached the unit (drop-in $dropin)" || fail "MemoryMax: unit $have, drop-in '$want'"
 jq_oom=$(journalctl "${after[@]}" DS4_EVENT=oom DS4_WORKER=0 -o cat 2>/dev/null | head -1)
 [[ -n $jq_oom ]] && pass "journal: $jq_oom" || fail "no DS4_EVENT=oom entry in the journal"
 journalctl "${after[@]}" DS4_EVENT=oom -o export 2>/dev/null | grep -q '^DS4_CONTEXT_TO=256' && pass "journal entry has DS4_CONTEXT_FROM/TO" || fail "DS4_CONTEXT_TO=256 missing"
@@ -81,7 +85,7 @@ kline=$(journalctl "${after[@]}" -k -o cat 2>/dev/null | grep -m1 "oom-kill:.*ta
 t_kill=$(journalctl "${after[@]}" -k -o export 2>/dev/null | awk -v u="$unit" '/^__REALTIME_TIMESTAMP=/ {t=substr($0,22)} /^MESSAGE=oom-kill:/ && index($0, u) {print t; exit}')
 t_ready=$(journalctl "${after[@]}" DS4_WORKER=0 SYSLOG_IDENTIFIER=ds4-supervisor -o export 2>/dev/null | awk '/^__REALTIME_TIMESTAMP=/ {t=substr($0,22)} /^DS4_DOWNTIME_MS=/ {print t; exit}')
 if [[ -n $t_kill && -n $t_ready ]]; then
-  echo "measured: OOM kill (kernel line) -> worker ready again: $(((t_ready - t_kill) / 1000)) ms; supervisor's own figure (exit seen -> READY=1): $(sup_get 'w[0].get("last_downtime_ms")') ms (systemd backend, stories260K, 256 slots)"
+  echo "measured: OOM kill (kernel line) -> worker ready again: $(((t_ready - t_kill) / 1000)) ms; supervisor's own figure (exit seen -> READY=1): $(sup_get 'w[0].get("last_downtime_ms")') ms (systemd backend, $(basename "$model"), ${DS4_OOM_SLOTS:-256} slots)"
 else
   echo "note - could not time the OOM kill from the journal (kill=$t_kill ready=$t_ready)"
 fi

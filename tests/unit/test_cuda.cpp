@@ -7,6 +7,7 @@
 #ifdef DS4_HAVE_CUDA
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -152,6 +153,58 @@ TEST_CASE("cuda: the fused gate/up SwiGLU product matches the CPU's two products
       CHECK(rel_err(got, g) < (T <= 8 || type == GgmlType::F32 ? 1e-5 : type == GgmlType::BF16 ? 2e-2 : 4e-3));
     }
   }
+}
+
+TEST_CASE("cuda: RMSNorm folded into the decode products matches the CPU's norm then products") {
+  if (!have_gpu()) return;
+  std::mt19937 rng(21);
+  const int64_t N = 1000, K = 2048, ldx = K;  // N not a multiple of the rows a block takes
+  for (GgmlType type : {GgmlType::F16, GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
+    const auto w = random_weight(type, N, K, rng), u = random_weight(type, N, K, rng);
+    const auto g = random_floats(size_t(K), rng);
+    for (int64_t T : {1, 2, 3, 8, 20}) {
+      const auto x = random_floats(size_t(T * ldx), rng, 2.0f);
+      std::vector<float> xn(x.size());
+      for (int64_t t = 0; t < T; ++t) {
+        double sum = 0;
+        for (int64_t i = 0; i < K; ++i) sum += double(x[t * K + i] * x[t * K + i]);
+        const float scale = 1.0f / std::sqrt(float(sum / double(K)) + 1e-5f);
+        for (int64_t i = 0; i < K; ++i) xn[t * K + i] = (x[t * K + i] * scale) * g[i];
+      }
+      std::vector<float> want(size_t(T * N)), up(size_t(T * N)), got(size_t(T * N));
+      std::vector<float> scratch(size_t(cpu::matmul_scratch_floats(K)));
+      cpu::cpu_kernels().matmul_rows({type, w.data(), K, N, xn.data(), ldx, T, want.data(), N}, 0, N, scratch.data());
+      const Weight W{type, w.data(), K, N}, U{type, u.data(), K, N};
+      CAPTURE(type_name(type));
+      CAPTURE(T);
+      const double bound = T <= 8 || type == GgmlType::F32 ? 1e-5 : type == GgmlType::BF16 ? 2e-2 : 4e-3;
+      cuda_ops::rmsnorm_matmul(W, nullptr, g.data(), 1e-5f, x.data(), ldx, T, got.data(), N);
+      CHECK(rel_err(got, want) < bound);
+      cpu::cpu_kernels().matmul_rows({type, u.data(), K, N, xn.data(), ldx, T, up.data(), N}, 0, N, scratch.data());
+      for (size_t i = 0; i < want.size(); ++i) want[i] = want[i] / (1.0f + std::exp(-want[i])) * up[i];
+      cuda_ops::rmsnorm_matmul(W, &U, g.data(), 1e-5f, x.data(), ldx, T, got.data(), N);
+      CHECK(rel_err(got, want) < bound);
+    }
+  }
+}
+
+// Timing only, skipped unless asked for (--no-skip): weight bytes per second
+// of the decode GEMV on the 7B and 1B shapes, against the 4.3 TB/s copy.
+TEST_CASE("cuda: decode GEMV bandwidth" * doctest::skip()) {
+  if (!have_gpu()) return;
+  struct Case { const char* what; GgmlType type; int64_t N, K; bool glu, norm; };
+  const Case cases[] = {
+      {"7B wq (norm)", GgmlType::F16, 4096, 4096, false, true},   {"7B wo", GgmlType::F16, 4096, 4096, false, false},
+      {"7B gate/up (norm)", GgmlType::F16, 14336, 4096, true, true}, {"7B down", GgmlType::F16, 4096, 14336, false, false},
+      {"1B wq (norm)", GgmlType::F16, 2048, 2048, false, true},   {"1B gate/up (norm)", GgmlType::F16, 5632, 2048, true, true},
+      {"1B down", GgmlType::F16, 2048, 5632, false, false},        {"1B q8 gate/up", GgmlType::Q8_0, 5632, 2048, true, true},
+      {"1B q8 down", GgmlType::Q8_0, 2048, 5632, false, false},    {"7B q8 down", GgmlType::Q8_0, 4096, 14336, false, false},
+  };
+  for (const Case& c : cases)
+    for (int T : {1, 2, 4, 8}) {
+      const double bps = cuda_ops::gemv_bytes_per_second(c.type, c.N, c.K, T, c.glu, c.norm, 64);
+      std::printf("gemv %-20s T=%d  %7.0f GB/s\n", c.what, T, bps / 1e9);
+    }
 }
 
 TEST_CASE("cuda: rows that break 16-byte alignment take the scalar product") {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -64,6 +65,8 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda(" + device_name_ + ")"; }
+  bool memory_on_device() const override { return true; }
+  std::optional<DeviceRoom> device_room() const override;
   MemoryPlan plan(const EngineShape& s) const override;
   void reserve(const EngineShape& s) override;
   void forward(std::span<const BatchToken> batch) override;
@@ -244,6 +247,13 @@ MemoryPlan CudaBackend::plan(const EngineShape& s) const {
   return p;
 }
 
+std::optional<DeviceRoom> CudaBackend::device_room() const {
+  DS4_CUDA_CHECK(cudaSetDevice(device_));
+  size_t free = 0, total = 0;
+  DS4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return DeviceRoom{free, total};
+}
+
 void CudaBackend::reserve(const EngineShape& s) {
   if (s.ctx <= 0 || s.slots <= 0 || s.max_batch <= 0) throw Error("context, slots and batch must be positive");
   DS4_CUDA_CHECK(cudaSetDevice(device_));
@@ -299,17 +309,24 @@ void CudaBackend::enqueue(int T, int rows) {
                          1.0f / std::sqrt(float(hp_.head_dim)), attention_splits(T)};
   for (int layer = 0; layer < int(hp_.n_layers); ++layer) {
     const DeviceLayer& L = layers_[size_t(layer)];
-    cuda::rmsnorm(x, ld_dim, static_cast<const float*>(L.attn_norm.data), hp_.dim, hp_.norm_eps, xb, ld_dim, T, s);
-    trace("attn_norm", layer, xb, T, hp_.dim, ld_dim);
+    // RMSNorm goes into the products that read it (decode GEMVs fold it in;
+    // otherwise it writes xb first). Traced steps keep it separate.
+    const cuda::RmsNorm attn_norm{static_cast<const float*>(L.attn_norm.data), hp_.norm_eps, xb};
     const cuda::Product qkv[3] = {{&L.wq, q, ld_q}, {&L.wk, k, ld_kv}, {&L.wv, v, ld_kv}};
-    cuda::matmul(qkv, 3, xb, ld_dim, T, gemm_, s);
+    if (trace_) {
+      cuda::rmsnorm(x, ld_dim, attn_norm.g, hp_.dim, hp_.norm_eps, xb, ld_dim, T, s);
+      trace("attn_norm", layer, xb, T, hp_.dim, ld_dim);
+      cuda::matmul(qkv, 3, xb, ld_dim, T, gemm_, s);
+    } else {
+      cuda::matmul(qkv, 3, x, ld_dim, T, gemm_, s, false, &attn_norm);
+    }
     cuda::rope_store(q, ld_q, k, v, ld_kv, batch, T, ra, k_cache(layer), v_cache(layer), s);
     cuda::attention(q, ld_q, k_cache(layer), v_cache(layer), batch, T, aa, f(sc_.attn), att, ld_q, s);
     const cuda::Product wo{&L.wo, x, ld_dim, true};  // x += wo . att
     cuda::matmul(&wo, 1, att, ld_q, T, gemm_, s);
     // Feed-forward block (SwiGLU).
-    cuda::rmsnorm(x, ld_dim, static_cast<const float*>(L.ffn_norm.data), hp_.dim, hp_.norm_eps, xb, ld_dim, T, s);
-    cuda::matmul_swiglu(L.w_gate, L.w_up, xb, ld_dim, T, hb, hb2, ld_ff, gemm_, s);
+    const cuda::RmsNorm ffn_norm{static_cast<const float*>(L.ffn_norm.data), hp_.norm_eps, xb};
+    cuda::matmul_swiglu(L.w_gate, L.w_up, x, ld_dim, T, hb, hb2, ld_ff, gemm_, s, false, &ffn_norm);
     if (trace_) {
       const cuda::Product down{&L.w_down, xb, ld_dim, false};
       cuda::matmul(&down, 1, hb, ld_ff, T, gemm_, s);

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/kernels.cuh"
@@ -79,6 +80,38 @@ void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t
     throw;
   }
   cublasDestroy(blas);
+}
+
+void rmsnorm_matmul(const Weight& w, const Weight* up, const float* g, float eps, const float* x, int64_t ldx,
+                    int64_t T, float* y, int64_t ldy) {
+  Uploaded uw(w);
+  std::unique_ptr<Uploaded> uu(up ? new Uploaded(*up) : nullptr);
+  DeviceBuffer dx = to_device(x, size_t(T * ldx), "x"), dg = to_device(g, size_t(w.cols), "g");
+  DeviceBuffer dy(size_t(T * ldy) * 4, "y"), dy2(size_t(T * ldy) * 4, "y2"), normed(size_t(T * ldx) * 4, "normed");
+  DS4_CUDA_CHECK(cudaMemset(dy.as<void>(), 0xff, dy.size()));
+  cublasHandle_t blas = nullptr;
+  DS4_BLAS_CHECK(cublasCreate(&blas));
+  DeviceBuffer act(size_t(T * w.cols) * 2, "act"), deq(size_t(w.rows * w.cols) * 2, "deq");
+  cuda::GemmContext gc{blas, act.as<void>(), act.size(), deq.as<__half>(), deq.size()};
+  const cuda::RmsNorm norm{dg.as<float>(), eps, normed.as<float>()};
+  try {
+    if (uu) {
+      cuda::matmul_swiglu(uw.w, uu->w, dx.as<float>(), ldx, int(T), dy.as<float>(), dy2.as<float>(), ldy, gc, nullptr,
+                          false, &norm);
+    } else {
+      const cuda::Product p{&uw.w, dy.as<float>(), ldy};
+      cuda::matmul(&p, 1, dx.as<float>(), ldx, int(T), gc, nullptr, false, &norm);
+    }
+    to_host(dy, y, size_t(T * ldy));
+  } catch (...) {
+    cublasDestroy(blas);
+    throw;
+  }
+  cublasDestroy(blas);
+}
+
+double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches) {
+  return cuda::gemv_bytes_per_second(type, N, K, T, glu, norm, launches);
 }
 
 void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out) {

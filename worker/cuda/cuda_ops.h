@@ -23,6 +23,15 @@ void matmul(const Weight& w, const float* x, int64_t ldx, int64_t T, float* y, i
 void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t ldx, int64_t T, float* h,
                    int64_t ldh, bool force_gemm = false);
 
+/// matmul() or matmul_swiglu() (`glu`: w and `up`) of rmsnorm(x) * g, with the
+/// norm folded into the products as decode steps run it (T <= 8: one GEMV
+/// launch reads x, no separate norm kernel).
+void rmsnorm_matmul(const Weight& w, const Weight* up, const float* g, float eps, const float* x, int64_t ldx,
+                    int64_t T, float* y, int64_t ldy);
+
+/// Weight bytes per second of the decode GEMV (see cuda::gemv_bytes_per_second).
+double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches);
+
 /// out[t] = rmsnorm(x[t]) * g, rows of n floats, contiguous.
 void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out);
 

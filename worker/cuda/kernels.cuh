@@ -77,17 +77,34 @@ struct GemmContext {
 /// Largest batch the GEMV (decode) kernels take; larger batches go to cuBLAS.
 constexpr int kMaxGemvTokens = 8;
 
+/// An RMSNorm in front of the products: they take rmsnorm(x) * g as input.
+/// Decode GEMVs fold it into their own reads of x (no separate kernel, no
+/// write); otherwise rmsnorm() writes the normalised rows to `out` (T rows,
+/// ldx apart) first and the products read those.
+struct RmsNorm {
+  const float* g = nullptr;
+  float eps = 0;
+  float* out = nullptr;
+};
+
 /// Products sharing the input x (T rows of K = w->cols floats, ldx apart):
 /// custom GEMV kernels, one launch for all, when T <= kMaxGemvTokens; cuBLAS
 /// GEMMs otherwise (or when `force_gemm`).
 void matmul(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmContext& g, cudaStream_t s,
-            bool force_gemm = false);
+            bool force_gemm = false, const RmsNorm* norm = nullptr);
 
 /// h[t] = silu(gate . x[t]) * (up . x[t]): one GEMV launch for decode batches
-/// (a warp computes a row of both), two products and swiglu() otherwise.
+/// (a block computes rows of both), two products and swiglu() otherwise.
 /// `h_up` is scratch of the same shape as h.
 void matmul_swiglu(const DeviceWeight& gate, const DeviceWeight& up, const float* x, int64_t ldx, int T, float* h,
-                   float* h_up, int64_t ldh, GemmContext& g, cudaStream_t s, bool force_gemm = false);
+                   float* h_up, int64_t ldh, GemmContext& g, cudaStream_t s, bool force_gemm = false,
+                   const RmsNorm* norm = nullptr);
+
+/// Weight bytes per second the decode GEMV reads on an N x K weight of `type`
+/// (`glu`: a fused gate/up pair; `norm`: RMSNorm folded in) for T tokens:
+/// launches captured in a graph and replayed, over copies of the weight that
+/// together exceed the L2 cache. For tuning; the weights are synthetic.
+double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches);
 
 /// Q8_0 blocks (GGUF layout, device memory) to the split layout of DeviceWeight.
 void repack_q8_0(const void* blocks, int64_t n_blocks, int8_t* qs, __half* scales, cudaStream_t s);

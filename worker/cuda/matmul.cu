@@ -5,32 +5,43 @@
 // Q8_0 weight) converted to 16-bit floats first.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "worker/cuda/kernels.cuh"
 
 namespace ds4::cuda {
 namespace {
 
-constexpr int kGemvWarps = 4;  // rows per block
+constexpr int kGemvWarps = 4;
+constexpr int kGemvThreads = kGemvWarps * 32;
 
-/// Weights of one type, read E at a time with a 16-byte load.
+/// One 16-byte load of weights that are read once per step: not kept in L1
+/// (where the activations live), and the next 256 bytes asked of L2 with it.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+/// Weights of one type: E elements in 16 bytes, turned into floats.
 template <GgmlType TY>
 struct Chunk;
 
 template <>
 struct Chunk<GgmlType::F32> {
   static constexpr int E = 4;
-  __device__ static void load(const void* w, const __half*, int64_t row, int64_t K, int64_t k, float (&f)[E]) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(w) + row * K + k));
-    f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+  __device__ static void to_float(const uint4& u, float (&f)[E]) {
+    f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
   }
 };
 
 template <>
 struct Chunk<GgmlType::F16> {
   static constexpr int E = 8;
-  __device__ static void load(const void* w, const __half*, int64_t row, int64_t K, int64_t k, float (&f)[E]) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const __half*>(w) + row * K + k));
+  __device__ static void to_float(const uint4& u, float (&f)[E]) {
     const __half2* h = reinterpret_cast<const __half2*>(&u);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -44,8 +55,7 @@ struct Chunk<GgmlType::F16> {
 template <>
 struct Chunk<GgmlType::BF16> {
   static constexpr int E = 8;
-  __device__ static void load(const void* w, const __half*, int64_t row, int64_t K, int64_t k, float (&f)[E]) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w) + row * K + k));
+  __device__ static void to_float(const uint4& u, float (&f)[E]) {
     const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -55,116 +65,201 @@ struct Chunk<GgmlType::BF16> {
   }
 };
 
+/// Q8_0 quants only; the block scale is applied once per 16 products.
 template <>
 struct Chunk<GgmlType::Q8_0> {
   static constexpr int E = 16;
-  __device__ static void load(const void* w, const __half* scales, int64_t row, int64_t K, int64_t k,
-                              float (&f)[E]) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(static_cast<const int8_t*>(w) + row * K + k));
-    const float d = __half2float(__ldg(scales + row * (K / 32) + k / 32));
+  __device__ static void to_float(const uint4& u, float (&f)[E]) {
     const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int b = 0; b < 4; ++b) f[4 * j + b] = float(int8_t(words[j] >> (8 * b))) * d;
-    }
+      for (int b = 0; b < 4; ++b) f[4 * j + b] = float(int8_t(words[j] >> (8 * b)));
   }
 };
 
-/// Up to three products with one input, rows laid end to end over the grid.
-/// With `glu`, two products (gate, up) whose rows one warp computes together,
-/// writing silu(gate) * up to y[0] (the SwiGLU of the feed-forward block).
+template <GgmlType TY>
+__host__ __device__ constexpr int64_t elem_bytes_x4() {  // bytes of 4 elements (Q8_0 quants: 1 byte each)
+  return TY == GgmlType::F32 ? 16 : TY == GgmlType::Q8_0 ? 4 : 8;
+}
+
+/// Up to three products with one input; each block takes R rows of one of
+/// them (blocks of the products laid end to end over the grid). With `glu`,
+/// two products (gate, up) whose rows a block computes together, writing
+/// silu(gate) * up to y[0] (the SwiGLU of the feed-forward block).
 struct GemvJobs {
   const void* w[3];
   const __half* scales[3];
   float* y[3];
   int64_t ldy[3];
   int rows[3];
+  int blocks[3];
   int accumulate[3];
   int n;
 };
 
-__device__ int find_job(const GemvJobs& j, int64_t& row) {
-  int i = 0;
-  while (i + 1 < j.n && row >= j.rows[i]) row -= j.rows[i++];
-  return i;
-}
+/// RMSNorm folded into a product: y = (W . (x o g)) / sqrt(mean(x^2) + eps),
+/// with the sum of squares taken (in double, as the CPU does) from the same
+/// reads of x that the product makes. g == nullptr: no norm.
+struct GemvNorm {
+  const float* g = nullptr;
+  float eps = 0;
+};
 
-/// Asks L2 for a weight row before waiting on the previous kernel: weights do
-/// not depend on it, so their fetch overlaps its tail.
-__device__ void prefetch_row(const void* row, int64_t bytes, int lane) {
-  const char* p = static_cast<const char*>(row);
-  for (int64_t off = int64_t(lane) * 128; off < bytes; off += 32 * 128)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
-}
+/// Rows per block for a batch of NT tokens: enough products per loaded x to
+/// keep the activations' reads well under the weights', few enough registers.
+template <int NT>
+__host__ __device__ constexpr int gemv_rows() { return NT <= 2 ? 4 : 2; }
 
-template <GgmlType TY>
-__host__ __device__ constexpr int64_t row_bytes(int64_t K) {
-  return TY == GgmlType::F32 ? K * 4 : TY == GgmlType::Q8_0 ? K : K * 2;
-}
-
-template <GgmlType TY, int NT, bool GLU>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(GemvJobs jobs, int64_t K, const float* __restrict__ x,
-                                                               int64_t ldx) {
-  constexpr int E = Chunk<TY>::E;
-  constexpr int NW = GLU ? 2 : 1;
-  const int lane = threadIdx.x % 32;
-  int64_t row = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
-  const int j = GLU ? 0 : find_job(jobs, row);
-  const bool active = row < jobs.rows[j];
-  if (active)
-#pragma unroll
-    for (int w = 0; w < NW; ++w)
-      prefetch_row(static_cast<const char*>(jobs.w[j + w]) + row * row_bytes<TY>(K), row_bytes<TY>(K), lane);
-  pdl_wait();
-  pdl_trigger();
-  if (!active) return;
-  float acc[NW][NT];
+/// Decode GEMV. The 128 threads of a block split K: thread i takes the
+/// 16-byte chunks i, i+128, ... of each of the block's rows, so a step of the
+/// block reads 2 KiB of every row. U chunks of each row are loaded before
+/// any is used (NR*U 16-byte loads in flight per thread); the activations
+/// come through L1 and are used for all NR rows. Partial sums meet in
+/// shared memory at the end.
+template <GgmlType TY, int NT, bool GLU, bool NORM>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvJobs jobs, int64_t K, const float* __restrict__ x,
+                                                            int64_t ldx, GemvNorm norm) {
+  using C = Chunk<TY>;
+  constexpr int E = C::E, R = gemv_rows<NT>(), NW = GLU ? 2 : 1, NR = NW * R;
+  constexpr int U = NR >= 8 ? 1 : 8 / NR;
+  constexpr int64_t chunk_bytes = 16;
+  int blk = int(blockIdx.x), j = 0;
+  while (j + 1 < jobs.n && blk >= jobs.blocks[j]) blk -= jobs.blocks[j++];
+  const int rows = jobs.rows[j];
+  const int64_t row0 = int64_t(blk) * R;
+  const int64_t rb = K / 4 * elem_bytes_x4<TY>();  // bytes of one row
+  const char* wp[NR];
+  const __half* sp[NR];
 #pragma unroll
   for (int w = 0; w < NW; ++w)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[w][t] = 0.0f;
-#pragma unroll 4
-  for (int64_t k = int64_t(lane) * E; k < K; k += 32 * E) {
-    float wf[NW][E];
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = min(row0 + r, int64_t(rows) - 1);  // past the end: computed, not stored
+      wp[w * R + r] = static_cast<const char*>(jobs.w[j + w]) + row * rb;
+      sp[w * R + r] = TY == GgmlType::Q8_0 ? jobs.scales[j + w] + row * (K / 32) : nullptr;
+    }
+  // Weights do not depend on the previous kernel: ask L2 for this block's
+  // rows while that kernel finishes.
 #pragma unroll
-    for (int w = 0; w < NW; ++w) Chunk<TY>::load(jobs.w[j + w], jobs.scales[j + w], row, K, k, wf[w]);
+  for (int i = 0; i < NR; ++i)
+    for (int64_t off = int64_t(threadIdx.x) * 128; off < rb; off += int64_t(kGemvThreads) * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wp[i] + off));
+  pdl_wait();
+  pdl_trigger();
+
+  float acc[NR][NT];
+  double ss[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + k);
+  for (int t = 0; t < NT; ++t) {
+    ss[t] = 0.0;
 #pragma unroll
-      for (int q = 0; q < E / 4; ++q) {
-        const float4 xv = __ldg(xp + q);
+    for (int i = 0; i < NR; ++i) acc[i][t] = 0.0f;
+  }
+  for (int64_t k0 = int64_t(threadIdx.x) * E; k0 < K; k0 += int64_t(kGemvThreads) * E * U) {
+    uint4 raw[U][NR];
+    float d[U][NR];
 #pragma unroll
-        for (int w = 0; w < NW; ++w) {
-          acc[w][t] = fmaf(wf[w][4 * q], xv.x, acc[w][t]);
-          acc[w][t] = fmaf(wf[w][4 * q + 1], xv.y, acc[w][t]);
-          acc[w][t] = fmaf(wf[w][4 * q + 2], xv.z, acc[w][t]);
-          acc[w][t] = fmaf(wf[w][4 * q + 3], xv.w, acc[w][t]);
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = k0 + int64_t(u) * kGemvThreads * E;
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        if (k < K) {
+          raw[u][i] = load_stream(wp[i] + k / E * chunk_bytes);
+          if (TY == GgmlType::Q8_0) d[u][i] = __half2float(__ldg(sp[i] + k / 32));
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = k0 + int64_t(u) * kGemvThreads * E;
+      if (k >= K) break;
+      float xf[NT][E];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + k);
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+          const float4 v = __ldg(xp + q);
+          xf[t][4 * q] = v.x; xf[t][4 * q + 1] = v.y; xf[t][4 * q + 2] = v.z; xf[t][4 * q + 3] = v.w;
+        }
+      }
+      if (NORM) {
+        float gf[E];
+        const float4* gp = reinterpret_cast<const float4*>(norm.g + k);
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+          const float4 v = __ldg(gp + q);
+          gf[4 * q] = v.x; gf[4 * q + 1] = v.y; gf[4 * q + 2] = v.z; gf[4 * q + 3] = v.w;
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            ss[t] += double(xf[t][e] * xf[t][e]);
+            xf[t][e] *= gf[e];
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        float wf[E];
+        C::to_float(raw[u][i], wf);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          float s = TY == GgmlType::Q8_0 ? 0.0f : acc[i][t];
+#pragma unroll
+          for (int e = 0; e < E; ++e) s = fmaf(wf[e], xf[t][e], s);
+          acc[i][t] = TY == GgmlType::Q8_0 ? fmaf(s, d[u][i], acc[i][t]) : s;
         }
       }
     }
   }
+
+  // Sum over the warp, then over the block's warps.
+  __shared__ float red[kGemvWarps][NR * NT];
+  __shared__ double red_ss[kGemvWarps][NT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
-  for (int w = 0; w < NW; ++w)
+  for (int i = 0; i < NR; ++i)
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
+    for (int t = 0; t < NT; ++t) {
+      float v = acc[i][t];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) acc[w][t] += __shfl_xor_sync(0xffffffffu, acc[w][t], off);
-  float* y = jobs.y[j];
-  const int64_t ldy = jobs.ldy[j];
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) red[warp][i * NT + t] = v;
+    }
+  if (NORM) {
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (lane == t) {
-      float* dst = y + t * ldy + row;
-      if (GLU) {
-        const float g = acc[0][t];
-        *dst = g / (1.0f + expf(-g)) * acc[NW - 1][t];
-      } else {
-        *dst = jobs.accumulate[j] ? *dst + acc[0][t] : acc[0][t];
-      }
+    for (int t = 0; t < NT; ++t) {
+      double v = ss[t];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) red_ss[warp][t] = v;
     }
   }
+  __syncthreads();
+  if (threadIdx.x >= R * NT) return;
+  const int r = int(threadIdx.x) / NT, t = int(threadIdx.x) % NT;
+  const int64_t row = row0 + r;
+  if (row >= rows) return;
+  float scale = 1.0f;
+  if (NORM) {
+    double sum = 0.0;
+#pragma unroll
+    for (int w = 0; w < kGemvWarps; ++w) sum += red_ss[w][t];
+    scale = 1.0f / sqrtf(float(sum / double(K)) + norm.eps);
+  }
+  float v[NW];
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    float s = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kGemvWarps; ++q) s += red[q][(w * R + r) * NT + t];
+    v[w] = s * scale;
+  }
+  float* dst = jobs.y[j] + t * jobs.ldy[j] + row;
+  if (GLU) *dst = v[0] / (1.0f + expf(-v[0])) * v[NW - 1];
+  else *dst = jobs.accumulate[j] ? *dst + v[0] : v[0];
 }
 
 /// Any shape, one element at a time: for rows whose length breaks 16-byte alignment.
@@ -196,14 +291,19 @@ __global__ void gemv_scalar_kernel(DeviceWeight w, const float* x, int64_t ldx, 
   }
 }
 
-template <GgmlType TY, bool GLU>
-void launch_gemv(const GemvJobs& jobs, int64_t K, const float* x, int64_t ldx, int T, cudaStream_t s) {
-  int64_t rows = 0;
-  for (int i = 0; i < (GLU ? 1 : jobs.n); ++i) rows += jobs.rows[i];
-  const dim3 grid(unsigned(ceil_div(rows, kGemvWarps))), block(kGemvWarps * 32);
+template <GgmlType TY, bool GLU, bool NORM>
+void launch_gemv(GemvJobs jobs, int64_t K, const float* x, int64_t ldx, int T, const GemvNorm& norm,
+                 cudaStream_t s) {
+  const int R = T <= 2 ? gemv_rows<1>() : gemv_rows<3>();
+  int blocks = 0;
+  for (int i = 0; i < (GLU ? 1 : jobs.n); ++i) {
+    jobs.blocks[i] = int(ceil_div(jobs.rows[i], R));
+    blocks += jobs.blocks[i];
+  }
+  const dim3 grid{unsigned(blocks)}, block{unsigned(kGemvThreads)};
   switch (T) {
 #define DS4_GEMV_CASE(N) \
-  case N: launch(gemv_kernel<TY, N, GLU>, grid, block, s, jobs, K, x, ldx); break;
+  case N: launch(gemv_kernel<TY, N, GLU, NORM>, grid, block, s, jobs, K, x, ldx, norm); break;
     DS4_GEMV_CASE(1)
     DS4_GEMV_CASE(2)
     DS4_GEMV_CASE(3)
@@ -218,9 +318,13 @@ void launch_gemv(const GemvJobs& jobs, int64_t K, const float* x, int64_t ldx, i
 }
 
 template <GgmlType TY>
-void launch_gemv(const GemvJobs& jobs, bool glu, int64_t K, const float* x, int64_t ldx, int T, cudaStream_t s) {
-  if (glu) launch_gemv<TY, true>(jobs, K, x, ldx, T, s);
-  else launch_gemv<TY, false>(jobs, K, x, ldx, T, s);
+void launch_gemv(const GemvJobs& jobs, bool glu, int64_t K, const float* x, int64_t ldx, int T, const GemvNorm& norm,
+                 cudaStream_t s) {
+  const bool nm = norm.g != nullptr;
+  if (glu) nm ? launch_gemv<TY, true, true>(jobs, K, x, ldx, T, norm, s)
+              : launch_gemv<TY, true, false>(jobs, K, x, ldx, T, norm, s);
+  else nm ? launch_gemv<TY, false, true>(jobs, K, x, ldx, T, norm, s)
+          : launch_gemv<TY, false, false>(jobs, K, x, ldx, T, norm, s);
 }
 
 int chunk_elems(GgmlType t) {
@@ -234,12 +338,22 @@ int chunk_elems(GgmlType t) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-void gemv(const Product* ps, int n, const float* x, int64_t ldx, int T, bool glu, cudaStream_t s) {
+/// Whether the products can share one vectorised GEMV launch: like types and
+/// widths, 16-byte aligned rows and input.
+bool gemv_vectorised(const Product* ps, int n, const float* x, int64_t ldx) {
   const DeviceWeight& w0 = *ps[0].w;
-  bool fused = n <= 3 && (w0.cols % chunk_elems(w0.type)) == 0 && (ldx % 4) == 0 && aligned16(x);
-  for (int i = 0; i < n && fused; ++i)
-    fused = ps[i].w->type == w0.type && ps[i].w->cols == w0.cols && aligned16(ps[i].w->data);
+  bool ok = n <= 3 && (w0.cols % chunk_elems(w0.type)) == 0 && (ldx % 4) == 0 && aligned16(x);
+  for (int i = 0; i < n && ok; ++i)
+    ok = ps[i].w->type == w0.type && ps[i].w->cols == w0.cols && aligned16(ps[i].w->data);
+  return ok;
+}
+
+void gemv(const Product* ps, int n, const float* x, int64_t ldx, int T, bool glu, const GemvNorm& norm,
+          cudaStream_t s) {
+  const DeviceWeight& w0 = *ps[0].w;
+  const bool fused = gemv_vectorised(ps, n, x, ldx);
   if (glu && (!fused || n != 2 || ps[0].w->rows != ps[1].w->rows)) throw Error("GEMV: SwiGLU needs two like products");
+  if (norm.g && (!fused || !aligned16(norm.g))) throw Error("GEMV: a folded RMSNorm needs the vectorised product");
   if (!fused) {
     for (int i = 0; i < n; ++i) {
       launch(gemv_scalar_kernel, dim3(unsigned(ceil_div(ps[i].w->rows, kGemvWarps))), dim3(kGemvWarps * 32), s,
@@ -259,12 +373,18 @@ void gemv(const Product* ps, int n, const float* x, int64_t ldx, int T, bool glu
     jobs.accumulate[i] = ps[i].accumulate;
   }
   switch (w0.type) {
-    case GgmlType::F32: return launch_gemv<GgmlType::F32>(jobs, glu, w0.cols, x, ldx, T, s);
-    case GgmlType::F16: return launch_gemv<GgmlType::F16>(jobs, glu, w0.cols, x, ldx, T, s);
-    case GgmlType::BF16: return launch_gemv<GgmlType::BF16>(jobs, glu, w0.cols, x, ldx, T, s);
-    case GgmlType::Q8_0: return launch_gemv<GgmlType::Q8_0>(jobs, glu, w0.cols, x, ldx, T, s);
+    case GgmlType::F32: launch_gemv<GgmlType::F32>(jobs, glu, w0.cols, x, ldx, T, norm, s); break;
+    case GgmlType::F16: launch_gemv<GgmlType::F16>(jobs, glu, w0.cols, x, ldx, T, norm, s); break;
+    case GgmlType::BF16: launch_gemv<GgmlType::BF16>(jobs, glu, w0.cols, x, ldx, T, norm, s); break;
+    case GgmlType::Q8_0: launch_gemv<GgmlType::Q8_0>(jobs, glu, w0.cols, x, ldx, T, norm, s); break;
     default: throw Error("GEMV: unsupported weight type");
   }
+  DS4_CUDA_LAUNCHED();
+}
+
+/// Where the products of a call can take the RMSNorm themselves.
+bool norm_folds(const Product* ps, int n, const float* x, int64_t ldx, int T, bool force_gemm, const RmsNorm* norm) {
+  return norm && T <= kMaxGemvTokens && !force_gemm && aligned16(norm->g) && gemv_vectorised(ps, n, x, ldx);
 }
 
 // --- prefill: cuBLAS -------------------------------------------------------
@@ -356,20 +476,30 @@ __global__ void repack_q8_kernel(const uint8_t* blocks, int64_t n_blocks, int8_t
 }  // namespace
 
 void matmul(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmContext& g, cudaStream_t s,
-            bool force_gemm) {
+            bool force_gemm, const RmsNorm* norm) {
   if (n <= 0 || T <= 0) return;
-  if (T <= kMaxGemvTokens && !force_gemm) return gemv(ps, n, x, ldx, T, false, s);
+  if (norm_folds(ps, n, x, ldx, T, force_gemm, norm)) return gemv(ps, n, x, ldx, T, false, {norm->g, norm->eps}, s);
+  if (norm) {
+    rmsnorm(x, ldx, norm->g, ps[0].w->cols, norm->eps, norm->out, ldx, T, s);
+    x = norm->out;
+  }
+  if (T <= kMaxGemvTokens && !force_gemm) return gemv(ps, n, x, ldx, T, false, {}, s);
   gemm(ps, n, x, ldx, T, g, s);
 }
 
 void matmul_swiglu(const DeviceWeight& gate, const DeviceWeight& up, const float* x, int64_t ldx, int T, float* h,
-                   float* h_up, int64_t ldh, GemmContext& g, cudaStream_t s, bool force_gemm) {
+                   float* h_up, int64_t ldh, GemmContext& g, cudaStream_t s, bool force_gemm, const RmsNorm* norm) {
   const Product ps[2] = {{&gate, h, ldh}, {&up, h_up, ldh}};
-  const bool fusable = gate.type == up.type && gate.cols == up.cols && gate.rows == up.rows &&
-                       gate.cols % chunk_elems(gate.type) == 0 && ldx % 4 == 0 && aligned16(x) &&
-                       aligned16(gate.data) && aligned16(up.data);
-  if (T <= kMaxGemvTokens && !force_gemm && fusable) return gemv(ps, 2, x, ldx, T, true, s);
-  matmul(ps, 2, x, ldx, T, g, s, force_gemm);
+  const bool fusable = gate.rows == up.rows && gemv_vectorised(ps, 2, x, ldx);
+  if (T <= kMaxGemvTokens && !force_gemm && fusable) {
+    if (norm_folds(ps, 2, x, ldx, T, force_gemm, norm)) return gemv(ps, 2, x, ldx, T, true, {norm->g, norm->eps}, s);
+    if (norm) {
+      rmsnorm(x, ldx, norm->g, gate.cols, norm->eps, norm->out, ldx, T, s);
+      x = norm->out;
+    }
+    return gemv(ps, 2, x, ldx, T, true, {}, s);
+  }
+  matmul(ps, 2, x, ldx, T, g, s, force_gemm, norm);
   swiglu(h, h_up, ldh, gate.rows, T, s);
 }
 
@@ -377,6 +507,80 @@ void repack_q8_0(const void* blocks, int64_t n_blocks, int8_t* qs, __half* scale
   repack_q8_kernel<<<elem_grid(n_blocks * 32), 256, 0, s>>>(static_cast<const uint8_t*>(blocks), n_blocks, qs,
                                                              scales);
   DS4_CUDA_LAUNCHED();
+}
+
+namespace {
+
+/// Words of a hash of their index, masked so that halves, bf16 and floats
+/// stay finite and below one (timing must not run on zeros).
+__global__ void fill_kernel(uint32_t* p, int64_t n, uint32_t mask) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9e3779b9u;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    p[i] = h & mask;
+  }
+}
+
+}  // namespace
+
+double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches) {
+  const Weight host{type, nullptr, K, N};
+  const uint64_t wbytes = (device_weight_bytes(host) + 255) / 256 * 256;
+  const int nw = glu ? 2 : 1;
+  int dev = 0, l2 = 0;
+  DS4_CUDA_CHECK(cudaGetDevice(&dev));
+  DS4_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  const int copies = int(std::max<uint64_t>(2, ceil_div(int64_t(4) * l2, int64_t(wbytes) * nw)));
+  DeviceBuffer weights(wbytes * nw * copies, "timed weights");
+  const uint32_t mask = type == GgmlType::F32 ? 0x3f7fffffu : type == GgmlType::BF16 ? 0x3f7f3f7fu : 0x3bff3bffu;
+  fill_kernel<<<1024, 256>>>(weights.as<uint32_t>(), int64_t(weights.size() / 4), mask);
+  DS4_CUDA_LAUNCHED();
+  const int64_t ld = (K + 7) / 8 * 8;
+  DeviceBuffer x(size_t(T * ld) * 4, "x"), g(size_t(K) * 4, "g"), y(size_t(T * N) * 4 * 2, "y");
+  fill_kernel<<<64, 256>>>(x.as<uint32_t>(), int64_t(x.size() / 4), 0x3f7fffffu);
+  fill_kernel<<<64, 256>>>(g.as<uint32_t>(), int64_t(g.size() / 4), 0x3f7fffffu);
+  DS4_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<DeviceWeight> ws(size_t(copies * nw));
+  for (size_t i = 0; i < ws.size(); ++i) {
+    ws[i] = {type, weights.as<uint8_t>() + i * wbytes, nullptr, K, N};
+    if (type == GgmlType::Q8_0) ws[i].scales = reinterpret_cast<const __half*>(weights.as<uint8_t>() + i * wbytes + N * K);
+  }
+  cudaStream_t s = nullptr;
+  DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const GemvNorm gn{norm ? g.as<float>() : nullptr, 1e-5f};
+  auto one = [&](int i) {
+    const Product ps[2] = {{&ws[size_t(i * nw)], y.as<float>(), N}, {&ws[size_t(i * nw + nw - 1)], y.as<float>() + T * N, N}};
+    gemv(ps, nw, x.as<float>(), ld, T, glu, gn, s);
+  };
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  DS4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) one(i % copies);
+  DS4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  DS4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  DS4_CUDA_CHECK(cudaEventCreate(&e0));
+  DS4_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 5; ++rep) {
+    DS4_CUDA_CHECK(cudaEventRecord(e0, s));
+    DS4_CUDA_CHECK(cudaGraphLaunch(exec, s));
+    DS4_CUDA_CHECK(cudaEventRecord(e1, s));
+    DS4_CUDA_CHECK(cudaEventSynchronize(e1));
+    float t = 0;
+    DS4_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+  std::sort(ms.begin(), ms.end());
+  const double bytes = double(device_weight_bytes(host)) * nw * launches;
+  return bytes / (double(ms[ms.size() / 2]) * 1e-3);
 }
 
 }  // namespace ds4::cuda

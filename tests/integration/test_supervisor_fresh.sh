@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A fresh machine: `ds4-supervisor --config config/ds4.yaml` with the shipped
+# config (no model configured) and no systemd user manager makes a synthetic
+# model (saying loudly that its weights are random), runs the worker as a
+# child process, and answers `ds4ctl status`; the admin socket is the
+# owner's only. Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/lib/supervisor_env.sh"
+
+fails=0
+pass() { echo "ok   - $*"; }
+fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
+
+sup_init || exit $?
+trap sup_cleanup EXIT
+# No user bus: the automatic backend must fall back to child processes.
+unset DBUS_SESSION_BUS_ADDRESS
+# The shipped file as it is, from a copy of the source layout (relative paths
+# in it resolve against its folder).
+mkdir -p "$SUP_DIR/src/config"
+cp "$DS4_SRC/config/ds4.yaml" "$SUP_DIR/src/config/ds4.yaml"
+# Another test may hold the shipped default port; this one does not need it.
+sed -i 's/^  listen: 127.0.0.1:8080 /  listen: 127.0.0.1:0    /' "$SUP_DIR/src/config/ds4.yaml"
+cd "$SUP_DIR/src" || exit 1
+sup_start config/ds4.yaml || { fail "supervisor did not start"; tail -n 30 "$SUP_DIR/sup.log"; exit 1; }
+if sup_wait 60 'w[0]["state"] == "ready"'; then pass "worker ready: $(sup_get 'w[0]["unit"]') pid $(sup_get 'w[0]["pid"]') context $(sup_get 'w[0]["context"]')"
+else fail "no ready worker: $(sup_status | tr -d '\n' | cut -c1-400)"; fi
+[[ $(sup_get 's["backend"]') == process ]] && pass "no user manager: child processes" || fail "backend $(sup_get 's["backend"]')"
+[[ $(sup_get 's["model"]["synthetic"]') == True ]] && pass "synthetic model: $(sup_get 's["model"]["path"]')" || fail "model not marked synthetic"
+grep -q 'RANDOM WEIGHTS' "$SUP_DIR/sup.log" && pass "says loudly that the weights are random" || fail "no RANDOM WEIGHTS warning"
+sock=$XDG_RUNTIME_DIR/ds4/admin.sock
+[[ $(stat -c %a "$sock") == 600 && $(stat -c %a "$XDG_RUNTIME_DIR/ds4") == 700 ]] \
+  && pass "admin socket 0600 in a 0700 folder" || fail "modes: socket $(stat -c %a "$sock"), dir $(stat -c %a "$XDG_RUNTIME_DIR/ds4")"
+"$DS4_BIN/ds4ctl" status | grep -q 'RANDOM WEIGHTS' && pass "ds4ctl status shows the synthetic model" || fail "ds4ctl status"
+# The worker serves the token protocol on its socket.
+wsock=$(sup_get 'w[0]["socket"]')
+info=$(python3 -c '
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+s.sendall(b"{\"op\":\"info\"}\n"); print(s.makefile().readline().strip())' "$wsock" 2>&1)
+[[ $info == *'"ev":"info"'* ]] && pass "the worker answers on $wsock" || fail "worker info: $info"
+sup_stop
+[[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
+[[ ! -e $sock ]] && pass "admin socket removed on exit" || fail "admin socket left behind"
+if ((fails)); then echo "$fails failure(s)"; tail -n 30 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
+echo "all passed"
