@@ -1,25 +1,20 @@
 #!/usr/bin/env bash
-# Sets up and runs the ds4 service in the foreground.
-#   scripts/run.sh [--model FILE]
-# Without a model it serves ../shared/models/stories260K.gguf when present,
-# else a small synthetic model (random weights) made by ds4-mkmodel.
+# Sets up and runs the whole ds4 service in the foreground: the supervisor
+# (model store, workers, proxy on 127.0.0.1:8080) with the embedded defaults.
+#   scripts/run.sh [CONFIG]
+# Without CONFIG it serves ../shared/models/stories260K.gguf when that file is
+# there, else config/ds4.yaml as shipped (no model configured: a small
+# synthetic model with random weights, said loudly in the log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-model=""
-if [ "${1:-}" = "--model" ]; then model="$2"; fi
-if [ -z "$model" ]; then
+config=${1:-}
+if [ -z "$config" ]; then
+  config=config/ds4.yaml
   if [ -f ../shared/models/stories260K.gguf ]; then
-    model=../shared/models/stories260K.gguf
-  else
-    model=build/models/synthetic-tiny.gguf
-    if [ ! -f "$model" ]; then
-      mkdir -p build/models
-      echo "run.sh: no model configured: generating $model WITH RANDOM WEIGHTS (output is gibberish)" >&2
-      build/bin/ds4-mkmodel --out "$model" --dim 64 --layers 2 --ff 172 --heads 8 --kv-heads 4 --type f32
-    fi
+    config=build/run.yaml
+    { echo "model:"; echo "  path: $(realpath ../shared/models/stories260K.gguf)"; echo "  name: stories"; } > "$config"
   fi
 fi
-runtime="${XDG_RUNTIME_DIR:-/tmp}/ds4"
-mkdir -p "$runtime"
-exec build/bin/ds4-worker serve --model "$model" --socket "$runtime/worker-0.sock" --context 2048 --slots 2
+echo "run.sh: ds4-supervisor --config $config (OpenAI and Anthropic APIs on http://127.0.0.1:8080)" >&2
+exec build/bin/ds4-supervisor --config "$config"

@@ -340,10 +340,15 @@ void CudaBackend::enqueue(int T, int rows) {
   }
   if (rows == 0) return;
   cuda::gather_logit_rows(x, ld_dim, batch, T, xl, s);
-  cuda::rmsnorm(xl, ld_dim, static_cast<const float*>(output_norm_.data), hp_.dim, hp_.norm_eps, xl, ld_dim, rows, s);
-  trace("result_norm", -1, xl, rows, hp_.dim, ld_dim);
+  const cuda::RmsNorm out_norm{static_cast<const float*>(output_norm_.data), hp_.norm_eps, xl};  // in place
   const cuda::Product out{&output_, logits, hp_.n_vocab};
-  cuda::matmul(&out, 1, xl, ld_dim, rows, gemm_, s);
+  if (trace_) {
+    cuda::rmsnorm(xl, ld_dim, out_norm.g, hp_.dim, hp_.norm_eps, xl, ld_dim, rows, s);
+    trace("result_norm", -1, xl, rows, hp_.dim, ld_dim);
+    cuda::matmul(&out, 1, xl, ld_dim, rows, gemm_, s);
+  } else {
+    cuda::matmul(&out, 1, xl, ld_dim, rows, gemm_, s, false, &out_norm);
+  }
   DS4_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<void>(), logits, size_t(rows * hp_.n_vocab) * 4,
                                  cudaMemcpyDeviceToHost, s));
 }
