@@ -22,7 +22,7 @@ if [ -x .devdata/bin/ds4-worker ]; then
   # their shared libraries beside them, the model where the tests were told to look.
   bin=.devdata/bin
   export LD_LIBRARY_PATH=$PWD/.devdata/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
-  tests=$bin/ds4_cuda_tests
+  tests=$bin/ds4_unit_tests; [ -x $tests ] || tests=$bin/ds4_cuda_tests
   built_models=/work/shared/models  # DS4_SHARED_MODELS of the build that made them
   mkdir -p /work/main "$built_models" && cp .devdata/stories260K.gguf "$built_models/"
   log "prebuilt binaries (models for tests at $built_models)"
@@ -43,6 +43,12 @@ if [ "$what" != bench ]; then
   timeout 300 $tests -tc='cuda:*' >"$OUT/test_cuda.log" 2>&1
   log "cuda tests rc=$?"; tail -5 "$OUT/test_cuda.log" | tee -a "$OUT/summary.txt"
   grep -E "ERROR|FAILED|CHECK|with expansion|values:|  CHECK" "$OUT/test_cuda.log" | head -40
+  log "unit tests: cpu kernels and engine ($(grep -o 'avx512[a-z]*' /proc/cpuinfo | sort -u | tr '\n' ' '))"
+  timeout 300 $tests -tc='kernels*,engine*' >"$OUT/test_cpu.log" 2>&1
+  log "cpu tests rc=$?"; tail -4 "$OUT/test_cpu.log" | tee -a "$OUT/summary.txt"
+  grep -E "ERROR|FAILED" -A6 "$OUT/test_cpu.log" | head -40
+  log "decode GEMV bandwidth (weight bytes read / time, graph of 64 launches)"
+  timeout 300 $tests --no-skip -tc='cuda: decode GEMV*' 2>&1 | grep '^gemv' | tee -a "$OUT/summary.txt"
   log "greedy tokens, cpu vs cuda (stories260K)"
   for p in "Once upon a time" "The little cat"; do
     $bin/ds4-worker run --model $models/stories260K.gguf -p "$p" -n 200 --temp 0 --ignore-eos --json --device cpu >"$OUT/cpu.json" 2>/dev/null
@@ -65,6 +71,11 @@ if [ "$what" != test ]; then
   for m in 1b-f16 1b-q8 7b-f16; do
     log "bench $m"
     timeout 240 $bin/ds4-worker bench --model $dir/$m.gguf -p 512 -n 128 -r 3 --device cuda 2>>"$OUT/bench.err" | tee -a "$OUT/summary.txt"
+    # An earlier build carried in .devdata/bin-old: before/after on the same machine.
+    if [ -x .devdata/bin-old/ds4-worker ]; then
+      log "bench $m (previous build)"
+      timeout 240 .devdata/bin-old/ds4-worker bench --model $dir/$m.gguf -p 512 -n 128 -r 3 --device cuda 2>>"$OUT/bench.err" | tee -a "$OUT/summary.txt"
+    fi
     $bin/ds4-worker unload --model $dir/$m.gguf >/dev/null 2>&1
   done
 fi

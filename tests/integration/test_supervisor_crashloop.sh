@@ -24,6 +24,8 @@ write_config() {
   cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
   path: $model
+proxy:
+  listen: 127.0.0.1:0         # any free port: tests run side by side
 workers:
   backend: ${SUP_BACKEND:-process}
   device: $1

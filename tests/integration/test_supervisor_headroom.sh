@@ -39,6 +39,8 @@ min_kb=$((avail_kb - 2 * gib))
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
   path: $model
+proxy:
+  listen: 127.0.0.1:0         # any free port: tests run side by side
 workers:
   backend: ${SUP_BACKEND:-process}
   slots: 64

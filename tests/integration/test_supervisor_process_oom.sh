@@ -41,6 +41,8 @@ export DS4_WORKER_CGROUP_PARENT=$cg
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
   path: $model
+proxy:
+  listen: 127.0.0.1:0         # any free port: tests run side by side
 workers:
   backend: process
   slots: ${DS4_OOM_SLOTS:-256}

@@ -37,6 +37,8 @@ write_config() {  # DEVICE
   cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
   path: $model
+proxy:
+  listen: 127.0.0.1:0         # any free port: tests run side by side
 workers:
   backend: systemd
   device: $1
