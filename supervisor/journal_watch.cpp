@@ -8,12 +8,18 @@
 
 namespace ds4::sup {
 
-std::optional<std::string> oom_line_unit(std::string_view m) {
+std::optional<std::string> oom_line_cgroup(std::string_view m) {
   if (m.find("oom-kill:") == std::string_view::npos) return std::nullopt;
   const auto pos = m.find("task_memcg=");
   if (pos == std::string_view::npos) return std::nullopt;
   std::string_view path = m.substr(pos + 11);
-  path = path.substr(0, path.find(','));
+  return std::string(path.substr(0, path.find(',')));
+}
+
+std::optional<std::string> oom_line_unit(std::string_view m) {
+  const auto cg = oom_line_cgroup(m);
+  if (!cg) return std::nullopt;
+  std::string_view path = *cg;
   const auto slash = path.rfind('/');
   std::string_view last = slash == std::string_view::npos ? path : path.substr(slash + 1);
   if (last.empty()) return std::nullopt;
@@ -23,9 +29,12 @@ std::optional<std::string> oom_line_unit(std::string_view m) {
 JournalFinding classify_journal_entry(const JournalEntry& e) {
   JournalFinding f;
   if (e.transport == "kernel") {
-    if (auto unit = oom_line_unit(e.message)) {
+    // Every kernel oom-kill line counts (the backend matches them against
+    // the kernel's oom_kill counter); the unit only where the path names one.
+    if (e.message.rfind("oom-kill:", 0) == 0) {
       f.kind = JournalFinding::Kind::oom_kill;
-      f.unit = *unit;
+      f.cgroup = oom_line_cgroup(e.message).value_or("");
+      f.unit = oom_line_unit(e.message).value_or("");
       f.text = e.message;
     }
     return f;

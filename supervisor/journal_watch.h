@@ -33,7 +33,8 @@ struct JournalEntry {
 /// What an entry says about which unit.
 struct JournalFinding {
   enum class Kind { none, oom_kill, error_message } kind = Kind::none;
-  std::string unit;
+  std::string unit;    // the unit named ("" for an oom-kill line of a process in no unit)
+  std::string cgroup;  // oom_kill from the kernel: the victim's whole task_memcg path
   std::string text;
 };
 
@@ -42,6 +43,8 @@ struct JournalFinding {
 JournalFinding classify_journal_entry(const JournalEntry& e);
 /// "…,task_memcg=/a/b/ds4-worker@0.service,task=…" → "ds4-worker@0.service".
 std::optional<std::string> oom_line_unit(std::string_view message);
+/// The task_memcg path of a kernel oom-kill line ("/a/b/ds4-worker@0.service").
+std::optional<std::string> oom_line_cgroup(std::string_view message);
 
 class JournalWatcher {
  public:

@@ -94,6 +94,15 @@ class SystemdBackend : public UnitBackend {
     r = sd_bus_call_method(bus_, kDest, kManagerPath, kManagerIface, "Subscribe", &err.e, nullptr, "");
     if (r < 0) throw Error("cannot subscribe to the user manager: " + err.what(r));
     ensure_template();
+    {
+      // The manager's own cgroup, to tell its units' OOM kills from others'.
+      BusError e2;
+      char* cg = nullptr;
+      if (sd_bus_get_property_string(bus_, kDest, kManagerPath, kManagerIface, "ControlGroup", &e2.e, &cg) >= 0 && cg) {
+        manager_cgroup_ = cg;
+        free(cg);
+      }
+    }
     vmstat_base_ = read_vmstat_oom_kills();
     journal_ = std::make_unique<JournalWatcher>(io_, [this](const JournalFinding& f) { on_journal(f); });
     kick();
@@ -429,7 +438,11 @@ class SystemdBackend : public UnitBackend {
 
   void on_journal(const JournalFinding& f) {
     int id = -1;
-    const bool ours = std::sscanf(f.unit.c_str(), "ds4-worker@%d.service", &id) == 1;
+    // Another user manager (another user, a test) may run a ds4-worker@N of
+    // its own: a kernel line counts only when its cgroup is under ours.
+    const bool in_our_tree = f.cgroup.empty() || manager_cgroup_.empty() ||
+                             f.cgroup.rfind(manager_cgroup_ + "/", 0) == 0;
+    const bool ours = in_our_tree && std::sscanf(f.unit.c_str(), "ds4-worker@%d.service", &id) == 1;
     auto it = ours ? units_.find(id) : units_.end();
     if (f.kind == JournalFinding::Kind::oom_kill) {
       ++oom_lines_seen_;
@@ -547,6 +560,7 @@ class SystemdBackend : public UnitBackend {
   std::unique_ptr<JournalWatcher> journal_;
   uint64_t vmstat_base_ = 0;
   uint64_t oom_lines_seen_ = 0;
+  std::string manager_cgroup_;
 };
 
 }  // namespace

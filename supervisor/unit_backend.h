@@ -52,10 +52,9 @@ class UnitBackend {
   virtual void stop(int id) = 0;
   /// The unit name status shows ("ds4-worker@0.service", or "process" for children).
   virtual std::string unit_name(int id) const = 0;
-  /// Running workers to take over (a supervisor restart); empty for children.
+  /// Running workers of `segment` to take over (a supervisor restarted after
+  /// a crash); empty for child processes, which die with their parent.
   virtual std::vector<AdoptedWorker> find_running(const std::string& segment) { return {}; }
-  /// Leaves running workers as they are (the supervisor is restarting) or not.
-  virtual bool keeps_workers_on_exit() const { return false; }
 };
 
 }  // namespace ds4::sup

@@ -40,8 +40,11 @@ import socket, sys
 s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
 s.sendall(b"{\"op\":\"info\"}\n"); print(s.makefile().readline().strip())' "$wsock" 2>&1)
 [[ $info == *'"ev":"info"'* ]] && pass "the worker answers on $wsock" || fail "worker info: $info"
+segment=$(sup_get 's["model"]["segment"]')
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
+# The synthetic model lives in this test's folder: its segment goes with it.
+[[ -n $segment ]] && "$DS4_BIN/ds4-worker" unload --segment "$segment" >/dev/null
 [[ ! -e $sock ]] && pass "admin socket removed on exit" || fail "admin socket left behind"
 if ((fails)); then echo "$fails failure(s)"; tail -n 30 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
 echo "all passed"

@@ -27,8 +27,8 @@ else
 fi
 hog=
 cleanup() {
-  [[ -n $hog ]] && kill "$hog" 2>/dev/null
-  wait 2>/dev/null
+  # Only the hog: a bare `wait` would also wait for the user manager.
+  [[ -n $hog ]] && { kill "$hog" 2>/dev/null; wait "$hog" 2>/dev/null; }
   sup_cleanup
   [[ ${SUP_BACKEND:-process} == systemd ]] && ds4_systemd_stop
 }

@@ -19,6 +19,14 @@ TEST_CASE("journal: the kernel's oom-kill line names the unit by task_memcg") {
   const JournalFinding f = classify_journal_entry(e);
   CHECK(f.kind == JournalFinding::Kind::oom_kill);
   CHECK(f.unit == "ds4-worker@0.service");
+  // The whole path: another user manager's ds4-worker@0 is told apart by it.
+  CHECK(f.cgroup == "/ds4-test-1.slice/user@0.service/app.slice/app-ds4\\x2dworker.slice/ds4-worker@0.service");
+
+  // An oom-kill line of a process in no unit still counts (the backend
+  // matches lines against the kernel's counter), naming no unit.
+  e.message = "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),task_memcg=/,task=python3,pid=1,uid=0";
+  CHECK(classify_journal_entry(e).kind == JournalFinding::Kind::oom_kill);
+  CHECK(classify_journal_entry(e).unit.empty());
 
   CHECK_FALSE(oom_line_unit("Memory cgroup out of memory: Killed process 11271 (python3)"));
   CHECK_FALSE(oom_line_unit("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null)"));
