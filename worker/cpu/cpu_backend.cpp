@@ -2,6 +2,7 @@
 // llama2.c's run.c, with the matrix products on the kernel table of this CPU
 // and every step spread over a thread pool.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -138,12 +139,27 @@ class CpuBackend final : public Backend {
 void CpuBackend::matmul(std::initializer_list<Product> ps, int64_t T) {
   int64_t work = 0;
   for (const Product& p : ps) work += p.w->rows * p.w->cols * T;
-  parallel(work, [&](int i, int n) {
+  // Rows are handed out in chunks from a shared counter, so a thread that is
+  // descheduled (a busy machine) or slower leaves its share to the others.
+  // Each row's result does not depend on which thread computes it.
+  const int64_t chunk = T >= 4 ? 16 : 64;
+  std::vector<int64_t> first_chunk;  // chunk index where each product starts
+  int64_t chunks = 0;
+  for (const Product& p : ps) {
+    first_chunk.push_back(chunks);
+    chunks += (p.w->rows + chunk - 1) / chunk;
+  }
+  std::atomic<int64_t> next{0};
+  parallel(work, [&](int i, int) {
     float* scratch = thread_scratch(i);
-    for (const Product& p : ps) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      size_t pi = first_chunk.size() - 1;
+      while (first_chunk[pi] > c) --pi;
+      const Product& p = *(ps.begin() + pi);
+      const int64_t r0 = (c - first_chunk[pi]) * chunk, r1 = std::min(p.w->rows, r0 + chunk);
       MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x, p.ldx, T, p.y, p.ldy};
-      const auto [r0, r1] = cpu::split_range(p.w->rows, T >= 4 ? 16 : 4, i, n);
-      if (r0 < r1) k_.matmul_rows(a, r0, r1, scratch);
+      k_.matmul_rows(a, r0, r1, scratch);
     }
   });
 }
@@ -213,9 +229,11 @@ void CpuBackend::forward(std::span<const BatchToken> batch) {
       k_.to_f16(kk_ + t * ld_kv(), k_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
       k_.to_f16(vv_ + t * ld_kv(), v_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
     });
-    parallel(T * hp_.n_heads * hd * (batch.back().pos + 1), [&](int i, int n) {
+    std::atomic<int64_t> next_job{0};
+    parallel(T * hp_.n_heads * hd * (batch.back().pos + 1), [&](int i, int) {
       float* scores = thread_scratch(i) + cpu::matmul_scratch_floats(std::max({hp_.dim, hp_.q_dim(), hp_.ff}));
-      for (int64_t job = i; job < T * hp_.n_heads; job += n) {
+      for (int64_t job = next_job.fetch_add(1, std::memory_order_relaxed); job < T * hp_.n_heads;
+           job = next_job.fetch_add(1, std::memory_order_relaxed)) {
         const int64_t t = job / hp_.n_heads, h = job % hp_.n_heads;
         const BatchToken& b = batch[t];
         const int64_t kvh = h / group;
