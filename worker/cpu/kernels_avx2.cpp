@@ -50,15 +50,7 @@ void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
 
 void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   if (a.T >= 4) return gemm_rows(a, n0, n1, scratch);
-  for (int64_t t = 0; t < a.T;) {
-    const int64_t c = std::min<int64_t>(a.T - t, 3);
-    const float* x = a.x + t * a.ldx;
-    float* y = a.y + t * a.ldy;
-    if (c == 3) gemv_rows<3>(a, n0, n1, x, y);
-    else if (c == 2) gemv_rows<2>(a, n0, n1, x, y);
-    else gemv_rows<1>(a, n0, n1, x, y);
-    t += c;
-  }
+  gemv_tokens(a, n0, n1);
 }
 
 }  // namespace

@@ -117,6 +117,19 @@ void gemv_rows(const MatmulArgs& a, int64_t n0, int64_t n1, const float* x, floa
   for (; n < n1; ++n) run.template operator()<1>(n);
 }
 
+// All tokens of a small batch (T <= 3), three at a time, weights converted on the fly.
+void gemv_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  for (int64_t t = 0; t < a.T;) {
+    const int64_t c = std::min<int64_t>(a.T - t, 3);
+    const float* x = a.x + t * a.ldx;
+    float* y = a.y + t * a.ldy;
+    if (c == 3) gemv_rows<3>(a, n0, n1, x, y);
+    else if (c == 2) gemv_rows<2>(a, n0, n1, x, y);
+    else gemv_rows<1>(a, n0, n1, x, y);
+    t += c;
+  }
+}
+
 // --- matrix-matrix path: a panel of rows converted once, then f32 tiles -----
 
 // Converts row n (K elements) to f32 with zeros up to kp.
