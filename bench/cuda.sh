@@ -3,28 +3,37 @@
 # CPU-vs-CUDA greedy tokens on stories260K, and llama-bench style speed on
 # synthetic 1B (f16, q8_0) and 7B (f16) models. Logs go to $OUT (or ./out).
 #   bench/cuda.sh [all|test|bench]   (stories260K is read from .devdata/ or ../shared/models/)
+# Environment: DEVDATA (default .devdata) is the folder of carried binaries;
+# VARIANTS, a ';'-separated list of environment settings (e.g.
+# "DS4_CUDA_GEMV=0;DS4_CUDA_GEMV=2"), times the GEMV and benches each model
+# again under each of them (VARIANT_REPS repetitions, default 3); GEMV_VARIANTS,
+# if set, replaces VARIANTS for the GEMV timing; CPU_TESTS=0 leaves out the
+# CPU kernel tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 what=${1:-all}
+dev=${DEVDATA:-.devdata}
+IFS=';' read -r -a variants <<<"${VARIANTS:-}"
+IFS=';' read -r -a gemv_variants <<<"${GEMV_VARIANTS:-${VARIANTS:-}}"
 jobs=$(nproc)
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 
 models=../shared/models
 if [ ! -f $models/stories260K.gguf ]; then
-  mkdir -p $models && cp .devdata/stories260K.gguf $models/
+  mkdir -p $models && cp $dev/stories260K.gguf $models/
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem --format=csv | tee -a "$OUT/summary.txt"
 
-if [ -x .devdata/bin/ds4-worker ]; then
+if [ -x $dev/bin/ds4-worker ]; then
   # Binaries built elsewhere (a GPU machine without the project's libraries):
   # their shared libraries beside them, the model where the tests were told to look.
-  bin=.devdata/bin
-  export LD_LIBRARY_PATH=$PWD/.devdata/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+  bin=$dev/bin
+  export LD_LIBRARY_PATH=$PWD/$dev/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
   tests=$bin/ds4_unit_tests; [ -x $tests ] || tests=$bin/ds4_cuda_tests
   built_models=/work/shared/models  # DS4_SHARED_MODELS of the build that made them
-  mkdir -p /work/main "$built_models" && cp .devdata/stories260K.gguf "$built_models/"
+  mkdir -p /work/main "$built_models" && cp $dev/stories260K.gguf "$built_models/"
   log "prebuilt binaries (models for tests at $built_models)"
 else
   log build
@@ -43,12 +52,19 @@ if [ "$what" != bench ]; then
   timeout 300 $tests -tc='cuda:*' >"$OUT/test_cuda.log" 2>&1
   log "cuda tests rc=$?"; tail -5 "$OUT/test_cuda.log" | tee -a "$OUT/summary.txt"
   grep -E "ERROR|FAILED|CHECK|with expansion|values:|  CHECK" "$OUT/test_cuda.log" | head -40
-  log "unit tests: cpu kernels and engine ($(grep -o 'avx512[a-z]*' /proc/cpuinfo | sort -u | tr '\n' ' '))"
-  timeout 300 $tests -tc='kernels*,engine*' >"$OUT/test_cpu.log" 2>&1
-  log "cpu tests rc=$?"; tail -4 "$OUT/test_cpu.log" | tee -a "$OUT/summary.txt"
-  grep -E "ERROR|FAILED" -A6 "$OUT/test_cpu.log" | head -40
+  if [ "${CPU_TESTS:-1}" != 0 ]; then
+    log "unit tests: cpu kernels and engine ($(grep -o 'avx512[a-z]*' /proc/cpuinfo | sort -u | tr '\n' ' '))"
+    timeout 300 $tests -tc='kernels*,engine*' >"$OUT/test_cpu.log" 2>&1
+    log "cpu tests rc=$?"; tail -4 "$OUT/test_cpu.log" | tee -a "$OUT/summary.txt"
+    grep -E "ERROR|FAILED" -A6 "$OUT/test_cpu.log" | head -40
+  fi
   log "decode GEMV bandwidth (weight bytes read / time, graph of 64 launches)"
   timeout 300 $tests --no-skip -tc='cuda: decode GEMV*' 2>&1 | grep '^gemv' | tee -a "$OUT/summary.txt"
+  for v in "${gemv_variants[@]}"; do
+    log "decode GEMV bandwidth with $v (and the product tests)"
+    env $v timeout 120 $tests -tc='cuda: matrix*,cuda: the fused*,cuda: RMSNorm*' 2>&1 | tail -2 | tee -a "$OUT/summary.txt"
+    env $v timeout 300 $tests --no-skip -tc='cuda: decode GEMV*' 2>&1 | grep '^gemv' | tee -a "$OUT/summary.txt"
+  done
   log "greedy tokens, cpu vs cuda (stories260K)"
   for p in "Once upon a time" "The little cat"; do
     $bin/ds4-worker run --model $models/stories260K.gguf -p "$p" -n 200 --temp 0 --ignore-eos --json --device cpu >"$OUT/cpu.json" 2>/dev/null
@@ -71,10 +87,14 @@ if [ "$what" != test ]; then
   for m in 1b-f16 1b-q8 7b-f16; do
     log "bench $m"
     timeout 240 $bin/ds4-worker bench --model $dir/$m.gguf -p 512 -n 128 -r 3 --device cuda 2>>"$OUT/bench.err" | tee -a "$OUT/summary.txt"
-    # An earlier build carried in .devdata/bin-old: before/after on the same machine.
-    if [ -x .devdata/bin-old/ds4-worker ]; then
+    for v in "${variants[@]}"; do
+      log "bench $m with $v"
+      env $v timeout 240 $bin/ds4-worker bench --model $dir/$m.gguf -p 512 -n 128 -r ${VARIANT_REPS:-3} --device cuda 2>>"$OUT/bench.err" | tee -a "$OUT/summary.txt"
+    done
+    # An earlier build carried in $dev/bin-old: before/after on the same machine.
+    if [ -x $dev/bin-old/ds4-worker ]; then
       log "bench $m (previous build)"
-      timeout 240 .devdata/bin-old/ds4-worker bench --model $dir/$m.gguf -p 512 -n 128 -r 3 --device cuda 2>>"$OUT/bench.err" | tee -a "$OUT/summary.txt"
+      timeout 240 $dev/bin-old/ds4-worker bench --model $dir/$m.gguf -p 512 -n 128 -r 3 --device cuda 2>>"$OUT/bench.err" | tee -a "$OUT/summary.txt"
     fi
     $bin/ds4-worker unload --model $dir/$m.gguf >/dev/null 2>&1
   done

@@ -567,6 +567,8 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
       r.mapping(e.value, e.mark, e.path, {
         {"backoff_initial", [&](const Entry& x) { r.duration(x, c.restart.backoff_initial); }},
         {"backoff_max", [&](const Entry& x) { r.duration(x, c.restart.backoff_max); }},
+        {"hang_timeout", [&](const Entry& x) { r.duration(x, c.restart.hang_timeout); }},
+        {"drain_deadline", [&](const Entry& x) { r.duration(x, c.restart.drain_deadline); }},
       });
     }},
     {"gpu", [&](const Entry& e) {
@@ -649,6 +651,12 @@ void check(Reader& r, Config& c, Bytes mem_total) {
     r.error_at(r.has("restart.backoff_initial") ? "restart.backoff_initial" : "restart.backoff_max",
                "restart.backoff_initial " + format_duration(c.restart.backoff_initial) +
                    " is longer than restart.backoff_max " + format_duration(c.restart.backoff_max));
+  // Shorter than a few heartbeats (50 ms apart) or a step of a loaded machine
+  // would kill healthy workers.
+  if (c.restart.hang_timeout.count() != 0 && c.restart.hang_timeout < std::chrono::milliseconds(500))
+    r.error_at("restart.hang_timeout", "restart.hang_timeout " + format_duration(c.restart.hang_timeout) +
+                                           " is too short: at least 500ms, or 0 to turn hang detection off");
+  check_positive(r, "restart.drain_deadline", c.restart.drain_deadline);
 
   if (c.model.name.empty() && !c.model.path.empty()) c.model.name = c.model.path.stem().string();
 }
@@ -752,6 +760,8 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(a.headroom.psi != b.headroom.psi, "headroom.psi", c.in_place);
   note(a.restart.backoff_initial != b.restart.backoff_initial, "restart.backoff_initial", c.in_place);
   note(a.restart.backoff_max != b.restart.backoff_max, "restart.backoff_max", c.in_place);
+  note(a.restart.hang_timeout != b.restart.hang_timeout, "restart.hang_timeout", c.in_place);
+  note(a.restart.drain_deadline != b.restart.drain_deadline, "restart.drain_deadline", c.in_place);
   return c;
 }
 

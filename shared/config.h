@@ -108,6 +108,13 @@ struct HeadroomConfig {
 struct RestartConfig {
   Duration backoff_initial = std::chrono::seconds(1);  // after the first quick retry
   Duration backoff_max = std::chrono::seconds(60);
+  /// A ready worker whose heartbeat is older than this, or whose socket has
+  /// not answered for this long, is hung: killed and restarted at its
+  /// context. 0 = never (at least 500ms otherwise).
+  Duration hang_timeout = std::chrono::seconds(30);
+  /// A draining worker still busy after this is stopped anyway (its requests
+  /// resume on another worker).
+  Duration drain_deadline = std::chrono::seconds(30);
   bool operator==(const RestartConfig&) const = default;
 };
 

@@ -1,5 +1,6 @@
 #include "shared/protocol.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -90,29 +91,160 @@ Request parse_request(std::string_view line) {
   return r;
 }
 
+// ---- the lines of every request, token and end, written and read by hand ----
+// The same JSON nlohmann writes (keys in its order), without building a tree:
+// these run once per token and twice per request on both sides of the socket.
+namespace {
+
+void put(std::string& s, int64_t v) {
+  char b[24];
+  s.append(b, std::to_chars(b, b + sizeof b, v).ptr);
+}
+
+void put(std::string& s, uint64_t v) {
+  char b[24];
+  s.append(b, std::to_chars(b, b + sizeof b, v).ptr);
+}
+
+// Shortest text that reads back as the same value; null for NaN and
+// infinities, as nlohmann writes them.
+template <typename F>
+void put_real(std::string& s, F v) {
+  if (!std::isfinite(v)) {
+    s += "null";
+    return;
+  }
+  char b[40];
+  s.append(b, std::to_chars(b, b + sizeof b, v).ptr);
+}
+
+void put(std::string& s, const std::vector<int32_t>& v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    put(s, int64_t(v[i]));
+  }
+  s += ']';
+}
+
+/// Reads what put() wrote; any other text sets ok = false (the caller then
+/// parses the line as general JSON).
+struct Cursor {
+  std::string_view s;
+  size_t p = 0;
+  bool ok = true;
+  void lit(std::string_view t) {
+    if (ok && s.substr(p, t.size()) == t) p += t.size();
+    else ok = false;
+  }
+  template <typename T>
+  T num() {
+    T v{};
+    if (!ok) return v;
+    const auto r = std::from_chars(s.data() + p, s.data() + s.size(), v);
+    if (r.ec != std::errc()) ok = false;
+    else p = size_t(r.ptr - s.data());
+    return v;
+  }
+  std::string_view word() {  // the rest of a string without escapes, up to its closing quote
+    const size_t q = ok ? s.find('"', p) : std::string_view::npos;
+    if (q == std::string_view::npos || s.substr(p, q - p).find('\\') != std::string_view::npos) {
+      ok = false;
+      return {};
+    }
+    std::string_view w = s.substr(p, q - p);
+    p = q;
+    return w;
+  }
+  bool end() const { return ok && p == s.size(); }
+};
+
+bool plain(std::string_view w) {
+  for (unsigned char c : w)
+    if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) return false;
+  return true;
+}
+
+bool fast_token(std::string_view line, Event& e) {
+  Cursor c{line};
+  c.lit(R"({"ev":"token","i":)");
+  e.token.index = c.num<int64_t>();
+  c.lit(R"(,"lp":)");
+  e.token.logprob = float(c.num<double>());  // as json's get<float>(): via double
+  c.lit(R"(,"t":)");
+  e.token.token = c.num<int32_t>();
+  c.lit("}");
+  e.kind = Event::Kind::token;
+  return c.end();
+}
+
+bool fast_done(std::string_view line, Event& e) {
+  Cursor c{line};
+  c.lit(R"({"ev":"done","reason":")");
+  e.reason = c.word();
+  c.lit(R"(","timings":{"cache_n":)");
+  e.timings.cache_n = c.num<int64_t>();
+  c.lit(R"(,"predicted_ms":)");
+  e.timings.predicted_ms = c.num<double>();
+  c.lit(R"(,"predicted_n":)");
+  e.timings.predicted_n = c.num<int64_t>();
+  c.lit(R"(,"prompt_ms":)");
+  e.timings.prompt_ms = c.num<double>();
+  c.lit(R"(,"prompt_n":)");
+  e.timings.prompt_n = c.num<int64_t>();
+  c.lit("}}");
+  e.kind = Event::Kind::done;
+  return c.end();
+}
+
+}  // namespace
+
 std::string to_line(const GenerateRequest& g) {
-  json j = {{"op", "generate"},
-            {"prompt", g.prompt},
-            {"generated", g.generated},
-            {"max_tokens", g.max_tokens},
-            {"temperature", g.sampling.temperature},
-            {"top_k", g.sampling.top_k},
-            {"top_p", g.sampling.top_p},
-            {"min_p", g.sampling.min_p},
-            {"seed", g.sampling.seed},
-            {"logprobs", g.logprobs},
-            {"ignore_eos", g.ignore_eos}};
-  return j.dump() + "\n";
+  std::string s;
+  s.reserve(200 + 8 * (g.prompt.size() + g.generated.size()));
+  s += R"({"op":"generate","prompt":)";
+  put(s, g.prompt);
+  s += R"(,"generated":)";
+  put(s, g.generated);
+  s += R"(,"max_tokens":)";
+  put(s, int64_t(g.max_tokens));
+  s += R"(,"temperature":)";
+  put_real(s, g.sampling.temperature);
+  s += R"(,"top_k":)";
+  put(s, int64_t(g.sampling.top_k));
+  s += R"(,"top_p":)";
+  put_real(s, g.sampling.top_p);
+  s += R"(,"min_p":)";
+  put_real(s, g.sampling.min_p);
+  s += R"(,"seed":)";
+  put(s, g.sampling.seed);
+  s += R"(,"logprobs":)";
+  put(s, int64_t(g.logprobs));
+  s += g.ignore_eos ? R"(,"ignore_eos":true})" : R"(,"ignore_eos":false})";
+  s += '\n';
+  return s;
 }
 
 std::string token_line(const TokenEvent& e) {
-  json j = {{"ev", "token"}, {"i", e.index}, {"t", e.token}, {"lp", e.logprob}};
+  std::string s = R"({"ev":"token","i":)";
+  put(s, e.index);
+  s += R"(,"lp":)";
+  put_real(s, e.logprob);
+  s += R"(,"t":)";
+  put(s, int64_t(e.token));
   if (!e.top.empty()) {
-    json top = json::array();
-    for (auto& [t, lp] : e.top) top.push_back({t, lp});
-    j["top"] = std::move(top);
+    s += R"(,"top":[)";
+    for (size_t i = 0; i < e.top.size(); ++i) {
+      s += i ? ",[" : "[";
+      put(s, int64_t(e.top[i].first));
+      s += ',';
+      put_real(s, e.top[i].second);
+      s += ']';
+    }
+    s += ']';
   }
-  return j.dump() + "\n";
+  s += "}\n";
+  return s;
 }
 
 static json timings_json(const Timings& t) {
@@ -121,7 +253,21 @@ static json timings_json(const Timings& t) {
 }
 
 std::string done_line(std::string_view reason, const Timings& t) {
-  return json{{"ev", "done"}, {"reason", reason}, {"timings", timings_json(t)}}.dump() + "\n";
+  if (!plain(reason)) return json{{"ev", "done"}, {"reason", reason}, {"timings", timings_json(t)}}.dump() + "\n";
+  std::string s = R"({"ev":"done","reason":")";
+  s += reason;
+  s += R"(","timings":{"cache_n":)";
+  put(s, t.cache_n);
+  s += R"(,"predicted_ms":)";
+  put_real(s, t.predicted_ms);
+  s += R"(,"predicted_n":)";
+  put(s, t.predicted_n);
+  s += R"(,"prompt_ms":)";
+  put_real(s, t.prompt_ms);
+  s += R"(,"prompt_n":)";
+  put(s, t.prompt_n);
+  s += "}}\n";
+  return s;
 }
 
 std::string error_line(std::string_view message) {
@@ -129,6 +275,7 @@ std::string error_line(std::string_view message) {
 }
 
 Event parse_event(std::string_view line) {
+  if (Event e; fast_token(line, e) || fast_done(line, e)) return e;
   json j = json::parse(line, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("ev")) throw Error("worker sent a malformed event");
   Event e;
@@ -136,19 +283,20 @@ Event parse_event(std::string_view line) {
     const std::string ev = j["ev"];
     if (ev == "token") {
       e.kind = Event::Kind::token;
-      e.token.index = j["i"];
-      e.token.token = j["t"];
-      e.token.logprob = j["lp"];
+      // at(), not []: a missing field is an error (json::out_of_range), not undefined behaviour.
+      e.token.index = j.at("i");
+      e.token.token = j.at("t");
+      e.token.logprob = j.at("lp");
       if (j.contains("top"))
-        for (auto& p : j["top"]) e.token.top.emplace_back(p[0].get<int32_t>(), p[1].get<float>());
+        for (auto& p : j["top"]) e.token.top.emplace_back(p.at(0).get<int32_t>(), p.at(1).get<float>());
     } else if (ev == "done") {
       e.kind = Event::Kind::done;
-      e.reason = j["reason"];
-      const json& t = j["timings"];
-      e.timings = {t["prompt_n"], t["cache_n"], t["predicted_n"], t["prompt_ms"], t["predicted_ms"]};
+      e.reason = j.at("reason");
+      const json& t = j.at("timings");
+      e.timings = {t.at("prompt_n"), t.at("cache_n"), t.at("predicted_n"), t.at("prompt_ms"), t.at("predicted_ms")};
     } else if (ev == "error") {
       e.kind = Event::Kind::error;
-      e.message = j["message"];
+      e.message = j.at("message");
     } else if (ev == "info") {
       e.kind = Event::Kind::info;
       e.info = std::move(j);

@@ -45,16 +45,38 @@ void print_status(const nlohmann::json& s) {
   std::printf("headroom  %s available (min %s), PSI some avg10 %.2f%%\n",
               ds4::sup::human_size(h.value("host_available", uint64_t(0))).c_str(),
               ds4::sup::human_size(h.value("min_available", uint64_t(0))).c_str(), h.value("psi_some_avg10", 0.0));
-  std::printf("queue     %lld waiting\n", (long long)s["queue"].value("waiting", int64_t(0)));
+  if (h.contains("gpu_free") && h["gpu_free"].is_number())
+    std::printf("gpu       %s free of %s (the tightest device a worker reports)\n",
+                ds4::sup::human_size(h["gpu_free"].get<uint64_t>()).c_str(),
+                ds4::sup::human_size(h.value("gpu_total", uint64_t(0))).c_str());
+  std::string per_worker;  // requests running on each worker
+  for (const auto& w : s["workers"])
+    per_worker += (per_worker.empty() ? " (worker " : ", worker ") + std::to_string(w.value("id", 0)) + ": " +
+                  std::to_string(w.value("in_flight", int64_t(0)));
+  std::printf("queue     %lld waiting, %lld in flight%s%s\n", (long long)s["queue"].value("waiting", int64_t(0)),
+              (long long)s["queue"].value("in_flight", int64_t(0)), per_worker.c_str(), per_worker.empty() ? "" : ")");
   std::printf("backend   %s\n\n", s.value("backend", "").c_str());
-  std::printf("%-3s %-22s %-10s %-8s %-8s %-5s %-8s %-4s\n", "ID", "UNIT", "STATE", "PID", "CONTEXT", "SLOTS",
-              "RESTARTS", "OOM");
+  std::printf("%-3s %-22s %-10s %-8s %-8s %-5s %-8s %-4s %s\n", "ID", "UNIT", "STATE", "PID", "CONTEXT", "SLOTS",
+              "RESTARTS", "OOM", "HEARTBEAT");
   for (const auto& w : s["workers"]) {
     std::string state = w.value("state", "");
     if (w.value("degraded", false)) state += "!";
-    std::printf("%-3d %-22s %-10s %-8d %-8u %-5u %-8lld %-4lld\n", w.value("id", 0), w.value("unit", "").c_str(),
+    // Heartbeat age from the worker's control block record; "-" when it keeps none.
+    std::string beat = "-";
+    if (w.contains("heartbeat_age_ms") && w["heartbeat_age_ms"].is_number()) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.1fs ago", double(w["heartbeat_age_ms"].get<int64_t>()) / 1000.0);
+      beat = b;
+    }
+    std::printf("%-3d %-22s %-10s %-8d %-8u %-5u %-8lld %-4lld %s\n", w.value("id", 0), w.value("unit", "").c_str(),
                 state.c_str(), w.value("pid", 0), w.value("context", 0u), w.value("slots", 0u),
-                (long long)w.value("restarts", int64_t(0)), (long long)w.value("oom_kills", int64_t(0)));
+                (long long)w.value("restarts", int64_t(0)), (long long)w.value("oom_kills", int64_t(0)), beat.c_str());
+    if (w.contains("counters")) {
+      const auto& c = w["counters"];
+      std::printf("    served: %llu requests, %llu tokens in, %llu out, %llu errors\n",
+                  (unsigned long long)c.value("requests", uint64_t(0)), (unsigned long long)c.value("tokens_in", uint64_t(0)),
+                  (unsigned long long)c.value("tokens_out", uint64_t(0)), (unsigned long long)c.value("errors", uint64_t(0)));
+    }
     if (w.contains("binary")) {
       std::string cmd = w["binary"].get<std::string>();
       for (const auto& a : w["args"]) cmd += " " + a.get<std::string>();

@@ -17,6 +17,7 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   p.psi = c.headroom.psi;
   p.backoff_initial = c.restart.backoff_initial;
   p.backoff_max = c.restart.backoff_max;
+  p.hang_timeout = c.restart.hang_timeout;
   return p;
 }
 
@@ -68,6 +69,11 @@ bool WorkerPolicy::ample(const Readings& r) const {
   return r.available >= extra && r.available - extra >= keep;
 }
 
+Duration WorkerPolicy::backoff_delay() const {
+  return std::min(config_.backoff_max,
+                  config_.backoff_initial * (int64_t(1) << std::min<int64_t>(std::max<int64_t>(failures_ - 2, 0), 30)));
+}
+
 Step WorkerPolicy::start(TimePoint now, const Readings& r) {
   const Bytes room = r.available > config_.reserve ? r.available - config_.reserve : 0;
   size_t rung = config_.ladder.size() - 1;
@@ -99,6 +105,7 @@ Step WorkerPolicy::start_at(size_t rung, const std::string& event, const std::st
   rung_ = rung;
   state_ = WorkerState::starting;
   stopping_ = false;
+  hung_ = false;
   after_ = After::nothing;
   backoff_until_.reset();
   ready_since_.reset();
@@ -164,7 +171,24 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
     stopping_ = false;
     if (after_ == After::start_target) {
       ++restarts_;
-      // Carries out a decision already logged (downgrade, upgrade, restart).
+      if (hung_) {
+        hung_ = false;
+        ++failures_;
+        if (failures_ >= 2) {
+          const Duration d = backoff_delay();
+          Step s;
+          state_ = WorkerState::backoff;
+          backoff_until_ = now + d;
+          after_ = After::nothing;
+          s.decisions.push_back(decision("backoff", rung_, target_,
+                                         "worker hung and was killed, " + std::to_string(failures_) +
+                                             " failures in a row; retrying in " + format_duration(d)));
+          s.decisions.back().figures = {{"DS4_BACKOFF_MS", std::to_string(d.count())},
+                                        {"DS4_FAILURES", std::to_string(failures_)}};
+          return s;
+        }
+      }
+      // Carries out a decision already logged (downgrade, upgrade, restart, hang).
       return start_at(target_, "", "", now);
     }
     state_ = WorkerState::stopped;
@@ -194,6 +218,34 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
   s.decisions.back().figures = {{"DS4_BACKOFF_MS", std::to_string(d.count())},
                                 {"DS4_FAILURES", std::to_string(failures_)},
                                 {"DS4_EXIT", exit_kind_name(kind)}};
+  return s;
+}
+
+Step WorkerPolicy::on_health(TimePoint now, const Health& h) {
+  if (state_ != WorkerState::ready || config_.hang_timeout.count() == 0) return {};
+  const bool stale = h.heartbeat_age && *h.heartbeat_age > config_.hang_timeout;
+  const bool mute = h.unanswered > config_.hang_timeout;
+  if (!stale && !mute) return {};
+  std::string why;
+  if (stale) why = "no heartbeat for " + format_duration(*h.heartbeat_age);
+  if (mute) why += std::string(why.empty() ? "" : ", ") + "socket unanswered for " + format_duration(h.unanswered);
+  why += " (hang_timeout " + format_duration(config_.hang_timeout) + "): hung; killing pid " + std::to_string(pid_) +
+         ", then restarting at context " + std::to_string(context());
+  Step s;
+  s.decisions.push_back(decision("hang", rung_, rung_, why));
+  s.decisions.back().figures = {
+      {"DS4_HEARTBEAT_AGE_MS", h.heartbeat_age ? std::to_string(h.heartbeat_age->count()) : std::string("none")},
+      {"DS4_UNANSWERED_MS", std::to_string(h.unanswered.count())},
+      {"DS4_HANG_TIMEOUT_MS", std::to_string(config_.hang_timeout.count())},
+      {"DS4_PID", std::to_string(pid_)}};
+  state_ = WorkerState::restarting;
+  stopping_ = true;
+  hung_ = true;
+  after_ = After::start_target;
+  target_ = rung_;
+  low_since_.reset();
+  ample_since_.reset();
+  s.actions.push_back({Action::Kind::kill, 0});
   return s;
 }
 

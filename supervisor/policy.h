@@ -21,6 +21,10 @@
 ///             in a row waits backoff_initial, doubling, capped at
 ///             backoff_max (state backoff, `degraded`). The count resets
 ///             once a worker stayed ready for backoff_max.
+///   hang      a ready worker whose heartbeat is older than hang_timeout, or
+///             whose socket has not answered for that long: killed
+///             (SIGKILL), then restarted at the same rung; it counts as a
+///             failure, so a worker that keeps hanging backs off like a crash.
 
 #include <chrono>
 #include <cstdint>
@@ -46,6 +50,7 @@ struct PolicyConfig {
   double psi = 0;             // 0 = not used
   Duration backoff_initial{1000};
   Duration backoff_max{60000};
+  Duration hang_timeout{0};   // 0 = no hang detection
   static PolicyConfig from(const Config& c);
 };
 
@@ -53,7 +58,18 @@ struct PolicyConfig {
 struct Readings {
   Bytes available = 0;                // MemAvailable, or the smaller of it and GPU free
   double psi_some_avg10 = 0;          // % of time some task stalled on memory
-  std::optional<Bytes> gpu_free;
+  std::optional<Bytes> gpu_free;      // the tightest device workers report (control block)
+  std::optional<Bytes> gpu_total;     // that device's size
+};
+
+/// What the supervisor sees of a running worker's liveness.
+struct Health {
+  /// Age of the heartbeat in the worker's control block record; nullopt when
+  /// the process keeps no record (then only the socket counts).
+  std::optional<Duration> heartbeat_age;
+  /// How long the worker's socket has been mute: since the start of the first
+  /// of the probes (`info`) that failed in a row; 0 when the last one was answered.
+  Duration unanswered{0};
 };
 
 /// Why a worker process went away, as the backends tell it apart.
@@ -70,13 +86,13 @@ std::string human_size(Bytes b);
 
 /// What the manager must do.
 struct Action {
-  enum class Kind { start, stop, drain } kind = Kind::start;
+  enum class Kind { start, stop, drain, kill } kind = Kind::start;  // kill: SIGKILL, no drain
   uint32_t context = 0;  // start
 };
 
 /// One decision, for the journal and `ds4ctl events`.
 struct Decision {
-  std::string event;   // oom | downgrade | upgrade | restart | backoff | start | stop
+  std::string event;   // oom | downgrade | upgrade | restart | backoff | hang | start | stop
   int worker = 0;
   uint32_t context_from = 0;
   uint32_t context_to = 0;
@@ -104,6 +120,10 @@ class WorkerPolicy {
   Step on_readings(TimePoint now, const Readings& r, bool idle);
   /// Nothing is in flight any more on a draining worker (or its deadline passed).
   Step on_drained(TimePoint now);
+  /// A liveness reading (heartbeat, socket probe). Acts only on a ready
+  /// worker found hung: a `hang` decision and Action::kill; on_exit() then
+  /// restarts it at the same rung.
+  Step on_health(TimePoint now, const Health& h);
   /// A timer the manager armed for next_wakeup() fired.
   Step on_timer(TimePoint now);
 
@@ -147,6 +167,7 @@ class WorkerPolicy {
   Decision decision(const std::string& event, size_t from, size_t to, std::string reason) const;
   bool low(const Readings& r) const;
   bool ample(const Readings& r) const;
+  Duration backoff_delay() const;
 
   int id_;
   PolicyConfig config_;
@@ -156,6 +177,7 @@ class WorkerPolicy {
   size_t target_ = 0;
   After after_ = After::nothing;
   bool stopping_ = false;  // we asked the process to stop: its exit is expected
+  bool hung_ = false;      // ... and it was because it hung (a failure)
   int pid_ = 0;
   int64_t restarts_ = 0;
   int64_t oom_kills_ = 0;

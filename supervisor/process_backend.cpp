@@ -25,6 +25,7 @@ struct ProcessBackend::Child {
   LaunchSpec spec;
   int pid = 0;
   bool stop_requested = false;
+  bool killed_by_us = false;  // kill(): a SIGKILL of ours, not the OOM killer's
   bool ready = false;
   std::string status;   // last STATUS= it sent
   std::string cgroup;   // its memory cgroup, "" when none
@@ -184,10 +185,14 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);
-    if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=")) continue;
+    if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=") ||
+        v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS="))
+      continue;
     env.emplace_back(v);
   }
   env.push_back("NOTIFY_SOCKET=" + notify_path_);
+  if (!spec.control.empty()) env.push_back("DS4_CONTROL=" + spec.control);
+  env.push_back("DS4_GPU_WEIGHTS=" + spec.gpu_weights);
   // Everything the child needs is prepared before fork (only async-signal-safe calls after).
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
@@ -244,6 +249,15 @@ void ProcessBackend::stop(int id) {
     log::warn("worker " + std::to_string(id) + " did not stop in time; killing it");
     ::kill(pid, SIGKILL);
   });
+}
+
+void ProcessBackend::kill(int id) {
+  auto it = children_.find(id);
+  if (it == children_.end() || it->second->pid <= 0) return;
+  Child& c = *it->second;
+  c.stop_requested = true;
+  c.killed_by_us = true;
+  ::kill(c.pid, SIGKILL);
 }
 
 void ProcessBackend::do_notify_read() {
@@ -314,7 +328,10 @@ void ProcessBackend::reap() {
     } else if (WIFSIGNALED(st)) {
       const int sig = WTERMSIG(st);
       msg = std::string("killed by signal ") + sigabbrev_np(sig);
-      if (sig == SIGKILL) {
+      if (sig == SIGKILL && c->killed_by_us) {
+        kind = ExitKind::clean;
+        msg = "killed by the supervisor (SIGKILL)";
+      } else if (sig == SIGKILL) {
         const auto now_ooms = oom_kills_in(c->cgroup);
         bool oom;
         if (c->cgroup_ooms_at_start && now_ooms) oom = *now_ooms > *c->cgroup_ooms_at_start;

@@ -41,6 +41,7 @@ class ProcessBackend : public UnitBackend {
   void set_callbacks(BackendCallbacks cb) override { cb_ = std::move(cb); }
   void start(const LaunchSpec& spec) override;
   void stop(int id) override;
+  void kill(int id) override;
   std::string unit_name(int id) const override { return "process"; }
 
   /// Where memory_max lands for worker `id` ("" when not enforced) and why not.

@@ -11,9 +11,11 @@
 #include "shared/log.h"
 #include "supervisor/admin.h"
 #include "supervisor/headroom.h"
+#include "supervisor/holder_keeper.h"
 #include "supervisor/paths.h"
 #include "supervisor/process_backend.h"
 #include "supervisor/systemd_backend.h"
+#include "supervisor/worker_health.h"
 #include "supervisor/worker_manager.h"
 
 namespace ds4::sup {
@@ -45,17 +47,21 @@ nlohmann::json proc_command(int pid) {
   return j;
 }
 
-ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std::string& runtime_dir) {
+ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std::string& runtime_dir,
+                                 const std::string& control) {
   ManagerSettings s;
   s.policy = PolicyConfig::from(c);
   s.own_bytes = plan_ladder(m.segment, c.workers.ladder, c.workers.slots, c.workers.threads);
   s.count = c.workers.count;
   s.slots = c.workers.slots;
   s.device = c.workers.device.str();
+  s.gpu_weights = c.gpu.weights == GpuWeights::host_mapped ? "host-mapped" : "auto";
   s.threads = c.workers.threads;
   s.memory_max = c.workers.memory_max;
   s.segment = m.segment;
+  s.control = control;
   s.socket_dir = runtime_dir;
+  s.drain_deadline = c.restart.drain_deadline;
   // Sample often enough to notice low headroom well within `for`.
   s.sample_every = std::clamp<Duration>(c.headroom.for_ / 4, std::chrono::milliseconds(100), std::chrono::seconds(1));
   return s;
@@ -93,8 +99,13 @@ void Supervisor::prepare() {
             {{"DS4_SEGMENT", model_.segment}, {"DS4_MODEL", model_.path}});
   memory_ = std::make_unique<ProcMemorySource>();
   start_backend();
-  manager_ = std::make_unique<WorkerManager>(io_, *backend_, *memory_, manager_settings(config_, model_, runtime_dir_));
+  start_holder();
+  // The workers' records: kept when a restarted supervisor finds its own.
+  health_ = std::make_unique<WorkerHealth>(io_, control::Block::create_or_open(control::segment_name_for(runtime_dir_)));
+  manager_ = std::make_unique<WorkerManager>(io_, *backend_, *memory_,
+                                             manager_settings(config_, model_, runtime_dir_, health_->name()));
   manager_->set_proxy_stats(stats_);
+  manager_->set_health_source(health_.get());
   manager_->on_change([this] { maybe_ready(); });
   admin_ = std::make_unique<AdminServer>(io_, runtime_dir_ + "/admin.sock",
                                          [this](const nlohmann::json& r) { return handle_admin(r); });
@@ -122,6 +133,23 @@ void Supervisor::start_backend() {
   if (config_.workers.memory_max > 0 && !pb->cgroup_note().empty())
     log::warn("workers.memory_max is not enforced for child processes: " + pb->cgroup_note());
   backend_ = std::move(pb);
+}
+
+void Supervisor::start_holder() {
+  // GPU workers map the weights a holder keeps on the device, so a restarted
+  // worker does not copy them again. Not for host-mapped weights (they stay in
+  // the shared pages) nor for CPU workers.
+  const Device& d = config_.workers.device;
+  if (config_.gpu.weights != GpuWeights::device || d.kind == Device::Kind::cpu) return;
+  if (d.kind == Device::Kind::automatic && !nvidia_driver_present()) return;
+  HolderSettings hs;
+  hs.worker_binary = opts_.bin_dir + "/ds4-worker";
+  hs.segment = model_.segment;
+  hs.device = d.kind == Device::Kind::cuda ? d.index : 0;
+  hs.socket = runtime_dir_ + "/holder-cuda" + std::to_string(hs.device) + ".sock";
+  sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(hs.device)).c_str());
+  holder_ = std::make_unique<HolderKeeper>(io_, hs);
+  holder_->start();
 }
 
 void Supervisor::maybe_ready() {
@@ -166,6 +194,8 @@ void Supervisor::shutdown(int sig) {
   for (auto& fn : stop_listeners_) fn();
   manager_->stop([this] {
     log::info("all workers stopped");
+    if (health_) control::Block::remove(health_->name());
+    if (holder_) holder_->stop();
     if (admin_) admin_->close();
     if (signals_) signals_->cancel();
     io_.stop();
@@ -198,8 +228,9 @@ bool Supervisor::reload(std::string* error) {
     if (ch.model) {
       next.workers.backend = config_.workers.backend;
       model_ = prepare_model(next, runtime_dir_, opts_.bin_dir);
+      if (holder_) holder_->change_segment(model_.segment);
     }
-    ManagerSettings s = manager_settings(next, model_, runtime_dir_);
+    ManagerSettings s = manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
                              ch.changed("workers.threads") || ch.changed("workers.memory_max") ||
                              ch.changed("workers.engine");
@@ -232,22 +263,26 @@ nlohmann::json Supervisor::status_json() const {
   out["workers"] = workers;
   out["headroom"] = {{"host_available", r.available},
                      {"gpu_free", r.gpu_free ? nlohmann::json(*r.gpu_free) : nlohmann::json(nullptr)},
+                     {"gpu_total", r.gpu_total ? nlohmann::json(*r.gpu_total) : nlohmann::json(nullptr)},
                      {"psi_some_avg10", r.psi_some_avg10},
                      {"min_available", config_.headroom.min_available},
                      {"reserve", config_.workers.reserve}};
-  int64_t waiting = 0, in_flight = 0;
-  if (stats_) {
-    const ProxyStats ps = stats_->proxy_stats();
-    waiting = ps.waiting;
-    in_flight = ps.in_flight;
+  // The proxy's view: requests waiting for a worker, and running on each one.
+  const ProxyStats ps = stats_ ? stats_->proxy_stats() : ProxyStats{};
+  for (auto& w : out["workers"]) {
+    const auto it = ps.in_flight_by_worker.find(w.value("id", -1));
+    w["in_flight"] = it == ps.in_flight_by_worker.end() ? int64_t(0) : it->second;
   }
-  out["queue"] = {{"waiting", waiting}, {"in_flight", in_flight}};
+  out["queue"] = {{"waiting", ps.waiting}, {"in_flight", ps.in_flight}};
   out["model"] = {{"name", model_.name},     {"path", model_.path},       {"segment", model_.segment},
                   {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic},
                   {"reused", model_.reused}};
   out["backend"] = backend_->name();
   out["ladder"] = config_.workers.ladder;
   out["config"] = opts_.config_path;
+  out["control_block"] = health_->name();
+  out["hang_timeout_ms"] = config_.restart.hang_timeout.count();
+  out["holder"] = holder_ ? holder_->status() : nlohmann::json(nullptr);
   return out;
 }
 

@@ -36,6 +36,8 @@ namespace ds4::sup {
 class AdminServer;
 class MemorySource;
 class UnitBackend;
+class WorkerHealth;
+class HolderKeeper;
 class WorkerManager;
 
 struct SupervisorOptions {
@@ -80,6 +82,7 @@ class Supervisor {
 
  private:
   void start_backend();
+  void start_holder();
   void maybe_ready();
   void shutdown(int signal);
   void wait_signals();
@@ -91,6 +94,8 @@ class Supervisor {
   std::string runtime_dir_;
   std::unique_ptr<MemorySource> memory_;
   std::unique_ptr<UnitBackend> backend_;
+  std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes
+  std::unique_ptr<HolderKeeper> holder_;  // GPU weights holder (GPU workers only)
   std::unique_ptr<WorkerManager> manager_;
   std::unique_ptr<AdminServer> admin_;
   std::unique_ptr<asio::signal_set> signals_;

@@ -132,6 +132,7 @@ class SystemdBackend : public UnitBackend {
     u.seen_start = false;
     u.ready = false;
     u.stop_requested = false;
+    u.killed_by_us = false;
     u.main_pid = 0;
     u.status_text.clear();
     u.journal_error.clear();
@@ -163,6 +164,21 @@ class SystemdBackend : public UnitBackend {
     int r = sd_bus_call_method(bus_, kDest, kManagerPath, kManagerIface, "StopUnit", &err.e, nullptr, "ss",
                                name.c_str(), "replace");
     if (r < 0) log::warn("cannot stop " + name + ": " + err.what(r) + ", ignoring");
+    kick();
+  }
+
+  void kill(int id) override {
+    Unit& u = unit(id);
+    u.stop_requested = true;
+    u.killed_by_us = true;
+    BusError err;
+    const std::string name = unit_of(id);
+    int r = sd_bus_call_method(bus_, kDest, kManagerPath, kManagerIface, "KillUnit", &err.e, nullptr, "ssi",
+                               name.c_str(), "all", int32_t(SIGKILL));
+    if (r < 0) {
+      // The unit may have ended meanwhile; its end is reported either way.
+      log::warn("cannot kill " + name + ": " + err.what(r) + ", ignoring");
+    }
     kick();
   }
 
@@ -218,6 +234,7 @@ class SystemdBackend : public UnitBackend {
     bool seen_start = false;  // saw activating/active for this run
     bool ready = false;
     bool stop_requested = false;
+    bool killed_by_us = false;  // kill(): our SIGKILL, not the OOM killer's
     uint32_t main_pid = 0;
     std::string active_state;
     std::string status_text;
@@ -256,7 +273,8 @@ class SystemdBackend : public UnitBackend {
     std::ostringstream o;
     o << "# Written by ds4-supervisor for ds4-worker@" << s.id << ".service; rewritten at every start.\n"
       << "DS4_SEGMENT=" << s.segment << "\nDS4_SOCKET=" << s.socket_path << "\nDS4_CONTEXT=" << s.context
-      << "\nDS4_SLOTS=" << s.slots << "\nDS4_DEVICE=" << s.device << "\nDS4_THREADS=" << s.threads << "\n";
+      << "\nDS4_SLOTS=" << s.slots << "\nDS4_DEVICE=" << s.device << "\nDS4_THREADS=" << s.threads
+      << "\nDS4_CONTROL=" << s.control << "\nDS4_GPU_WEIGHTS=" << s.gpu_weights << "\n";
     write_if_changed(opts_.runtime_dir + "/worker-" + std::to_string(s.id) + ".env", o.str());
   }
 
@@ -489,7 +507,7 @@ class SystemdBackend : public UnitBackend {
     const ExitFacts f = facts(u);
     const bool sigkill = (f.code == 2 || f.code == 3) && f.status == SIGKILL;
     const uint64_t kernel_kills = read_vmstat_oom_kills() - vmstat_base_;
-    if (sigkill && f.result != "oom-kill" && !u.oom_seen && kernel_kills > oom_lines_seen_) {
+    if (sigkill && !u.killed_by_us && f.result != "oom-kill" && !u.oom_seen && kernel_kills > oom_lines_seen_) {
       u.evidence_timer = std::make_unique<asio::steady_timer>(io_, kOomEvidenceWait);
       const int id = u.id;
       // Cancelled early by any oom-kill line the journal brings (on_journal).
@@ -516,7 +534,10 @@ class SystemdBackend : public UnitBackend {
     ExitKind kind;
     std::string msg;
     const bool signalled = f.code == 2 || f.code == 3;
-    if (f.result == "oom-kill" || (signalled && f.status == SIGKILL && oom_evidence)) {
+    if (u.killed_by_us && signalled && f.status == SIGKILL) {
+      kind = ExitKind::clean;
+      msg = "killed by the supervisor (SIGKILL)";
+    } else if (f.result == "oom-kill" || (signalled && f.status == SIGKILL && oom_evidence)) {
       kind = ExitKind::oom;
       msg = "OOM-killed (" + (f.result == "oom-kill" ? std::string("Result=oom-kill") : "kernel oom-kill line") + ")" + note;
     } else if (signalled) {

@@ -21,8 +21,10 @@ struct LaunchSpec {
   uint32_t context = 0;
   uint32_t slots = 1;
   std::string device = "auto";
+  std::string gpu_weights = "auto";  // DS4_GPU_WEIGHTS: auto (the holder's, else a copy) | host-mapped
   uint32_t threads = 0;
   Bytes memory_max = 0;     // 0 = no limit
+  std::string control;      // the control block's name (DS4_CONTROL); "" = none
 };
 
 /// A worker that was already running when the supervisor started.
@@ -50,6 +52,9 @@ class UnitBackend {
   virtual void start(const LaunchSpec& spec) = 0;
   /// Asks worker `id` to stop (SIGTERM); exited() follows.
   virtual void stop(int id) = 0;
+  /// Kills worker `id` at once (SIGKILL: it hung); exited() follows, as an
+  /// expected exit (clean), never as an OOM kill or a person's kill.
+  virtual void kill(int id) = 0;
   /// The unit name status shows ("ds4-worker@0.service", or "process" for children).
   virtual std::string unit_name(int id) const = 0;
   /// Running workers of `segment` to take over (a supervisor restarted after

@@ -1,5 +1,6 @@
 #include "supervisor/worker_manager.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "shared/error.h"
@@ -21,13 +22,13 @@ void log_decision(const Decision& d) {
   if (d.context_from != d.context_to) msg += " " + from + " -> " + to;
   else msg += " at " + to;
   msg += ": " + d.reason;
-  const bool bad = d.event == "oom" || d.event == "backoff" || d.event == "downgrade";
+  const bool bad = d.event == "oom" || d.event == "backoff" || d.event == "downgrade" || d.event == "hang";
   log::write(bad ? log::Level::warn : log::Level::info, msg, f);
 }
 
 WorkerManager::WorkerManager(asio::io_context& io, UnitBackend& backend, MemorySource& memory,
                              ManagerSettings settings)
-    : io_(io), backend_(backend), memory_(memory), s_(std::move(settings)), sampler_(io) {
+    : io_(io), backend_(backend), memory_(memory), s_(std::move(settings)), sampler_(io), health_timer_(io) {
   backend_.set_callbacks({[this](int id, int pid) { on_ready(id, pid); },
                           [this](int id, ExitKind k, const std::string& m) { on_exit(id, k, m); }});
 }
@@ -66,6 +67,7 @@ void WorkerManager::start() {
   }
   notify();
   schedule_sample();
+  schedule_health();
 }
 
 void WorkerManager::start_worker(int id) {
@@ -102,6 +104,10 @@ void WorkerManager::apply(int id, Step step) {
           asio::post(io_, [this, id] { on_exit(id, ExitKind::clean, ""); });
         }
         break;
+      case Action::Kind::kill:
+        if (sl.running) backend_.kill(id);
+        else asio::post(io_, [this, id] { on_exit(id, ExitKind::clean, ""); });
+        break;
       case Action::Kind::drain:
         sl.drain_since = now();
         // Checked at once, then at every sample.
@@ -128,10 +134,14 @@ void WorkerManager::launch(int id, uint32_t context) {
   spec.context = context;
   spec.slots = s_.slots;
   spec.device = s_.device;
+  spec.gpu_weights = s_.gpu_weights;
   spec.threads = s_.threads;
   spec.memory_max = s_.memory_max;
+  spec.control = s_.control;
   sl.running = true;
   sl.pid = 0;
+  sl.probing = false;
+  sl.probe_failed_since.reset();
   ++sl.generation;
   backend_.start(spec);
 }
@@ -153,6 +163,7 @@ void WorkerManager::on_ready(int id, int pid) {
   if (it == slots_.end()) return;
   Slot& sl = it->second;
   sl.pid = pid;
+  sl.probe_failed_since.reset();
   std::string extra;
   if (sl.down_since) {
     sl.last_downtime_ms =
@@ -209,8 +220,84 @@ void WorkerManager::schedule_sample() {
   });
 }
 
+void WorkerManager::schedule_health() {
+  if (!health_) return;
+  // Probes often enough that a healthy worker's answer is never near the
+  // timeout; when detection is off, only the timer keeps going (a reload may
+  // turn it on).
+  const Duration every = s_.policy.hang_timeout.count() == 0
+                             ? Duration(std::chrono::seconds(1))
+                             : std::clamp<Duration>(s_.policy.hang_timeout / 5, std::chrono::milliseconds(50),
+                                                    std::chrono::seconds(1));
+  health_timer_.expires_after(every);
+  health_timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping_) return;
+    check_health();
+    schedule_health();
+  });
+}
+
+std::optional<control::Snapshot> WorkerManager::own_record(int id) const {
+  if (!health_) return std::nullopt;
+  auto it = slots_.find(id);
+  if (it == slots_.end() || it->second.pid <= 0) return std::nullopt;
+  auto rec = health_->record(id);
+  if (!rec || rec->pid != it->second.pid) return std::nullopt;
+  return rec;
+}
+
+void WorkerManager::check_health() {
+  const Duration timeout = s_.policy.hang_timeout;
+  if (!health_ || timeout.count() == 0) return;
+  const TimePoint t = now();
+  for (auto& [id, sl] : slots_) {
+    if (sl.policy->state() != WorkerState::ready || sl.pid <= 0) {
+      sl.probe_failed_since.reset();
+      continue;
+    }
+    Health h;
+    if (auto rec = own_record(id)) h.heartbeat_age = Duration(rec->heartbeat_age_ms(health_->now_ns()));
+    // Only failed probes count (timed out after hang_timeout, refused): a
+    // supervisor that was itself stalled does not take a late answer for none.
+    if (sl.probe_failed_since) h.unanswered = std::chrono::duration_cast<Duration>(t - *sl.probe_failed_since);
+    if (!sl.probing) {
+      sl.probing = true;
+      health_->probe(socket_path(id), timeout, [this, id, gen = sl.generation, started = t](bool answered) {
+        auto it = slots_.find(id);
+        if (it == slots_.end() || it->second.generation != gen) return;  // a process gone since
+        Slot& s = it->second;
+        s.probing = false;
+        if (answered) s.probe_failed_since.reset();
+        else if (!s.probe_failed_since) s.probe_failed_since = started;
+      });
+    }
+    Step st = sl.policy->on_health(t, h);
+    if (!st.actions.empty() || !st.decisions.empty()) apply(id, std::move(st));
+  }
+}
+
+void WorkerManager::add_gpu_figures(Readings& r) const {
+  r.gpu_free.reset();
+  r.gpu_total.reset();
+  for (const auto& [id, sl] : slots_) {
+    auto rec = own_record(id);
+    if (!rec || !rec->on_gpu()) continue;
+    if (!r.gpu_free || rec->gpu_free < *r.gpu_free) {
+      r.gpu_free = rec->gpu_free;
+      r.gpu_total = rec->gpu_total;
+    }
+  }
+}
+
+Readings WorkerManager::last_readings() const {
+  Readings r = last_;
+  add_gpu_figures(r);
+  return r;
+}
+
 void WorkerManager::sample() {
   last_ = memory_.read();
+  add_gpu_figures(last_);
   const TimePoint t = now();
   for (auto& [id, sl] : slots_) {
     if (sl.policy->state() == WorkerState::draining && sl.drain_since) {
@@ -243,6 +330,7 @@ void WorkerManager::stop(std::function<void()> done) {
   stopping_ = true;
   stopped_ = std::move(done);
   sampler_.cancel();
+  health_timer_.cancel();
   for (auto& [id, sl] : slots_) {
     sl.timer->cancel();
     sl.policy->request_stop(now());
@@ -324,6 +412,16 @@ nlohmann::json WorkerManager::status_json() const {
                         {"socket", socket_path(id)},
                         {"memory_plan", p.own_bytes(p.rung())}};
     if (sl.last_downtime_ms >= 0) w["last_downtime_ms"] = sl.last_downtime_ms;
+    // From the worker's own control block record: null when it keeps none.
+    w["heartbeat_age_ms"] = nullptr;
+    if (auto rec = own_record(id)) {
+      w["heartbeat_age_ms"] = rec->heartbeat_age_ms(health_->now_ns());
+      w["counters"] = {{"requests", rec->requests},
+                       {"tokens_in", rec->tokens_in},
+                       {"tokens_out", rec->tokens_out},
+                       {"errors", rec->errors}};
+      if (rec->on_gpu()) w["gpu"] = {{"free", rec->gpu_free}, {"total", rec->gpu_total}};
+    }
     if (auto wake = p.next_wakeup(); wake && *wake > t)
       w["backoff_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(*wake - t).count();
     arr.push_back(std::move(w));

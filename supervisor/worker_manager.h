@@ -18,6 +18,7 @@
 #include "supervisor/headroom.h"
 #include "supervisor/policy.h"
 #include "supervisor/unit_backend.h"
+#include "supervisor/worker_health.h"
 #include "supervisor/worker_registry.h"
 
 namespace ds4::sup {
@@ -29,9 +30,11 @@ struct ManagerSettings {
   uint32_t count = 1;
   uint32_t slots = 1;
   std::string device = "auto";
+  std::string gpu_weights = "auto";
   uint32_t threads = 0;
   Bytes memory_max = 0;
   std::string segment;
+  std::string control;     // the control block's name, handed to workers
   std::string socket_dir;  // worker-N.sock go here
   /// How often memory is read (also how often draining workers are checked).
   Duration sample_every = std::chrono::milliseconds(500);
@@ -65,8 +68,12 @@ class WorkerManager : public WorkerRegistry {
   void set_context(int id, uint32_t context);
 
   void set_proxy_stats(const ProxyStatsSource* stats) { stats_ = stats; }
+  /// Heartbeats and socket probes (policy.hang_timeout > 0); null = none.
+  /// Also the source of the GPU figures in last_readings(). Set before start().
+  void set_health_source(HealthSource* health) { health_ = health; }
   const std::deque<EventRecord>& events() const { return events_; }
-  Readings last_readings() const { return last_; }
+  /// The last memory reading, with the GPU figures of the workers' records now.
+  Readings last_readings() const;
   const ManagerSettings& settings() const { return s_; }
   /// `ds4ctl status` for the workers (without /proc details).
   nlohmann::json status_json() const;
@@ -86,6 +93,10 @@ class WorkerManager : public WorkerRegistry {
     bool running = false;  // a process exists (started, not yet exited)
     std::optional<TimePoint> drain_since;
     std::optional<TimePoint> down_since;  // when it last went away unexpectedly
+    /// Start of the first of the socket probes that failed in a row (none
+    /// answered since): the socket is mute since then.
+    std::optional<TimePoint> probe_failed_since;
+    bool probing = false;
     int64_t last_downtime_ms = -1;        // went away → ready again
     std::string last_exit;
     std::unique_ptr<asio::steady_timer> timer;
@@ -100,6 +111,13 @@ class WorkerManager : public WorkerRegistry {
   void on_exit(int id, ExitKind kind, const std::string& message);
   void sample();
   void schedule_sample();
+  void check_health();
+  void schedule_health();
+  /// The worker's own record, when its current process keeps one.
+  std::optional<control::Snapshot> own_record(int id) const;
+  /// Sets r.gpu_free/gpu_total: the device with the least free memory any
+  /// worker reports; none when no worker is on a GPU.
+  void add_gpu_figures(Readings& r) const;
   bool idle(int id) const;
   void notify();
   void maybe_finish_stop();
@@ -114,6 +132,8 @@ class WorkerManager : public WorkerRegistry {
   std::vector<std::function<void()>> listeners_;
   std::deque<EventRecord> events_;
   asio::steady_timer sampler_;
+  asio::steady_timer health_timer_;
+  HealthSource* health_ = nullptr;
   Readings last_;
   bool stopping_ = false;
   std::function<void()> stopped_;

@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "worker/model.h"
+#include "worker/sampler.h"
 
 namespace ds4 {
 
@@ -64,6 +65,11 @@ class Backend {
   virtual void forward(std::span<const BatchToken> batch) = 0;
   /// Logits (n_vocab floats) of a row the last forward() produced.
   virtual std::span<const float> logits(int32_t row) const = 0;
+  /// The greedy token of a row the last forward() produced (highest logit,
+  /// ties to the lowest id, NaN never wins) and its log-softmax, computed
+  /// where the logits are, so they need not travel; the same token as
+  /// sample() at temperature 0. nullopt: the engine samples from logits().
+  virtual std::optional<TokenLogprob> greedy(int32_t row) const { (void)row; return std::nullopt; }
   virtual void set_trace(TraceFn fn) { (void)fn; }
   /// True when reserve() allocates the KV cache and scratch in an
   /// accelerator's own memory rather than the host's.

@@ -1,12 +1,17 @@
 #include "worker/commands.h"
 
+#include <pthread.h>
+#include <signal.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -28,27 +33,41 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// The N of `cuda` (0) or `cuda:N`; -1 for anything that does not start with "cuda".
+int cuda_index(const std::string& device) {
+  if (device == "cuda") return 0;
+  if (device.rfind("cuda", 0) != 0) return -1;
+  const std::string n = device.rfind("cuda:", 0) == 0 ? device.substr(5) : "";
+  if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos)
+    throw Error("device '" + device + "': expected cuda:N with N a device number");
+  return std::stoi(n);
+}
+
 /// Backend for `--device`: cpu, cuda[:N], or auto (the first GPU when this
-/// build has the CUDA backend and a device answers, else the CPU).
-std::unique_ptr<Backend> make_backend(const std::string& device, const Model& model, int threads) {
+/// build has the CUDA backend and a device answers, else the CPU). A GPU
+/// backend takes its weights as `--gpu-weights` (auto|holder|copy|host-mapped)
+/// and `--holder-socket` say.
+std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedModel& lm, int threads, const Args& a) {
+  const Model& model = lm.model;
   if (device == "cpu") return make_cpu_backend(model, threads);
 #ifdef DS4_HAVE_CUDA
+  CudaWeightsOptions weights;
+  // The supervisor says it in the environment (DS4_GPU_WEIGHTS), a person on the command line.
+  const char* weights_env = std::getenv("DS4_GPU_WEIGHTS");
+  weights.mode = parse_cuda_weight_source(a.str("gpu-weights", weights_env && *weights_env ? weights_env : "auto"));
+  weights.holder_socket = a.str("holder-socket");
+  weights.model_key = holder_model_key(lm.segment);
   if (device == "auto") {
     std::string why;
-    if (cuda_available(&why)) return make_cuda_backend(model, 0);
+    if (cuda_available(&why)) return make_cuda_backend(model, 0, weights);
     log::info("no CUDA device (" + why + "); running on the CPU");
     return make_cpu_backend(model, threads);
   }
-  if (device == "cuda") return make_cuda_backend(model, 0);
-  if (device.rfind("cuda:", 0) == 0) {
-    const std::string n = device.substr(5);
-    if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos)
-      throw Error("device '" + device + "': expected cuda:N with N a device number");
-    return make_cuda_backend(model, std::stoi(n));
-  }
+  if (const int n = cuda_index(device); n >= 0) return make_cuda_backend(model, n, weights);
 #else
+  (void)a;  // --gpu-weights and --holder-socket concern the CUDA backend only
   if (device == "auto") return make_cpu_backend(model, threads);
-  if (device.rfind("cuda", 0) == 0)
+  if (cuda_index(device) >= 0)
     throw Error("device '" + device + "': this ds4-worker was built without the CUDA backend");
 #endif
   throw Error("unknown device '" + device + "' (expected auto, cpu or cuda:N)");
@@ -88,7 +107,8 @@ class CollectSink : public RequestSink {
 }  // namespace
 
 int cmd_run(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device"},
+  Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device",
+                "gpu-weights", "holder-socket"},
          {"json", "ignore-eos", "no-bos"}, {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
   auto lm = open_model(a.required("model"));
   const HParams& hp = lm->model.hp();
@@ -108,7 +128,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   shape.ctx = a.integer("ctx", std::max<int64_t>(need, std::min<int64_t>(hp.train_ctx, 4096)), 1, 1 << 24);
   shape.slots = 1;
   shape.max_batch = 512;
-  auto backend = make_backend(a.str("device", "auto"), lm->model, int(a.integer("threads", 0, 0, 1024)));
+  auto backend = make_backend(a.str("device", "auto"), *lm, int(a.integer("threads", 0, 0, 1024)), a);
   const MemoryPlan plan = backend->plan(shape);
   check_backend_plan_fits(*backend, plan, shape);
   backend->reserve(shape);
@@ -141,7 +161,7 @@ int cmd_run(const std::vector<std::string>& argv) {
 }
 
 int cmd_bench(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment"}, {},
+  Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "gpu-weights", "holder-socket"}, {},
          {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}});
   const auto t_attach = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
@@ -150,7 +170,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t np = a.integer("n-prompt", 128, 0, 1 << 20), ng = a.integer("n-gen", 128, 0, 1 << 20);
   const int64_t reps = a.integer("repetitions", 3, 1, 1000);
   const int threads = int(a.integer("threads", 0, 0, 1024));
-  auto backend = make_backend(a.str("device", "cpu"), lm->model, threads);
+  auto backend = make_backend(a.str("device", "cpu"), *lm, threads, a);
   EngineShape shape;
   shape.ctx = std::max<int64_t>(np, ng) + 1;
   shape.slots = 1;
@@ -212,7 +232,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
 }
 
 int cmd_serve(const std::vector<std::string>& argv) {
-  Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch"}, {});
+  Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch", "control",
+                      "gpu-weights", "holder-socket"}, {});
   ServeOptions o;
   o.id = int(a.integer("id", 0, 0, 1 << 20));
   o.socket_path = a.required("socket");
@@ -221,14 +242,62 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.shape.max_batch = a.integer("batch", 256, 1, 8192);
   o.threads = int(a.integer("threads", 0, 0, 1024));
   o.device = a.str("device", "auto");
+  // The supervisor names its control block on the command line or, for
+  // ds4-worker@.service, in the unit's environment file.
+  const char* control_env = std::getenv("DS4_CONTROL");
+  o.control = a.str("control", control_env ? control_env : "");
   const auto t0 = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log::info("attached model segment " + lm->segment.name() + " in " + std::to_string(ms) + " ms",
             {{"DS4_WORKER", std::to_string(o.id)}, {"DS4_SEGMENT", lm->segment.name()}});
-  auto backend = make_backend(o.device, lm->model, o.threads);
+  auto backend = make_backend(o.device, *lm, o.threads, a);
   serve(*lm, *backend, o);
   return 0;
+}
+
+int cmd_hold(const std::vector<std::string>& argv) {
+  Args a(argv, {"segment", "model", "device", "socket"}, {});
+#ifdef DS4_HAVE_CUDA
+  const int dev = cuda_index(a.str("device", "cuda:0"));
+  if (dev < 0) throw Error("device '" + a.str("device") + "': the holder keeps weights on a GPU (cuda:N)");
+  if (std::string why; !cuda_available(&why)) throw Error("cuda:" + std::to_string(dev) + ": " + why);
+  const std::string socket = a.str("socket", default_holder_socket(dev));
+  auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
+  // SIGTERM and SIGINT go to one thread that stops the holder (blocked here,
+  // before any other thread exists, so every thread inherits the mask).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(dev)).c_str());
+  const auto t0 = Clock::now();
+  CudaHolder holder(lm->model, dev, socket, holder_model_key(lm->segment), lm->segment.name());
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    holder.stop();
+  });
+  sd_notify(0, ("READY=1\nSTATUS=" + holder.status()).c_str());
+  log::info(holder.status() + " (copied in " + std::to_string(int64_t(ms)) + " ms)",
+            {{"DS4_SEGMENT", lm->segment.name()}, {"DS4_DEVICE", "cuda:" + std::to_string(dev)}});
+  std::exception_ptr failed;
+  try {
+    holder.serve();
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  sd_notify(0, "STOPPING=1");
+  pthread_kill(waiter.native_handle(), SIGTERM);  // when serve() failed, the waiter still waits
+  waiter.join();
+  if (failed) std::rethrow_exception(failed);
+  log::info("holder stopped; workers that mapped the weights keep them until they exit");
+  return 0;
+#else
+  throw Error("this ds4-worker was built without the CUDA backend: nothing to hold");
+#endif
 }
 
 int cmd_load(const std::vector<std::string>& argv) {

@@ -10,6 +10,8 @@ namespace ds4 {
 int cmd_run(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
+/// `hold`: keeps a model's weights on one GPU for the workers (CUDA builds).
+int cmd_hold(const std::vector<std::string>& args);
 int cmd_load(const std::vector<std::string>& args);
 int cmd_unload(const std::vector<std::string>& args);
 

@@ -202,8 +202,17 @@ bool Engine::step() {
   for (size_t row = 0; row < sampled.size(); ++row) {
     Active& a = *sampled[row];
     const int64_t index = int64_t(a.seq.size() - a.req.prompt.size());
-    Sampled out = sample(backend_.logits(int32_t(row)), a.req.sampling, uint64_t(index), a.req.n_probs,
-                         sample_scratch_);
+    // Greedy without alternatives is picked where the logits are (a GPU
+    // backend then sends back one token instead of the whole row).
+    Sampled out;
+    std::optional<TokenLogprob> picked;
+    if (a.req.sampling.temperature <= 0.0f && a.req.n_probs == 0) picked = backend_.greedy(int32_t(row));
+    if (picked) {
+      out.token = picked->token;
+      out.logprob = picked->logprob;
+    } else {
+      out = sample(backend_.logits(int32_t(row)), a.req.sampling, uint64_t(index), a.req.n_probs, sample_scratch_);
+    }
     if (!a.sampled_once) {
       a.sampled_once = true;
       a.t_first = Clock::now();

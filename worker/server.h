@@ -3,7 +3,9 @@
 /// Unix socket, one request per connection, with the engine stepping on its
 /// own thread. Tells systemd READY=1 once it can serve and STOPPING=1 on
 /// SIGTERM/SIGINT, cancels what is in flight (the proxy resumes it elsewhere)
-/// and returns.
+/// and returns. With a control block it beats the heartbeat from the engine
+/// loop, between steps and at least every 50 ms when idle, so a stuck engine
+/// stops beating.
 
 #include <string>
 
@@ -18,6 +20,10 @@ struct ServeOptions {
   EngineShape shape;
   int threads = 0;
   std::string device = "cpu";
+  /// The supervisor's control block (shared/control_block.h) to fill: record
+  /// `id` gets the plan, state, heartbeat, counters and device memory. Empty =
+  /// none (a worker run by hand).
+  std::string control;
 };
 
 /// Runs until a stop signal. Throws ds4::Error when it cannot start (plan does

@@ -13,11 +13,15 @@
 static const char* kUsage =
     "usage: ds4-worker COMMAND [options]\n"
     "  run    --model FILE -p TEXT -n N [--temp T] [--seed S] [--top-k K] [--top-p P] [--min-p P]\n"
-    "         [--ctx N] [--threads T] [--json]        one-shot generation\n"
+    "         [--ctx N] [--threads T] [--device auto|cpu|cuda:N] [--json]   one-shot generation\n"
     "  bench  --model FILE [-p 128] [-n 128] [-r 3] [--threads T] [--device cpu]\n"
     "                                                 prompt and generation speed, one JSON line\n"
     "  serve  (--segment NAME | --model FILE) --socket PATH [--context N] [--slots N]\n"
-    "         [--threads T] [--device auto|cpu] [--id N] the worker daemon\n"
+    "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"
+    "  hold   (--segment NAME | --model FILE) [--device cuda:N] [--socket PATH]\n"
+    "                                                 keep the weights on a GPU for the workers\n"
+    "  GPU weights (run, bench, serve): --gpu-weights auto|holder|copy|host-mapped\n"
+    "         [--holder-socket PATH]  (default $XDG_RUNTIME_DIR/ds4/holder-cudaN.sock)\n"
     "  load   --model FILE [--force]                  load into shared memory, print the segment\n"
     "  unload (--model FILE | --segment NAME)         remove a model's segment\n";
 
@@ -33,6 +37,7 @@ int main(int argc, char** argv) {
     if (cmd == "run") return ds4::cmd_run(args);
     if (cmd == "bench") return ds4::cmd_bench(args);
     if (cmd == "serve") return ds4::cmd_serve(args);
+    if (cmd == "hold") return ds4::cmd_hold(args);
     if (cmd == "load") return ds4::cmd_load(args);
     if (cmd == "unload") return ds4::cmd_unload(args);
     std::fprintf(stderr, "ds4-worker: unknown command '%s'\n%s", cmd.c_str(), kUsage);

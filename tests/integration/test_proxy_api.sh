@@ -86,6 +86,7 @@ check "bad x-api-key on /v1/messages: 401 in Anthropic's shape" \
 check "unknown path: 404" test "$(code "${K[@]}" "$U/v2/nothing")" = 404
 check "malformed JSON: 400" bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":')\" = 400 ] && jq -e '.error.message | test(\"JSON\")' $T/b >/dev/null"
 check "wrong type: 400 naming the field" bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":\"many\"}')\" = 400 ] && jq -e '.error.message | test(\"max_tokens\")' $T/b >/dev/null"
+check "n=2: 400 in OpenAI's shape, naming 'n' (only n=1 is served)" bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}')\" = 400 ] && jq -e '.error.type == \"invalid_request_error\" and (.error.message | test(\"n.* must be 1\"))' $T/b >/dev/null"
 python3 -c "print('[' * 100000 + ']' * 100000)" >"$T/deep.json"
 check "deeply nested JSON: 400" test "$(code "${K[@]}" "$U/v1/completions" --data-binary @"$T/deep.json")" = 400
 printf '{"prompt":"\xff\xfe bad utf8","max_tokens":3}' >"$T/badutf8.json"

@@ -81,6 +81,8 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.headroom.psi == 0);
     CHECK(c.restart.backoff_initial == 1s);
     CHECK(c.restart.backoff_max == 60s);
+    CHECK(c.restart.hang_timeout == 30s);
+    CHECK(c.restart.drain_deadline == 30s);
     CHECK(c.gpu.weights == ds4::GpuWeights::device);
     CHECK(c == ds4::Config{});
   }
@@ -335,6 +337,15 @@ TEST_CASE("config: impossible values") {
           "config/ds4.yaml:2:20: restart.backoff_initial 2m is longer than restart.backoff_max 1m");
     CHECK(errors("proxy:\n  queue:\n    max_wait: 0\n") ==
           "config/ds4.yaml:3:15: proxy.queue.max_wait: must be longer than 0");
+    CHECK(errors("restart:\n  hang_timeout: 100ms\n") ==
+          "config/ds4.yaml:2:17: restart.hang_timeout 100ms is too short: at least 500ms, or 0 to turn hang "
+          "detection off");
+    CHECK(errors("restart:\n  hang_timeout: 0\n") == "");
+    CHECK(parse("restart:\n  hang_timeout: 2s\n  drain_deadline: 5s\n").restart.hang_timeout == 2s);
+    CHECK(parse("restart:\n  drain_deadline: 5s\n").restart.drain_deadline == 5s);
+    CHECK(errors("restart:\n  drain_deadline: 0\n") ==
+          "config/ds4.yaml:2:19: restart.drain_deadline: must be longer than 0");
+    CHECK(errors("restart:\n  hang_timeout: soon\n").starts_with("config/ds4.yaml:2:17: "));
   }
 }
 

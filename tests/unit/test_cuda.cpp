@@ -6,12 +6,18 @@
 
 #ifdef DS4_HAVE_CUDA
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "shared/error.h"
 #include "shared/gguf.h"
 #include "worker/backend.h"
 #include "worker/cpu/kernels.h"
@@ -19,6 +25,7 @@
 #include "worker/cuda/cuda_ops.h"
 #include "worker/engine.h"
 #include "worker/model.h"
+#include "worker/sampler.h"
 #include "worker/tokenizer.h"
 
 using namespace ds4;
@@ -464,6 +471,172 @@ TEST_CASE("cuda: stories260K greedy tokens are identical to the CPU backend's, a
     CAPTURE(prompts[i]);
     CHECK(batched[i] == cpu_out[i]);
   }
+}
+
+TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log-probability") {
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  auto cpu = make_cpu_backend(f.model, 2);
+  auto gpu = make_cuda_backend(f.model, 0);
+  const EngineShape shape{128, 2, 32};
+  cpu->reserve(shape);
+  gpu->reserve(shape);
+  const std::vector<int32_t> toks = f.tok.encode("Lily found a shiny stone in the garden and", true);
+  std::vector<BatchToken> prefill;
+  for (size_t p = 0; p < toks.size(); ++p) prefill.push_back({toks[p], 0, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<float> scratch;
+  auto compare = [&](std::span<const BatchToken> batch, int rows) {
+    cpu->forward(batch);
+    gpu->forward(batch);
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      const std::optional<TokenLogprob> picked = gpu->greedy(r);
+      REQUIRE(picked.has_value());
+      const Sampled on_host = sample(gpu->logits(r), greedy, 0, 0, scratch);
+      const Sampled on_cpu = sample(cpu->logits(r), greedy, 0, 0, scratch);
+      CHECK(picked->token == on_host.token);
+      CHECK(picked->token == on_cpu.token);
+      CHECK(std::fabs(picked->logprob - on_host.logprob) < 1e-5f);
+    }
+  };
+  compare(prefill, 1);
+  for (int i = 0; i < 8; ++i) {
+    const BatchToken step[2] = {{toks[size_t(i)], 0, int32_t(toks.size()) + i, 0}, {toks[size_t(i) % 3], 1, i, 1}};
+    compare(step, 2);
+  }
+  CHECK_FALSE(cpu->greedy(0).has_value());  // the CPU samples from its logits, as before
+}
+
+namespace {
+
+std::string temp_socket(const char* what) {
+  return "/tmp/ds4-test-" + std::string(what) + "-" + std::to_string(getpid()) + ".sock";
+}
+
+/// A holder serving on its own thread until stopped (as `ds4-worker hold` runs it).
+struct RunningHolder {
+  CudaHolder holder;
+  std::thread thread;
+  RunningHolder(const Model& m, const std::string& socket, const std::string& key)
+      : holder(m, 0, socket, key, "test-segment"), thread([this] { holder.serve(); }) {}
+  ~RunningHolder() {
+    holder.stop();
+    thread.join();
+  }
+};
+
+CudaWeightsOptions from_holder(const std::string& socket, const std::string& key) {
+  CudaWeightsOptions o;
+  o.mode = CudaWeightSource::holder;
+  o.holder_socket = socket;
+  o.model_key = key;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: weights mapped from a holder give the copy's tokens, and outlive the holder") {
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  const std::vector<std::string> prompts{"Once upon a time", "The little bird"};
+  const EngineShape shape{256, 2, 16};
+  auto copy = make_cuda_backend(f.model, 0);
+  CHECK(copy->name().find("weights: copy") != std::string::npos);
+  const auto want = generate(*copy, shape, prompts, 60);
+  copy.reset();
+
+  const std::string socket = temp_socket("holder");
+  auto holder = std::make_unique<RunningHolder>(f.model, socket, "stories-key");
+  CHECK(holder->holder.status().find("holding") != std::string::npos);
+  // One GPU, one holder: a second one on the same socket refuses to start.
+  std::string refused;
+  try {
+    CudaHolder second(f.model, 0, socket, "stories-key", "test-segment");
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  CHECK(refused.find("already answers") != std::string::npos);
+
+  auto mapped = make_cuda_backend(f.model, 0, from_holder(socket, "stories-key"));
+  CHECK(mapped->name().find("weights: holder") != std::string::npos);
+  CHECK(generate(*mapped, shape, prompts, 60) == want);
+
+  // An image of another model is refused: the worker copies instead.
+  auto other = make_cuda_backend(f.model, 0, from_holder(socket, "another-model"));
+  CHECK(other->name().find("weights: copy") != std::string::npos);
+  other.reset();
+
+  // The holder goes away; the worker that mapped the weights keeps them.
+  holder.reset();
+  CHECK(access(socket.c_str(), F_OK) != 0);
+  CHECK(generate(*mapped, shape, prompts, 60) == want);
+  // The next worker falls back to a copy; a restarted holder serves again.
+  auto fallback = make_cuda_backend(f.model, 0, from_holder(socket, "stories-key"));
+  CHECK(fallback->name().find("weights: copy") != std::string::npos);
+  fallback.reset();
+  holder = std::make_unique<RunningHolder>(f.model, socket, "stories-key");
+  auto again = make_cuda_backend(f.model, 0, from_holder(socket, "stories-key"));
+  CHECK(again->name().find("weights: holder") != std::string::npos);
+  CHECK(generate(*again, shape, prompts, 60) == want);
+}
+
+namespace {
+
+/// stories260K's tensors copied into anonymous read-only pages, as a segment
+/// maps them (a file mapping may refuse to be registered with the driver).
+struct PagesFixture {
+  size_t bytes = 0;
+  uint8_t* base = nullptr;
+  std::map<std::string, TensorView, std::less<>> views;
+  Model model;
+
+  explicit PagesFixture(const gguf::File& file) : model(bind(file)) {}
+  ~PagesFixture() {
+    if (base) munmap(base, bytes);
+  }
+  Model bind(const gguf::File& file) {
+    for (const auto& t : file.tensors()) bytes += (t.n_bytes + 255) / 256 * 256;
+    base = static_cast<uint8_t*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(base != MAP_FAILED);
+    size_t at = 0;
+    for (const auto& t : file.tensors()) {
+      TensorView v;
+      v.type = t.type;
+      v.n_dims = uint32_t(t.dims.size());
+      for (size_t i = 0; i < 4; ++i) v.dims[i] = i < t.dims.size() ? t.dims[i] : 1;
+      std::memcpy(base + at, file.tensor_data(t).data(), t.n_bytes);
+      v.data = base + at;
+      v.n_bytes = t.n_bytes;
+      views[t.name] = v;
+      at += (t.n_bytes + 255) / 256 * 256;
+    }
+    REQUIRE(mprotect(base, bytes, PROT_READ) == 0);
+    return Model::bind(file, [this](std::string_view name, TensorView& out) {
+      auto it = views.find(name);
+      if (it == views.end()) return false;
+      out = it->second;
+      return true;
+    });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens") {
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  PagesFixture pages(f.file);
+  const std::vector<std::string> prompts{"Once upon a time", "Tom had a red"};
+  const EngineShape shape{256, 2, 16};
+  auto cpu = make_cpu_backend(f.model, 2);
+  const auto want = generate(*cpu, shape, prompts, 60);
+  CudaWeightsOptions o;
+  o.mode = CudaWeightSource::host_mapped;
+  auto gpu = make_cuda_backend(pages.model, 0, o);
+  CHECK(gpu->name().find("weights: host-mapped") != std::string::npos);
+  CHECK(generate(*gpu, shape, prompts, 60) == want);
 }
 
 #else

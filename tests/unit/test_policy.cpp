@@ -30,7 +30,7 @@ std::vector<Bytes> plans() { return {800 * MiB, 400 * MiB, 200 * MiB}; }
 struct Fixture {
   TimePoint t{};  // the fake clock
   WorkerPolicy p{0, test_config(), plans()};
-  Readings mem(Bytes mib) { return Readings{mib * MiB, 0, std::nullopt}; }
+  Readings mem(Bytes mib) { return Readings{mib * MiB, 0, std::nullopt, std::nullopt}; }
   void advance(std::chrono::milliseconds d) { t += d; }
 };
 
@@ -270,4 +270,74 @@ TEST_CASE("headroom: /proc/meminfo and /proc/pressure/memory parsers") {
   CHECK_FALSE(parse_psi_some_avg10(""));
   ProcMemorySource real;
   CHECK(real.read().available > 0);
+}
+
+TEST_CASE("policy: a stale heartbeat or a mute socket is a hang: kill, then restart at the same rung") {
+  Fixture f;
+  PolicyConfig c = test_config();
+  c.hang_timeout = 2s;
+  WorkerPolicy p{3, c, plans()};
+  p.start(f.t, f.mem(600));  // 4096
+  // Not judged before it is ready.
+  CHECK(p.on_health(f.t, {Duration(60s), 60s}).actions.empty());
+  p.on_ready(f.t, 4242);
+  // Fresh heartbeat, answering socket: nothing.
+  CHECK(p.on_health(f.t, {Duration(100ms), 0ms}).actions.empty());
+  // Exactly the timeout is not yet stale.
+  CHECK(p.on_health(f.t, {Duration(2s), 2s}).actions.empty());
+  // A worker without a record is judged by its socket alone.
+  CHECK(p.on_health(f.t, {std::nullopt, 1s}).actions.empty());
+
+  Step s = p.on_health(f.t, {Duration(2500ms), 0ms});
+  REQUIRE(has(s, Action::Kind::kill));
+  REQUIRE(s.decisions.size() == 1);
+  const Decision& d = s.decisions[0];
+  CHECK(d.event == "hang");
+  CHECK(d.worker == 3);
+  CHECK(d.context_from == 4096);
+  CHECK(d.context_to == 4096);
+  CHECK(d.reason.find("no heartbeat for 2500ms") != std::string::npos);
+  CHECK(d.reason.find("pid 4242") != std::string::npos);
+  bool age = false;
+  for (const auto& [k, v] : d.figures) age = age || (k == "DS4_HEARTBEAT_AGE_MS" && v == "2500");
+  CHECK(age);
+  CHECK(p.state() == WorkerState::restarting);
+  // Further readings while it dies change nothing.
+  CHECK(p.on_health(f.t, {Duration(9s), 9s}).actions.empty());
+
+  // Our SIGKILL's exit: the same rung, at once; not an OOM kill.
+  s = p.on_exit(f.t, ExitKind::clean, "killed by the supervisor (SIGKILL)");
+  CHECK(has(s, Action::Kind::start, 4096));
+  CHECK(p.oom_kills() == 0);
+  CHECK(p.restarts() == 1);
+  CHECK(p.failures() == 1);
+
+  // A mute socket with a fresh heartbeat (stuck I/O thread) is a hang too.
+  p.on_ready(f.t, 4243);
+  s = p.on_health(f.t, {Duration(10ms), 3s});
+  REQUIRE(has(s, Action::Kind::kill));
+  CHECK(s.decisions[0].reason.find("socket unanswered for 3s") != std::string::npos);
+  // The second failure in a row backs off instead of restarting at once.
+  s = p.on_exit(f.t, ExitKind::clean, "");
+  CHECK(s.actions.empty());
+  CHECK(p.state() == WorkerState::backoff);
+  CHECK(s.decisions[0].event == "backoff");
+  REQUIRE(p.next_wakeup());
+  f.advance(1s);
+  CHECK(has(p.on_timer(f.t), Action::Kind::start, 4096));
+}
+
+TEST_CASE("policy: hang detection off (hang_timeout 0), or the worker not ready, never kills") {
+  Fixture f;  // test_config(): hang_timeout 0
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 1);
+  CHECK(f.p.on_health(f.t, {Duration(1h), 1h}).actions.empty());
+
+  PolicyConfig c = test_config();
+  c.hang_timeout = 1s;
+  WorkerPolicy p{0, c, plans()};
+  p.start(f.t, f.mem(1000));
+  p.on_ready(f.t, 2);
+  CHECK(has(p.request_drain(f.t), Action::Kind::drain));
+  CHECK(p.on_health(f.t, {Duration(1h), 1h}).actions.empty());  // draining: the drain deadline handles it
 }

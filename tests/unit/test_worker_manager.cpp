@@ -2,6 +2,7 @@
 // backend and scripted memory readings.
 #include <doctest/doctest.h>
 
+#include <map>
 #include <vector>
 
 #include "supervisor/worker_manager.h"
@@ -20,6 +21,7 @@ class FakeBackend : public UnitBackend {
   void set_callbacks(BackendCallbacks cb) override { cb_ = cb; }
   void start(const LaunchSpec& s) override { starts.push_back(s); }
   void stop(int id) override { stops.push_back(id); }
+  void kill(int id) override { kills.push_back(id); }
   std::string unit_name(int id) const override { return "fake@" + std::to_string(id); }
   std::vector<AdoptedWorker> find_running(const std::string&) override { return running; }
   void ready(int id, int pid) { cb_.ready(id, pid); }
@@ -27,14 +29,35 @@ class FakeBackend : public UnitBackend {
 
   std::vector<LaunchSpec> starts;
   std::vector<int> stops;
+  std::vector<int> kills;
   std::vector<AdoptedWorker> running;
   BackendCallbacks cb_;
 };
 
 class FakeMemory : public MemorySource {
  public:
-  Readings read() override { return {available, 0, std::nullopt}; }
+  Readings read() override { return {available, 0, std::nullopt, std::nullopt}; }
   Bytes available = 4096 * MiB;
+};
+
+/// Scripted control block records and socket probes.
+class FakeHealth : public HealthSource {
+ public:
+  std::optional<control::Snapshot> record(int id) const override {
+    auto it = records.find(id);
+    if (it == records.end()) return std::nullopt;
+    return it->second;
+  }
+  int64_t now_ns() const override { return clock_ns; }
+  void probe(const std::string& socket, Duration, std::function<void(bool)> done) override {
+    probed.push_back(socket);
+    asio::post(*io, [this, done] { done(answers); });
+  }
+  asio::io_context* io = nullptr;
+  std::map<int, control::Snapshot> records;
+  int64_t clock_ns = 1'000'000'000'000;
+  bool answers = true;
+  std::vector<std::string> probed;
 };
 
 ManagerSettings settings(uint32_t count = 1) {
@@ -149,4 +172,76 @@ TEST_CASE("manager: running workers are adopted, not restarted; stop stops them"
   io.run_for(20ms);
   CHECK(done);
   CHECK(m.workers()[0].state == WorkerState::stopped);
+}
+
+TEST_CASE("manager: a worker whose heartbeat goes stale is killed and restarted at its context") {
+  asio::io_context io;
+  FakeBackend be;
+  FakeMemory mem;
+  FakeHealth health;
+  health.io = &io;
+  ManagerSettings s = settings();
+  s.policy.hang_timeout = 500ms;
+  s.control = "/ds4-control-test";
+  WorkerManager m(io, be, mem, s);
+  m.set_health_source(&health);
+  m.start();
+  REQUIRE(be.starts.size() == 1);
+  CHECK(be.starts[0].control == "/ds4-control-test");
+  be.ready(0, 42);
+  control::Snapshot rec;
+  rec.pid = 42;
+  rec.heartbeat_ns = health.clock_ns - 50'000'000;  // 50 ms ago
+  rec.requests = 3;
+  rec.gpu_free = 5ull << 30;
+  rec.gpu_total = 8ull << 30;
+  health.records[0] = rec;
+  io.run_for(300ms);
+  CHECK(be.kills.empty());
+  CHECK_FALSE(health.probed.empty());
+  CHECK(health.probed[0] == "/run/test/worker-0.sock");
+  // Status and headroom show the record's figures.
+  auto st = m.status_json();
+  CHECK(st[0]["heartbeat_age_ms"] == 50);
+  CHECK(st[0]["counters"]["requests"] == 3);
+  CHECK(m.last_readings().gpu_free == Bytes(5ull << 30));
+  CHECK(m.last_readings().gpu_total == Bytes(8ull << 30));
+
+  // A record of another process behind the id does not count as ours.
+  health.records[0].pid = 41;
+  CHECK(m.status_json()[0]["heartbeat_age_ms"].is_null());
+  health.records[0].pid = 42;
+
+  // The heartbeat stops: after hang_timeout it is killed, once.
+  health.records[0].heartbeat_ns = health.clock_ns - 900'000'000;
+  io.run_for(300ms);
+  REQUIRE(be.kills == std::vector<int>{0});
+  CHECK(m.workers()[0].state == WorkerState::restarting);
+  REQUIRE_FALSE(m.events().empty());
+  CHECK(m.events().back().decision.event == "hang");
+  CHECK(be.starts.size() == 1);
+  be.exited(0, ExitKind::clean, "killed by the supervisor (SIGKILL)");
+  REQUIRE(be.starts.size() == 2);
+  CHECK(be.starts[1].context == 2048);  // same rung
+  CHECK(m.workers()[0].oom_kills == 0);
+}
+
+TEST_CASE("manager: a worker whose socket stops answering is killed; without a record the socket decides") {
+  asio::io_context io;
+  FakeBackend be;
+  FakeMemory mem;
+  FakeHealth health;
+  health.io = &io;
+  ManagerSettings s = settings();
+  s.policy.hang_timeout = 500ms;
+  WorkerManager m(io, be, mem, s);
+  m.set_health_source(&health);
+  m.start();
+  be.ready(0, 42);  // no record: an older worker binary
+  io.run_for(700ms);
+  CHECK(be.kills.empty());
+  CHECK(m.status_json()[0]["heartbeat_age_ms"].is_null());
+  health.answers = false;
+  io.run_for(1000ms);
+  CHECK(be.kills == std::vector<int>{0});
 }

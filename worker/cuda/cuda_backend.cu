@@ -1,8 +1,11 @@
 // The CUDA backend: the forward pass of worker/cpu/cpu_backend.cpp on the GPU.
-// Weights are copied once to device memory; the KV cache and every scratch
-// buffer are allocated in reserve(), so forward() allocates nothing. A decode
-// step (up to kMaxGemvTokens tokens) is captured once per batch shape in a
-// CUDA graph and replayed: all per-token data lives in device memory.
+// The weights are a weight image (weights.cuh): mapped from the GPU's holder,
+// copied to device memory, or the shared pages used in place. The KV cache and
+// every scratch buffer are allocated in reserve(), so forward() allocates
+// nothing. A decode step (up to kMaxGemvTokens tokens) is captured once per
+// batch shape in a CUDA graph and replayed: all per-token data lives in device
+// memory. Logits stay on the device: a step brings back only each row's greedy
+// pick; logits(row) copies a row when the host sampler needs it.
 #include "worker/cuda/cuda_backend.h"
 
 #include <sys/mman.h>
@@ -14,10 +17,15 @@
 #include <map>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "shared/log.h"
 #include "worker/cuda/common.cuh"
+#include "worker/cuda/holder.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/sampling.cuh"
+#include "worker/cuda/weights.cuh"
 
 namespace ds4 {
 namespace {
@@ -61,18 +69,17 @@ struct DeviceLayer {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Model& model, int device);
+  CudaBackend(const Model& model, int device, const CudaWeightsOptions& weights);
   ~CudaBackend() override;
 
-  std::string name() const override { return "cuda(" + device_name_ + ")"; }
+  std::string name() const override { return "cuda(" + device_name_ + ", weights: " + image_->source() + ")"; }
   bool memory_on_device() const override { return true; }
   std::optional<DeviceRoom> device_room() const override;
   MemoryPlan plan(const EngineShape& s) const override;
   void reserve(const EngineShape& s) override;
   void forward(std::span<const BatchToken> batch) override;
-  std::span<const float> logits(int32_t row) const override {
-    return {logits_host_.as<float>() + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab)};
-  }
+  std::span<const float> logits(int32_t row) const override;
+  std::optional<TokenLogprob> greedy(int32_t row) const override;
   void set_trace(TraceFn fn) override { trace_ = std::move(fn); }
 
  private:
@@ -86,7 +93,10 @@ class CudaBackend final : public Backend {
   }
   int attention_splits(int T) const { return cuda::attention_splits(T, int(hp_.n_heads), shape_.ctx, n_sm_); }
 
-  void upload_weights();
+  /// The weight image `o` asks for (holder, copy or host-mapped); falls back to a copy, saying why.
+  std::unique_ptr<cuda::WeightImage> make_image(const CudaWeightsOptions& o);
+  std::unique_ptr<cuda::WeightImage> image_from_holder(const CudaWeightsOptions& o, std::string& why);
+  void bind_weights();
   /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
   void enqueue(int T, int rows);
   void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
@@ -104,15 +114,17 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
 
-  DeviceBuffer weights_;
+  cuda::ImageLayout layout_;
+  std::unique_ptr<cuda::WeightImage> image_;
   DeviceWeight token_embd_, output_norm_, output_;
   std::vector<DeviceLayer> layers_;
   uint64_t max_q8_elems_ = 0;  // largest Q8_0 matrix (for the prefill dequantisation scratch)
 
   EngineShape shape_;
   bool reserved_ = false;
-  DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_;
-  PinnedBuffer tokens_host_, logits_host_;
+  DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_, picks_dev_;
+  PinnedBuffer tokens_host_, logits_host_, picks_host_;
+  int rows_ = 0;  // logit rows of the last step
   Scratch sc_{};
   cuda::GemmContext gemm_{};
 
@@ -121,7 +133,8 @@ class CudaBackend final : public Backend {
   TraceFn trace_;
 };
 
-CudaBackend::CudaBackend(const Model& model, int device) : m_(model), hp_(model.hp()), device_(device) {
+CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOptions& weights)
+    : m_(model), hp_(model.hp()), device_(device) {
   DS4_CUDA_CHECK(cudaSetDevice(device));
   cudaDeviceProp prop{};
   DS4_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -133,7 +146,10 @@ CudaBackend::CudaBackend(const Model& model, int device) : m_(model), hp_(model.
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DS4_BLAS_CHECK(cublasCreate(&blas_));
   DS4_BLAS_CHECK(cublasSetStream(blas_, stream_));
-  upload_weights();
+  layout_ = cuda::ImageLayout::of(m_.w());
+  max_q8_elems_ = layout_.max_q8_elems;
+  image_ = make_image(weights);
+  bind_weights();
 }
 
 CudaBackend::~CudaBackend() {
@@ -143,69 +159,66 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-// Every distinct weight (token_embd and output may be one) is copied once into
-// one device allocation. The host range is pinned for the copy when the
-// system allows it; otherwise the copy goes through the driver's staging.
-void CudaBackend::upload_weights() {
-  const ModelWeights& W = m_.w();
-  std::vector<const Weight*> all = {&W.token_embd, &W.output_norm, &W.output};
-  for (const LayerWeights& L : W.layers)
-    for (const Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
-      all.push_back(w);
-  // Bytes of a weight as GGUF stores it on the host.
-  auto host_bytes = [](const Weight& w) {
-    return w.type == GgmlType::Q8_0 ? uint64_t(w.rows * w.cols) / 32 * sizeof(BlockQ8_0)
-                                    : cuda::device_weight_bytes(w);
-  };
-  std::unordered_map<const void*, uint64_t> offset;
-  uint64_t total = 0, staging = 0;
-  uintptr_t lo = UINTPTR_MAX, hi = 0;
-  for (const Weight* w : all) {
-    if (offset.count(w->data)) continue;
-    offset[w->data] = total;
-    total += align256(cuda::device_weight_bytes(*w));
-    if (w->type == GgmlType::Q8_0) {
-      staging = std::max(staging, host_bytes(*w));
-      max_q8_elems_ = std::max<uint64_t>(max_q8_elems_, uint64_t(w->rows * w->cols));
+std::unique_ptr<cuda::WeightImage> CudaBackend::make_image(const CudaWeightsOptions& o) {
+  const std::string dev = "cuda:" + std::to_string(device_);
+  const std::string socket = o.holder_socket.empty() ? default_holder_socket(device_) : o.holder_socket;
+  CudaWeightSource mode = o.mode;
+  if (mode == CudaWeightSource::automatic) mode = access(socket.c_str(), F_OK) == 0 ? CudaWeightSource::holder : CudaWeightSource::copy;
+  if (mode == CudaWeightSource::host_mapped) return cuda::host_mapped_image(layout_, stream_);
+  if (mode == CudaWeightSource::holder) {
+    std::string why;
+    if (auto image = image_from_holder(o, why)) {
+      log::info(dev + ": weights mapped from the holder at " + socket, {{"DS4_GPU_WEIGHTS", "holder"}});
+      return image;
     }
-    lo = std::min(lo, reinterpret_cast<uintptr_t>(w->data));
-    hi = std::max(hi, reinterpret_cast<uintptr_t>(w->data) + host_bytes(*w));
+    log::warn(dev + ": no weights from the holder at " + socket + " (" + why +
+                  "); copying them from shared memory instead",
+              {{"DS4_GPU_WEIGHTS", "copy"}, {"DS4_HOLDER_ERROR", why}});
   }
-  weights_ = DeviceBuffer(total, "weights");
-  DeviceBuffer stage(staging, "Q8_0 staging");
+  return cuda::copy_image(layout_, stream_);
+}
 
-  // Pin the span of the host segment that holds the tensors, read-only, so the
-  // copy runs at full bus speed. Where that is refused (a file mapping, a
-  // locked-memory limit), the copy goes through the driver's staging instead.
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  void* pin_at = reinterpret_cast<void*>(lo / page * page);
-  bool pinned = false;
-  if (hi > lo && !std::getenv("DS4_CUDA_NO_PIN")) {
-    const size_t pin_len = (hi - reinterpret_cast<uintptr_t>(pin_at) + page - 1) / page * page;
-    pinned = cudaHostRegister(pin_at, pin_len, cudaHostRegisterReadOnly) == cudaSuccess;
-    if (!pinned) cudaGetLastError();
-  }
-  std::unordered_map<const void*, DeviceWeight> done;
-  auto up = [&](const Weight& w) {
-    auto it = done.find(w.data);
-    if (it != done.end()) return it->second;
-    DeviceWeight d = cuda::upload_weight(w, weights_.as<uint8_t>() + offset.at(w.data), stage.as<void>(), stream_);
-    done[w.data] = d;
-    return d;
-  };
+// The holder's image is used only when it is exactly what this worker would
+// build: same layout version and hash, same model, same device.
+std::unique_ptr<cuda::WeightImage> CudaBackend::image_from_holder(const CudaWeightsOptions& o, std::string& why) {
+  const std::string socket = o.holder_socket.empty() ? default_holder_socket(device_) : o.holder_socket;
+  int fd = -1;
   try {
-    token_embd_ = up(W.token_embd);
-    output_norm_ = up(W.output_norm);
-    output_ = up(W.output);
-    for (const LayerWeights& L : W.layers)
-      layers_.push_back({up(L.attn_norm), up(L.wq), up(L.wk), up(L.wv), up(L.wo), up(L.ffn_norm), up(L.w_gate),
-                         up(L.w_up), up(L.w_down)});
-    DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  } catch (...) {
-    if (pinned) cudaHostUnregister(pin_at);
-    throw;
+    cuda::HolderOffer offer = cuda::ask_holder(socket, o.holder_timeout_ms);
+    fd = offer.fd;
+    const nlohmann::json& d = offer.desc;
+    std::string mismatch;
+    if (d.value("version", 0u) != cuda::kImageLayoutVersion) mismatch = "another image layout version";
+    else if (d.value("model_key", "") != o.model_key) mismatch = "another model (" + d.value("model_key", "") + ")";
+    else if (d.value("device_uuid", "") != cuda::device_uuid(device_)) mismatch = "another GPU";
+    else if (d.value("layout_hash", "") != cuda::hex64(layout_.hash) || d.value("image_bytes", uint64_t(0)) != layout_.total)
+      mismatch = "another weight layout";
+    else if (d.value("bytes", uint64_t(0)) < layout_.total) mismatch = "an allocation too small";
+    if (!mismatch.empty()) {
+      ::close(fd);
+      why = "its image is of " + mismatch;
+      return nullptr;
+    }
+    const uint64_t bytes = d.value("bytes", uint64_t(0));
+    return cuda::imported_image(layout_, cuda::VmmAllocation::import(device_, std::exchange(fd, -1), bytes));
+  } catch (const Error& e) {
+    why = e.what();
+  } catch (const nlohmann::json::exception& e) {
+    why = std::string("bad description: ") + e.what();
   }
-  if (pinned) cudaHostUnregister(pin_at);
+  if (fd >= 0) ::close(fd);
+  return nullptr;
+}
+
+void CudaBackend::bind_weights() {
+  const ModelWeights& W = m_.w();
+  const cuda::WeightImage& img = *image_;
+  token_embd_ = img.view(W.token_embd);
+  output_norm_ = img.view(W.output_norm);
+  output_ = img.view(W.output);
+  for (const LayerWeights& L : W.layers)
+    layers_.push_back({img.view(L.attn_norm), img.view(L.wq), img.view(L.wk), img.view(L.wv), img.view(L.wo),
+                       img.view(L.ffn_norm), img.view(L.w_gate), img.view(L.w_up), img.view(L.w_down)});
 }
 
 CudaBackend::Scratch CudaBackend::layout(const EngineShape& s) const {
@@ -239,7 +252,7 @@ CudaBackend::Scratch CudaBackend::layout(const EngineShape& s) const {
 
 MemoryPlan CudaBackend::plan(const EngineShape& s) const {
   MemoryPlan p;
-  p.weights = weights_.size();
+  p.weights = layout_.total;
   p.kv = kv_cache_bytes(hp_, s);
   const uint64_t blas_ws = 32ull << 20;
   p.scratch = uint64_t(layout(s).total) * 4 + act_bytes(s) + max_q8_elems_ * 2 + blas_ws +
@@ -276,6 +289,8 @@ void CudaBackend::reserve(const EngineShape& s) {
   tokens_dev_ = DeviceBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
   tokens_host_ = PinnedBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
   logits_host_ = PinnedBuffer(size_t(logit_rows() * hp_.n_vocab) * 4, "logits");
+  picks_dev_ = DeviceBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
+  picks_host_ = PinnedBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
   // Touch everything now: a worker learns at start whether the memory is there.
   DS4_CUDA_CHECK(cudaMemsetAsync(kv_.as<void>(), 0, kv_.size(), stream_));
   DS4_CUDA_CHECK(cudaMemsetAsync(scratch_.as<void>(), 0, scratch_.size(), stream_));
@@ -349,8 +364,25 @@ void CudaBackend::enqueue(int T, int rows) {
   } else {
     cuda::matmul(&out, 1, xl, ld_dim, rows, gemm_, s, false, &out_norm);
   }
-  DS4_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<void>(), logits, size_t(rows * hp_.n_vocab) * 4,
+  cuda::GreedyPick* picks = picks_dev_.as<cuda::GreedyPick>();
+  cuda::greedy_pick(logits, hp_.n_vocab, hp_.n_vocab, rows, picks, s);
+  DS4_CUDA_CHECK(cudaMemcpyAsync(picks_host_.as<void>(), picks, size_t(rows) * sizeof(cuda::GreedyPick),
                                  cudaMemcpyDeviceToHost, s));
+}
+
+std::span<const float> CudaBackend::logits(int32_t row) const {
+  if (row < 0 || row >= rows_) throw Error("CUDA backend: no logits for row " + std::to_string(row));
+  float* host = logits_host_.as<float>() + int64_t(row) * hp_.n_vocab;
+  DS4_CUDA_CHECK(cudaMemcpyAsync(host, f(sc_.logits) + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab) * 4,
+                                 cudaMemcpyDeviceToHost, stream_));
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return {host, size_t(hp_.n_vocab)};
+}
+
+std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
+  if (row < 0 || row >= rows_) throw Error("CUDA backend: no logits for row " + std::to_string(row));
+  const cuda::GreedyPick p = picks_host_.as<cuda::GreedyPick>()[row];
+  return TokenLogprob{p.token, p.logprob};
 }
 
 void CudaBackend::forward(std::span<const BatchToken> batch) {
@@ -367,6 +399,7 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
     rows = std::max(rows, b.logit_row + 1);
   }
   std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
+  rows_ = 0;  // until the step is done
   if (!use_graphs_ || trace_ || T > cuda::kMaxGemvTokens) {
     enqueue(T, rows);
   } else {
@@ -392,9 +425,10 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
     }
     DS4_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
   }
-  // The pinned batch is rewritten by the next step and the logits are read
+  // The pinned batch is rewritten by the next step and the picks are read
   // after this returns: wait for the step.
   DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  rows_ = rows;
 }
 
 }  // namespace
@@ -432,7 +466,7 @@ CudaMemory cuda_memory(int device_index) {
   return {free, total};
 }
 
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, int device_index) {
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, int device_index, const CudaWeightsOptions& weights) {
   std::string why;
   if (!cuda_available(&why)) throw Error("device cuda:" + std::to_string(device_index) + ": " + why);
   int n = 0;
@@ -440,7 +474,7 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, int device_index)
   if (device_index < 0 || device_index >= n)
     throw Error("device cuda:" + std::to_string(device_index) + ": there are " + std::to_string(n) +
                 " CUDA devices (cuda:0 to cuda:" + std::to_string(n - 1) + ")");
-  return std::make_unique<CudaBackend>(model, device_index);
+  return std::make_unique<CudaBackend>(model, device_index, weights);
 }
 
 }  // namespace ds4

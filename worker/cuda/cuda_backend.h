@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "shared/model_store.h"
 #include "worker/backend.h"
 
 namespace ds4 {
@@ -23,9 +24,62 @@ struct CudaMemory {
 /// Throws ds4::Error when the device cannot be queried.
 CudaMemory cuda_memory(int device_index);
 
-/// Copies the model's weights to device `device_index` (once, at
-/// construction); reserve() then allocates the KV cache and scratch there.
+/// Where the backend's weights live on the device (`--gpu-weights`):
+///   holder      mapped from the holder of this GPU (CUDA VMM memory exported as
+///               a file descriptor): a restart costs no copy. When no holder
+///               answers or its image does not match, the backend logs why and
+///               copies instead.
+///   copy        copied from the shared segment into the worker's own memory.
+///   host_mapped the segment's pages used in place (unified-memory machines;
+///               on a discrete GPU every read crosses the bus: slow but correct).
+///   automatic   holder when the holder socket exists, else copy.
+enum class CudaWeightSource { automatic, holder, copy, host_mapped };
+/// "auto", "holder", "copy", "host-mapped"; anything else throws ds4::Error.
+CudaWeightSource parse_cuda_weight_source(const std::string& s);
+const char* cuda_weight_source_name(CudaWeightSource w);
+
+struct CudaWeightsOptions {
+  CudaWeightSource mode = CudaWeightSource::copy;
+  std::string holder_socket;  // empty: default_holder_socket(device)
+  std::string model_key;      // what the holder's image must be of (holder_model_key)
+  int holder_timeout_ms = 2000;
+};
+
+/// $XDG_RUNTIME_DIR/ds4/holder-cuda<N>.sock (/tmp/ds4-$UID/... without XDG_RUNTIME_DIR).
+std::string default_holder_socket(int device_index);
+/// The identity a holder and a worker compare: segment name and GGUF identity.
+std::string holder_model_key(const store::Segment& segment);
+
+/// Builds the backend on device `device_index` with the weights where
+/// `weights` says; reserve() then allocates the KV cache and scratch there.
 /// Throws ds4::Error for no device, a bad index, or too little device memory.
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, int device_index);
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, int device_index, const CudaWeightsOptions& weights = {});
+
+/// The weights holder of one GPU: copies a model's weights once into a CUDA
+/// VMM allocation laid out exactly as the backend reads them, and hands the
+/// allocation's file descriptor, with a JSON description, to every process
+/// that connects to its Unix socket. Workers that map it may die and restart
+/// at will; the memory stays as long as the holder or any worker holds it.
+class CudaHolder {
+ public:
+  /// Copies the weights and listens on `socket_path`. Throws ds4::Error when
+  /// another holder already answers there, or on a CUDA failure.
+  CudaHolder(const Model& model, int device_index, const std::string& socket_path, const std::string& model_key,
+             const std::string& segment_name);
+  ~CudaHolder();
+  CudaHolder(const CudaHolder&) = delete;
+  CudaHolder& operator=(const CudaHolder&) = delete;
+
+  /// "holding 13.5 GiB of weights of NAME on cuda:0 (NVIDIA H200)".
+  std::string status() const;
+  /// Answers connections until stop(); returns then.
+  void serve();
+  /// Makes serve() return; safe from any thread.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace ds4

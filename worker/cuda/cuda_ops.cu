@@ -161,6 +161,7 @@ void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache
   DeviceBuffer kc = to_device(k_cache.data(), k_cache.size(), "k cache");
   DeviceBuffer vc = to_device(v_cache.data(), v_cache.size(), "v cache");
   DeviceBuffer scratch(size_t(cuda::attention_scratch_floats(T, n_heads, head_dim, a.splits)) * 4, "scratch");
+  DS4_CUDA_CHECK(cudaMemset(scratch.as<void>(), 0, scratch.size()));  // zeroed, as the backend's scratch
   out.assign(size_t(T) * n_heads * head_dim, NAN);
   DeviceBuffer dout = to_device(out.data(), out.size(), "out");
   cuda::attention(dq.as<float>(), int64_t(n_heads) * head_dim, kc.as<__half>(), vc.as<__half>(), db.as<BatchToken>(),

@@ -1,7 +1,10 @@
 // Element-wise and attention kernels of the CUDA backend. Each mirrors one
 // step of the CPU reference forward pass (worker/cpu/cpu_backend.cpp).
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "worker/cuda/kernels.cuh"
@@ -59,32 +62,44 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* g, int6
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] * scale) * g[i];
 }
 
+// One job a thread: a pair of q or k (rotated when it is among the first
+// n_rot / 2 pairs of its head; k then stored as f16), or a pair of v to store.
 __global__ void rope_store_kernel(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv,
                                   const BatchToken* batch, RopeArgs a, __half* kc, __half* vc) {
   pdl_wait();
   pdl_trigger();
-  const int t = blockIdx.x;
+  const int t = blockIdx.y;
   const BatchToken b = batch[t];
-  const int pairs = a.n_rot / 2;
-  const int heads = a.n_heads + a.n_kv_heads;
-  for (int job = threadIdx.x; job < heads * pairs; job += blockDim.x) {
-    const int h = job / pairs, i = job % pairs;
-    // theta_i = pos * scale^i, by the same repeated multiplication as the CPU.
-    float theta = float(b.pos);
-    for (int j = 0; j < i; ++j) theta *= a.theta_scale;
-    const float c = cosf(theta), s = sinf(theta);
-    float* row = h < a.n_heads ? q + t * ldq + int64_t(h) * a.head_dim
-                               : k + t * ldkv + int64_t(h - a.n_heads) * a.head_dim;
-    const float x0 = row[2 * i], x1 = row[2 * i + 1];
-    row[2 * i] = x0 * c - x1 * s;
-    row[2 * i + 1] = x0 * s + x1 * c;
-  }
-  __syncthreads();
-  const int64_t kvd = int64_t(a.n_kv_heads) * a.head_dim;
-  const int64_t at = (int64_t(b.slot) * a.ctx + b.pos) * kvd;
-  for (int64_t i = threadIdx.x; i < kvd; i += blockDim.x) {
-    kc[at + i] = __float2half_rn(k[t * ldkv + i]);
-    vc[at + i] = __float2half_rn(v[t * ldkv + i]);
+  const int pairs = a.n_rot / 2, half_hd = a.head_dim / 2;
+  const int qk_jobs = (a.n_heads + a.n_kv_heads) * half_hd, jobs = qk_jobs + a.n_kv_heads * half_hd;
+  const int64_t at = (int64_t(b.slot) * a.ctx + b.pos) * int64_t(a.n_kv_heads) * a.head_dim;
+  for (int job = blockIdx.x * blockDim.x + threadIdx.x; job < jobs; job += gridDim.x * blockDim.x) {
+    if (job >= qk_jobs) {
+      const int64_t e = 2 * int64_t(job - qk_jobs);
+      vc[at + e] = __float2half_rn(v[t * ldkv + e]);
+      vc[at + e + 1] = __float2half_rn(v[t * ldkv + e + 1]);
+      continue;
+    }
+    const int h = job / half_hd, i = job % half_hd;
+    const bool is_q = h < a.n_heads;
+    float* row = is_q ? q + t * ldq + int64_t(h) * a.head_dim : k + t * ldkv + int64_t(h - a.n_heads) * a.head_dim;
+    float x0 = row[2 * i], x1 = row[2 * i + 1];
+    if (i < pairs) {
+      // theta_i = pos * scale^i, by the same repeated multiplication as the CPU.
+      float theta = float(b.pos);
+      for (int j = 0; j < i; ++j) theta *= a.theta_scale;
+      const float c = cosf(theta), s = sinf(theta);
+      const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+      x0 = r0;
+      x1 = r1;
+      row[2 * i] = x0;
+      row[2 * i + 1] = x1;
+    }
+    if (!is_q) {
+      const int64_t e = int64_t(h - a.n_heads) * a.head_dim + 2 * i;
+      kc[at + e] = __float2half_rn(x0);
+      kc[at + e + 1] = __float2half_rn(x1);
+    }
   }
 }
 
@@ -94,6 +109,11 @@ __global__ void rope_store_kernel(float* q, int64_t ldq, float* k, const float* 
 // group keeps an online softmax (max, sum, weighted V); the block merges its
 // groups into one partial result, and attention_combine merges the splits.
 constexpr int kAttnWarps = 8;
+// The split kernel's scratch starts with arrival counters, one per (token,
+// head), at the same place for every batch size, so nothing else ever writes
+// them: zero when the scratch is allocated, set back to zero by each user.
+// Splits are only asked for while tokens x heads < 4 x multiprocessors.
+constexpr int kAttnCounters = 4096;
 
 __device__ void load8(const __half* p, float (&f)[8]) {
   const uint4 u = *reinterpret_cast<const uint4*>(p);
@@ -106,10 +126,31 @@ __device__ void load8(const __half* p, float (&f)[8]) {
   }
 }
 
+/// out[0..hd) = the merge of `splits` partial results (hd sums, max, sum of
+/// weights each), by the calling block's threads. Reads through L2: other
+/// blocks wrote the partials.
+__device__ void combine_splits(const float* p, int hd, int splits, float* out) {
+  float M = -INFINITY;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(p + s * (hd + 2) + hd));
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float L = 0.0f, A = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* ps = p + s * (hd + 2);
+      const float m = __ldcg(ps + hd);
+      if (m == -INFINITY) continue;
+      const float w = expf(m - M);
+      L += __ldcg(ps + hd + 1) * w;
+      A += __ldcg(ps + d) * w;
+    }
+    out[d] = A / L;
+  }
+}
+
 template <int G>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float* q, int64_t ldq, const __half* kc,
                                                                      const __half* vc, const BatchToken* batch,
-                                                                     AttentionArgs a, float* partial) {
+                                                                     AttentionArgs a, float* partial, float* out,
+                                                                     int64_t ldo) {
   pdl_wait();
   pdl_trigger();
   constexpr int kGroups = kAttnWarps * 32 / G;
@@ -168,7 +209,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
   for (int j = 0; j < 8; ++j) s_acc[group][gl * 8 + j] = acc[j];
   __syncthreads();
   // Merge the groups: thread d < HD takes dimension d.
-  float* out = partial + ((int64_t(t) * a.n_heads + h) * a.splits + split) * (HD + 2);
+  float* part = partial + ((int64_t(t) * a.n_heads + h) * a.splits + split) * (HD + 2);
   if (threadIdx.x < HD) {
     float M = -INFINITY;
     for (int g = 0; g < kGroups; ++g) M = fmaxf(M, s_m[g]);
@@ -180,32 +221,208 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
         A += s_acc[g][threadIdx.x] * w;
       }
     }
-    out[threadIdx.x] = A;
+    if (a.splits == 1) {  // the whole range: no partial to merge
+      out[int64_t(t) * ldo + int64_t(h) * HD + threadIdx.x] = A / L;
+      return;
+    }
+    part[threadIdx.x] = A;
     if (threadIdx.x == 0) {
-      out[HD] = M;
-      out[HD + 1] = L;
+      part[HD] = M;
+      part[HD + 1] = L;
     }
   }
+  if (a.splits == 1) return;
+  // The last split block of (token, head) to finish merges the splits, and
+  // sets the counter back to zero for the next launch.
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * a.n_heads + h;
+  if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == unsigned(a.splits - 1);
+  __syncthreads();
+  if (!s_last) return;
+  if (threadIdx.x == 0) *count = 0;
+  __threadfence();
+  combine_splits(partial + (int64_t(t) * a.n_heads + h) * a.splits * (HD + 2), HD, a.splits,
+                 out + int64_t(t) * ldo + int64_t(h) * HD);
 }
 
-__global__ void attention_combine_kernel(const float* partial, int n_heads, int hd, int splits, float* out,
-                                         int64_t ldo) {
+
+// Prefill attention, tiled: a block takes one head and kTileQ consecutive
+// tokens of the batch. K and V of kTileK positions at a time go through
+// shared memory (as floats) and serve all the block's tokens, so the cache is
+// read once per tile of tokens instead of once per token. Thread (rp, jq)
+// computes the scores of tokens 2rp, 2rp+1 at positions jq + 16c and owns
+// their outputs at dimensions 4jq + 64c; the 16 threads of a token pair are
+// one half-warp, which keeps the online softmax (as in attention_kernel)
+// inside shuffles. The tokens' slots are taken one at a time, in increasing
+// order (a prefill batch has one or a few); a token attends only to its own.
+constexpr int kTileQ = 16, kTileK = 64, kTileThreads = 128;
+
+template <int HD>
+constexpr size_t tiled_smem_bytes() {
+  return size_t(kTileQ * (HD + 4) + 2 * kTileK * (HD + 4) + kTileQ * (kTileK + 4)) * sizeof(float);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(const float* q, int64_t ldq, const __half* kc,
+                                                                       const __half* vc, const BatchToken* batch,
+                                                                       int T, AttentionArgs a, float* out,
+                                                                       int64_t ldo) {
+  constexpr int LD = HD + 4;  // floats a row of the Q, K and V tiles: 16-byte rows, no bank conflicts
+  constexpr int LP = kTileK + 4;
+  constexpr int PC = kTileK / 16;  // positions a thread
+  constexpr int DC = HD / 64;      // float4s of output a thread and token
+  extern __shared__ float4 tiles[];
+  float* sq = reinterpret_cast<float*>(tiles);
+  float* sk = sq + kTileQ * LD;
+  float* sv = sk + kTileK * LD;
+  float* sp = sv + kTileK * LD;
+  __shared__ int s_slot[kTileQ], s_pos[kTileQ];
   pdl_wait();
   pdl_trigger();
-  const int h = blockIdx.x, t = blockIdx.y;
-  const float* p = partial + (int64_t(t) * n_heads + h) * splits * (hd + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * (hd + 2) + hd]);
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float* ps = p + s * (hd + 2);
-      if (ps[hd] == -INFINITY) continue;
-      const float w = expf(ps[hd] - M);
-      L += ps[hd + 1] * w;
-      A += ps[d] * w;
+  const int h = blockIdx.x, t0 = int(blockIdx.y) * kTileQ, tid = threadIdx.x;
+  const int jq = tid % 16, rp = tid / 16;
+  const int kvh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t kvd = int64_t(a.n_kv_heads) * HD;
+  if (tid < kTileQ) {
+    const int t = t0 + tid;
+    s_slot[tid] = t < T ? batch[t].slot : -1;
+    s_pos[tid] = t < T ? batch[t].pos : -1;
+  }
+  for (int i = tid; i < kTileQ * HD / 4; i += kTileThreads) {
+    const int r = i / (HD / 4), c = i % (HD / 4), t = t0 + r;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < T) v = *reinterpret_cast<const float4*>(q + t * ldq + int64_t(h) * HD + c * 4);
+    *reinterpret_cast<float4*>(sq + r * LD + c * 4) = v;
+  }
+  __syncthreads();
+  const int my_slot[2] = {s_slot[2 * rp], s_slot[2 * rp + 1]}, my_pos[2] = {s_pos[2 * rp], s_pos[2 * rp + 1]};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[2][DC * 4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < DC * 4; ++i) o[r][i] = 0.f;
+
+  for (int slot = -1;;) {
+    int next = INT_MAX;
+    for (int r = 0; r < kTileQ; ++r)
+      if (s_slot[r] > slot && s_slot[r] < next) next = s_slot[r];
+    if (next == INT_MAX) break;
+    slot = next;
+    int last = -1;
+    for (int r = 0; r < kTileQ; ++r)
+      if (s_slot[r] == slot) last = max(last, s_pos[r]);
+    const __half* kb = kc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
+    const __half* vb = vc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
+    for (int p0 = 0; p0 <= last; p0 += kTileK) {
+      __syncthreads();  // the last tile's readers are done
+      for (int i = tid; i < kTileK * HD / 8; i += kTileThreads) {
+        const int j = i / (HD / 8), c = i % (HD / 8), p = p0 + j;
+        float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (p <= last) {  // past it: zeros (weight 0 times a zero, never garbage)
+          load8(kb + int64_t(p) * kvd + c * 8, kf);
+          load8(vb + int64_t(p) * kvd + c * 8, vf);
+        }
+        float4* kd = reinterpret_cast<float4*>(sk + j * LD + c * 8);
+        float4* vd = reinterpret_cast<float4*>(sv + j * LD + c * 8);
+        kd[0] = make_float4(kf[0], kf[1], kf[2], kf[3]);
+        kd[1] = make_float4(kf[4], kf[5], kf[6], kf[7]);
+        vd[0] = make_float4(vf[0], vf[1], vf[2], vf[3]);
+        vd[1] = make_float4(vf[4], vf[5], vf[6], vf[7]);
+      }
+      __syncthreads();
+      float sc[2][PC];
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int c = 0; c < PC; ++c) sc[r][c] = 0.f;
+#pragma unroll 4
+      for (int d = 0; d < HD; d += 4) {
+        const float4 qa = *reinterpret_cast<const float4*>(sq + (2 * rp) * LD + d);
+        const float4 qb = *reinterpret_cast<const float4*>(sq + (2 * rp + 1) * LD + d);
+#pragma unroll
+        for (int c = 0; c < PC; ++c) {
+          const float4 kv = *reinterpret_cast<const float4*>(sk + (jq + 16 * c) * LD + d);
+          sc[0][c] = fmaf(qa.x, kv.x, sc[0][c]);
+          sc[0][c] = fmaf(qa.y, kv.y, sc[0][c]);
+          sc[0][c] = fmaf(qa.z, kv.z, sc[0][c]);
+          sc[0][c] = fmaf(qa.w, kv.w, sc[0][c]);
+          sc[1][c] = fmaf(qb.x, kv.x, sc[1][c]);
+          sc[1][c] = fmaf(qb.y, kv.y, sc[1][c]);
+          sc[1][c] = fmaf(qb.z, kv.z, sc[1][c]);
+          sc[1][c] = fmaf(qb.w, kv.w, sc[1][c]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < PC; ++c) {
+          const int p = p0 + jq + 16 * c;
+          sc[r][c] = my_slot[r] == slot && p <= my_pos[r] ? sc[r][c] * a.scale : -INFINITY;
+          tile_max = fmaxf(tile_max, sc[r][c]);
+        }
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+        const float m_new = fmaxf(m[r], tile_max);
+        float corr = 1.f, sum = 0.f;
+        if (m_new != -INFINITY) {
+          corr = expf(m[r] - m_new);  // 0 while m is still -inf
+#pragma unroll
+          for (int c = 0; c < PC; ++c) {
+            sc[r][c] = expf(sc[r][c] - m_new);
+            sum += sc[r][c];
+          }
+        } else {
+#pragma unroll
+          for (int c = 0; c < PC; ++c) sc[r][c] = 0.f;
+        }
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        l[r] = l[r] * corr + sum;
+        m[r] = m_new;
+#pragma unroll
+        for (int i = 0; i < DC * 4; ++i) o[r][i] *= corr;
+#pragma unroll
+        for (int c = 0; c < PC; ++c) sp[(2 * rp + r) * LP + jq + 16 * c] = sc[r][c];
+      }
+      __syncwarp();  // a token's weights are written and read by its own half-warp
+#pragma unroll 2
+      for (int j = 0; j < kTileK; j += 4) {
+        const float4 pa = *reinterpret_cast<const float4*>(sp + (2 * rp) * LP + j);
+        const float4 pb = *reinterpret_cast<const float4*>(sp + (2 * rp + 1) * LP + j);
+        const float wa[4] = {pa.x, pa.y, pa.z, pa.w}, wb[4] = {pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+          for (int c = 0; c < DC; ++c) {
+            const float4 v = *reinterpret_cast<const float4*>(sv + (j + jj) * LD + 4 * jq + 64 * c);
+            o[0][4 * c] = fmaf(wa[jj], v.x, o[0][4 * c]);
+            o[0][4 * c + 1] = fmaf(wa[jj], v.y, o[0][4 * c + 1]);
+            o[0][4 * c + 2] = fmaf(wa[jj], v.z, o[0][4 * c + 2]);
+            o[0][4 * c + 3] = fmaf(wa[jj], v.w, o[0][4 * c + 3]);
+            o[1][4 * c] = fmaf(wb[jj], v.x, o[1][4 * c]);
+            o[1][4 * c + 1] = fmaf(wb[jj], v.y, o[1][4 * c + 1]);
+            o[1][4 * c + 2] = fmaf(wb[jj], v.z, o[1][4 * c + 2]);
+            o[1][4 * c + 3] = fmaf(wb[jj], v.w, o[1][4 * c + 3]);
+          }
+      }
+      __syncwarp();  // the weights are read before the next tile writes them
     }
-    out[int64_t(t) * ldo + int64_t(h) * hd + d] = A / L;
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = t0 + 2 * rp + r;
+    if (t >= T) continue;
+    const float inv_l = 1.0f / l[r];
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+      const float4 v = make_float4(o[r][4 * c] * inv_l, o[r][4 * c + 1] * inv_l, o[r][4 * c + 2] * inv_l,
+                                   o[r][4 * c + 3] * inv_l);
+      *reinterpret_cast<float4*>(out + int64_t(t) * ldo + int64_t(h) * HD + 4 * jq + 64 * c) = v;
+    }
   }
 }
 
@@ -253,7 +470,9 @@ void rmsnorm(const float* x, int64_t ldx, const float* g, int64_t n, float eps, 
 
 void rope_store(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T,
                 const RopeArgs& a, __half* k_cache, __half* v_cache, cudaStream_t s) {
-  launch(rope_store_kernel, dim3(T), dim3(kThreads), s, q, ldq, k, v, ldkv, batch, a, k_cache, v_cache);
+  const int jobs = (a.n_heads + 2 * a.n_kv_heads) * (a.head_dim / 2);
+  const dim3 grid(unsigned(std::min<int64_t>(ceil_div(jobs, kThreads), 64)), unsigned(T));
+  launch(rope_store_kernel, grid, dim3(kThreads), s, q, ldq, k, v, ldkv, batch, a, k_cache, v_cache);
   DS4_CUDA_LAUNCHED();
 }
 
@@ -265,16 +484,66 @@ int attention_splits(int T, int n_heads, int64_t ctx, int n_sm) {
 }
 
 int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits) {
-  return int64_t(T) * n_heads * splits * (head_dim + 2);
+  return kAttnCounters + int64_t(T) * n_heads * splits * (head_dim + 2);
 }
+
+namespace {
+
+/// Whether prefill batches take the tiled kernel (DS4_CUDA_ATTN_TILED=0: the
+/// split kernel for every batch, for comparison).
+bool tiled_attention() {
+  static const bool on = [] {
+    const char* env = std::getenv("DS4_CUDA_ATTN_TILED");
+    return !(env && std::strcmp(env, "0") == 0);
+  }();
+  return on;
+}
+
+template <int HD>
+void launch_tiled(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
+                  int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
+  constexpr size_t smem = tiled_smem_bytes<HD>();
+  static const bool sized = [] {
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(attention_tiled_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem)));
+    return true;
+  }();
+  (void)sized;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(a.n_heads), unsigned(ceil_div(T, kTileQ)));
+  cfg.blockDim = dim3(kTileThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_tiled_kernel<HD>, q, ldq, k_cache, v_cache, batch, T, a, out, ldo));
+}
+
+}  // namespace
 
 void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
                int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
+  if (T > kMaxGemvTokens && tiled_attention() && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
+    switch (a.head_dim) {
+      case 64: launch_tiled<64>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      case 128: launch_tiled<128>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      default: launch_tiled<256>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+    }
+    return;
+  }
+  if (a.splits > 1 && int64_t(T) * a.n_heads > kAttnCounters)
+    throw Error("CUDA attention: " + std::to_string(a.splits) + " splits for " + std::to_string(T) + " tokens x " +
+                std::to_string(a.n_heads) + " heads");
   const dim3 grid(unsigned(a.n_heads), unsigned(T), unsigned(a.splits));
+  float* partial = scratch + kAttnCounters;
   switch (a.head_dim) {
 #define DS4_ATTN_CASE(HD)                                                                             \
   case HD:                                                                                            \
-    launch(attention_kernel<HD / 8>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a, scratch); \
+    launch(attention_kernel<HD / 8>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a, partial, \
+           out, ldo);                                                                                 \
     break;
     DS4_ATTN_CASE(8)
     DS4_ATTN_CASE(16)
@@ -287,9 +556,6 @@ void attention(const float* q, int64_t ldq, const __half* k_cache, const __half*
       throw Error("CUDA attention: head dimension " + std::to_string(a.head_dim) +
                   " is not supported (8, 16, 32, 64, 128 or 256)");
   }
-  DS4_CUDA_LAUNCHED();
-  launch(attention_combine_kernel, dim3(unsigned(a.n_heads), unsigned(T)), dim3(128), s, scratch, a.n_heads,
-         a.head_dim, a.splits, out, ldo);
   DS4_CUDA_LAUNCHED();
 }
 

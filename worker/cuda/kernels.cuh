@@ -41,10 +41,14 @@ struct AttentionArgs {
 };
 /// Splits worth using for T tokens: enough blocks to fill the GPU.
 int attention_splits(int T, int n_heads, int64_t ctx, int n_sm);
-/// Floats of scratch attention() needs.
+/// Floats of scratch attention() needs. The scratch must be zero when it is
+/// first used (it holds counters that every launch leaves at zero).
 int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
 /// out[t][h] = softmax(scale * q[t][h] . K[0..pos]) V over the token's own slot,
 /// positions 0..batch[t].pos (grouped-query: head h reads KV head h / group).
+/// Decode batches split the positions over blocks, and the last block of each
+/// (token, head) merges the splits; prefill batches (more than
+/// kMaxGemvTokens tokens) take a kernel that tiles tokens and positions.
 void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
                int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s);
 

@@ -4,6 +4,7 @@
 // Prefill goes to cuBLAS on the tensor cores, with the activations (and a
 // Q8_0 weight) converted to 16-bit floats first.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -66,15 +67,19 @@ struct Chunk<GgmlType::BF16> {
 };
 
 /// Q8_0 quants only; the block scale is applied once per 16 products.
+/// A quant becomes a float without I2F (a quarter-rate instruction): its
+/// byte, offset to unsigned, goes under the exponent of 2^23 (one PRMT) and
+/// 2^23 + 128 comes off again (one FADD), which is exact.
 template <>
 struct Chunk<GgmlType::Q8_0> {
   static constexpr int E = 16;
   __device__ static void to_float(const uint4& u, float (&f)[E]) {
-    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+    const uint32_t words[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u, u.w ^ 0x80808080u};
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int b = 0; b < 4; ++b) f[4 * j + b] = float(int8_t(words[j] >> (8 * b)));
+      for (int b = 0; b < 4; ++b)
+        f[4 * j + b] = __uint_as_float(__byte_perm(words[j], 0x4b000000u, 0x7440u + unsigned(b))) - 8388736.0f;
   }
 };
 
@@ -262,6 +267,215 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvJobs jobs, int64
   else *dst = jobs.accumulate[j] ? *dst + v[0] : v[0];
 }
 
+/// Decode GEMV for NT tokens (launched for one), as a persistent grid of at
+/// most MINB blocks of THREADS threads a multiprocessor, each block taking row
+/// groups g, g + gridDim.x, ... of R rows. Threads split K as in gemv_kernel,
+/// U chunks of each row a round. Loads run one round ahead: the next round's
+/// (of this group or the block's next one) are issued before this round is
+/// used and before the group's block-wide sum, so a block keeps its loads in
+/// flight across its own tail. The first round is loaded before waiting on the
+/// previous kernel (weights depend on no kernel); with PF_KB, L2 is also asked
+/// for up to that many KiB of the block's next groups there.
+template <GgmlType TY, int NT, bool GLU, bool NORM, int THREADS, int R, int U, int MINB, int PF_KB>
+__global__ void __launch_bounds__(THREADS, MINB) gemv_stream_kernel(GemvJobs jobs, int groups, int64_t K,
+                                                                    const float* __restrict__ x, int64_t ldx,
+                                                                    GemvNorm norm) {
+  using C = Chunk<TY>;
+  constexpr int E = C::E, NW = GLU ? 2 : 1, NR = NW * R, WARPS = THREADS / 32;
+  constexpr bool Q8 = TY == GgmlType::Q8_0;
+  const int64_t rb = K / 4 * elem_bytes_x4<TY>();
+  const int64_t per_round = int64_t(THREADS) * E * U;
+  const int rounds = int((K + per_round - 1) / per_round);
+  int g = int(blockIdx.x);
+  if (g >= groups) return;
+
+  // The product and first row of group g.
+  auto locate = [&](int grp, int& j, int64_t& row0) {
+    j = 0;
+    while (j + 1 < jobs.n && grp >= jobs.blocks[j]) grp -= jobs.blocks[j++];
+    row0 = int64_t(grp) * R;
+  };
+  auto load = [&](int grp, int r, uint4(&raw)[U][NR], float(&d)[U][NR]) {
+    int j;
+    int64_t row0;
+    locate(grp, j, row0);
+    const int64_t rows = jobs.rows[j];
+#pragma unroll
+    for (int w = 0; w < NW; ++w)
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const int64_t row = min(row0 + rr, rows - 1);  // past the end: computed, not stored
+        const char* wp = static_cast<const char*>(jobs.w[j + w]) + row * rb;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t k = int64_t(r) * per_round + (int64_t(u) * THREADS + threadIdx.x) * E;
+          if (k < K) {
+            raw[u][w * R + rr] = load_stream(wp + k / E * 16);
+            if (Q8) d[u][w * R + rr] = __half2float(__ldg(jobs.scales[j + w] + row * (K / 32) + k / 32));
+          }
+        }
+      }
+  };
+
+  float acc[NR][NT];
+  double ss[NT];
+  auto clear = [&] {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      ss[t] = 0.0;
+#pragma unroll
+      for (int i = 0; i < NR; ++i) acc[i][t] = 0.0f;
+    }
+  };
+  clear();
+  uint4 raw[U][NR], next[U][NR];
+  float d[U][NR], next_d[U][NR];
+  load(g, 0, raw, d);
+  // Ask L2 for the rows of the block's next groups too, up to PF_KB KiB, while
+  // the previous kernel finishes: small products then run from L2.
+  if constexpr (PF_KB > 0) {
+    const int ahead = int(int64_t(PF_KB) * 1024 / (int64_t(NR) * rb));
+    for (int i = 1; i <= ahead; ++i) {
+      const int pg = g + i * int(gridDim.x);
+      if (pg >= groups) break;
+      int j;
+      int64_t row0;
+      locate(pg, j, row0);
+#pragma unroll
+      for (int w = 0; w < NW; ++w)
+#pragma unroll
+        for (int rr = 0; rr < R; ++rr) {
+          const char* wp = static_cast<const char*>(jobs.w[j + w]) + min(row0 + rr, int64_t(jobs.rows[j]) - 1) * rb;
+          for (int64_t off = int64_t(threadIdx.x) * 128; off < rb; off += int64_t(THREADS) * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wp + off));
+        }
+    }
+  }
+  pdl_wait();
+  pdl_trigger();
+
+  __shared__ float red[2][WARPS][NR * NT];
+  __shared__ double red_ss[2][WARPS][NT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int r = 0, par = 0;
+  for (;;) {
+    int ng = g, nr = r + 1;
+    if (nr == rounds) {
+      nr = 0;
+      ng += int(gridDim.x);
+    }
+    const bool more = ng < groups;
+    if (more) load(ng, nr, next, next_d);
+
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = int64_t(r) * per_round + (int64_t(u) * THREADS + threadIdx.x) * E;
+      if (k >= K) break;
+      float xf[NT][E];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + k);
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+          const float4 v = __ldg(xp + q);
+          xf[t][4 * q] = v.x; xf[t][4 * q + 1] = v.y; xf[t][4 * q + 2] = v.z; xf[t][4 * q + 3] = v.w;
+        }
+      }
+      if (NORM) {
+        float gf[E];
+        const float4* gp = reinterpret_cast<const float4*>(norm.g + k);
+#pragma unroll
+        for (int q = 0; q < E / 4; ++q) {
+          const float4 v = __ldg(gp + q);
+          gf[4 * q] = v.x; gf[4 * q + 1] = v.y; gf[4 * q + 2] = v.z; gf[4 * q + 3] = v.w;
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            ss[t] += double(xf[t][e] * xf[t][e]);
+            xf[t][e] *= gf[e];
+          }
+      }
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        float wf[E];
+        C::to_float(raw[u][i], wf);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          float s = Q8 ? 0.0f : acc[i][t];
+#pragma unroll
+          for (int e = 0; e < E; ++e) s = fmaf(wf[e], xf[t][e], s);
+          acc[i][t] = Q8 ? fmaf(s, d[u][i], acc[i][t]) : s;
+        }
+      }
+    }
+
+    if (r == rounds - 1) {  // the group's sums: over the warp, then the block's warps
+#pragma unroll
+      for (int i = 0; i < NR; ++i)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          float v = acc[i][t];
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+          if (lane == 0) red[par][warp][i * NT + t] = v;
+        }
+      if (NORM) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          double v = ss[t];
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+          if (lane == 0) red_ss[par][warp][t] = v;
+        }
+      }
+      clear();
+      // One barrier a group: the buffer written next (red[par ^ 1]) was last
+      // read before the previous group's barrier.
+      __syncthreads();
+      if (threadIdx.x < R * NT) {
+        int j;
+        int64_t row0;
+        locate(g, j, row0);
+        const int rr = int(threadIdx.x) / NT, t = int(threadIdx.x) % NT;
+        const int64_t row = row0 + rr;
+        if (row < jobs.rows[j]) {
+          float scale = 1.0f;
+          if (NORM) {
+            double sum = 0.0;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) sum += red_ss[par][w][t];
+            scale = 1.0f / sqrtf(float(sum / double(K)) + norm.eps);
+          }
+          float v[NW];
+#pragma unroll
+          for (int w = 0; w < NW; ++w) {
+            float s = 0.0f;
+#pragma unroll
+            for (int q = 0; q < WARPS; ++q) s += red[par][q][(w * R + rr) * NT + t];
+            v[w] = s * scale;
+          }
+          float* dst = jobs.y[j] + t * jobs.ldy[j] + row;
+          if (GLU) *dst = v[0] / (1.0f + expf(-v[0])) * v[NW - 1];
+          else *dst = jobs.accumulate[j] ? *dst + v[0] : v[0];
+        }
+      }
+      par ^= 1;
+    }
+    if (!more) break;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) {
+        raw[u][i] = next[u][i];
+        d[u][i] = next_d[u][i];
+      }
+    g = ng;
+    r = nr;
+  }
+}
+
 /// Any shape, one element at a time: for rows whose length breaks 16-byte alignment.
 __global__ void gemv_scalar_kernel(DeviceWeight w, const float* x, int64_t ldx, int T, float* y, int64_t ldy,
                                    int accumulate) {
@@ -291,9 +505,73 @@ __global__ void gemv_scalar_kernel(DeviceWeight w, const float* x, int64_t ldx, 
   }
 }
 
+/// The decode GEMV's shape for one token: DS4_CUDA_GEMV=0 takes the one-shot
+/// blocks of gemv_kernel, another number one of the persistent shapes of
+/// launch_stream's table; unset, the fastest measured for the weight type.
+int gemv_variant(GgmlType type) {
+  static const int forced = [] {
+    const char* env = std::getenv("DS4_CUDA_GEMV");
+    return env ? std::atoi(env) : -1;
+  }();
+  if (forced >= 0) return forced;
+  return type == GgmlType::Q8_0 ? 13 : 2;
+}
+
+int multiprocessors() {
+  static const int n = [] {
+    int dev = 0, n_sm = 0;
+    DS4_CUDA_CHECK(cudaGetDevice(&dev));
+    DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    return n_sm;
+  }();
+  return n;
+}
+
+template <GgmlType TY, int NT, bool GLU, bool NORM, int THREADS, int R, int U, int MINB, int PF_KB>
+void launch_stream(GemvJobs jobs, int64_t K, const float* x, int64_t ldx, const GemvNorm& norm, cudaStream_t s) {
+  int groups = 0;
+  for (int i = 0; i < (GLU ? 1 : jobs.n); ++i) {
+    jobs.blocks[i] = int(ceil_div(jobs.rows[i], R));
+    groups += jobs.blocks[i];
+  }
+  // As many groups for every block (the last blocks finish with the rest).
+  const int cap = multiprocessors() * MINB;
+  const int per_block = int(ceil_div(groups, cap));
+  const int grid = int(ceil_div(groups, per_block));
+  launch(gemv_stream_kernel<TY, NT, GLU, NORM, THREADS, R, U, MINB, PF_KB>, dim3(unsigned(grid)),
+         dim3(unsigned(THREADS)), s, jobs, groups, K, x, ldx, norm);
+}
+
+/// Whether the persistent kernel took the product (one token, F16 or Q8_0).
+/// A shape: variant, threads, rows a group and loads in flight a row (plain
+/// products, then gate/up), blocks a multiprocessor, KiB of L2 prefetch ahead.
+template <GgmlType TY, bool GLU, bool NORM>
+bool launch_stream(const GemvJobs& jobs, int64_t K, const float* x, int64_t ldx, int T, const GemvNorm& norm,
+                   cudaStream_t s) {
+  if constexpr (TY != GgmlType::F16 && TY != GgmlType::Q8_0) {
+    return false;
+  } else {
+    if (T != 1) return false;
+#define DS4_STREAM(V, TH, R, U, RG, UG, MINB, PF)                                                             \
+  case V:                                                                                                     \
+    launch_stream<TY, 1, GLU, NORM, TH, GLU ? RG : R, GLU ? UG : U, MINB, PF>(jobs, K, x, ldx, norm, s); \
+    return true;
+    // Measured on the H200 (NOTES.md, all shapes there): 2 for F16, 13 for Q8_0.
+    switch (gemv_variant(TY)) {
+      DS4_STREAM(1, 256, 4, 2, 4, 1, 2, 0)
+      DS4_STREAM(2, 128, 4, 2, 4, 1, 4, 0)
+      DS4_STREAM(11, 128, 8, 1, 4, 1, 4, 0)
+      DS4_STREAM(13, 128, 4, 2, 4, 1, 4, 32)
+      default: return false;
+    }
+#undef DS4_STREAM
+  }
+}
+
 template <GgmlType TY, bool GLU, bool NORM>
 void launch_gemv(GemvJobs jobs, int64_t K, const float* x, int64_t ldx, int T, const GemvNorm& norm,
                  cudaStream_t s) {
+  if (launch_stream<TY, GLU, NORM>(jobs, K, x, ldx, T, norm, s)) return;
   const int R = T <= 2 ? gemv_rows<1>() : gemv_rows<3>();
   int blocks = 0;
   for (int i = 0; i < (GLU ? 1 : jobs.n); ++i) {

@@ -1,0 +1,134 @@
+/* A small closed-loop HTTP/1.1 load client for bench/proxy_overhead.sh.
+ *
+ *   http_load PORT CONCURRENCY COUNT BODY_FILE
+ *
+ * Opens CONCURRENCY keep-alive connections to 127.0.0.1:PORT (TCP_NODELAY)
+ * and sends COUNT requests `POST /v1/completions` with the body from
+ * BODY_FILE, one at a time per connection, from one thread (poll loop). A
+ * request's time runs from its send to the last byte of its answer; nothing
+ * else happens inside it. Prints one line per answer:
+ *   LATENCY_MS PROMPT_MS PREDICTED_MS
+ * (the last two from the answer's "timings"). Written in C so that the
+ * client's own cost, which the bench charges to ds4, stays in microseconds. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { MAX_CONN = 1024, BUF = 1 << 16 };
+
+struct conn {
+  int fd;
+  char buf[BUF];
+  size_t len;
+  double t0;
+};
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void die(const char *what) {
+  perror(what);
+  exit(1);
+}
+
+/* Length of the whole response in c->buf once it is complete, else 0. */
+static size_t complete(const struct conn *c) {
+  const char *end = memmem(c->buf, c->len, "\r\n\r\n", 4);
+  if (!end) return 0;
+  size_t head = (size_t)(end - c->buf) + 4, body = 0;
+  for (const char *p = c->buf; p < end; p++) {
+    if ((p == c->buf || p[-1] == '\n') && strncasecmp(p, "content-length:", 15) == 0) body = strtoul(p + 15, NULL, 10);
+  }
+  return c->len >= head + body ? head + body : 0;
+}
+
+static double timing(const char *body, size_t n, const char *key) {
+  const char *p = memmem(body, n, key, strlen(key));
+  return p ? strtod(p + strlen(key), NULL) : -1;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 5) {
+    fprintf(stderr, "usage: http_load PORT CONCURRENCY COUNT BODY_FILE\n");
+    return 2;
+  }
+  const int port = atoi(argv[1]), conc = atoi(argv[2]), count = atoi(argv[3]);
+  if (conc < 1 || conc > MAX_CONN || count < 1) {
+    fprintf(stderr, "http_load: bad concurrency or count\n");
+    return 2;
+  }
+  FILE *f = fopen(argv[4], "rb");
+  if (!f) die(argv[4]);
+  static char body[BUF];
+  const size_t body_len = fread(body, 1, sizeof body, f);
+  fclose(f);
+  static char req[BUF + 512];
+  const int req_len = snprintf(req, sizeof req,
+                               "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                               "Content-Length: %zu\r\n\r\n%.*s",
+                               body_len, (int)body_len, body);
+
+  static struct conn conns[MAX_CONN];
+  static struct pollfd pfd[MAX_CONN];
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int sent = 0, done = 0;
+  for (int i = 0; i < conc; i++) {
+    struct conn *c = &conns[i];
+    c->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (c->fd < 0) die("socket");
+    const int one = 1;
+    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(c->fd, (struct sockaddr *)&addr, sizeof addr) != 0) die("connect");
+    pfd[i].fd = c->fd;
+    pfd[i].events = POLLIN;
+  }
+  double *out = malloc(sizeof(double) * 3 * (size_t)count);
+  if (!out) die("malloc");
+  for (int i = 0; i < conc && sent < count; i++, sent++) {
+    conns[i].t0 = now_ms();
+    if (write(conns[i].fd, req, (size_t)req_len) != req_len) die("write");
+  }
+  while (done < count) {
+    if (poll(pfd, (nfds_t)conc, -1) < 0) die("poll");
+    for (int i = 0; i < conc; i++) {
+      if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      struct conn *c = &conns[i];
+      const ssize_t n = read(c->fd, c->buf + c->len, sizeof c->buf - c->len);
+      if (n <= 0) {
+        fprintf(stderr, "http_load: the server closed a connection\n");
+        return 1;
+      }
+      c->len += (size_t)n;
+      const size_t whole = complete(c);
+      if (!whole) continue;
+      const double t = now_ms() - c->t0;
+      const char *b = memmem(c->buf, whole, "\r\n\r\n", 4) + 4;
+      const size_t bn = whole - (size_t)(b - c->buf);
+      out[3 * done] = t;
+      out[3 * done + 1] = timing(b, bn, "\"prompt_ms\":");
+      out[3 * done + 2] = timing(b, bn, "\"predicted_ms\":");
+      done++;
+      memmove(c->buf, c->buf + whole, c->len - whole);
+      c->len -= whole;
+      if (sent < count) {
+        sent++;
+        c->t0 = now_ms();
+        if (write(c->fd, req, (size_t)req_len) != req_len) die("write");
+      }
+    }
+  }
+  for (int i = 0; i < count; i++) printf("%.4f %.4f %.4f\n", out[3 * i], out[3 * i + 1], out[3 * i + 2]);
+  return 0;
+}

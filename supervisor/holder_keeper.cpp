@@ -1,0 +1,196 @@
+#include "supervisor/holder_keeper.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include "shared/log.h"
+
+namespace ds4::sup {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool socket_answers(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+std::string describe_exit(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("killed by ") + ::strsignal(WTERMSIG(status));
+  return "stopped";
+}
+
+}  // namespace
+
+bool nvidia_driver_present() {
+  std::error_code ec;
+  return std::filesystem::exists("/proc/driver/nvidia/version", ec) || std::filesystem::exists("/dev/nvidiactl", ec);
+}
+
+HolderKeeper::HolderKeeper(asio::io_context& io, HolderSettings settings)
+    : io_(io), s_(std::move(settings)), timer_(io) {}
+
+HolderKeeper::~HolderKeeper() { stop(); }
+
+void HolderKeeper::spawn() {
+  std::vector<std::string> args = {s_.worker_binary, "hold", "--segment", s_.segment,
+                                   "--device", "cuda:" + std::to_string(s_.device), "--socket", s_.socket};
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string_view v(*e);
+    if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=")) continue;
+    env.emplace_back(v);
+  }
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    last_exit_ = std::string("fork failed: ") + std::strerror(errno);
+    return;
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  pid_ = pid;
+  ready_ = false;
+  log::info("started the GPU weights holder for cuda:" + std::to_string(s_.device) + " (pid " + std::to_string(pid) +
+                ", segment " + s_.segment + ", socket " + s_.socket + ")",
+            {{"DS4_EVENT", "holder_start"}, {"DS4_PID", std::to_string(pid)}, {"DS4_SEGMENT", s_.segment}});
+}
+
+bool HolderKeeper::wait_ready() {
+  const auto deadline = Clock::now() + s_.ready_timeout;
+  const auto t0 = Clock::now();
+  while (Clock::now() < deadline) {
+    int st = 0;
+    if (pid_ > 0 && ::waitpid(pid_, &st, WNOHANG) == pid_) {
+      reap(st);
+      return false;
+    }
+    if (socket_answers(s_.socket)) {
+      ready_ = true;
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+      log::info("GPU weights holder ready in " + std::to_string(ms) + " ms: workers map its weights",
+                {{"DS4_EVENT", "holder_ready"}, {"DS4_PID", std::to_string(pid_)}});
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  log::warn("GPU weights holder not ready after " + std::to_string(s_.ready_timeout.count()) +
+            " ms; workers copy the weights until it is");
+  return false;
+}
+
+void HolderKeeper::reap(int status) {
+  last_exit_ = describe_exit(status);
+  pid_ = -1;
+  ready_ = false;
+  if (stopping_) return;
+  log::warn("GPU weights holder " + last_exit_ + "; workers that mapped its weights keep them, new ones copy until it is back",
+            {{"DS4_EVENT", "holder_exit"}, {"DS4_REASON", last_exit_}});
+}
+
+void HolderKeeper::start() {
+  stopping_ = false;
+  spawn();
+  if (pid_ > 0) wait_ready();
+  watch();
+}
+
+void HolderKeeper::watch() {
+  timer_.expires_after(std::chrono::milliseconds(500));
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
+    if (pid_ > 0) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        reap(st);
+        // Restart after a backoff that grows while it keeps dying.
+        timer_.expires_after(backoff_);
+        backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, std::chrono::minutes(1));
+        timer_.async_wait([this](const boost::system::error_code& ec2) {
+          if (ec2 || stopping_) return;
+          ++restarts_;
+          spawn();
+          watch();
+        });
+        return;
+      }
+      if (!ready_ && socket_answers(s_.socket)) {
+        ready_ = true;
+        backoff_ = std::chrono::seconds(1);
+        log::info("GPU weights holder ready (pid " + std::to_string(pid_) + ")",
+                  {{"DS4_EVENT", "holder_ready"}, {"DS4_PID", std::to_string(pid_)}});
+      }
+    }
+    watch();
+  });
+}
+
+void HolderKeeper::change_segment(const std::string& segment) {
+  if (segment == s_.segment) return;
+  stop();
+  s_.segment = segment;
+  start();
+}
+
+void HolderKeeper::stop() {
+  stopping_ = true;
+  timer_.cancel();
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGTERM);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  int st = 0;
+  while (::waitpid(pid_, &st, WNOHANG) != pid_) {
+    if (Clock::now() > deadline) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &st, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  last_exit_ = describe_exit(st);
+  pid_ = -1;
+  ready_ = false;
+}
+
+nlohmann::json HolderKeeper::status() const {
+  return {{"device", "cuda:" + std::to_string(s_.device)},
+          {"pid", pid_ > 0 ? nlohmann::json(pid_) : nlohmann::json(nullptr)},
+          {"state", ready_ ? "ready" : pid_ > 0 ? "starting" : "stopped"},
+          {"socket", s_.socket},
+          {"segment", s_.segment},
+          {"restarts", restarts_},
+          {"last_exit", last_exit_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_exit_)}};
+}
+
+}  // namespace ds4::sup

@@ -1,0 +1,64 @@
+#pragma once
+/// The GPU weights holder as a child of the supervisor.
+///
+/// `ds4-worker hold` copies the model's weights from the shared-memory segment
+/// to one GPU once and hands them to workers over its socket; a worker that
+/// finds it maps them instead of copying (issue 5, worker/cuda/NOTES.md). The
+/// supervisor starts it before the first GPU worker, waits (bounded) until it
+/// answers, restarts it with backoff when it dies, and replaces it when the
+/// model segment changes. Workers that already mapped the weights keep them
+/// whatever happens to the holder; a worker started while there is none
+/// copies the weights itself.
+
+#include "supervisor/asio.h"
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace ds4::sup {
+
+struct HolderSettings {
+  std::string worker_binary;  // ds4-worker
+  std::string segment;        // model segment to hold
+  int device = 0;             // cuda:N
+  std::string socket;         // where workers look: $XDG_RUNTIME_DIR/ds4/holder-cudaN.sock
+  std::chrono::milliseconds ready_timeout{std::chrono::minutes(5)};
+};
+
+/// Whether this machine has an NVIDIA driver at all (for `device: auto`).
+bool nvidia_driver_present();
+
+class HolderKeeper {
+ public:
+  HolderKeeper(asio::io_context& io, HolderSettings settings);
+  ~HolderKeeper();
+  HolderKeeper(const HolderKeeper&) = delete;
+  HolderKeeper& operator=(const HolderKeeper&) = delete;
+
+  /// Starts the holder and waits until its socket answers (or it exits, or
+  /// ready_timeout passes: then workers copy, and a warning says why).
+  void start();
+  /// Holds `segment` instead (the model changed): a new holder replaces the old.
+  void change_segment(const std::string& segment);
+  /// SIGTERM, then SIGKILL after a grace period.
+  void stop();
+  nlohmann::json status() const;
+
+ private:
+  void spawn();
+  bool wait_ready();
+  void watch();
+  void reap(int status);
+
+  asio::io_context& io_;
+  HolderSettings s_;
+  asio::steady_timer timer_;
+  int pid_ = -1;
+  bool ready_ = false;
+  bool stopping_ = false;
+  int restarts_ = 0;
+  std::chrono::milliseconds backoff_{std::chrono::seconds(1)};
+  std::string last_exit_;
+};
+
+}  // namespace ds4::sup

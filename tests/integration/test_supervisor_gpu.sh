@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# GPU workers under the supervisor (skips without a GPU): the supervisor runs
+# the weights holder for cuda:0 before the worker; the worker maps the
+# holder's weights; a SIGKILLed worker comes back mapping them again and gives
+# the same greedy answer; a killed holder is restarted; a clean stop takes the
+# holder down too. The time from SIGKILL to ready is printed, not asserted
+# (bench/cuda_holder.sh measures it).
+# Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/lib/supervisor_env.sh"
+. "$here/lib/hang_check.sh"
+
+fails=0
+pass() { echo "ok   - $*"; }
+fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
+
+model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
+[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
+command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no NVIDIA GPU here"; exit 77; }
+sup_init || exit $?
+if "$DS4_BIN/ds4-worker" hold --segment none 2>&1 | grep -q 'built without the CUDA backend'; then
+  echo "SKIP: this ds4-worker was built without the CUDA backend"; exit 77
+fi
+trap sup_cleanup EXIT
+# One greedy /v1/completions request (python: the GPU machine may lack curl);
+# prints the body and the HTTP status on the last line.
+complete() {
+  python3 - "$1/v1/completions" "$HANG_MODEL" <<'PY'
+import json, sys, urllib.request, urllib.error
+req = urllib.request.Request(sys.argv[1], json.dumps({"model": sys.argv[2], "prompt": "Once upon a time",
+                             "max_tokens": 24, "temperature": 0}).encode(), {"content-type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=60) as r:
+        body = json.loads(r.read())
+        print(body["choices"][0]["text"]); print(r.status)
+except urllib.error.HTTPError as e:
+    print(e.read().decode(errors="replace")); print(e.code)
+PY
+}
+unset DBUS_SESSION_BUS_ADDRESS
+
+cat >"$SUP_DIR/ds4.yaml" <<YAML
+model:
+  path: $model
+proxy:
+  listen: 127.0.0.1:0
+workers:
+  backend: process
+  device: cuda:0
+  slots: 2
+  context:
+    ladder: [512, 256]
+  reserve: 64MiB
+headroom:
+  min_available: 64MiB
+gpu:
+  weights: device
+YAML
+sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start"; tail -n 30 "$SUP_DIR/sup.log"; exit 1; }
+if sup_wait 120 'w[0]["state"] == "ready" and s["holder"] is not None and s["holder"]["state"] == "ready"'; then
+  pass "holder $(sup_get 's["holder"]["pid"]') ready on $(sup_get 's["holder"]["device"]'), worker ready"
+else
+  fail "holder or worker not ready: $(sup_status | tr -d '\n' | cut -c1-600)"
+  tail -n 40 "$SUP_DIR/sup.log"; exit 1
+fi
+grep -q 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker maps the holder's weights" \
+  || fail "no worker on the holder's weights in the log: $(grep -i 'weights\|cuda' "$SUP_DIR/sup.log" | tail -5)"
+url=$(hang_proxy_url)
+HANG_MODEL=$(sup_get 's["model"]["name"]')
+before=$(complete "$url")
+[[ ${before##*$'\n'} == 200 ]] && pass "served on the GPU" || fail "request: $before"
+
+old=$(sup_get 'w[0]["pid"]')
+holders=$(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log")
+t0=${EPOCHREALTIME/[.,]/}
+kill -KILL "$old"
+if sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$old"')'; then
+  t1=${EPOCHREALTIME/[.,]/}
+  pass "SIGKILLed worker back: pid $old -> $(sup_get 'w[0]["pid"]') ready $(((t1 - t0) / 1000)) ms after the kill"
+else
+  fail "worker not back after SIGKILL: $(sup_status | tr -d '\n' | cut -c1-500)"
+fi
+(($(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log") > holders)) && pass "the restarted worker mapped the holder's weights again" \
+  || fail "the restarted worker did not use the holder"
+after=$(complete "$url")
+[[ $after == "$before" ]] && pass "same greedy answer after the restart" || fail "answers differ: $before vs $after"
+
+hpid=$(sup_get 's["holder"]["pid"]')
+kill -KILL "$hpid"
+if sup_wait 60 's["holder"]["state"] == "ready" and s["holder"]["pid"] not in (None, '"$hpid"') and s["holder"]["restarts"] == 1'; then
+  pass "killed holder restarted: pid $hpid -> $(sup_get 's["holder"]["pid"]')"
+else
+  fail "holder not restarted: $(sup_get 's["holder"]')"
+fi
+again=$(complete "$url")
+[[ $again == "$before" ]] && pass "the worker kept serving through the holder's restart" || fail "after the holder's restart: $again"
+
+hpid=$(sup_get 's["holder"]["pid"]')
+sup_stop
+[[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
+kill -0 "$hpid" 2>/dev/null && fail "holder $hpid still running after the supervisor stopped" || pass "holder stopped with the supervisor"
+if ((fails)); then echo "$fails failure(s)"; tail -n 40 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
+echo "all passed"

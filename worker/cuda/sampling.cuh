@@ -1,0 +1,20 @@
+#pragma once
+// Sampling on the device: the logits of a step stay in device memory and only
+// the chosen token and its log-probability come back. Greedy only; other
+// samplers run on the host from the logits (Backend::logits copies a row).
+
+#include "worker/cuda/common.cuh"
+
+namespace ds4::cuda {
+
+struct GreedyPick {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+/// For each of `rows` rows of `n` logits (`ld` floats apart): the token with
+/// the highest logit (ties to the lowest id, NaN never wins) and its
+/// log-softmax, summed in double as worker/sampler.cpp does.
+void greedy_pick(const float* logits, int64_t n, int64_t ld, int rows, GreedyPick* out, cudaStream_t s);
+
+}  // namespace ds4::cuda
