@@ -3,12 +3,14 @@
 // llama.cpp's, batching, prefix reuse, resuming, and bad requests.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "shared/ggml_types.h"
 #include "shared/gguf.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
@@ -42,6 +44,37 @@ Fixture& fixture() {
   return f;
 }
 
+/// stories260K with every matrix whose rows split into 32-value blocks stored
+/// as Q8_0 (the 172-wide feed-forward down matrix stays F32): the integer
+/// Q8_0 path, with mixed weight types in one forward pass.
+struct Q8Fixture {
+  gguf::File file = gguf::File::open(kModel);
+  std::map<std::string, std::vector<BlockQ8_0>, std::less<>> blocks;
+  Model model = Model::bind(file, [this](std::string_view name, TensorView& out) {
+    const gguf::TensorInfo* t = file.find_tensor(name);
+    if (!t) return false;
+    out.type = t->type;
+    out.n_dims = uint32_t(t->dims.size());
+    for (size_t i = 0; i < 4; ++i) out.dims[i] = i < t->dims.size() ? t->dims[i] : 1;
+    out.data = file.tensor_data(*t).data();
+    out.n_bytes = t->n_bytes;
+    if (t->type != GgmlType::F32 || t->dims.size() != 2 || t->dims[0] % 32 != 0) return true;
+    const float* f = static_cast<const float*>(out.data);
+    auto& q = blocks[std::string(name)];
+    q.resize(out.n_bytes / 4 / 32);
+    for (size_t b = 0; b < q.size(); ++b) {
+      float amax = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(f[b * 32 + size_t(i)]));
+      q[b].d = fp32_to_fp16(amax / 127);
+      for (int i = 0; i < 32; ++i) q[b].qs[i] = int8_t(amax > 0 ? std::lround(f[b * 32 + size_t(i)] * 127 / amax) : 0);
+    }
+    out.type = GgmlType::Q8_0;
+    out.data = q.data();
+    out.n_bytes = q.size() * sizeof(BlockQ8_0);
+    return true;
+  });
+};
+
 struct Collect : RequestSink {
   std::vector<int32_t> tokens;
   std::vector<std::vector<TokenLogprob>> tops;
@@ -70,11 +103,12 @@ GenerateRequest greedy(std::vector<int32_t> prompt, int n) {
 struct Rig {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Engine> engine;
-  Rig(EngineShape shape, int threads = 2) {
+  Rig(EngineShape shape, int threads = 2, const Model* model = nullptr) {
     Fixture& f = fixture();
-    backend = make_cpu_backend(f.model, threads);
+    const Model& m = model ? *model : f.model;
+    backend = make_cpu_backend(m, threads);
     backend->reserve(shape);
-    engine = std::make_unique<Engine>(*backend, f.model.hp(), f.tok.eos(), shape);
+    engine = std::make_unique<Engine>(*backend, m.hp(), f.tok.eos(), shape);
   }
   std::shared_ptr<Collect> run(const GenerateRequest& r) {
     auto c = std::make_shared<Collect>();
@@ -252,14 +286,21 @@ TEST_CASE("engine: greedy tokens match llama.cpp on stories260K") {
 
 TEST_CASE("engine: greedy outputs are identical alone and batched, with chunked prefill") {
   Fixture& f = fixture();
+  static Q8Fixture q8;
+  const Model* model = nullptr;
+  SUBCASE("F32 weights") {}
+  SUBCASE("Q8_0 weights, quantized activations") {
+    REQUIRE(q8.blocks.size() >= 6);  // the attention and up/gate matrices, embeddings, output
+    model = &q8.model;
+  }
   const std::vector<std::string> prompts{"Once upon a time", "The cat sat on the mat and", "Lily and Ben went",
                                          "One day, a big red ball"};
   std::vector<std::vector<int32_t>> alone;
   {
-    Rig rig({256, 1, 64});
+    Rig rig({256, 1, 64}, 2, model);
     for (const auto& p : prompts) alone.push_back(rig.run(greedy(f.tok.encode(p, true), 40))->tokens);
   }
-  Rig rig({256, 4, 7});  // 7-token steps: prompts are chunked and mixed with decodes
+  Rig rig({256, 4, 7}, 2, model);  // 7-token steps: prompts are chunked and mixed with decodes
   std::vector<std::shared_ptr<Collect>> sinks;
   for (const auto& p : prompts) {
     sinks.push_back(std::make_shared<Collect>());

@@ -36,7 +36,7 @@ Matrix random_matrix(GgmlType type, int64_t N, int64_t K, std::mt19937& rng) {
       auto* b = reinterpret_cast<BlockQ8_0*>(row);
       for (int64_t i = 0; i < K / 32; ++i) {
         b[i].d = fp32_to_fp16(0.01f + 0.001f * float(rng() % 100));
-        for (int j = 0; j < 32; ++j) b[i].qs[j] = int8_t(int(rng() % 255) - 127);
+        for (int j = 0; j < 32; ++j) b[i].qs[j] = int8_t(int(rng() % 256) - 128);  // -128 too
       }
     }
   }
@@ -51,11 +51,25 @@ std::vector<float> random_x(int64_t T, int64_t K, int64_t ldx, std::mt19937& rng
   return x;
 }
 
+std::vector<BlockQ8Act> quantize(const KernelTable& kt, const std::vector<float>& x, int64_t T, int64_t K,
+                                 int64_t ldx) {
+  std::vector<BlockQ8Act> xq(size_t(T * K / 32));
+  for (int64_t t = 0; t < T; ++t) kt.quantize_q8(x.data() + t * ldx, K, xq.data() + t * K / 32);
+  return xq;
+}
+
+// With `quantized`, Q8_0 weights take x quantized by the same table, as the engine does.
 std::vector<float> product(const KernelTable& kt, const Matrix& m, const std::vector<float>& x, int64_t T,
-                           int64_t ldx) {
+                           int64_t ldx, bool quantized = false) {
   std::vector<float> y(size_t(T * m.N), NAN);
   std::vector<float> scratch(size_t(matmul_scratch_floats(m.K)));
   MatmulArgs a{m.type, m.bytes.data(), m.K, m.N, x.data(), ldx, T, y.data(), m.N};
+  std::vector<BlockQ8Act> xq;
+  if (quantized) {
+    xq = quantize(kt, x, T, m.K, ldx);
+    a.xq = xq.data();
+    a.ldxq = m.K / 32;
+  }
   // Two uneven ranges, as two threads would split it.
   kt.matmul_rows(a, 0, 5, scratch.data());
   kt.matmul_rows(a, 5, m.N, scratch.data());
@@ -84,37 +98,86 @@ TEST_CASE("kernels: matrix products match a double-precision sum and the generic
       if (type == GgmlType::Q8_0 && K % 32) continue;
       const int64_t N = 37, ldx = (K + 7) / 8 * 8;
       const Matrix m = random_matrix(type, N, K, rng);
-      for (int64_t T : {1, 2, 3, 4, 5, 7, 50}) {
-        CAPTURE(int(type));
-        CAPTURE(K);
-        CAPTURE(T);
-        const auto x = random_x(T, K, ldx, rng);
-        const auto ref = product(generic_kernels(), m, x, T, ldx);
-        std::vector<float> w(static_cast<size_t>(K));
-        for (int64_t n = 0; n < N; ++n) {
-          dequantize_row(type, m.bytes.data(), K, n, w.data());
-          for (int64_t t = 0; t < T; ++t) {
-            double s = 0, mag = 0;
-            for (int64_t k = 0; k < K; ++k) {
-              s += double(w[size_t(k)]) * double(x[size_t(t * ldx + k)]);
-              mag += std::fabs(double(w[size_t(k)]) * double(x[size_t(t * ldx + k)]));
+      for (int64_t T : {1, 2, 3, 4, 5, 7, 50})
+        for (bool quantized : {false, true}) {
+          if (quantized && type != GgmlType::Q8_0) continue;
+          CAPTURE(int(type));
+          CAPTURE(K);
+          CAPTURE(T);
+          CAPTURE(quantized);
+          auto x = random_x(T, K, ldx, rng);
+          const auto ref = product(generic_kernels(), m, x, T, ldx, quantized);
+          // The exact sum is over the values the product sees: quantized x when it is.
+          std::vector<float> xs = x;
+          if (quantized) {
+            const auto xq = quantize(generic_kernels(), x, T, K, ldx);
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t k = 0; k < K; ++k) {
+                const BlockQ8Act& b = xq[size_t(t * K / 32 + k / 32)];
+                xs[size_t(t * ldx + k)] = b.d * float(b.qs[k % 32]);
+              }
+          }
+          std::vector<float> w(static_cast<size_t>(K));
+          for (int64_t n = 0; n < N; ++n) {
+            dequantize_row(type, m.bytes.data(), K, n, w.data());
+            for (int64_t t = 0; t < T; ++t) {
+              double s = 0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                s += double(w[size_t(k)]) * double(xs[size_t(t * ldx + k)]);
+                mag += std::fabs(double(w[size_t(k)]) * double(xs[size_t(t * ldx + k)]));
+              }
+              REQUIRE(std::fabs(double(ref[size_t(t * N + n)]) - s) <= 1e-5 * mag + 1e-6);
             }
-            REQUIRE(std::fabs(double(ref[size_t(t * N + n)]) - s) <= 1e-5 * mag + 1e-6);
+          }
+          for (const KernelTable* kt : tables()) {
+            CAPTURE(kt->name);
+            const auto y = product(*kt, m, x, T, ldx, quantized);
+            REQUIRE(std::memcmp(y.data(), ref.data(), y.size() * 4) == 0);
+            // Batch invariance: each token alone gives the same bits.
+            for (int64_t t = 0; t < T; ++t) {
+              std::vector<float> one(x.begin() + t * ldx, x.begin() + (t + 1) * ldx);
+              const auto y1 = product(*kt, m, one, 1, ldx, quantized);
+              REQUIRE(std::memcmp(y1.data(), y.data() + t * N, size_t(N) * 4) == 0);
+            }
           }
         }
-        for (const KernelTable* kt : tables()) {
-          CAPTURE(kt->name);
-          const auto y = product(*kt, m, x, T, ldx);
-          REQUIRE(std::memcmp(y.data(), ref.data(), y.size() * 4) == 0);
-          // Batch invariance: each token alone gives the same bits.
-          for (int64_t t = 0; t < T; ++t) {
-            std::vector<float> one(x.begin() + t * ldx, x.begin() + (t + 1) * ldx);
-            const auto y1 = product(*kt, m, one, 1, ldx);
-            REQUIRE(std::memcmp(y1.data(), y.data() + t * N, size_t(N) * 4) == 0);
-          }
-        }
-      }
     }
+  }
+}
+
+TEST_CASE("kernels: Q8_0 activation quantization rounds each block to its own scale, the same in every table") {
+  std::mt19937 rng(4);
+  const int64_t K = 256;
+  std::vector<float> x = random_x(1, K, K, rng);
+  for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;                   // an all-zero block
+  for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = i % 2 ? 1e-31f : 0.0f;  // below kQ8ActTiny
+  for (int i = 0; i < 32; ++i) x[size_t(128 + i)] = i == 5 ? -1e-29f : 0.0f;  // tiny but kept
+  // Block 3 has max|x| = 127, so x * 127 / max|x| = x: halves round to even.
+  const float halves[7] = {127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 0.5f, 1.5f};
+  const int8_t rounded[7] = {127, 2, 4, -2, 0, 0, 2};
+  for (int i = 0; i < 32; ++i) x[size_t(96 + i)] = i < 7 ? halves[i] : 0.0f;
+  const auto ref = quantize(generic_kernels(), x, 1, K, K);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    CAPTURE(b);
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(b * 32 + i)]));
+    const BlockQ8Act& q = ref[size_t(b)];
+    const bool kept = amax >= kQ8ActTiny;
+    CHECK(q.d == (kept ? amax / 127.0f : 0.0f));
+    bool hit_max = false;
+    for (int i = 0; i < 32; ++i) {
+      const float v = x[size_t(b * 32 + i)];
+      REQUIRE(q.qs[i] >= -127);
+      REQUIRE(std::fabs(v - q.d * float(q.qs[i])) <= (kept ? 0.5f * q.d * 1.0001f : kQ8ActTiny));
+      hit_max |= std::abs(q.qs[i]) == 127;
+    }
+    CHECK(hit_max == kept);
+  }
+  for (int i = 0; i < 7; ++i) CHECK(ref[3].qs[i] == rounded[i]);
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(kt->name);
+    const auto got = quantize(*kt, x, 1, K, K);
+    REQUIRE(std::memcmp(got.data(), ref.data(), got.size() * sizeof(BlockQ8Act)) == 0);
   }
 }
 

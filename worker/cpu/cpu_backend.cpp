@@ -58,6 +58,7 @@ class CpuBackend final : public Backend {
     xl_ = take(logit_rows() * ld_dim());
     logits_ = take(logit_rows() * hp_.n_vocab);
     rope_ = take(B * hp_.n_rot);
+    xq_ = reinterpret_cast<cpu::BlockQ8Act*>(take(xq_floats()));
     thread_scratch_ = take(pool_.size() * per_thread_floats());
   }
 
@@ -75,16 +76,22 @@ class CpuBackend final : public Backend {
   int64_t ld_kv() const { return pad8(hp_.kv_dim()); }
   int64_t ld_ff() const { return pad8(hp_.ff); }
   int64_t logit_rows() const { return shape_.slots + 1; }
+  int64_t max_k() const { return std::max({hp_.dim, hp_.q_dim(), hp_.ff}); }
+  /// Floats holding the input rows of one product quantized for Q8_0 weights.
+  int64_t xq_floats() const {
+    static_assert(sizeof(cpu::BlockQ8Act) % sizeof(float) == 0);
+    const int64_t rows = std::max<int64_t>(shape_.max_batch, logit_rows());
+    return rows * (max_k() / 32) * int64_t(sizeof(cpu::BlockQ8Act) / sizeof(float));
+  }
   int64_t per_thread_floats() const {
-    const int64_t kmax = std::max({hp_.dim, hp_.q_dim(), hp_.ff});
-    return cpu::matmul_scratch_floats(kmax) + pad8(shape_.ctx) + pad8(hp_.head_dim);
+    return cpu::matmul_scratch_floats(max_k()) + pad8(shape_.ctx) + pad8(hp_.head_dim);
   }
   int64_t scratch_floats(const EngineShape& s) const {
     EngineShape saved = shape_;
     const_cast<CpuBackend*>(this)->shape_ = s;
     const int64_t B = s.max_batch;
     const int64_t n = B * (2 * ld_dim() + 2 * ld_q() + 2 * ld_kv() + 2 * ld_ff() + hp_.n_rot) +
-                      logit_rows() * (ld_dim() + hp_.n_vocab) + pool_.size() * per_thread_floats();
+                      logit_rows() * (ld_dim() + hp_.n_vocab) + xq_floats() + pool_.size() * per_thread_floats();
     const_cast<CpuBackend*>(this)->shape_ = saved;
     return n;
   }
@@ -97,6 +104,7 @@ class CpuBackend final : public Backend {
   float* thread_scratch(int t) const { return thread_scratch_ + int64_t(t) * per_thread_floats(); }
 
   /// Several products sharing one input, rows spread over the pool in one job.
+  /// Q8_0 weights take the input quantized once per call (kernels.h).
   struct Product {
     const Weight* w;
     const float* x;
@@ -133,6 +141,7 @@ class CpuBackend final : public Backend {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *kk_ = nullptr, *vv_ = nullptr, *att_ = nullptr;
   float *hb_ = nullptr, *hb2_ = nullptr, *xl_ = nullptr, *logits_ = nullptr, *rope_ = nullptr;
   float* thread_scratch_ = nullptr;
+  cpu::BlockQ8Act* xq_ = nullptr;  // (max_batch, max_k / 32): the input of a Q8_0 product
   TraceFn trace_;
 };
 
@@ -141,25 +150,47 @@ void CpuBackend::matmul(std::initializer_list<Product> ps, int64_t T) {
   for (const Product& p : ps) work += p.w->rows * p.w->cols * T;
   // Rows are handed out in chunks from a shared counter, so a thread that is
   // descheduled (a busy machine) or slower leaves its share to the others.
+  // The last rows of the job go out in smaller chunks (decode only: a
+  // multi-token chunk packs a 16-row panel), so the threads finish together.
   // Each row's result does not depend on which thread computes it.
-  const int64_t chunk = T >= 4 ? 16 : 64;
-  std::vector<int64_t> first_chunk;  // chunk index where each product starts
-  int64_t chunks = 0;
-  for (const Product& p : ps) {
-    first_chunk.push_back(chunks);
-    chunks += (p.w->rows + chunk - 1) / chunk;
+  struct Chunk {
+    const Product* p;
+    int64_t r0, r1;
+  };
+  const int64_t big = T >= 4 ? 16 : 64, small = 16, tail = int64_t(pool_.size()) * big;
+  int64_t left = 0;
+  for (const Product& p : ps) left += p.w->rows;
+  std::vector<Chunk> chunks;
+  for (const Product& p : ps)
+    for (int64_t r0 = 0; r0 < p.w->rows;) {
+      const int64_t r1 = std::min(p.w->rows, r0 + (left > tail ? big : small));
+      chunks.push_back({&p, r0, r1});
+      left -= r1 - r0;
+      r0 = r1;
+    }
+  const Product* q8 = nullptr;
+  for (const Product& p : ps)
+    if (p.w->type == GgmlType::Q8_0) {
+      if (q8 && (p.x != q8->x || p.ldx != q8->ldx || p.w->cols != q8->w->cols))
+        throw Error("Q8_0 products in one matmul must share their input");
+      q8 = &p;
+    }
+  if (q8) {
+    const int64_t blocks = q8->w->cols / 32;
+    for_tokens(T, [&](int64_t t) { k_.quantize_q8(q8->x + t * q8->ldx, q8->w->cols, xq_ + t * blocks); });
   }
   std::atomic<int64_t> next{0};
   parallel(work, [&](int i, int) {
     float* scratch = thread_scratch(i);
-    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < int64_t(chunks.size());
          c = next.fetch_add(1, std::memory_order_relaxed)) {
-      size_t pi = first_chunk.size() - 1;
-      while (first_chunk[pi] > c) --pi;
-      const Product& p = *(ps.begin() + pi);
-      const int64_t r0 = (c - first_chunk[pi]) * chunk, r1 = std::min(p.w->rows, r0 + chunk);
+      const Product& p = *chunks[size_t(c)].p;
       MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x, p.ldx, T, p.y, p.ldy};
-      k_.matmul_rows(a, r0, r1, scratch);
+      if (p.w->type == GgmlType::Q8_0) {
+        a.xq = xq_;
+        a.ldxq = p.w->cols / 32;
+      }
+      k_.matmul_rows(a, chunks[size_t(c)].r0, chunks[size_t(c)].r1, scratch);
     }
   });
 }
@@ -230,8 +261,10 @@ void CpuBackend::forward(std::span<const BatchToken> batch) {
       k_.to_f16(vv_ + t * ld_kv(), v_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
     });
     std::atomic<int64_t> next_job{0};
-    parallel(T * hp_.n_heads * hd * (batch.back().pos + 1), [&](int i, int) {
-      float* scores = thread_scratch(i) + cpu::matmul_scratch_floats(std::max({hp_.dim, hp_.q_dim(), hp_.ff}));
+    // A cached position costs several multiply-adds of a product: two f16
+    // rows (K and V) and its share of the softmax.
+    parallel(8 * T * hp_.n_heads * hd * (batch.back().pos + 1), [&](int i, int) {
+      float* scores = thread_scratch(i) + cpu::matmul_scratch_floats(max_k());
       for (int64_t job = next_job.fetch_add(1, std::memory_order_relaxed); job < T * hp_.n_heads;
            job = next_job.fetch_add(1, std::memory_order_relaxed)) {
         const int64_t t = job / hp_.n_heads, h = job % hp_.n_heads;

@@ -9,6 +9,15 @@
 /// one fused multiply-add each), then reduced as ((l0+l4)+(l2+l6)) +
 /// ((l1+l5)+(l3+l7)). That order does not depend on how many tokens are in the
 /// batch, on threads, or on the tiling, so results are bit-identical.
+///
+/// Q8_0 weights with quantized activations (MatmulArgs::xq, what the engine
+/// uses, as llama.cpp does): each x row is first rounded per 32-block by
+/// quantize_q8 to d_x * q, q in [-127, 127]. Within block b, lane l takes the
+/// exact integer s = sum of q_w[k] * q_x[k] for k = 32b+4l .. 32b+4l+3 (the
+/// grouping of the x86 integer multiply-adds), then one fused multiply-add
+/// acc_l = fma(float(s), d_w * d_x, acc_l), blocks in order; the reduction is
+/// the one above. Integer sums are exact, so every table and batch size again
+/// gives the same bits.
 
 #include <cstdint>
 #include <string_view>
@@ -17,8 +26,21 @@
 
 namespace ds4::cpu {
 
+/// 32 activations rounded for the integer product with Q8_0 weights:
+/// x[i] ~ d * qs[i], d = max|x| / 127, qs = round-to-nearest-even(x * 127 / max|x|).
+/// A block with max|x| below kQ8ActTiny (where 127 / max|x| could overflow) is all zeros.
+inline constexpr float kQ8ActTiny = 1e-30f;
+struct BlockQ8Act {
+  float d;
+  int8_t qs[32];
+};
+
 /// y[t*ldy + n] = dot(W row n, x[t*ldx ...]) for n in [n0, n1), t in [0, T).
 /// x rows hold K floats followed by zeros up to a multiple of 8 (ldx >= that).
+/// For Q8_0 weights, `xq` (when set) holds the same rows quantized by
+/// quantize_q8, row t at xq + t * ldxq, and the integer product is used;
+/// without it the product takes the f32 x (exact weights, the reference that
+/// other backends' tests compare with).
 struct MatmulArgs {
   GgmlType type = GgmlType::F32;
   const void* w = nullptr;  // N rows of K elements, row-major, as stored in GGUF
@@ -29,6 +51,8 @@ struct MatmulArgs {
   int64_t T = 0;
   float* y = nullptr;
   int64_t ldy = 0;
+  const BlockQ8Act* xq = nullptr;
+  int64_t ldxq = 0;
 };
 
 /// Floats of scratch one thread needs for matmul_rows with this K.
@@ -45,6 +69,8 @@ struct KernelTable {
                  int64_t hd, int64_t stride, float scale, float* out, float* scores);
   /// dst[i] = f16(src[i]), round to nearest even.
   void (*to_f16)(const float* src, uint16_t* dst, int64_t n);
+  /// The K floats of x (K a multiple of 32) as K/32 blocks for Q8_0 products.
+  void (*quantize_q8)(const float* x, int64_t K, BlockQ8Act* out);
 };
 
 const KernelTable& generic_kernels();

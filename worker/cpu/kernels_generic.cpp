@@ -1,5 +1,6 @@
 // Portable kernels: the reference for the numerical contract in kernels.h,
 // written as plain loops over 8 emulated lanes.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -53,7 +54,29 @@ int64_t matmul_scratch_floats(int64_t K) { return 17 * ((K + 7) / 8 * 8) + 64; }
 
 namespace {
 
+// Q8_0 weights times quantized activations, per the contract in kernels.h.
+void matmul_rows_q8_generic(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  const int64_t nb = a.K / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const BlockQ8_0* w = static_cast<const BlockQ8_0*>(a.w) + n * nb;
+    for (int64_t t = 0; t < a.T; ++t) {
+      const BlockQ8Act* x = a.xq + t * a.ldxq;
+      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t b = 0; b < nb; ++b) {
+        const float d = fp16_to_fp32(w[b].d) * x[b].d;
+        for (int l = 0; l < 8; ++l) {
+          int32_t s = 0;
+          for (int i = 4 * l; i < 4 * l + 4; ++i) s += int32_t(w[b].qs[i]) * int32_t(x[b].qs[i]);
+          lanes[l] = std::fma(float(s), d, lanes[l]);
+        }
+      }
+      a.y[t * a.ldy + n] = reduce8(lanes);
+    }
+  }
+}
+
 void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8_generic(a, n0, n1);
   const int64_t kp = (a.K + 7) / 8 * 8;
   float* wrow = scratch;
   for (int64_t n = n0; n < n1; ++n) {
@@ -95,10 +118,27 @@ void to_f16_generic(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
 }
 
+void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* v = x + b * 32;
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const bool zero = !(amax >= kQ8ActTiny);
+    const float id = zero ? 0.0f : 127.0f / amax;
+    out[b].d = zero ? 0.0f : amax / 127.0f;
+    // nearbyint rounds to nearest even in the default rounding mode, as the SIMD round does.
+    for (int i = 0; i < 32; ++i) {
+      const float q = std::nearbyint(v[i] * id);
+      out[b].qs[i] = int8_t(q >= -127 && q <= 127 ? q : 0);  // NaN or inf input: no undefined cast
+    }
+  }
+}
+
 }  // namespace
 
 const KernelTable& generic_kernels() {
-  static const KernelTable table{"generic", matmul_rows_generic, attend_generic, to_f16_generic};
+  static const KernelTable table{"generic", matmul_rows_generic, attend_generic, to_f16_generic,
+                                     quantize_q8_generic};
   return table;
 }
 

@@ -36,6 +36,11 @@ inline __m256 load_q8(const int8_t* q, __m256 d) {
 }
 
 // --- matrix-vector path: weights converted on the fly (T <= 3) -------------
+//
+// Decode reads every weight once, straight from memory, and the hardware
+// prefetchers stop at each 4 KiB page: the tiles below ask for the rows of the
+// next tile, at the columns they are reading now (2-thread decode of the 207M
+// synthetic llama on a Xeon: Q8_0 1.5x, F16 1.1x-1.2x tokens/s).
 
 // Rows r0..r0+R of a 16-bit or f32 row-major matrix, C tokens.
 template <int R, int C, typename Load, typename Elem>
@@ -46,6 +51,8 @@ void gemv_tile(const Elem* w, int64_t K, int64_t r0, const float* x, int64_t ldx
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const int64_t kmain = K / 8 * 8;
   for (int64_t k = 0; k < kmain; k += 8) {
+    // One row per step, in turn: a 64-byte line holds 4 steps of 16-bit weights.
+    _mm_prefetch(reinterpret_cast<const char*>(w + (r0 + R + (k / 8) % R) * K + k), _MM_HINT_T0);
     __m256 xv[C];
     for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + k);
     for (int r = 0; r < R; ++r) {
@@ -127,6 +134,102 @@ void gemv_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
     else if (c == 2) gemv_rows<2>(a, n0, n1, x, y);
     else gemv_rows<1>(a, n0, n1, x, y);
     t += c;
+  }
+}
+
+// --- Q8_0 weights times quantized activations (integer products) -----------
+
+void quantize_q8_x86(const float* x, int64_t K, BlockQ8Act* out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    __m256 v[4];
+    __m256 mx = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + b * 32 + j * 8);
+      mx = _mm256_max_ps(mx, _mm256_and_ps(v[j], abs_mask));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    const bool zero = !(amax >= kQ8ActTiny);
+    const __m256 id = _mm256_set1_ps(zero ? 0.0f : 127.0f / amax);
+    out[b].d = zero ? 0.0f : amax / 127.0f;
+    __m256i q[4];
+    for (int j = 0; j < 4; ++j)
+      q[j] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(v[j], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // The two packs interleave 4-value groups across the 128-bit halves; the permute restores order.
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs),
+                        _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  }
+}
+
+// One weight block (w, and |w| as unsigned bytes) times one activation block:
+// lane l holds the exact sum over k = 4l..4l+3, as floats. maddubs multiplies
+// unsigned by signed bytes, so x takes w's sign; |x| <= 127 keeps its pair
+// sums within int16, and w = -128 works because |w| = 128 is read unsigned.
+inline __m256 block_dot_q8(__m256i w, __m256i w_abs, const int8_t* xq) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i pairs = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+// Rows r0..r0+R times C quantized token rows, all K/32 blocks. With
+// Prefetch (decode), the next tile's rows are asked for as these are read.
+template <int R, int C, bool Prefetch>
+void q8x_tile(const BlockQ8_0* w, int64_t nb, int64_t r0, const BlockQ8Act* x, int64_t ldxq, float* y,
+              int64_t ldy) {
+  __m256 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < R; ++r) {
+      const BlockQ8_0& blk = w[(r0 + r) * nb + b];
+      if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(&blk + R * nb), _MM_HINT_T0);  // the next tile
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+      const __m256i wa = _mm256_sign_epi8(wv, wv);
+      const __m256 dw = _mm256_set1_ps(_cvtsh_ss(blk.d));
+      for (int c = 0; c < C; ++c) {
+        const BlockQ8Act& xb = x[c * ldxq + b];
+        const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&xb.d));
+        acc[r][c] = _mm256_fmadd_ps(block_dot_q8(wv, wa, xb.qs), d, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum(acc[r][c]);
+}
+
+template <int R, int C>
+void q8x_tokens(const MatmulArgs& a, int64_t r, int64_t t0, int64_t t1) {
+  const auto* w = static_cast<const BlockQ8_0*>(a.w);
+  const int64_t nb = a.K / 32;
+  int64_t t = t0;
+  constexpr bool decode = C <= 3;  // weights stream from memory once, rather than from cache
+  for (; t + C <= t1; t += C) q8x_tile<R, C, decode>(w, nb, r, a.xq + t * a.ldxq, a.ldxq, a.y + t * a.ldy, a.ldy);
+  for (; t < t1; ++t) q8x_tile<R, 1, decode>(w, nb, r, a.xq + t * a.ldxq, a.ldxq, a.y + t * a.ldy, a.ldy);
+}
+
+// Rows [n0, n1) for any number of tokens: panels of rows that stay in cache
+// while blocks of tokens pass over them.
+void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  constexpr int64_t kPanelRows = 16, kTokenBlock = 48;
+  for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
+    const int64_t p1 = std::min(n1, p0 + kPanelRows);
+    for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
+      const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
+      int64_t r = p0;
+      if (a.T == 1)
+        for (; r + 4 <= p1; r += 4) q8x_tokens<4, 1>(a, r, t0, t1);
+      else if (a.T == 2)
+        for (; r + 4 <= p1; r += 4) q8x_tokens<4, 2>(a, r, t0, t1);
+      else if (a.T == 3)
+        for (; r + 2 <= p1; r += 2) q8x_tokens<2, 3>(a, r, t0, t1);
+      else
+        for (; r + 2 <= p1; r += 2) q8x_tokens<2, 4>(a, r, t0, t1);
+      for (; r < p1; ++r) q8x_tokens<1, 4>(a, r, t0, t1);
+    }
   }
 }
 
