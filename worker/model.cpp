@@ -74,6 +74,24 @@ HParams read_hparams(const gguf::File& m) {
   return hp;
 }
 
+TensorView tensor_view(const gguf::File& file, const gguf::TensorInfo& t) {
+  TensorView v;
+  v.type = t.type;
+  v.n_dims = uint32_t(t.dims.size());
+  for (size_t i = 0; i < 4; ++i) v.dims[i] = i < t.dims.size() ? t.dims[i] : 1;
+  v.data = file.tensor_data(t).data();
+  v.n_bytes = t.n_bytes;
+  return v;
+}
+
+Model Model::bind_file(const gguf::File& file) {
+  return bind(file, [&file](std::string_view name, TensorView& out) {
+    const gguf::TensorInfo* t = file.find_tensor(name);
+    if (t) out = tensor_view(file, *t);
+    return t != nullptr;
+  });
+}
+
 Model Model::bind(const gguf::File& m, const TensorLookup& lookup) {
   Model model;
   HParams& hp = model.hp_ = read_hparams(m);

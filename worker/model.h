@@ -71,11 +71,16 @@ struct TensorView {
 };
 using TensorLookup = std::function<bool(std::string_view name, TensorView& out)>;
 
+/// The view of tensor `t` of a GGUF file held in memory (its data in the file's bytes).
+TensorView tensor_view(const gguf::File& file, const gguf::TensorInfo& t);
+
 class Model {
  public:
   /// Reads hyper-parameters and binds every tensor. Throws ds4::Error naming the
   /// key or tensor: missing, wrong shape, unsupported type or architecture.
   static Model bind(const gguf::File& meta, const TensorLookup& lookup);
+  /// Binds every tensor in place in `file` (no shared memory: tests and tools).
+  static Model bind_file(const gguf::File& file);
 
   const HParams& hp() const { return hp_; }
   const ModelWeights& w() const { return w_; }

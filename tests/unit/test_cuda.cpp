@@ -366,16 +366,7 @@ const std::string kModel = std::string(DS4_SHARED_MODELS) + "/stories260K.gguf";
 
 struct Fixture {
   gguf::File file = gguf::File::open(kModel);
-  Model model = Model::bind(file, [this](std::string_view name, TensorView& out) {
-    const gguf::TensorInfo* t = file.find_tensor(name);
-    if (!t) return false;
-    out.type = t->type;
-    out.n_dims = uint32_t(t->dims.size());
-    for (size_t i = 0; i < 4; ++i) out.dims[i] = i < t->dims.size() ? t->dims[i] : 1;
-    out.data = file.tensor_data(*t).data();
-    out.n_bytes = t->n_bytes;
-    return true;
-  });
+  Model model = Model::bind_file(file);
   Tokenizer tok = Tokenizer::from_gguf(file);
 };
 
@@ -602,13 +593,9 @@ struct PagesFixture {
     REQUIRE(base != MAP_FAILED);
     size_t at = 0;
     for (const auto& t : file.tensors()) {
-      TensorView v;
-      v.type = t.type;
-      v.n_dims = uint32_t(t.dims.size());
-      for (size_t i = 0; i < 4; ++i) v.dims[i] = i < t.dims.size() ? t.dims[i] : 1;
-      std::memcpy(base + at, file.tensor_data(t).data(), t.n_bytes);
+      TensorView v = tensor_view(file, t);
+      std::memcpy(base + at, v.data, t.n_bytes);
       v.data = base + at;
-      v.n_bytes = t.n_bytes;
       views[t.name] = v;
       at += (t.n_bytes + 255) / 256 * 256;
     }

@@ -26,16 +26,7 @@ const std::string kModel = std::string(DS4_SHARED_MODELS) + "/stories260K.gguf";
 /// The model bound straight from the GGUF file (no shared memory needed here).
 struct Fixture {
   gguf::File file = gguf::File::open(kModel);
-  Model model = Model::bind(file, [this](std::string_view name, TensorView& out) {
-    const gguf::TensorInfo* t = file.find_tensor(name);
-    if (!t) return false;
-    out.type = t->type;
-    out.n_dims = uint32_t(t->dims.size());
-    for (size_t i = 0; i < 4; ++i) out.dims[i] = i < t->dims.size() ? t->dims[i] : 1;
-    out.data = file.tensor_data(*t).data();
-    out.n_bytes = t->n_bytes;
-    return true;
-  });
+  Model model = Model::bind_file(file);
   Tokenizer tok = Tokenizer::from_gguf(file);
 };
 
@@ -53,11 +44,7 @@ struct Q8Fixture {
   Model model = Model::bind(file, [this](std::string_view name, TensorView& out) {
     const gguf::TensorInfo* t = file.find_tensor(name);
     if (!t) return false;
-    out.type = t->type;
-    out.n_dims = uint32_t(t->dims.size());
-    for (size_t i = 0; i < 4; ++i) out.dims[i] = i < t->dims.size() ? t->dims[i] : 1;
-    out.data = file.tensor_data(*t).data();
-    out.n_bytes = t->n_bytes;
+    out = tensor_view(file, *t);
     if (t->type != GgmlType::F32 || t->dims.size() != 2 || t->dims[0] % 32 != 0) return true;
     const float* f = static_cast<const float*>(out.data);
     auto& q = blocks[std::string(name)];
