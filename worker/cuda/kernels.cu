@@ -107,8 +107,13 @@ __global__ void rope_store_kernel(float* q, int64_t ldq, float* k, const float* 
 // split, in lane groups of G = head_dim / 8 lanes, each lane holding 8
 // consecutive dimensions (one 16-byte load of K and of V per position). Each
 // group keeps an online softmax (max, sum, weighted V); the block merges its
-// groups into one partial result, and attention_combine merges the splits.
+// groups into one result; a (token, head) whose positions span several
+// splits gets partial results that the last of its blocks to finish merges.
 constexpr int kAttnWarps = 8;
+constexpr int kAttnUnroll = 4;  // positions a lane group loads before using them
+// A split costs partial results, a fence, an arrival and a merge (about 2 us
+// on the H200 in all): worth it only for at least this many positions.
+constexpr int64_t kAttnSplitPositions = 256;
 // The split kernel's scratch starts with arrival counters, one per (token,
 // head), at the same place for every batch size, so nothing else ever writes
 // them: zero when the scratch is allocated, set back to zero by each user.
@@ -162,6 +167,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
   const int64_t n_pos = int64_t(b.pos) + 1;
   const int64_t chunk = (a.ctx + a.splits - 1) / a.splits;
   const int64_t p0 = int64_t(split) * chunk, p1 = min(n_pos, p0 + chunk);
+  // Splits past the token's position have nothing to do; the others merge.
+  const int active = int((n_pos + chunk - 1) / chunk);
+  if (split >= active) return;
   const int group = threadIdx.x / G, gl = threadIdx.x % G;
   const int kvh = h / (a.n_heads / a.n_kv_heads);
   const int64_t kvd = int64_t(a.n_kv_heads) * HD;
@@ -176,29 +184,45 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
   float m = -INFINITY, l = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const __half* kbase = kc + int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD + gl * 8;
   const __half* vbase = vc + int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD + gl * 8;
-  // Every lane runs the same number of iterations (the shuffles need the
-  // whole warp); a group past the end of the range computes and drops.
-  for (int64_t base = p0; base < p1; base += kGroups) {
-    const int64_t p = base + group;
-    const bool valid = p < p1;
-    float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vf[8];
-    if (valid) {
-      load8(kbase + p * kvd, kf);
-      load8(vbase + p * kvd, vf);
+  // A group takes kAttnUnroll positions a round, their K and V loaded before
+  // any is used. Every lane runs the same rounds (the shuffles need the whole
+  // warp); a group past the end of the range computes and drops.
+  for (int64_t base = p0; base < p1; base += int64_t(kGroups) * kAttnUnroll) {
+    float kf[kAttnUnroll][8], vf[kAttnUnroll][8], sc[kAttnUnroll];
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      const int64_t p = base + u * kGroups + group;
+      if (p < p1) {
+        load8(kbase + p * kvd, kf[u]);
+        load8(vbase + p * kvd, vf[u]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) kf[u][j] = vf[u][j] = 0.0f;
+      }
     }
-    float d = 0.0f;
+    float m_new = m;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) d = fmaf(qv[j], kf[j], d);
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      float d = 0.0f;
 #pragma unroll
-    for (int off = G / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off, G);
-    if (!valid) continue;
-    const float s = d * a.scale;
-    const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new);  // 0 for the first position (m = -inf)
-    const float e = expf(s - m_new);
-    l = l * corr + e;
+      for (int j = 0; j < 8; ++j) d = fmaf(qv[j], kf[u][j], d);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] = acc[j] * corr + e * vf[j];
+      for (int off = G / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off, G);
+      sc[u] = base + u * kGroups + group < p1 ? d * a.scale : -INFINITY;
+      m_new = fmaxf(m_new, sc[u]);
+    }
+    if (m_new == -INFINITY) continue;  // no position of this group in the round
+    const float corr = expf(m - m_new);  // 0 while m = -inf
+    l *= corr;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] *= corr;
+#pragma unroll
+    for (int u = 0; u < kAttnUnroll; ++u) {
+      const float e = expf(sc[u] - m_new);  // 0 for a dropped position
+      l += e;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = fmaf(e, vf[u][j], acc[j]);
+    }
     m = m_new;
   }
   if (gl == 0) {
@@ -221,7 +245,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
         A += s_acc[g][threadIdx.x] * w;
       }
     }
-    if (a.splits == 1) {  // the whole range: no partial to merge
+    if (active == 1) {  // the whole range: no partial to merge
       out[int64_t(t) * ldo + int64_t(h) * HD + threadIdx.x] = A / L;
       return;
     }
@@ -231,19 +255,19 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
       part[HD + 1] = L;
     }
   }
-  if (a.splits == 1) return;
+  if (active == 1) return;
   // The last split block of (token, head) to finish merges the splits, and
   // sets the counter back to zero for the next launch.
   __shared__ bool s_last;
   __threadfence();
   __syncthreads();
   unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * a.n_heads + h;
-  if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == unsigned(a.splits - 1);
+  if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == unsigned(active - 1);
   __syncthreads();
   if (!s_last) return;
   if (threadIdx.x == 0) *count = 0;
   __threadfence();
-  combine_splits(partial + (int64_t(t) * a.n_heads + h) * a.splits * (HD + 2), HD, a.splits,
+  combine_splits(partial + (int64_t(t) * a.n_heads + h) * a.splits * (HD + 2), HD, active,
                  out + int64_t(t) * ldo + int64_t(h) * HD);
 }
 
@@ -479,7 +503,7 @@ void rope_store(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv, c
 int attention_splits(int T, int n_heads, int64_t ctx, int n_sm) {
   const int64_t blocks = int64_t(T) * n_heads;
   const int64_t want = ceil_div(int64_t(n_sm) * 4, blocks);
-  const int64_t most = std::max<int64_t>(1, ceil_div(ctx, 64));  // at least 64 positions a split
+  const int64_t most = std::max<int64_t>(1, ceil_div(ctx, kAttnSplitPositions));
   return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
 }
 
