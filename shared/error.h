@@ -13,4 +13,14 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
+/// A worker's memory plan (KV cache and scratch at its context) does not fit
+/// the memory free, on the host or on the GPU. The worker then exits with
+/// kExitDoesNotFit, and the supervisor restarts it one rung lower at once
+/// instead of counting a crash.
+class DoesNotFit : public Error {
+ public:
+  using Error::Error;
+};
+inline constexpr int kExitDoesNotFit = 75;
+
 }  // namespace ds4

@@ -34,6 +34,7 @@ const char* exit_kind_name(ExitKind k) {
     case ExitKind::clean: return "clean";
     case ExitKind::oom: return "oom";
     case ExitKind::crash: return "crash";
+    case ExitKind::no_fit: return "does_not_fit";
     case ExitKind::killed: return "killed";
   }
   return "?";
@@ -133,16 +134,20 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
   if (ready_since_ && now - *ready_since_ >= config_.backoff_max) failures_ = 0;
   ready_since_.reset();
 
-  if (kind == ExitKind::oom) {
-    ++oom_kills_;
+  // Out of memory, told by the kernel (OOM kill) or by the worker itself (its
+  // plan did not fit, host or GPU): one rung lower, at once.
+  if (kind == ExitKind::oom || kind == ExitKind::no_fit) {
+    const bool oom = kind == ExitKind::oom;
+    if (oom) ++oom_kills_;
     ++restarts_;
     const size_t to = std::min(rung_ + 1, config_.ladder.size() - 1);
     if (to == rung_) {
-      // Already at the bottom: an OOM kill here is a failure like a crash.
+      // Already at the bottom: this is a failure like a crash.
       ++failures_;
     } else {
       failures_ = 0;
     }
+    const std::string what = oom ? std::string("OOM-killed") : "memory plan did not fit";
     if (failures_ >= 2) {
       Step s;
       stopping_ = false;
@@ -152,18 +157,26 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
       backoff_until_ = now + d;
       target_ = to;
       s.decisions.push_back(decision("backoff", rung_, to,
-                                     "OOM-killed at the smallest context " + std::to_string(context()) +
-                                         " (" + std::to_string(failures_) + " failures in a row); retrying in " +
+                                     what + " at the smallest context " + std::to_string(context()) + " (" +
+                                         std::to_string(failures_) + " failures in a row); retrying in " +
                                          format_duration(d)));
       s.decisions.back().figures = {{"DS4_BACKOFF_MS", std::to_string(d.count())},
-                                    {"DS4_FAILURES", std::to_string(failures_)}};
+                                    {"DS4_FAILURES", std::to_string(failures_)},
+                                    {"DS4_EXIT", exit_kind_name(kind)}};
       return s;
     }
-    Step s = start_at(to, "oom", "OOM-killed by the kernel at context " + std::to_string(config_.ladder[rung_]) +
-                                     (to == rung_ ? "; already the smallest rung, restarting at it"
-                                                  : "; restarting one rung lower at once"),
+    const std::string where = " at context " + std::to_string(config_.ladder[rung_]) +
+                              (to == rung_ ? "; already the smallest rung, restarting at it"
+                                           : "; restarting one rung lower at once");
+    if (oom) {
+      Step s = start_at(to, "oom", "OOM-killed by the kernel" + where, now);
+      s.decisions.back().figures = {{"DS4_OOM_KILLS", std::to_string(oom_kills_)}};
+      return s;
+    }
+    Step s = start_at(to, "downgrade",
+                      "the worker's memory plan did not fit" + where + (message.empty() ? "" : " (" + message + ")"),
                       now);
-    s.decisions.back().figures = {{"DS4_OOM_KILLS", std::to_string(oom_kills_)}};
+    s.decisions.back().figures = {{"DS4_EXIT", exit_kind_name(kind)}};
     return s;
   }
 

@@ -77,6 +77,7 @@ enum class ExitKind {
   clean,      // exited 0 / stopped by us
   oom,        // killed by the kernel's OOM killer
   crash,      // non-zero exit or a fatal signal of its own (SEGV, ABRT)
+  no_fit,     // exited with kExitDoesNotFit: its memory plan did not fit (host or GPU)
   killed,     // SIGKILL/SIGTERM from someone else (a person), no OOM evidence
 };
 const char* exit_kind_name(ExitKind k);

@@ -323,7 +323,9 @@ void ProcessBackend::reap() {
     std::string msg;
     if (WIFEXITED(st)) {
       const int code = WEXITSTATUS(st);
-      kind = code == 0 || c->stop_requested ? ExitKind::clean : ExitKind::crash;
+      kind = code == 0 || c->stop_requested ? ExitKind::clean
+             : code == kExitDoesNotFit    ? ExitKind::no_fit
+                                          : ExitKind::crash;
       if (code != 0) msg = "exited with status " + std::to_string(code);
     } else if (WIFSIGNALED(st)) {
       const int sig = WTERMSIG(st);

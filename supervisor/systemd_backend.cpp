@@ -548,14 +548,16 @@ class SystemdBackend : public UnitBackend {
       else
         kind = ExitKind::crash;
     } else if (f.code == 1) {
-      kind = f.status == 0 || u.stop_requested ? ExitKind::clean : ExitKind::crash;
+      kind = f.status == 0 || u.stop_requested ? ExitKind::clean
+             : f.status == kExitDoesNotFit     ? ExitKind::no_fit
+                                               : ExitKind::crash;
       if (f.status != 0) msg = "exited with status " + std::to_string(f.status);
     } else {
       // Never ran (no env file, bad ExecStart, ...).
       kind = u.stop_requested ? ExitKind::clean : ExitKind::crash;
       msg = "unit failed with result '" + f.result + "'";
     }
-    if (kind == ExitKind::crash) {
+    if (kind == ExitKind::crash || kind == ExitKind::no_fit) {
       std::string why = u.status_text.rfind("error: ", 0) == 0 ? u.status_text.substr(7) : u.journal_error;
       if (!why.empty()) msg = why + " (" + msg + ")";
     }

@@ -70,13 +70,13 @@ std::string describe_plan(const MemoryPlan& p, const EngineShape& s) {
 
 void check_plan_fits(const MemoryPlan& p, const EngineShape& s, const MemoryRoom& room) {
   if (p.own() <= room.usable()) return;
-  throw Error("memory plan does not fit: " + describe_plan(p, s) + ", but there is only " + room.describe() +
+  throw DoesNotFit("memory plan does not fit: " + describe_plan(p, s) + ", but there is only " + room.describe() +
               ". Use a smaller context or fewer slots.");
 }
 
 void check_plan_fits_device(const MemoryPlan& p, const EngineShape& s, const DeviceRoom& room) {
   if (p.own() <= room.free) return;
-  throw Error("memory plan does not fit the device: " + describe_plan(p, s) + ", but the device has only " +
+  throw DoesNotFit("memory plan does not fit the device: " + describe_plan(p, s) + ", but the device has only " +
               format_bytes(room.free) + " free of " + format_bytes(room.total) +
               ". Use a smaller context or fewer slots.");
 }

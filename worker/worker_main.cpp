@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
     if (cmd == "unload") return ds4::cmd_unload(args);
     std::fprintf(stderr, "ds4-worker: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
+  } catch (const ds4::DoesNotFit& e) {
+    ds4::log::error(cmd + ": " + e.what());
+    sd_notify(0, (std::string("STATUS=error: ") + e.what()).c_str());
+    return ds4::kExitDoesNotFit;  // the supervisor goes one rung down
   } catch (const ds4::Error& e) {
     ds4::log::error(cmd + ": " + e.what());
     // The supervisor (or systemctl status) shows why the worker failed.

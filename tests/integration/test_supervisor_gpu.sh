@@ -9,7 +9,6 @@
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
-. "$here/lib/hang_check.sh"
 
 fails=0
 pass() { echo "ok   - $*"; }
@@ -26,7 +25,7 @@ trap sup_cleanup EXIT
 # One greedy /v1/completions request (python: the GPU machine may lack curl);
 # prints the body and the HTTP status on the last line.
 complete() {
-  python3 - "$1/v1/completions" "$HANG_MODEL" <<'PY'
+  python3 - "$1/v1/completions" "$model_name" <<'PY'
 import json, sys, urllib.request, urllib.error
 req = urllib.request.Request(sys.argv[1], json.dumps({"model": sys.argv[2], "prompt": "Once upon a time",
                              "max_tokens": 24, "temperature": 0}).encode(), {"content-type": "application/json"})
@@ -66,8 +65,8 @@ else
 fi
 grep -q 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker maps the holder's weights" \
   || fail "no worker on the holder's weights in the log: $(grep -i 'weights\|cuda' "$SUP_DIR/sup.log" | tail -5)"
-url=$(hang_proxy_url)
-HANG_MODEL=$(sup_get 's["model"]["name"]')
+url=$(sup_proxy_url)
+model_name=$(sup_get 's["model"]["name"]')
 before=$(complete "$url")
 [[ ${before##*$'\n'} == 200 ]] && pass "served on the GPU" || fail "request: $before"
 

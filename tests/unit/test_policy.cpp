@@ -89,6 +89,40 @@ TEST_CASE("policy: an OOM kill restarts one rung lower at once, down to the bott
   CHECK(s.decisions[0].event == "backoff");
 }
 
+TEST_CASE("policy: a worker whose memory plan does not fit (host or GPU) restarts one rung lower, not as a crash") {
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));  // 8192: the supervisor's host figures fit, the GPU's did not
+  const std::string why = "memory plan does not fit the device: ... the device has only 300.0 MiB free";
+  Step s = f.p.on_exit(f.t, ExitKind::no_fit, why);
+  CHECK(has(s, Action::Kind::start, 4096));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "downgrade");
+  CHECK(s.decisions[0].context_from == 8192);
+  CHECK(s.decisions[0].context_to == 4096);
+  CHECK(s.decisions[0].reason.find("did not fit") != std::string::npos);
+  CHECK(s.decisions[0].reason.find(why) != std::string::npos);  // the worker's own figures
+  CHECK(f.p.oom_kills() == 0);
+  CHECK(f.p.restarts() == 1);
+  CHECK(f.p.last_error() == why);
+  s = f.p.on_exit(f.t, ExitKind::no_fit, why);
+  CHECK(has(s, Action::Kind::start, 2048));
+  s = f.p.on_ready(f.t, 101);
+  CHECK(f.p.state() == WorkerState::ready);
+  CHECK(f.p.context() == 2048);
+
+  // At the bottom it is a failure: once at once, then backoff (and never a loop at full speed).
+  Fixture g;
+  g.p.start(g.t, g.mem(150));
+  s = g.p.on_exit(g.t, ExitKind::no_fit, why);
+  CHECK(has(s, Action::Kind::start, 2048));
+  s = g.p.on_exit(g.t, ExitKind::no_fit, why);
+  CHECK(s.actions.empty());
+  CHECK(g.p.state() == WorkerState::backoff);
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "backoff");
+  CHECK(s.decisions[0].reason.find("did not fit at the smallest context 2048") != std::string::npos);
+}
+
 TEST_CASE("policy: low headroom for `for` drains, then restarts one rung lower") {
   Fixture f;
   f.p.start(f.t, f.mem(1000));

@@ -25,9 +25,11 @@ DeviceBuffer::DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes
     cudaGetLastError();
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
-    throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB of device memory for the " + what +
-                ": " + cudaGetErrorString(e) + " (" + std::to_string(free >> 20) + " MiB free of " +
-                std::to_string(total >> 20) + " MiB)");
+    const std::string msg = "cannot allocate " + std::to_string(bytes >> 20) + " MiB of device memory for the " +
+                            what + ": " + cudaGetErrorString(e) + " (" + std::to_string(free >> 20) +
+                            " MiB free of " + std::to_string(total >> 20) + " MiB)";
+    if (e == cudaErrorMemoryAllocation) throw DoesNotFit(msg);
+    throw Error(msg);
   }
 }
 

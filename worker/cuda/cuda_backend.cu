@@ -274,7 +274,7 @@ void CudaBackend::reserve(const EngineShape& s) {
   size_t free = 0, total = 0;
   DS4_CUDA_CHECK(cudaMemGetInfo(&free, &total));
   if (p.kv + p.scratch > free)
-    throw Error("CUDA device " + device_name_ + ": the KV cache (" + std::to_string(p.kv >> 20) + " MiB) and scratch (" +
+    throw DoesNotFit("CUDA device " + device_name_ + ": the KV cache (" + std::to_string(p.kv >> 20) + " MiB) and scratch (" +
                 std::to_string(p.scratch >> 20) + " MiB) do not fit the " + std::to_string(free >> 20) +
                 " MiB of device memory free");
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);

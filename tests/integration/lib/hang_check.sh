@@ -35,31 +35,18 @@ restart:
 YAML
 }
 
-# The proxy's address, from the supervisor's log line.
-hang_proxy_url() {
-  local addr
-  addr=$(sed -n 's/.*proxy listening on \([0-9.]*:[0-9]*\).*/\1/p' "$SUP_DIR/sup.log" | tail -1)
-  [[ -n $addr ]] && echo "http://$addr"
-}
-
-# hang_complete URL: one /v1/completions request; prints its HTTP status and body.
-hang_complete() {
-  curl -s --max-time 30 -w '\n%{http_code}' "$1/v1/completions" -H 'content-type: application/json' \
-    -d '{"model":"'"$HANG_MODEL"'","prompt":"Once upon a time","max_tokens":8,"temperature":0}'
-}
-
 hang_run() {
   if ! sup_wait 60 'w[0]["state"] == "ready"'; then
     fail "worker not ready: $(sup_status | tr -d '\n' | cut -c1-400)"
     return 1
   fi
   local url out ctx t0 t1 line
-  url=$(hang_proxy_url)
+  url=$(sup_proxy_url)
   [[ -n $url ]] || { fail "no 'proxy listening on' line in the log"; return 1; }
   ctx=$(sup_get 'w[0]["context"]')
   HANG_MODEL=$(sup_get 's["model"]["name"]')
   HANG_OLD_PID=$(sup_get 'w[0]["pid"]')
-  out=$(hang_complete "$url")
+  out=$(sup_complete "$url" "$HANG_MODEL")
   [[ ${out##*$'\n'} == 200 ]] && pass "served before the hang" || fail "request before the hang: $out"
   # The control block: a fresh heartbeat and the request counted.
   if sup_wait 5 'w[0]["heartbeat_age_ms"] is not None and w[0]["heartbeat_age_ms"] < 1000 and w[0]["counters"]["requests"] >= 1'; then
@@ -95,7 +82,7 @@ hang_run() {
     && pass "status: restarts 1, oom_kills 0" || fail "restarts $(sup_get 'w[0]["restarts"]'), oom_kills $(sup_get 'w[0]["oom_kills"]')"
   [[ $(sup_get '" ".join(w[0]["args"])') == *"--context $ctx"* ]] && pass "the new process runs --context $ctx (/proc)" \
     || fail "args: $(sup_get 'w[0]["args"]')"
-  out=$(hang_complete "$url")
+  out=$(sup_complete "$url" "$HANG_MODEL")
   [[ ${out##*$'\n'} == 200 && $out == *'"text"'* ]] && pass "served after the restart: $(echo "$out" | head -1 | cut -c1-120)" \
     || fail "request after the restart: $out"
 }

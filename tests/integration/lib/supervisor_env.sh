@@ -63,8 +63,22 @@ s = json.loads(sys.argv[1]); w = s["workers"]
 print(eval(sys.argv[2]))' "$json" "$1"
 }
 
-# sup_events: the events as JSON lines.
+# sup_events: the events as JSON ({"ok":true,"events":[...]}).
 sup_events() { "$DS4_BIN/ds4ctl" events --json 2>/dev/null; }
+
+# sup_proxy_url: the proxy's address, from the supervisor's log line.
+sup_proxy_url() {
+  local addr
+  addr=$(sed -n 's/.*proxy listening on \([0-9.]*:[0-9]*\).*/\1/p' "$SUP_DIR/sup.log" | tail -1)
+  [[ -n $addr ]] && echo "http://$addr"
+}
+
+# sup_complete URL MODEL: one greedy /v1/completions request; prints the body,
+# then the HTTP status on a line of its own.
+sup_complete() {
+  curl -s --max-time 30 -w '\n%{http_code}' "$1/v1/completions" -H 'content-type: application/json' \
+    -d '{"model":"'"$2"'","prompt":"Once upon a time","max_tokens":8,"temperature":0}'
+}
 
 # sup_wait SECONDS EXPR
 sup_wait() {

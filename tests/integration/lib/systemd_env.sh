@@ -105,11 +105,17 @@ ds4_journal_start_locked() {
   fi
   # A stale socket from a dead journald would make it fail to bind.
   rm -f /run/systemd/journal/socket /run/systemd/journal/stdout /run/systemd/journal/dev-log
-  # setsid + no inherited fds: it must outlive this test and ctest's
-  # process-group kill on timeout.
-  # The lock fd is closed for it: a journald holding it would block the
-  # next start for good.
-  setsid "$DS4_SD_JOURNALD" </dev/null >>/run/ds4-journald.log 2>&1 {lock}>&- &
+  # setsid: it must outlive this test and ctest's process-group kill on
+  # timeout. And no inherited descriptor: a journald holding this start's
+  # lock, or a lock its caller holds around the whole test run (flock ...
+  # ctest), would keep it held for good.
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      ((fd > 2)) && eval "exec $fd>&-" 2>/dev/null
+    done
+    exec setsid "$DS4_SD_JOURNALD" </dev/null >>/run/ds4-journald.log 2>&1
+  ) &
   if ! ds4_wait_until 10 ds4_journal_alive; then
     DS4_SD_SKIP_REASON="started $DS4_SD_JOURNALD but it did not answer on /run/systemd/journal/socket within 10 s (see /run/ds4-journald.log)"
     return 77
