@@ -53,10 +53,7 @@ std::vector<int32_t> tokens(const json& j, const char* key) {
   return out;
 }
 
-}  // namespace
-
-Request parse_request(std::string_view line) {
-  if (line.size() > kMaxLineBytes) throw Error("request line is longer than " + std::to_string(kMaxLineBytes) + " bytes");
+Request general_request(std::string_view line) {
   json j = json::parse(line, nullptr, false);
   if (j.is_discarded()) throw Error("request is not valid JSON");
   if (!j.is_object()) throw Error("request must be a JSON object");
@@ -90,6 +87,8 @@ Request parse_request(std::string_view line) {
   }
   return r;
 }
+
+}  // namespace
 
 // ---- the lines of every request, token and end, written and read by hand ----
 // The same JSON nlohmann writes (keys in its order), without building a tree:
@@ -165,6 +164,68 @@ bool plain(std::string_view w) {
   return true;
 }
 
+// Token ids as put() writes them, within the limits general_request checks.
+bool fast_tokens(Cursor& c, std::vector<int32_t>& out) {
+  c.lit("[");
+  if (c.ok && c.p < c.s.size() && c.s[c.p] == ']') {
+    ++c.p;
+    return c.ok;
+  }
+  while (c.ok) {
+    const int32_t t = c.num<int32_t>();
+    if (!c.ok || t < 0 || out.size() >= kMaxTokens) return c.ok = false;
+    out.push_back(t);
+    if (c.p < c.s.size() && c.s[c.p] == ',') ++c.p;
+    else break;
+  }
+  c.lit("]");
+  return c.ok;
+}
+
+template <typename T>
+T fast_number(Cursor& c, T lo, T hi) {
+  using Read = std::conditional_t<std::is_integral_v<T>, T, double>;  // reals as general_request reads them
+  const Read v = c.num<Read>();
+  if (!(v >= Read(lo) && v <= Read(hi))) c.ok = false;  // NaN too
+  return T(v);
+}
+
+// The line to_line() writes, read without building a tree; false for any
+// other text (the general parser then reads it, or says what is wrong).
+bool fast_generate(std::string_view line, Request& r) {
+  Cursor c{line};
+  GenerateRequest& g = r.generate;
+  c.lit(R"({"op":"generate","prompt":)");
+  fast_tokens(c, g.prompt);
+  c.lit(R"(,"generated":)");
+  fast_tokens(c, g.generated);
+  c.lit(R"(,"max_tokens":)");
+  g.max_tokens = fast_number<int32_t>(c, 0, int32_t(kMaxTokens));
+  c.lit(R"(,"temperature":)");
+  g.sampling.temperature = fast_number<float>(c, 0.f, 100.f);
+  c.lit(R"(,"top_k":)");
+  g.sampling.top_k = fast_number<int32_t>(c, 0, 1 << 30);
+  c.lit(R"(,"top_p":)");
+  g.sampling.top_p = fast_number<float>(c, 0.f, 1.f);
+  c.lit(R"(,"min_p":)");
+  g.sampling.min_p = fast_number<float>(c, 0.f, 1.f);
+  c.lit(R"(,"seed":)");
+  g.sampling.seed = c.num<uint64_t>();
+  c.lit(R"(,"logprobs":)");
+  g.logprobs = fast_number<int32_t>(c, 0, 20);
+  c.lit(R"(,"ignore_eos":)");
+  if (c.ok && c.s.substr(c.p, 4) == "true") {
+    g.ignore_eos = true;
+    c.p += 4;
+  } else {
+    c.lit("false");
+  }
+  c.lit("}");
+  if (c.ok && c.p + 1 == c.s.size() && c.s[c.p] == '\n') ++c.p;  // the line may keep its newline
+  r.op = Request::Op::generate;
+  return c.end();
+}
+
 bool fast_token(std::string_view line, Event& e) {
   Cursor c{line};
   c.lit(R"({"ev":"token","i":)");
@@ -198,6 +259,12 @@ bool fast_done(std::string_view line, Event& e) {
 }
 
 }  // namespace
+
+Request parse_request(std::string_view line) {
+  if (line.size() > kMaxLineBytes) throw Error("request line is longer than " + std::to_string(kMaxLineBytes) + " bytes");
+  if (Request r; fast_generate(line, r)) return r;
+  return general_request(line);
+}
 
 std::string to_line(const GenerateRequest& g) {
   std::string s;

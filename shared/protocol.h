@@ -1,6 +1,9 @@
 #pragma once
 /// The worker's token-level protocol, spoken over a Unix stream socket as
-/// newline-delimited JSON. One request per connection:
+/// newline-delimited JSON. Requests go one after another on a connection;
+/// each answer ends with its done, error or info line, and the next request
+/// may follow on the same connection (a line that cannot be parsed is
+/// answered with an error and the connection closes):
 ///
 ///   client → worker   {"op":"generate","prompt":[1,403,...],"generated":[432,...],
 ///                      "max_tokens":64,"temperature":0,"top_k":40,"top_p":0.95,
@@ -14,7 +17,8 @@
 /// Resuming: a request whose worker died is sent again, to any worker, with
 /// "generated" holding every token received so far; "i" of the next token is
 /// generated.size(). Sampling draws depend only on (seed, i), so the answer
-/// continues exactly as it would have. Closing the connection cancels.
+/// continues exactly as it would have. Closing the connection cancels the
+/// request running on it.
 
 #include <cstdint>
 #include <optional>

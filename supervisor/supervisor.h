@@ -88,7 +88,7 @@ class Supervisor {
   void wait_signals();
 
   SupervisorOptions opts_;
-  asio::io_context io_;
+  asio::io_context io_{1};  // one thread runs it
   Config config_;
   ModelInfo model_;
   std::string runtime_dir_;

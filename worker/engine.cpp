@@ -60,11 +60,14 @@ int64_t Engine::submit(GenerateRequest req, std::shared_ptr<RequestSink> sink) {
   a->req = std::move(req);
   a->sink = std::move(sink);
   a->t_start = Clock::now();
-  std::lock_guard lock(mu_);
-  a->id = next_id_++;
-  inbox_.push_back(a);
-  cv_.notify_all();
-  return a->id;
+  int64_t id;
+  {
+    std::lock_guard lock(mu_);
+    id = a->id = next_id_++;
+    inbox_.push_back(std::move(a));
+  }
+  cv_.notify_all();  // unlocked: the engine thread wakes to a free mutex
+  return id;
 }
 
 void Engine::cancel(int64_t id) {
@@ -97,6 +100,7 @@ void Engine::finish(Active& a, Finish reason, const std::string& error) {
   a.done = true;
   if (a.sampled_once) a.timings.predicted_ms = ms_since(a.t_first);
   a.sink->on_done(reason, a.timings, error);
+  heard_.push_back(a.sink);
   if (a.slot >= 0) slots_[size_t(a.slot)].req.reset();
 }
 
@@ -160,6 +164,13 @@ void Engine::admit() {
   }
 }
 
+void Engine::end_step() {
+  std::sort(heard_.begin(), heard_.end());
+  heard_.erase(std::unique(heard_.begin(), heard_.end()), heard_.end());
+  for (auto& s : heard_) s->on_step_end(heard_.size() == 1);
+  heard_.clear();
+}
+
 bool Engine::step() {
   admit();
   std::vector<BatchToken> batch;
@@ -188,7 +199,10 @@ bool Engine::step() {
       if (last) sampled.push_back(&a);
     }
   }
-  if (batch.empty()) return false;
+  if (batch.empty()) {
+    end_step();
+    return false;
+  }
 
   backend_.forward(batch);
 
@@ -225,9 +239,11 @@ bool Engine::step() {
     a.seq.push_back(out.token);
     a.timings.predicted_n++;
     a.sink->on_token(index, out);
+    heard_.push_back(a.sink);
     if (index + 1 >= a.req.max_tokens) finish(a, Finish::length);
     else if (int64_t(a.seq.size()) > shape_.ctx) finish(a, Finish::context);  // next position would be ctx
   }
+  end_step();
   return true;
 }
 

@@ -49,6 +49,10 @@ class RequestSink {
   /// A new token; `index` counts generated tokens from 0 (resumed ones included).
   virtual void on_token(int64_t index, const Sampled& s) = 0;
   virtual void on_done(Finish reason, const Timings& t, const std::string& error) = 0;
+  /// The end of a step in which this sink heard something: the events of a
+  /// step are complete (their timings measured) before they leave. `alone`:
+  /// no other request heard anything in this step.
+  virtual void on_step_end(bool alone) {}
 };
 
 struct EngineStats {
@@ -84,6 +88,7 @@ class Engine {
     std::shared_ptr<Active> req;
   };
   void admit();
+  void end_step();
   void finish(Active& a, Finish reason, const std::string& error = "");
   std::string validate(const GenerateRequest& r) const;
 
@@ -93,6 +98,7 @@ class Engine {
   EngineShape shape_;
   std::vector<Slot> slots_;
   std::vector<float> sample_scratch_;
+  std::vector<std::shared_ptr<RequestSink>> heard_;  // sinks with events in this step
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,13 +1,14 @@
 #include "worker/server.h"
 
+#include <sys/socket.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
 
 #include <boost/asio.hpp>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -36,178 +37,266 @@ struct ServerState {
   control::Writer* record = nullptr;  // our control block record, if any
 };
 
-/// One client connection: reads a request line, streams events back.
+/// The write side of a connection, shared by its I/O thread and the engine
+/// thread. Bytes go out at once when the socket takes them, so a request's
+/// answer leaves from the engine thread without waiting for the I/O thread
+/// to wake; what the socket does not take waits, in order, and the I/O
+/// thread sends it when the socket has room (flush). Closing happens under
+/// the lock: no thread ever writes to a descriptor that another connection
+/// got since.
+class Wire {
+ public:
+  explicit Wire(local::socket sock) : sock_(std::move(sock)), fd_(sock_.native_handle()) {}
+
+  local::socket& socket() { return sock_; }  // I/O thread only
+  /// Sends or queues `bytes`. True when bytes wait and the caller must have
+  /// the I/O thread flush().
+  bool write(std::string_view bytes) {
+    std::lock_guard lock(mu_);
+    if (!open_) return false;
+    if (pending_.empty()) {
+      bytes.remove_prefix(send_some(bytes));
+      if (bytes.empty() || broken_) return false;
+    }
+    pending_ += bytes;
+    if (flushing_) return false;
+    flushing_ = true;
+    return true;
+  }
+  /// Sends what waits; true when it is all gone (or cannot go: the reader
+  /// sees the connection end).
+  bool send_pending() {
+    std::lock_guard lock(mu_);
+    pending_.erase(0, send_some(pending_));
+    if (pending_.empty() || broken_ || !open_) {
+      pending_.clear();
+      flushing_ = false;
+      return true;
+    }
+    return false;
+  }
+  bool idle() {
+    std::lock_guard lock(mu_);
+    return !flushing_;
+  }
+  void close() {
+    std::lock_guard lock(mu_);
+    open_ = false;
+    boost::system::error_code ignored;
+    sock_.shutdown(local::socket::shutdown_both, ignored);
+    sock_.close(ignored);
+    pending_.clear();
+  }
+
+ private:
+  size_t send_some(std::string_view bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) done += size_t(n);
+      else if (n < 0 && errno == EINTR) continue;
+      else {
+        broken_ = !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+        break;
+      }
+    }
+    return done;
+  }
+
+  std::mutex mu_;
+  local::socket sock_;
+  const int fd_;  // the engine thread writes to it, under mu_, while open_
+  bool open_ = true;
+  std::string pending_;
+  bool flushing_ = false;
+  bool broken_ = false;
+};
+
+/// One client connection: request lines one after another, each answered by
+/// events that end with its done, error or info line; the connection then
+/// waits for the next request. A generate request runs to its end before the
+/// next line is taken. EOF (or an error) while one runs cancels it; a line
+/// that cannot be parsed is answered with an error and the connection closes.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(ServerState& st, local::socket sock) : st_(st), sock_(std::move(sock)) {}
+  Connection(ServerState& st, local::socket sock) : st_(st), wire_(std::make_shared<Wire>(std::move(sock))) {}
 
   void start() {
     st_.live[this] = weak_from_this();
-    do_read_request();
+    do_read();
   }
   void cancel() {
-    if (request_id_ > 0 && !done_) st_.engine.cancel(request_id_);
+    if (request_id_ > 0) st_.engine.cancel(request_id_);
   }
-  /// Queues a line for the client (I/O thread only).
-  void send(std::string line, bool last) {
-    out_.push_back(std::move(line));
-    close_after_ = close_after_ || last;
-    if (!writing_) do_write();
+  /// The worker stops: a running request is cancelled and the connection
+  /// closes after its answer; an idle one closes now.
+  void stop() {
+    close_after_ = true;
+    cancel();
+    maybe_close();
   }
-  void on_engine_done() { done_ = true; }
+  /// Sends bytes to the client (I/O thread).
+  void send(std::string_view bytes, bool close_after) {
+    if (wire_->write(bytes)) flush();
+    close_after_ = close_after_ || close_after;
+    maybe_close();
+  }
+  /// Sends what the socket did not take yet, when it has room (I/O thread).
+  void flush() {
+    wire_->socket().async_wait(local::socket::wait_write, [self = shared_from_this()](boost::system::error_code ec) {
+      if (ec) return self->wire_->close();
+      if (!self->wire_->send_pending()) return self->flush();
+      self->maybe_close();
+    });
+  }
+  /// The running request's last line went out: take the next request.
+  void on_engine_done() {
+    request_id_ = 0;
+    maybe_close();
+    serve();
+  }
 
-  ~Connection() { st_.live.erase(this); }
+  ~Connection() {
+    wire_->close();  // a sink still running writes nothing more
+    st_.live.erase(this);
+  }
 
  private:
-  void do_read_request() {
+  // One read is always pending until EOF: it brings the next requests, and
+  // EOF while a request runs cancels it.
+  void do_read() {
     auto self = shared_from_this();
-    asio::async_read_until(sock_, asio::dynamic_buffer(buf_, proto::kMaxLineBytes), '\n',
-                           [this, self](boost::system::error_code ec, size_t n) { on_read_request(ec, n); });
+    wire_->socket().async_read_some(asio::buffer(in_), [this, self](boost::system::error_code ec, size_t n) {
+      if (ec) {
+        peer_gone_ = true;
+        return cancel();
+      }
+      if (!close_after_) buf_.append(in_, n);  // closing: what follows is not answered
+      serve();
+      if (!peer_gone_ && wire_->socket().is_open()) do_read();
+    });
   }
 
-  void on_read_request(boost::system::error_code ec, size_t n) {
-    if (ec == asio::error::not_found) return send(proto::error_line("request line too long"), true);
-    if (ec) return;  // client went away before asking anything
-    std::string line = buf_.substr(0, n);
-    buf_.erase(0, n);
-    proto::Request req;
-    try {
-      req = proto::parse_request(line);
-    } catch (const Error& e) {
-      if (st_.record) st_.record->count_error();
-      return send(proto::error_line(e.what()), true);
+  // Handles the complete lines received, while no generate request runs.
+  void serve() {
+    while (request_id_ == 0 && !close_after_ && !peer_gone_) {
+      const size_t nl = buf_.find('\n');
+      if (nl == std::string::npos) {
+        if (buf_.size() > proto::kMaxLineBytes) return send(proto::error_line("request line too long"), true);
+        return;
+      }
+      if (nl > proto::kMaxLineBytes) return send(proto::error_line("request line too long"), true);
+      const std::string_view line = std::string_view(buf_).substr(0, nl);
+      proto::Request req;
+      try {
+        req = proto::parse_request(line);
+      } catch (const Error& e) {
+        if (st_.record) st_.record->count_error();
+        return send(proto::error_line(e.what()), true);
+      }
+      buf_.erase(0, nl + 1);
+      if (req.op == proto::Request::Op::info) {
+        nlohmann::json info = st_.info;
+        const EngineStats s = st_.engine.stats();
+        info["busy"] = s.busy;
+        info["waiting"] = s.waiting;
+        send(info.dump() + "\n", false);
+        continue;
+      }
+      if (st_.stopping) return send(proto::error_line("worker is stopping"), true);
+      start_generate(std::move(req.generate));
     }
-    if (req.op == proto::Request::Op::info) {
-      nlohmann::json info = st_.info;
-      const EngineStats s = st_.engine.stats();
-      info["busy"] = s.busy;
-      info["waiting"] = s.waiting;
-      return send(info.dump() + "\n", true);
-    }
-    if (st_.stopping) return send(proto::error_line("worker is stopping"), true);
-    start_generate(req.generate);
-    do_watch();
   }
 
-  void start_generate(const proto::GenerateRequest& g) {
+  void start_generate(proto::GenerateRequest&& g) {
     GenerateRequest r;
-    r.prompt = g.prompt;
-    r.generated = g.generated;
+    r.prompt = std::move(g.prompt);
+    r.generated = std::move(g.generated);
     r.max_tokens = g.max_tokens;
     r.sampling = {g.sampling.temperature, g.sampling.top_k, g.sampling.top_p, g.sampling.min_p, g.sampling.seed};
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
-    request_id_ = st_.engine.submit(std::move(r), std::make_shared<Sink>(*st_.io, weak_from_this(), st_.record));
+    auto sink = std::make_shared<Sink>(*st_.io, weak_from_this(), wire_, st_.record);
+    request_id_ = st_.engine.submit(std::move(r), std::move(sink));
   }
 
-  // Anything after the request, or EOF, while generating: EOF means cancel.
-  void do_watch() {
-    auto self = shared_from_this();
-    sock_.async_read_some(asio::buffer(scratch_), [this, self](boost::system::error_code ec, size_t) {
-      if (ec) {
-        cancel();
-        return;
-      }
-      do_watch();
-    });
+  // Closes once asked to, with no request running and nothing left to send.
+  void maybe_close() {
+    if (close_after_ && request_id_ == 0 && wire_->idle()) wire_->close();
   }
 
-  void do_write() {
-    if (out_.empty()) {
-      writing_ = false;
-      if (close_after_) {
-        boost::system::error_code ignored;
-        sock_.shutdown(local::socket::shutdown_both, ignored);
-        sock_.close(ignored);
-      }
-      return;
-    }
-    writing_ = true;
-    while (out_.size() > 1) {  // everything queued goes out in one write
-      out_[out_.size() - 2] += out_.back();
-      out_.pop_back();
-    }
-    auto self = shared_from_this();
-    asio::async_write(sock_, asio::buffer(out_.front()), [this, self](boost::system::error_code ec, size_t) {
-      if (ec) {
-        cancel();
-        out_.clear();
-        writing_ = false;
-        return;
-      }
-      out_.pop_front();
-      do_write();
-    });
-  }
-
-  /// Receives engine callbacks on the engine thread and posts them to I/O.
+  /// Receives engine callbacks on the engine thread. A step's lines leave
+  /// at its end: written by the engine thread itself when the step answered
+  /// this request alone (no wait for the I/O thread to wake), else handed to
+  /// the I/O thread in one post, so that a busy engine spends no time in
+  /// system calls. Either way they leave in order.
   class Sink : public RequestSink {
    public:
-    Sink(asio::io_context& io, std::weak_ptr<Connection> c, control::Writer* record)
-        : io_(io), c_(std::move(c)), record_(record) {}
+    Sink(asio::io_context& io, std::weak_ptr<Connection> c, std::shared_ptr<Wire> wire, control::Writer* record)
+        : io_(io), c_(std::move(c)), wire_(std::move(wire)), record_(record) {}
     void on_token(int64_t index, const Sampled& s) override {
       proto::TokenEvent e{index, s.token, s.logprob, {}};
       for (const auto& t : s.top) e.top.emplace_back(t.token, t.logprob);
-      post(proto::token_line(e), false);
+      step_ += proto::token_line(e);
     }
     void on_done(Finish reason, const Timings& t, const std::string& error) override {
       if (record_) record_->count_request(uint64_t(t.prompt_n), uint64_t(t.predicted_n), reason == Finish::error);
-      if (reason == Finish::error) return post(proto::error_line(error), true);
-      post(proto::done_line(finish_name(reason),
-                            {t.prompt_n, t.cache_n, t.predicted_n, t.prompt_ms, t.predicted_ms}),
-           true);
+      step_ += reason == Finish::error ? proto::error_line(error)
+                                       : proto::done_line(finish_name(reason), {t.prompt_n, t.cache_n, t.predicted_n,
+                                                                                t.prompt_ms, t.predicted_ms});
+      ended_ = true;
+    }
+    void on_step_end(bool alone) override {
+      std::lock_guard lock(box_->mu);
+      if (alone && !box_->posted) {
+        if (wire_->write(step_)) post([](Connection& c) { c.flush(); });
+        if (ended_) post([](Connection& c) { c.on_engine_done(); });
+        step_.clear();
+        return;
+      }
+      box_->lines += step_;
+      box_->last = ended_;
+      step_.clear();
+      if (box_->posted) return;
+      box_->posted = true;
+      post([box = box_](Connection& c) {
+        std::lock_guard lock(box->mu);  // held while writing: a direct write cannot overtake these lines
+        c.send(box->lines, false);
+        box->lines.clear();
+        box->posted = false;
+        if (box->last) c.on_engine_done();
+      });
     }
 
    private:
-    // Lines wait in the outbox until the I/O thread takes them; one handler
-    // is posted per burst, so a last token and the done line the engine
-    // sends right after it leave in one write (one wake-up for the reader).
     struct Outbox {
       std::mutex mu;
-      std::string lines;
+      std::string lines;  // for the I/O thread to send
       bool last = false;
       bool posted = false;
     };
-    void post(std::string line, bool last) {
-      bool first;
-      {
-        std::lock_guard lock(box_->mu);
-        box_->lines += line;
-        box_->last = box_->last || last;
-        first = !box_->posted;
-        box_->posted = true;
-      }
-      if (!first) return;
-      asio::post(io_, [c = c_, box = box_] {
-        std::string lines;
-        bool last;
-        {
-          std::lock_guard lock(box->mu);
-          lines.swap(box->lines);
-          last = box->last;
-          box->posted = false;
-        }
-        if (auto conn = c.lock()) {
-          if (last) conn->on_engine_done();
-          conn->send(std::move(lines), last);
-        }
+    template <typename F>
+    void post(F f) {
+      asio::post(io_, [c = c_, f = std::move(f)] {
+        if (auto conn = c.lock()) f(*conn);
       });
     }
     asio::io_context& io_;
     std::weak_ptr<Connection> c_;
-    std::shared_ptr<Outbox> box_ = std::make_shared<Outbox>();
+    std::shared_ptr<Wire> wire_;
     control::Writer* record_;
+    std::shared_ptr<Outbox> box_ = std::make_shared<Outbox>();
+    std::string step_;  // this step's lines (engine thread)
+    bool ended_ = false;
   };
 
   ServerState& st_;
-  local::socket sock_;
-  std::string buf_;
-  char scratch_[256];
-  std::deque<std::string> out_;
-  bool writing_ = false;
+  std::shared_ptr<Wire> wire_;
+  char in_[16384];
+  std::string buf_;  // received, not yet handled
   bool close_after_ = false;
-  bool done_ = false;
-  int64_t request_id_ = 0;
+  bool peer_gone_ = false;
+  int64_t request_id_ = 0;  // the generate request running, 0 = none
 };
 
 void do_accept(ServerState& st, local::acceptor& acc) {
@@ -322,7 +411,7 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
     boost::system::error_code ignored;
     acc.close(ignored);
     for (auto& [p, w] : st.live)
-      if (auto c = w.lock()) c->cancel();
+      if (auto c = w.lock()) c->stop();
     // Let the cancellations reach their clients, then stop.
     grace.expires_after(std::chrono::milliseconds(200));
     grace.async_wait([&](boost::system::error_code) { io.stop(); });

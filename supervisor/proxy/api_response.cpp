@@ -6,21 +6,23 @@ namespace ds4::proxy {
 
 namespace {
 
-json timings(const proto::Timings& t) {
+// llama.cpp's timings object (keys sorted, as nlohmann writes objects).
+void put_timings(JsonWriter& w, const proto::Timings& t) {
   auto per_token = [](double ms, int64_t n) { return n > 0 ? ms / double(n) : 0.0; };
   auto per_second = [](double ms, int64_t n) { return ms > 0 ? 1e3 * double(n) / ms : 0.0; };
-  return {{"prompt_n", t.prompt_n},
-          {"prompt_ms", t.prompt_ms},
-          {"prompt_per_token_ms", per_token(t.prompt_ms, t.prompt_n)},
-          {"prompt_per_second", per_second(t.prompt_ms, t.prompt_n)},
-          {"predicted_n", t.predicted_n},
-          {"predicted_ms", t.predicted_ms},
-          {"predicted_per_token_ms", per_token(t.predicted_ms, t.predicted_n)},
-          {"predicted_per_second", per_second(t.predicted_ms, t.predicted_n)},
-          {"cache_n", t.cache_n}};
+  w.begin_object()
+      .key("cache_n").value(t.cache_n)
+      .key("predicted_ms").value(t.predicted_ms)
+      .key("predicted_n").value(t.predicted_n)
+      .key("predicted_per_second").value(per_second(t.predicted_ms, t.predicted_n))
+      .key("predicted_per_token_ms").value(per_token(t.predicted_ms, t.predicted_n))
+      .key("prompt_ms").value(t.prompt_ms)
+      .key("prompt_n").value(t.prompt_n)
+      .key("prompt_per_second").value(per_second(t.prompt_ms, t.prompt_n))
+      .key("prompt_per_token_ms").value(per_token(t.prompt_ms, t.prompt_n))
+      .end_object();
 }
 
-std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 std::string sse_event(const char* name, const json& j) { return std::string("event: ") + name + "\ndata: " + dump(j) + "\n\n"; }
 
 json bytes_of(const std::string& s) {
@@ -30,15 +32,18 @@ json bytes_of(const std::string& s) {
 }
 
 // OpenAI's usage block.
-json usage(const Finish& f) {
-  return {{"prompt_tokens", f.prompt_tokens},
-          {"completion_tokens", f.completion_tokens},
-          {"total_tokens", f.prompt_tokens + f.completion_tokens}};
+void put_usage(JsonWriter& w, const Finish& f) {
+  w.begin_object()
+      .key("completion_tokens").value(f.completion_tokens)
+      .key("prompt_tokens").value(f.prompt_tokens)
+      .key("total_tokens").value(f.prompt_tokens + f.completion_tokens)
+      .end_object();
 }
 
 const char* openai_reason(FinishReason r) { return r == FinishReason::length ? "length" : "stop"; }
 
-/// /v1/chat/completions and /v1/completions.
+/// /v1/chat/completions and /v1/completions. Written with JsonWriter (one
+/// of these runs per token and per request), log-probs through nlohmann.
 class OpenAIResponder : public Responder {
  public:
   OpenAIResponder(const Plan& p, const Tokenizer& tok, std::string id, int64_t created)
@@ -46,7 +51,7 @@ class OpenAIResponder : public Responder {
 
   std::string open() override {
     if (!plan_.stream || !chat_) return {};
-    return sse(chunk(json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+    return sse(chunk("", true, "null", nullptr, nullptr));
   }
 
   std::string text(std::string_view delta, std::vector<TokenInfo> tokens) override {
@@ -56,52 +61,74 @@ class OpenAIResponder : public Responder {
       return {};
     }
     if (delta.empty() && (!plan_.logprobs || tokens.empty())) return {};
-    json lp = plan_.logprobs ? logprobs(tokens) : json(nullptr);
-    if (chat_) return sse(chunk(json{{"content", delta}}, lp, nullptr));
-    return sse(chunk(std::string(delta), lp, nullptr));
+    const std::string lp = plan_.logprobs ? dump(logprobs(tokens)) : "null";
+    return sse(chunk(delta, false, lp, nullptr, nullptr));
   }
 
   std::string finish(const Finish& f) override {
     if (plan_.stream) {
-      json last = chat_ ? chunk(json::object(), nullptr, openai_reason(f.reason)) : chunk("", nullptr, openai_reason(f.reason));
-      last["timings"] = timings(f.timings);
-      std::string out = sse(last);
+      std::string out = sse(chunk("", false, "null", openai_reason(f.reason), &f.timings));
       if (plan_.include_usage) {
-        json u = base();
-        u["choices"] = json::array();
-        u["usage"] = usage(f);
-        u["timings"] = timings(f.timings);
-        out += sse(u);
+        JsonWriter w;
+        w.begin_object().key("choices").begin_array().end_array();
+        envelope(w, chat_ ? "chat.completion.chunk" : "text_completion");
+        w.key("timings");
+        put_timings(w, f.timings);
+        w.key("usage");
+        put_usage(w, f);
+        out += sse(std::move(w.end_object().str()));
       }
       return out + "data: [DONE]\n\n";
     }
-    json body = base();
-    body["object"] = chat_ ? "chat.completion" : "text_completion";
-    json choice = {{"index", 0}, {"finish_reason", openai_reason(f.reason)}};
-    choice["logprobs"] = plan_.logprobs ? logprobs(tokens_) : json(nullptr);
-    if (chat_) choice["message"] = {{"role", "assistant"}, {"content", text_}};
-    else choice["text"] = text_;
-    body["choices"] = json::array({choice});
-    body["usage"] = usage(f);
-    body["timings"] = timings(f.timings);
-    return dump(body);
+    JsonWriter w;
+    w.begin_object().key("choices").begin_array().begin_object();
+    w.key("finish_reason").value(openai_reason(f.reason)).key("index").value(int64_t(0));
+    w.key("logprobs").raw(plan_.logprobs ? dump(logprobs(tokens_)) : "null");
+    if (chat_) w.key("message").begin_object().key("content").value(text_).key("role").value("assistant").end_object();
+    else w.key("text").value(text_);
+    w.end_object().end_array();
+    envelope(w, chat_ ? "chat.completion" : "text_completion");
+    w.key("timings");
+    put_timings(w, f.timings);
+    w.key("usage");
+    put_usage(w, f);
+    return std::move(w.end_object().str());
   }
 
   std::string stream_error(const ApiError& e) override { return "data: " + error_body(Api::openai, e) + "\n\n"; }
 
  private:
-  json base() const {
-    return {{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
-            {"model", plan_.model}, {"system_fingerprint", "ds4"}};
+  static std::string sse(std::string json) { return "data: " + json + "\n\n"; }
+
+  // The keys after "choices": created, id, model, object, system_fingerprint.
+  void envelope(JsonWriter& w, const char* object) const {
+    w.key("created").value(created_).key("id").value(id_).key("model").value(plan_.model);
+    w.key("object").value(object).key("system_fingerprint").value("ds4");
   }
-  json chunk(json delta_or_text, json lp, const char* reason) const {
-    json c = base();
-    json choice = {{"index", 0}, {"logprobs", std::move(lp)}};
-    choice["finish_reason"] = reason ? json(reason) : json(nullptr);
-    if (chat_) choice["delta"] = std::move(delta_or_text);
-    else choice["text"] = std::move(delta_or_text);
-    c["choices"] = json::array({choice});
-    return c;
+  // One stream chunk: the delta (chat: content, and the role when `role`) or
+  // text, the log-probs as JSON text, the finish reason, timings at the end.
+  std::string chunk(std::string_view text, bool role, std::string_view lp, const char* reason,
+                    const proto::Timings* timings) const {
+    JsonWriter w;
+    w.begin_object().key("choices").begin_array().begin_object();
+    if (chat_) {
+      w.key("delta").begin_object();
+      if (reason == nullptr) w.key("content").value(text);
+      if (role) w.key("role").value("assistant");
+      w.end_object();
+    }
+    w.key("finish_reason");
+    if (reason) w.value(reason);
+    else w.null();
+    w.key("index").value(int64_t(0)).key("logprobs").raw(lp);
+    if (!chat_) w.key("text").value(text);
+    w.end_object().end_array();
+    envelope(w, chat_ ? "chat.completion.chunk" : "text_completion");
+    if (timings) {
+      w.key("timings");
+      put_timings(w, *timings);
+    }
+    return std::move(w.end_object().str());
   }
   // Chat: {"content":[{token, logprob, bytes, top_logprobs}]}; completions:
   // {tokens, token_logprobs, top_logprobs:[{text: lp}], text_offset}.
@@ -210,6 +237,10 @@ std::unique_ptr<Responder> make_responder(const Plan& plan, const Tokenizer& tok
 
 std::string waiting_comment(int64_t position) { return ": waiting, position " + std::to_string(position) + "\n\n"; }
 
-std::string timings_json(const proto::Timings& t) { return dump(timings(t)); }
+std::string timings_json(const proto::Timings& t) {
+  JsonWriter w;
+  put_timings(w, t);
+  return std::move(w.str());
+}
 
 }  // namespace ds4::proxy

@@ -1,5 +1,6 @@
 #include "supervisor/proxy/json_util.h"
 
+#include <charconv>
 #include <cmath>
 
 #include "shared/error.h"
@@ -7,6 +8,130 @@
 namespace ds4::proxy {
 
 namespace {
+
+// Length of the valid UTF-8 sequence at the start of `s`, 0 when invalid
+// (overlong forms, surrogates and code points above U+10FFFF included).
+size_t utf8_length(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const unsigned char c = b(0);
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) n = 2;
+  else if (c >= 0xE0 && c <= 0xEF) n = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4) n = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else return 0;
+  if (s.size() < n || b(1) < lo || b(1) > hi) return 0;
+  for (size_t i = 2; i < n; ++i)
+    if (b(i) < 0x80 || b(i) > 0xBF) return 0;
+  return n;
+}
+
+}  // namespace
+
+void put_json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+      size_t j = i + 1;
+      while (j < s.size() && static_cast<unsigned char>(s[j]) >= 0x20 && s[j] != '"' && s[j] != '\\' &&
+             static_cast<unsigned char>(s[j]) < 0x80)
+        ++j;
+      out.append(s.data() + i, j - i);
+      i = j;
+      continue;
+    }
+    switch (c) {
+      case '"': out += "\\\""; ++i; continue;
+      case '\\': out += "\\\\"; ++i; continue;
+      case '\b': out += "\\b"; ++i; continue;
+      case '\f': out += "\\f"; ++i; continue;
+      case '\n': out += "\\n"; ++i; continue;
+      case '\r': out += "\\r"; ++i; continue;
+      case '\t': out += "\\t"; ++i; continue;
+      default: break;
+    }
+    if (c < 0x20) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\u00";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+      ++i;
+      continue;
+    }
+    const size_t n = utf8_length(s.substr(i));
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      ++i;
+    } else {
+      out.append(s.data() + i, n);
+      i += n;
+    }
+  }
+  out += '"';
+}
+
+void JsonWriter::separate() {
+  if (after_value_) out_ += ',';
+  after_value_ = true;
+}
+
+JsonWriter& JsonWriter::open(char c) {
+  separate();
+  out_ += c;
+  after_value_ = false;
+  return *this;
+}
+
+JsonWriter& JsonWriter::close(char c) {
+  out_ += c;
+  after_value_ = true;
+  return *this;
+}
+
+JsonWriter& JsonWriter::key(std::string_view k) {
+  separate();
+  put_json_string(out_, k);
+  out_ += ':';
+  after_value_ = false;
+  return *this;
+}
+
+JsonWriter& JsonWriter::value(std::string_view s) {
+  separate();
+  put_json_string(out_, s);
+  return *this;
+}
+
+JsonWriter& JsonWriter::value(int64_t v) {
+  separate();
+  char b[24];
+  out_.append(b, std::to_chars(b, b + sizeof b, v).ptr);
+  return *this;
+}
+
+JsonWriter& JsonWriter::value(double v) {
+  separate();
+  if (!std::isfinite(v)) {
+    out_ += "null";
+    return *this;
+  }
+  char b[40];
+  const std::string_view text(b, size_t(std::to_chars(b, b + sizeof b, v).ptr - b));
+  out_ += text;
+  if (text.find_first_of(".e") == std::string_view::npos) out_ += ".0";  // as dump()
+  return *this;
+}
+
+JsonWriter& JsonWriter::raw(std::string_view json) {
+  separate();
+  out_ += json;
+  return *this;
+}
+
+namespace {
+
 const json* field(const json& obj, const char* name) {
   auto it = obj.find(name);
   if (it == obj.end() || it->is_null()) return nullptr;

@@ -17,6 +17,37 @@ using nlohmann::json;
 /// Compact JSON; invalid UTF-8 in strings is replaced, never thrown.
 inline std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+/// Compact JSON written straight into a string, for the answers on the hot
+/// path: the text dump() gives for the same values, keys in the order
+/// written (write them sorted to match nlohmann's objects). Invalid UTF-8 in
+/// strings becomes U+FFFD, as with dump().
+class JsonWriter {
+ public:
+  JsonWriter& begin_object() { return open('{'); }
+  JsonWriter& end_object() { return close('}'); }
+  JsonWriter& begin_array() { return open('['); }
+  JsonWriter& end_array() { return close(']'); }
+  JsonWriter& key(std::string_view k);
+  JsonWriter& value(std::string_view s);
+  JsonWriter& value(const char* s) { return value(std::string_view(s)); }
+  JsonWriter& value(int64_t v);
+  JsonWriter& value(double v);
+  JsonWriter& null() { return raw("null"); }
+  /// JSON text written elsewhere, as one value.
+  JsonWriter& raw(std::string_view json);
+  std::string& str() { return out_; }
+
+ private:
+  JsonWriter& open(char c);
+  JsonWriter& close(char c);
+  void separate();
+  std::string out_;
+  bool after_value_ = false;
+};
+
+/// Appends `s` as a JSON string (quoted, escaped) to `out`.
+void put_json_string(std::string& out, std::string_view s);
+
 /// Readers for optional request fields: nullopt when absent or null; throw
 /// ds4::Error("'name' must be ...") on a wrong type or range.
 std::optional<bool> opt_bool(const json& obj, const char* name);

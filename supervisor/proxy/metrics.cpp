@@ -50,6 +50,9 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
   o << "ds4_resumes_total " << c.resumes << '\n';
   head("ds4_worker_calls_broken_total", "counter", "Worker connections that failed or broke.");
   o << "ds4_worker_calls_broken_total " << c.broken_calls << '\n';
+  head("ds4_worker_connections_opened_total", "counter",
+       "Connections opened to workers (they are kept open and reused between requests).");
+  o << "ds4_worker_connections_opened_total " << sched.pool().opened() << '\n';
   head("ds4_prompt_tokens_total", "counter", "Prompt tokens received.");
   o << "ds4_prompt_tokens_total " << tokens_in_ << '\n';
   head("ds4_generated_tokens_total", "counter", "Tokens generated for clients.");

@@ -26,7 +26,8 @@ RouteContext Core::route_context() {
   limits.max_tokens_per_request = cfg.limits.max_tokens_per_request;
   limits.context = scheduler.max_context();
   limits.random_seed = rng();
-  return RouteContext{model, keys, limits, registry.workers(), [this] { return metrics_text(); }, stopping};
+  return RouteContext{model, keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
+                      stopping};
 }
 
 std::string Core::metrics_text() {

@@ -52,7 +52,7 @@ Response json_response(int status, const json& j) {
 Response health(const RouteContext& ctx) {
   json workers = json::array();
   int ready = 0;
-  for (const auto& w : ctx.workers) {
+  for (const auto& w : ctx.workers()) {
     ready += w.state == sup::WorkerState::ready;
     workers.push_back({{"id", w.id}, {"state", worker_state_name(w.state)}, {"context", w.context}, {"slots", w.slots}});
   }

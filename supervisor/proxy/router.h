@@ -39,7 +39,7 @@ struct RouteContext {
   const ModelText& model;
   const ApiKeys& keys;
   PlanLimits limits;
-  std::vector<sup::WorkerInfo> workers;        // for /health
+  std::function<std::vector<sup::WorkerInfo>()> workers;  // for /health
   std::function<std::string()> metrics;        // /metrics text
   bool stopping = false;                       // shutting down: no new work
 };

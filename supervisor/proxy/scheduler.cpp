@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "shared/log.h"
-#include "supervisor/proxy/worker_call.h"
 
 namespace ds4::proxy {
 
@@ -38,9 +37,11 @@ std::optional<int> pick_worker(const std::vector<Candidate>& cands, const std::v
 }
 
 Scheduler::Scheduler(asio::io_context& io, sup::WorkerRegistry& registry, SchedulerOptions options)
-    : io_(io), registry_(registry), opt_(options), notice_timer_(io), retry_timer_(io), alive_(std::make_shared<bool>(true)) {
+    : io_(io), registry_(registry), opt_(options), notice_timer_(io), retry_timer_(io), pool_(io),
+      alive_(std::make_shared<bool>(true)) {
   registry_.on_change([this, alive = std::weak_ptr<bool>(alive_)] {
     if (alive.expired()) return;
+    pool_.retain(registry_.workers());
     pump();
   });
 }
@@ -60,9 +61,11 @@ bool Scheduler::submit(const std::shared_ptr<Job>& job) {
   job->state = Job::State::queued;
   job->queued_at = Clock::now();
   queue_.push_back(job);
-  enqueue_timer(job);
   pump();
-  arm_notices();
+  if (job->state == Job::State::queued) {  // no worker took it at once
+    enqueue_timer(job);
+    arm_notices();
+  }
   return true;
 }
 
@@ -110,7 +113,7 @@ void Scheduler::enqueue_timer(const std::shared_ptr<Job>& job) {
 }
 
 void Scheduler::pump() {
-  if (pumping_) return;
+  if (pumping_ || queue_.empty()) return;
   pumping_ = true;
   const auto workers = registry_.workers();
   const auto now = Clock::now();
@@ -193,8 +196,8 @@ void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w)
         if (alive.expired()) return;
         if (auto j = wj.lock()) on_broken(j, why, answered);
       }};
-  job->call = std::make_shared<WorkerCall>(io_, w.socket_path, proto::to_line(job->gen), std::move(h));
-  job->call->start();
+  job->call = pool_.call({w.id, w.generation, w.socket_path, size_t(std::max<int64_t>(w.slots, 1))},
+                         proto::to_line(job->gen), std::move(h));
 }
 
 void Scheduler::on_event(const std::shared_ptr<Job>& job, proto::Event&& e) {

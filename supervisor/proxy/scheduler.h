@@ -7,7 +7,8 @@
 /// to the head of the queue with every token received so far and continues
 /// on the next ready worker from exactly there: the worker samples token i
 /// from (seed, i) only, so the continuation is the one an undisturbed run
-/// would have produced.
+/// would have produced. Calls go out on the WorkerPool's connections, kept
+/// open between requests (worker_call.h).
 ///
 /// Everything runs on the io_context's one thread.
 
@@ -25,11 +26,10 @@
 #include "shared/config.h"
 #include "shared/protocol.h"
 #include "supervisor/proxy/api_error.h"
+#include "supervisor/proxy/worker_call.h"
 #include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {
-
-class WorkerCall;
 
 struct JobResult {
   bool ok = true;
@@ -126,6 +126,8 @@ class Scheduler {
   int64_t max_context() const;
   size_t waiting() const { return queue_.size(); }
   size_t running() const { return running_.size(); }
+  /// The connections to workers, kept open between requests.
+  const WorkerPool& pool() const { return pool_; }
 
  private:
   struct Block {
@@ -160,6 +162,7 @@ class Scheduler {
   bool pumping_ = false;
   uint64_t next_seq_ = 1;
   SchedulerCounters counters_;
+  WorkerPool pool_;
   std::shared_ptr<bool> alive_;
 };
 

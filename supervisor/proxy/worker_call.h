@@ -1,20 +1,43 @@
 #pragma once
-/// One generate request to one worker over its Unix socket (shared/protocol.h):
-/// connect, send the request line, read event lines until done or error.
-/// Closing the connection cancels the work on the worker. A connection that
-/// fails or ends before done/error is reported as broken, with whether the
-/// worker had answered at all (a refused connect is not a death mid-answer).
+/// Generate requests to workers over their Unix sockets (shared/protocol.h),
+/// on connections kept open between requests. A call sends its request line
+/// and reads event lines until done or error. Closing a connection cancels
+/// the work on the worker, so a call that is cancelled, breaks, or ends any
+/// other way than a clean done closes its connection; only a connection whose
+/// call ended with done and nothing after it goes back to the pool, and an
+/// idle connection that receives anything (EOF, a stray byte) is closed and
+/// forgotten: a reused connection never carries an earlier request's events.
+/// A call that fails or ends before done/error is reported as broken, with
+/// whether the worker had answered at all (a refused connect is not a death
+/// mid-answer).
+///
+/// Everything runs on the io_context's one thread.
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
 
 #include <boost/asio.hpp>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "shared/protocol.h"
+#include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {
+
+class WorkerLink;
+class WorkerPool;
+
+/// The worker process a call goes to.
+struct WorkerTarget {
+  int id = 0;
+  uint64_t generation = 0;  // connections of another generation are never reused
+  std::string socket_path;
+  size_t max_idle = 1;      // connections kept open while idle (its slots)
+};
 
 class WorkerCall : public std::enable_shared_from_this<WorkerCall> {
  public:
@@ -23,24 +46,52 @@ class WorkerCall : public std::enable_shared_from_this<WorkerCall> {
     std::function<void(const std::string& why, bool answered)> on_broken;
   };
 
-  WorkerCall(boost::asio::io_context& io, std::string socket_path, std::string request_line, Handler h);
-  void start();
-  /// Closes the connection; no callback runs after this.
+  WorkerCall(std::string request_line, Handler h) : request_(std::move(request_line)), h_(std::move(h)) {}
+  ~WorkerCall();
+  /// Closes the connection (the worker stops); no callback runs after this.
   void cancel();
 
  private:
-  void on_connect(const boost::system::error_code& ec);
-  void do_read();
-  void on_read(const boost::system::error_code& ec, size_t n);
+  friend class WorkerLink;
+  friend class WorkerPool;
+  void send();
   void broken(const std::string& why);
 
-  boost::asio::local::stream_protocol::socket sock_;
-  std::string path_;
   std::string request_;
   Handler h_;
-  std::string buf_;
+  std::shared_ptr<WorkerLink> link_;  // while the call runs
   bool answered_ = false;
   bool finished_ = false;
+};
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(boost::asio::io_context& io) : io_(io) {}
+  /// Closes every idle connection.
+  ~WorkerPool();
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  /// Starts a call with `request_line` on worker `w`: on its most recently
+  /// used idle connection when it has one, else on a new connection. The
+  /// handler runs only after this returns.
+  std::shared_ptr<WorkerCall> call(const WorkerTarget& w, std::string request_line, WorkerCall::Handler h);
+  /// Closes the idle connections of every worker that is not ready in
+  /// `workers` or is another process (generation) now.
+  void retain(const std::vector<sup::WorkerInfo>& workers);
+
+  size_t idle(int worker) const;
+  /// Connections opened so far.
+  int64_t opened() const { return opened_; }
+
+ private:
+  friend class WorkerLink;
+  void put(const std::shared_ptr<WorkerLink>& link);
+  void forget(const WorkerLink* link);
+
+  boost::asio::io_context& io_;
+  std::map<int, std::vector<std::shared_ptr<WorkerLink>>> idle_;  // by worker id, most recent last
+  int64_t opened_ = 0;
 };
 
 }  // namespace ds4::proxy

@@ -35,6 +35,35 @@ TEST_CASE("protocol: a generate request line reads back as the same request") {
   CHECK(r.generate.ignore_eos);
 }
 
+TEST_CASE("protocol: a request line in another form, or out of range, reads as the general parser says") {
+  GenerateRequest g;
+  g.prompt = {1, 2};
+  g.max_tokens = 4;
+  std::string line = to_line(g);
+  // Spacing and key order are free.
+  Request r = parse_request(R"({ "max_tokens": 4, "prompt": [1, 2], "op": "generate" })");
+  CHECK(r.generate.prompt == g.prompt);
+  CHECK(r.generate.max_tokens == 4);
+  auto with = [&](const std::string& key, const std::string& value) {
+    std::string l = line;
+    const size_t at = l.find("\"" + key + "\":") + key.size() + 3;
+    return l.replace(at, l.find_first_of(",}", at) - at, value);
+  };
+  // Every limit holds on the hand-written path as on the general one.
+  CHECK_THROWS_WITH_AS(parse_request(with("max_tokens", "-1")), doctest::Contains("out of range"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(with("top_p", "1.0000001")), doctest::Contains("out of range"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(with("temperature", "null")), doctest::Contains("must be a number"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(with("logprobs", "21")), doctest::Contains("out of range"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(with("ignore_eos", "1")), doctest::Contains("true or false"), ds4::Error);
+  std::string neg = line;
+  neg.replace(neg.find("[1,2]"), 5, "[1,-2]");
+  CHECK_THROWS_WITH_AS(parse_request(neg), doctest::Contains("not a token id"), ds4::Error);
+  std::string big = line;
+  big.replace(big.find("[1,2]"), 5, "[1,2147483648]");
+  CHECK_THROWS_WITH_AS(parse_request(big), doctest::Contains("not a token id"), ds4::Error);
+  CHECK(parse_request(with("seed", "18446744073709551615")).generate.sampling.seed == 18446744073709551615ull);
+}
+
 TEST_CASE("protocol: token and done lines read back exactly, with or without the fast path") {
   TokenEvent t{17, 432, -0.0123f, {}};
   Event e = parse_event(token_line(t));

@@ -6,6 +6,7 @@
 
 #include "shared/gguf.h"
 #include "supervisor/proxy/api_response.h"
+#include "supervisor/proxy/json_util.h"
 #include "supervisor/proxy/router.h"
 
 using namespace ds4::proxy;
@@ -37,7 +38,7 @@ struct Ctx {
     l.context = context;
     l.max_tokens_per_request = 4096;
     l.random_seed = 99;
-    return RouteContext{stories(), keys, l, workers, [] { return std::string("m 1\n"); }, false};
+    return RouteContext{stories(), keys, l, [this] { return workers; }, [] { return std::string("m 1\n"); }, false};
   }
 };
 
@@ -229,4 +230,20 @@ TEST_CASE("errors: shapes and statuses") {
   const std::string raw = serialize(r, true);
   CHECK(raw.rfind("HTTP/1.1 503 Service Unavailable\r\n", 0) == 0);
   CHECK(raw.find("Retry-After: 2\r\n") != std::string::npos);
+}
+
+TEST_CASE("JsonWriter: the text dump() writes; invalid UTF-8 becomes U+FFFD") {
+  const std::vector<std::string> texts = {"plain", "quote \" back \\ nl \n tab \t ctl \x01 del \x7f",
+                                          "\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82", "bad \xff\xfe end",
+                                          "surrogate \xed\xa0\x80 overlong \xc0\xaf"};
+  for (const std::string& s : texts) {
+    JsonWriter w;
+    w.begin_object().key("a").begin_array().value(int64_t(-3)).value(500.0).value(1e-05).null().end_array();
+    w.key("k").value(s).key("o").begin_object().end_object().end_object();
+    const json j = {{"a", {-3, 500.0, 1e-05, nullptr}}, {"k", s}, {"o", json::object()}};
+    CHECK(w.str() == dump(j));
+  }
+  std::string cut;
+  put_json_string(cut, "cut \xe6\x97");
+  CHECK(json::parse(cut).get<std::string>().rfind("cut \xef\xbf\xbd", 0) == 0);
 }

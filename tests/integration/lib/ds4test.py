@@ -60,7 +60,8 @@ def connect(path, timeout=30):
 
 
 def request(path, req, timeout=60):
-    """Sends one request; returns the list of events until the connection closes."""
+    """Sends one request on a new connection; returns its events, up to the
+    answer's last (done, error or info) or until the connection closes."""
     s = connect(path, timeout)
     data = req if isinstance(req, (bytes, bytearray)) else (json.dumps(req) + "\n").encode()
     try:
@@ -81,6 +82,8 @@ def request(path, req, timeout=60):
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             events.append(json.loads(line))
+        if events and events[-1].get("ev") in ("done", "error", "info"):
+            break
     s.close()
     return events
 
