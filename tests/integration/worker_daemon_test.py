@@ -162,11 +162,12 @@ check(not os.path.exists(a.sock), "the socket is removed on stop")
 check("stopping on signal" in a.output(), "the worker logs that it stops")
 b2.stop()
 
-# A plan that cannot fit fails fast with the figures.
+# A plan that cannot fit fails fast with the figures, and exit status 75: the
+# supervisor's cue to go one rung down instead of counting a crash.
 p = run(os.path.join(BIN, "ds4-worker"), "serve", "--segment", seg, "--socket", "/tmp/ds4-nofit.sock",
         "--context", str(1 << 24), "--slots", "256", timeout=30)
-check(p.returncode == 1 and "memory plan does not fit" in p.stderr and "KV cache" in p.stderr,
-      f"an impossible plan is refused: {p.stderr.strip()[:160]}")
+check(p.returncode == 75 and "memory plan does not fit" in p.stderr and "KV cache" in p.stderr,
+      f"an impossible plan is refused (exit {p.returncode}): {p.stderr.strip()[-200:]}")
 
 # Broken model files are refused with a clear error, never a crash.
 import tempfile
