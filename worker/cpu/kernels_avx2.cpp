@@ -49,7 +49,7 @@ void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
 }
 
 void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8x(a, n0, n1);
+  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8x(a, n0, n1, scratch);
   if (a.T >= 4) return gemm_rows(a, n0, n1, scratch);
   gemv_tokens(a, n0, n1);
 }

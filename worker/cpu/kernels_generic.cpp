@@ -49,8 +49,13 @@ void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float*
   }
 }
 
-// 16 packed rows plus one row of packing buffer (the AVX-512 table's).
-int64_t matmul_scratch_floats(int64_t K) { return 17 * ((K + 7) / 8 * 8) + 64; }
+// The larger of: 16 packed rows plus one row of packing buffer (the AVX-512
+// table's f32 products), and the Q8_0 prefill's block scales, 16 rows + 64
+// tokens + one 2x5 tile's products, per 32-block rounded up to 8 blocks
+// (x86_common.h, q8x_scratch_floats).
+int64_t matmul_scratch_floats(int64_t K) {
+  return std::max(17 * ((K + 7) / 8 * 8) + 64, 90 * ((K / 32 + 7) / 8 * 8));
+}
 
 namespace {
 
