@@ -346,6 +346,28 @@ void pack_row(const MatmulArgs& a, int64_t n, int64_t kp, float* out) {
 
 // --- attention --------------------------------------------------------------
 
+// e^x for x <= 0 (softmax after subtracting the maximum), within 2 ulp of
+// std::exp: x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial
+// (Cephes' expf coefficients), then 2^n put into the exponent. Below -87.3
+// (where 2^n would leave the normal range) the result is zero, as for -inf.
+inline __m256 exp_x86(__m256 x) {
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 q = _mm256_set1_ps(1.9875691500e-4f);
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
+  q = _mm256_fmadd_ps(_mm256_mul_ps(q, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_mul_ps(q, _mm256_castsi256_ps(scale));
+  return _mm256_and_ps(e, _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ));
+}
+
+
 void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
                  int64_t stride, float scale, float* out, float* scores) {
   const int64_t hmain = hd / 8 * 8;
@@ -359,12 +381,25 @@ void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_
     scores[p] = s * scale;
     mx = std::max(mx, scores[p]);
   }
-  float sum = 0;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    scores[p] = std::exp(scores[p] - mx);
-    sum += scores[p];
+  // exp(score - max) eight positions at a time; the last few through a padded
+  // copy, where exp(-inf) gives exactly zero.
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  int64_t e0 = 0;
+  for (; e0 + 8 <= n_pos; e0 += 8) {
+    const __m256 e = exp_x86(_mm256_sub_ps(_mm256_loadu_ps(scores + e0), vmx));
+    _mm256_storeu_ps(scores + e0, e);
+    vsum = _mm256_add_ps(vsum, e);
   }
-  const float inv = 1.0f / sum;
+  if (e0 < n_pos) {
+    alignas(32) float tail[8];
+    for (int i = 0; i < 8; ++i) tail[i] = e0 + i < n_pos ? scores[e0 + i] : -INFINITY;
+    const __m256 e = exp_x86(_mm256_sub_ps(_mm256_load_ps(tail), vmx));
+    _mm256_store_ps(tail, e);
+    vsum = _mm256_add_ps(vsum, e);
+    for (int64_t i = e0; i < n_pos; ++i) scores[i] = tail[i - e0];
+  }
+  const float inv = 1.0f / hsum(vsum);
   for (int64_t i = 0; i < hd; ++i) out[i] = 0;
   for (int64_t p = 0; p < n_pos; ++p) {
     const uint16_t* vp = v + p * stride;
