@@ -119,6 +119,10 @@ void attend_generic(const float* q, const uint16_t* k, const uint16_t* v, int64_
   }
 }
 
+void silu_mul_generic(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 void to_f16_generic(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
 }
@@ -143,7 +147,7 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
 
 const KernelTable& generic_kernels() {
   static const KernelTable table{"generic", matmul_rows_generic, attend_generic, to_f16_generic,
-                                     quantize_q8_generic};
+                                 quantize_q8_generic, silu_mul_generic};
   return table;
 }
 

@@ -346,14 +346,16 @@ void pack_row(const MatmulArgs& a, int64_t n, int64_t kp, float* out) {
 
 // --- attention --------------------------------------------------------------
 
-// e^x for x <= 0 (softmax after subtracting the maximum), within 2 ulp of
-// std::exp: x = n ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial
-// (Cephes' expf coefficients), then 2^n put into the exponent. Below -87.3
-// (where 2^n would leave the normal range) the result is zero, as for -inf.
+// e^x within 1 ulp of std::exp: x = n ln2 + r with |r| <= ln2/2, e^r by a
+// degree-6 polynomial (Cephes' expf coefficients), then 2^n put into the
+// exponent. Below -87.3 (2^n would leave the normal range) the result is zero,
+// as for -inf; above 88 it is infinity.
 inline __m256 exp_x86(__m256 x) {
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.0f);
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
   __m256 q = _mm256_set1_ps(1.9875691500e-4f);
   q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
@@ -363,10 +365,9 @@ inline __m256 exp_x86(__m256 x) {
   q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
   q = _mm256_fmadd_ps(_mm256_mul_ps(q, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  const __m256 e = _mm256_mul_ps(q, _mm256_castsi256_ps(scale));
-  return _mm256_and_ps(e, _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ));
+  const __m256 e = _mm256_and_ps(_mm256_mul_ps(q, _mm256_castsi256_ps(scale)), _mm256_cmp_ps(x, lo, _CMP_GE_OQ));
+  return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
 }
-
 
 void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
                  int64_t stride, float scale, float* out, float* scores) {
@@ -408,6 +409,24 @@ void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_
     for (int64_t i = 0; i < hmain; i += 8)
       _mm256_storeu_ps(out + i, _mm256_fmadd_ps(w, load_f16(vp + i), _mm256_loadu_ps(out + i)));
     for (int64_t i = hmain; i < hd; ++i) out[i] += wgt * fp16_to_fp32(vp[i]);
+  }
+}
+
+// Eight values of SwiGLU's gate: g / (1 + e^-g) * u, in the scalar order.
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 e = exp_x86(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+void silu_mul_x86(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i < n) {  // the last few through a padded copy, so every value takes the same path
+    alignas(32) float gt[8] = {}, ut[8] = {};
+    std::copy(g + i, g + n, gt);
+    std::copy(u + i, u + n, ut);
+    _mm256_store_ps(gt, silu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+    std::copy(gt, gt + (n - i), g + i);
   }
 }
 
