@@ -98,7 +98,7 @@ TEST_CASE("kernels: matrix products match a double-precision sum and the generic
       if (type == GgmlType::Q8_0 && K % 32) continue;
       const int64_t N = 37, ldx = (K + 7) / 8 * 8;
       const Matrix m = random_matrix(type, N, K, rng);
-      for (int64_t T : {1, 2, 3, 4, 5, 7, 50})
+      for (int64_t T : {1, 2, 3, 4, 5, 7, 50, 70})  // 70: more than one 64-token block of the Q8_0 prefill
         for (bool quantized : {false, true}) {
           if (quantized && type != GgmlType::Q8_0) continue;
           CAPTURE(int(type));
@@ -230,4 +230,28 @@ TEST_CASE("kernels: f16 conversions are exact and round to nearest even") {
     for (size_t i = 0; i < src.size(); ++i) REQUIRE(dst[i] == fp32_to_fp16(src[i]));
   }
   CHECK(bf16_to_fp32(fp32_to_bf16(1.5f)) == 1.5f);
+}
+
+TEST_CASE("kernels: SwiGLU's gate agrees with std::exp in every table, out to overflow") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 4.f);
+  for (int64_t n : {1, 8, 13, 2816}) {  // whole vectors and padded tails
+    std::vector<float> g(static_cast<size_t>(n)), u(static_cast<size_t>(n));
+    for (auto& e : g) e = nd(rng);
+    for (auto& e : u) e = nd(rng);
+    const float extremes[6] = {0.0f, -0.0f, 100.0f, -100.0f, 88.5f, -88.5f};  // e^-g: 1, 1, 0, inf, 0, inf
+    for (int i = 0; i < 6 && i < n; ++i) g[size_t(i)] = extremes[i];
+    for (const KernelTable* kt : tables()) {
+      CAPTURE(kt->name);
+      CAPTURE(n);
+      std::vector<float> out = g;
+      kt->silu_mul(out.data(), u.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = g[size_t(i)];
+        const double ref = x / (1.0 + std::exp(-x)) * u[size_t(i)];
+        REQUIRE(std::isfinite(out[size_t(i)]));
+        REQUIRE(std::fabs(out[size_t(i)] - ref) <= 4e-7 * std::fabs(ref) + 1e-30);
+      }
+    }
+  }
 }

@@ -284,11 +284,7 @@ void CpuBackend::forward(std::span<const BatchToken> batch) {
     // Feed-forward block (SwiGLU).
     rmsnorm(x_, ld_dim(), L.ffn_norm, xb_, ld_dim(), T);
     matmul({{&L.w_gate, xb_, ld_dim(), hb_, ld_ff()}, {&L.w_up, xb_, ld_dim(), hb2_, ld_ff()}}, T);
-    for_tokens(T, [&](int64_t t) {
-      float* g = hb_ + t * ld_ff();
-      const float* u = hb2_ + t * ld_ff();
-      for (int64_t i = 0; i < hp_.ff; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    });
+    for_tokens(T, [&](int64_t t) { k_.silu_mul(hb_ + t * ld_ff(), hb2_ + t * ld_ff(), hp_.ff); });
     matmul({{&L.w_down, hb_, ld_ff(), xb_, ld_dim()}}, T);
     trace("ffn_out", layer, xb_, T, hp_.dim, ld_dim());
     for_tokens(T, [&](int64_t t) {

@@ -71,6 +71,8 @@ struct KernelTable {
   void (*to_f16)(const float* src, uint16_t* dst, int64_t n);
   /// The K floats of x (K a multiple of 32) as K/32 blocks for Q8_0 products.
   void (*quantize_q8)(const float* x, int64_t K, BlockQ8Act* out);
+  /// SwiGLU: g[i] = g[i] / (1 + e^-g[i]) * u[i], e^x within 1 ulp of std::exp.
+  void (*silu_mul)(float* g, const float* u, int64_t n);
 };
 
 const KernelTable& generic_kernels();

@@ -49,7 +49,7 @@ void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
 }
 
 void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8x(a, n0, n1);
+  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8x(a, n0, n1, scratch);
   if (a.T >= 4) return gemm_rows(a, n0, n1, scratch);
   gemv_tokens(a, n0, n1);
 }
@@ -57,7 +57,8 @@ void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratc
 }  // namespace
 
 const KernelTable* avx2_kernels() {
-  static const KernelTable table{"avx2", matmul_rows_avx2, attend_x86, to_f16_x86, quantize_q8_x86};
+  static const KernelTable table{"avx2", matmul_rows_avx2, attend_x86, to_f16_x86, quantize_q8_x86,
+                                 silu_mul_x86};
   return &table;
 }
 

@@ -49,8 +49,13 @@ void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float*
   }
 }
 
-// 16 packed rows plus one row of packing buffer (the AVX-512 table's).
-int64_t matmul_scratch_floats(int64_t K) { return 17 * ((K + 7) / 8 * 8) + 64; }
+// The larger of: 16 packed rows plus one row of packing buffer (the AVX-512
+// table's f32 products), and the Q8_0 prefill's block scales, 16 rows + 64
+// tokens + one 2x5 tile's products, per 32-block rounded up to 8 blocks
+// (x86_common.h, q8x_scratch_floats).
+int64_t matmul_scratch_floats(int64_t K) {
+  return std::max(17 * ((K + 7) / 8 * 8) + 64, 90 * ((K / 32 + 7) / 8 * 8));
+}
 
 namespace {
 
@@ -114,6 +119,10 @@ void attend_generic(const float* q, const uint16_t* k, const uint16_t* v, int64_
   }
 }
 
+void silu_mul_generic(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
 void to_f16_generic(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = fp32_to_fp16(src[i]);
 }
@@ -138,7 +147,7 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
 
 const KernelTable& generic_kernels() {
   static const KernelTable table{"generic", matmul_rows_generic, attend_generic, to_f16_generic,
-                                     quantize_q8_generic};
+                                 quantize_q8_generic, silu_mul_generic};
   return table;
 }
 

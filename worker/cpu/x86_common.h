@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 
@@ -175,18 +176,19 @@ inline __m256 block_dot_q8(__m256i w, __m256i w_abs, const int8_t* xq) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
-// Rows r0..r0+R times C quantized token rows, all K/32 blocks. With
-// Prefetch (decode), the next tile's rows are asked for as these are read.
-template <int R, int C, bool Prefetch>
-void q8x_tile(const BlockQ8_0* w, int64_t nb, int64_t r0, const BlockQ8Act* x, int64_t ldxq, float* y,
-              int64_t ldy) {
+// Decode (T <= 3): rows r0..r0+R times C quantized token rows, all K/32
+// blocks. The weights stream from memory once, so each tile asks for the next
+// tile's rows as it reads its own.
+template <int R, int C>
+void q8x_decode_tile(const BlockQ8_0* w, int64_t nb, int64_t r0, const BlockQ8Act* x, int64_t ldxq, float* y,
+                     int64_t ldy) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     for (int r = 0; r < R; ++r) {
       const BlockQ8_0& blk = w[(r0 + r) * nb + b];
-      if (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(&blk + R * nb), _MM_HINT_T0);  // the next tile
+      _mm_prefetch(reinterpret_cast<const char*>(&blk + R * nb), _MM_HINT_T0);  // the next tile
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
       const __m256i wa = _mm256_sign_epi8(wv, wv);
       const __m256 dw = _mm256_set1_ps(_cvtsh_ss(blk.d));
@@ -202,33 +204,104 @@ void q8x_tile(const BlockQ8_0* w, int64_t nb, int64_t r0, const BlockQ8Act* x, i
 }
 
 template <int R, int C>
-void q8x_tokens(const MatmulArgs& a, int64_t r, int64_t t0, int64_t t1) {
+void q8x_decode_rows(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const auto* w = static_cast<const BlockQ8_0*>(a.w);
   const int64_t nb = a.K / 32;
-  int64_t t = t0;
-  constexpr bool decode = C <= 3;  // weights stream from memory once, rather than from cache
-  for (; t + C <= t1; t += C) q8x_tile<R, C, decode>(w, nb, r, a.xq + t * a.ldxq, a.ldxq, a.y + t * a.ldy, a.ldy);
-  for (; t < t1; ++t) q8x_tile<R, 1, decode>(w, nb, r, a.xq + t * a.ldxq, a.ldxq, a.y + t * a.ldy, a.ldy);
+  int64_t r = n0;
+  for (; r + R <= n1; r += R) q8x_decode_tile<R, C>(w, nb, r, a.xq, a.ldxq, a.y, a.ldy);
+  for (; r < n1; ++r) q8x_decode_tile<1, C>(w, nb, r, a.xq, a.ldxq, a.y, a.ldy);
 }
 
-// Rows [n0, n1) for any number of tokens: panels of rows that stay in cache
-// while blocks of tokens pass over them.
-void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1) {
-  constexpr int64_t kPanelRows = 16, kTokenBlock = 48;
-  for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
-    const int64_t p1 = std::min(n1, p0 + kPanelRows);
-    for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
-      const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
-      int64_t r = p0;
-      if (a.T == 1)
-        for (; r + 4 <= p1; r += 4) q8x_tokens<4, 1>(a, r, t0, t1);
-      else if (a.T == 2)
-        for (; r + 4 <= p1; r += 4) q8x_tokens<4, 2>(a, r, t0, t1);
-      else if (a.T == 3)
-        for (; r + 2 <= p1; r += 2) q8x_tokens<2, 3>(a, r, t0, t1);
-      else
-        for (; r + 2 <= p1; r += 2) q8x_tokens<2, 4>(a, r, t0, t1);
-      for (; r < p1; ++r) q8x_tokens<1, 4>(a, r, t0, t1);
+// Prefill (T >= 4): a panel of rows and a block of tokens, their scales
+// converted to floats once, so that a tile multiplies its scales d_w * d_x
+// eight blocks at a time before its integer products.
+constexpr int64_t kQ8PanelRows = 16, kQ8TokenBlock = 64, kQ8TileRows = 2, kQ8TileTokens = 5;
+
+struct Q8Panel {
+  const BlockQ8_0* w;    // the panel's first row
+  const float* dw;       // (rows, nbp): d_w, zeros past nb
+  const BlockQ8Act* x;   // the block's first token
+  int64_t ldxq;
+  const float* dx;       // (tokens, nbp): d_x, zeros past nb
+  float* dt;             // (R * C, nbp): one tile's d_w * d_x
+  int64_t nb, nbp;
+  float* y;              // y at the first token, first row of the panel
+  int64_t ldy;
+};
+
+// Rows r..r+R of the panel times tokens t..t+C of the block. Every 32-block
+// costs one load and five operations per row and token (sign, multiply-add
+// bytes, multiply-add pairs, convert, fused multiply-add), with the rows'
+// weights and the tokens' activations read from L1 across the tile.
+template <int R, int C>
+void q8x_prefill_tile(const Q8Panel& p, int64_t r, int64_t t) {
+  const int64_t nb = p.nb, nbp = p.nbp;
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < C; ++c)
+      for (int64_t b = 0; b < nb; b += 8)
+        _mm256_storeu_ps(p.dt + (i * C + c) * nbp + b, _mm256_mul_ps(_mm256_loadu_ps(p.dw + (r + i) * nbp + b),
+                                                                     _mm256_loadu_ps(p.dx + (t + c) * nbp + b)));
+  __m256 acc[R][C];
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
+  const BlockQ8_0* w = p.w + r * nb;
+  const BlockQ8Act* x = p.x + t * p.ldxq;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int i = 0; i < R; ++i) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i * nb + b].qs));
+      const __m256i wa = _mm256_sign_epi8(wv, wv);
+      for (int c = 0; c < C; ++c)
+        acc[i][c] = _mm256_fmadd_ps(block_dot_q8(wv, wa, x[c * p.ldxq + b].qs),
+                                    _mm256_broadcast_ss(p.dt + (i * C + c) * nbp + b), acc[i][c]);
+    }
+  for (int i = 0; i < R; ++i)
+    for (int c = 0; c < C; ++c) p.y[(t + c) * p.ldy + r + i] = hsum(acc[i][c]);
+}
+
+// Tokens t..t+C of the block against every row of the panel.
+template <int C>
+void q8x_prefill_rows(const Q8Panel& p, int64_t rows, int64_t t) {
+  int64_t r = 0;
+  for (; r + kQ8TileRows <= rows; r += kQ8TileRows) q8x_prefill_tile<kQ8TileRows, C>(p, r, t);
+  for (; r < rows; ++r) q8x_prefill_tile<1, C>(p, r, t);
+}
+
+// Floats of scratch the prefill path uses for K.
+constexpr int64_t q8x_scratch_floats(int64_t K) {
+  return (kQ8PanelRows + kQ8TokenBlock + kQ8TileRows * kQ8TileTokens) * ((K / 32 + 7) / 8 * 8);
+}
+
+// Rows [n0, n1) for any number of tokens.
+void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  assert(q8x_scratch_floats(a.K) <= matmul_scratch_floats(a.K));
+  if (a.T == 1) return q8x_decode_rows<4, 1>(a, n0, n1);
+  if (a.T == 2) return q8x_decode_rows<4, 2>(a, n0, n1);
+  if (a.T == 3) return q8x_decode_rows<2, 3>(a, n0, n1);
+  const auto* w = static_cast<const BlockQ8_0*>(a.w);
+  const int64_t nb = a.K / 32, nbp = (nb + 7) / 8 * 8;
+  float* dw = scratch;
+  float* dx = dw + kQ8PanelRows * nbp;
+  Q8Panel p{nullptr, dw, nullptr, a.ldxq, dx, dx + kQ8TokenBlock * nbp, nb, nbp, nullptr, a.ldy};
+  for (int64_t p0 = n0; p0 < n1; p0 += kQ8PanelRows) {
+    const int64_t rows = std::min(kQ8PanelRows, n1 - p0);
+    p.w = w + p0 * nb;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < nbp; ++b) dw[r * nbp + b] = b < nb ? _cvtsh_ss(p.w[r * nb + b].d) : 0.0f;
+    for (int64_t t0 = 0; t0 < a.T; t0 += kQ8TokenBlock) {
+      const int64_t tokens = std::min(kQ8TokenBlock, a.T - t0);
+      p.x = a.xq + t0 * a.ldxq;
+      p.y = a.y + t0 * a.ldy + p0;
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t b = 0; b < nbp; ++b) dx[t * nbp + b] = b < nb ? p.x[t * a.ldxq + b].d : 0.0f;
+      int64_t t = 0;
+      for (; t + kQ8TileTokens <= tokens; t += kQ8TileTokens) q8x_prefill_rows<kQ8TileTokens>(p, rows, t);
+      switch (tokens - t) {
+        case 4: q8x_prefill_rows<4>(p, rows, t); break;
+        case 3: q8x_prefill_rows<3>(p, rows, t); break;
+        case 2: q8x_prefill_rows<2>(p, rows, t); break;
+        case 1: q8x_prefill_rows<1>(p, rows, t); break;
+        default: break;
+      }
     }
   }
 }
@@ -273,6 +346,29 @@ void pack_row(const MatmulArgs& a, int64_t n, int64_t kp, float* out) {
 
 // --- attention --------------------------------------------------------------
 
+// e^x within 1 ulp of std::exp: x = n ln2 + r with |r| <= ln2/2, e^r by a
+// degree-6 polynomial (Cephes' expf coefficients), then 2^n put into the
+// exponent. Below -87.3 (2^n would leave the normal range) the result is zero,
+// as for -inf; above 88 it is infinity.
+inline __m256 exp_x86(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.0f);
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 q = _mm256_set1_ps(1.9875691500e-4f);
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.3981999507e-3f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(8.3334519073e-3f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(4.1665795894e-2f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(1.6666665459e-1f));
+  q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(5.0000001201e-1f));
+  q = _mm256_fmadd_ps(_mm256_mul_ps(q, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256 e = _mm256_and_ps(_mm256_mul_ps(q, _mm256_castsi256_ps(scale)), _mm256_cmp_ps(x, lo, _CMP_GE_OQ));
+  return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+}
+
 void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
                  int64_t stride, float scale, float* out, float* scores) {
   const int64_t hmain = hd / 8 * 8;
@@ -286,12 +382,25 @@ void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_
     scores[p] = s * scale;
     mx = std::max(mx, scores[p]);
   }
-  float sum = 0;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    scores[p] = std::exp(scores[p] - mx);
-    sum += scores[p];
+  // exp(score - max) eight positions at a time; the last few through a padded
+  // copy, where exp(-inf) gives exactly zero.
+  const __m256 vmx = _mm256_set1_ps(mx);
+  __m256 vsum = _mm256_setzero_ps();
+  int64_t e0 = 0;
+  for (; e0 + 8 <= n_pos; e0 += 8) {
+    const __m256 e = exp_x86(_mm256_sub_ps(_mm256_loadu_ps(scores + e0), vmx));
+    _mm256_storeu_ps(scores + e0, e);
+    vsum = _mm256_add_ps(vsum, e);
   }
-  const float inv = 1.0f / sum;
+  if (e0 < n_pos) {
+    alignas(32) float tail[8];
+    for (int i = 0; i < 8; ++i) tail[i] = e0 + i < n_pos ? scores[e0 + i] : -INFINITY;
+    const __m256 e = exp_x86(_mm256_sub_ps(_mm256_load_ps(tail), vmx));
+    _mm256_store_ps(tail, e);
+    vsum = _mm256_add_ps(vsum, e);
+    for (int64_t i = e0; i < n_pos; ++i) scores[i] = tail[i - e0];
+  }
+  const float inv = 1.0f / hsum(vsum);
   for (int64_t i = 0; i < hd; ++i) out[i] = 0;
   for (int64_t p = 0; p < n_pos; ++p) {
     const uint16_t* vp = v + p * stride;
@@ -300,6 +409,24 @@ void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_
     for (int64_t i = 0; i < hmain; i += 8)
       _mm256_storeu_ps(out + i, _mm256_fmadd_ps(w, load_f16(vp + i), _mm256_loadu_ps(out + i)));
     for (int64_t i = hmain; i < hd; ++i) out[i] += wgt * fp16_to_fp32(vp[i]);
+  }
+}
+
+// Eight values of SwiGLU's gate: g / (1 + e^-g) * u, in the scalar order.
+inline __m256 silu_mul8(__m256 g, __m256 u) {
+  const __m256 e = exp_x86(_mm256_sub_ps(_mm256_setzero_ps(), g));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+void silu_mul_x86(float* g, const float* u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+  if (i < n) {  // the last few through a padded copy, so every value takes the same path
+    alignas(32) float gt[8] = {}, ut[8] = {};
+    std::copy(g + i, g + n, gt);
+    std::copy(u + i, u + n, ut);
+    _mm256_store_ps(gt, silu_mul8(_mm256_load_ps(gt), _mm256_load_ps(ut)));
+    std::copy(gt, gt + (n - i), g + i);
   }
 }
 
