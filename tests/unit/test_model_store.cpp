@@ -284,7 +284,8 @@ TEST_CASE("store: refuses what ds4 cannot load, before touching shared memory") 
                          Error);
   }
   SUBCASE("a broken file") {
-    const auto head = gguf::File::open(kStories).bytes().first(5000);
+    const gguf::File stories = gguf::File::open(kStories);  // the bytes below live in its mapping
+    const auto head = stories.bytes().first(5000);
     {
       std::ofstream out(path, std::ios::binary);
       out.write(reinterpret_cast<const char*>(head.data()), long(head.size()));
