@@ -24,6 +24,8 @@ Session::~Session() {
 
 void Session::start(bool reject) {
   core_.sessions[this] = weak_from_this();
+  boost::system::error_code ignored;
+  sock_.non_blocking(true, ignored);  // write() sends at once what the socket takes
   if (reject) {
     keep_alive_ = false;
     exchange_done_ = false;
@@ -31,7 +33,6 @@ void Session::start(bool reject) {
     respond_error({ErrorKind::unavailable, "too many connections (proxy.limits.max_connections)", 1});
     return;
   }
-  boost::system::error_code ignored;
   sock_.set_option(tcp::no_delay(true), ignored);
   do_read_header();
 }
@@ -56,6 +57,12 @@ void Session::do_read_header() {
   parser_->header_limit(uint32_t(std::min<Bytes>(lim.max_header_bytes, UINT32_MAX)));
   parser_->body_limit(lim.max_body_bytes);
   arm(lim.header_timeout);
+  if (buf_.size() > 0) {  // the watch read it already: parse it here, with no round through the io_context
+    boost::system::error_code ec;
+    parser_->eager(false);  // the header alone, as async_read_header
+    buf_.consume(parser_->put(buf_.data(), ec));
+    if (ec != http::error::need_more && (ec || parser_->is_header_done())) return on_header(ec);
+  }
   http::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
     self->on_header(ec);
   });
@@ -87,6 +94,13 @@ void Session::on_header(const boost::system::error_code& ec) {
   if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) write("HTTP/1.1 100 Continue\r\n\r\n");
   phase_ = Phase::body;
   arm(core_.cfg.limits.request_timeout);
+  if (!parser_->is_done() && buf_.size() > 0) {  // the body came with the header
+    boost::system::error_code ec;
+    parser_->eager(true);
+    buf_.consume(parser_->put(buf_.data(), ec));
+    if (ec && ec != http::error::need_more) return on_body(ec);
+  }
+  if (parser_->is_done()) return on_body({});
   http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
     self->on_body(ec);
   });
@@ -226,10 +240,17 @@ void Session::chunk(const std::string& bytes) {
 void Session::end_exchange() {
   write("0\r\n\r\n");
   exchange_done_ = true;
+  if (!writing_ && out_.empty()) after_exchange();
 }
 
 void Session::write(std::string bytes) {
   if (phase_ == Phase::closed) return;
+  if (!writing_ && out_.empty()) {  // the socket usually takes it all at once: no completion to wait for
+    boost::system::error_code ec;
+    const size_t n = sock_.write_some(asio::buffer(bytes), ec);
+    if (!ec && n == bytes.size()) return;
+    bytes.erase(0, n);  // the rest, or an error, goes the asynchronous way
+  }
   out_.push_back(std::move(bytes));
   if (!writing_) do_write();
 }
@@ -259,6 +280,13 @@ void Session::after_exchange() {
   if (watching_) {  // the pending read delivers the next request
     phase_ = Phase::idle;
     arm(core_.cfg.limits.header_timeout);
+    return;
+  }
+  if (buf_.size() > 0) {  // a pipelined request: parsed on a fresh stack, so that a long pipeline never nests
+    phase_ = Phase::idle;
+    asio::post(sock_.get_executor(), [self = shared_from_this()] {
+      if (self->phase_ == Phase::idle) self->do_read_header();
+    });
     return;
   }
   do_read_header();
@@ -319,12 +347,22 @@ void Session::watch() {
 
 // ---- time limits ----
 
+// One timer for the session's successive limits: a later deadline leaves
+// the pending wait alone (it wakes at its time and waits on), only an
+// earlier one re-arms it.
 void Session::arm(Duration d) {
-  const uint64_t gen = ++timer_gen_;
-  timer_.expires_after(d);
-  timer_.async_wait([w = weak_from_this(), gen](const boost::system::error_code& ec) {
+  deadline_ = std::chrono::steady_clock::now() + d;
+  if (!timer_waiting_ || timer_.expiry() > deadline_) wait_deadline();
+}
+
+void Session::wait_deadline() {
+  timer_waiting_ = true;
+  timer_.expires_at(deadline_);  // a wait pending before ends with operation_aborted
+  timer_.async_wait([w = weak_from_this()](const boost::system::error_code& ec) {
     auto self = w.lock();
-    if (ec || !self || self->timer_gen_ != gen) return;
+    if (ec || !self || self->phase_ == Phase::closed) return;
+    self->timer_waiting_ = false;
+    if (std::chrono::steady_clock::now() < self->deadline_) return self->wait_deadline();
     self->on_deadline();
   });
 }

@@ -48,6 +48,7 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void linger_close();
   void drain();
   void arm(Duration d);
+  void wait_deadline();
   void on_deadline();
 
   void on_waiting(int64_t position) override;
@@ -65,7 +66,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   bool writing_ = false;
   bool watching_ = false;
   bool keep_alive_ = true;
-  uint64_t timer_gen_ = 0;
+  std::chrono::steady_clock::time_point deadline_;  // of the limit in force
+  bool timer_waiting_ = false;
 
   // The exchange in progress.
   Api api_ = Api::openai;

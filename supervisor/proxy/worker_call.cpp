@@ -22,6 +22,8 @@ class WorkerLink : public std::enable_shared_from_this<WorkerLink> {
     sock_.async_connect(local::endpoint(target_.socket_path), [self = shared_from_this()](const boost::system::error_code& ec) {
       if (!self->sock_.is_open()) return;  // its call was cancelled meanwhile
       if (ec) return self->lost("cannot connect to " + self->target_.socket_path + ": " + ec.message());
+      boost::system::error_code ignored;
+      self->sock_.non_blocking(true, ignored);  // send() sends at once what the socket takes
       self->read();
       if (self->call_) self->call_->send();
     });
@@ -109,6 +111,10 @@ void WorkerCall::cancel() {
 }
 
 void WorkerCall::send() {
+  boost::system::error_code ec;  // the socket usually takes the line at once: no completion to wait for
+  const size_t n = link_->sock_.write_some(asio::buffer(request_), ec);
+  if (!ec && n == request_.size()) return;
+  request_.erase(0, n);  // the rest, or an error, goes the asynchronous way
   asio::async_write(link_->sock_, asio::buffer(request_), [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
     if (ec && !self->finished_) self->broken("cannot send to " + self->link_->target_.socket_path + ": " + ec.message());
   });
