@@ -9,10 +9,6 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
-
 model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 sup_init || exit $?
@@ -59,5 +55,4 @@ write_config cpu
 if sup_wait 20 'w[0]["state"] == "ready"'; then pass "a fixed config brings the worker back"; else fail "not ready after the fix"; fi
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
-if ((fails)); then echo "$fails failure(s)"; tail -n 30 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
-echo "all passed"
+sup_finish 30

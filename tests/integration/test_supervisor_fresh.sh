@@ -8,10 +8,6 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
-
 sup_init || exit $?
 trap sup_cleanup EXIT
 # No user bus: the automatic backend must fall back to child processes.
@@ -46,5 +42,4 @@ sup_stop
 # The synthetic model lives in this test's folder: its segment goes with it.
 [[ -n $segment ]] && "$DS4_BIN/ds4-worker" unload --segment "$segment" >/dev/null
 [[ ! -e $sock ]] && pass "admin socket removed on exit" || fail "admin socket left behind"
-if ((fails)); then echo "$fails failure(s)"; tail -n 30 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
-echo "all passed"
+sup_finish 30

@@ -10,10 +10,6 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
-
 model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no NVIDIA GPU here"; exit 77; }
@@ -99,5 +95,4 @@ hpid=$(sup_get 's["holder"]["pid"]')
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
 kill -0 "$hpid" 2>/dev/null && fail "holder $hpid still running after the supervisor stopped" || pass "holder stopped with the supervisor"
-if ((fails)); then echo "$fails failure(s)"; tail -n 40 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
-echo "all passed"
+sup_finish

@@ -9,10 +9,6 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 . "$here/lib/hang_check.sh"
 
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
-
 model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
@@ -32,5 +28,4 @@ control=$(sup_get 's["control_block"]')
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
 [[ ! -e /dev/shm${control} ]] && pass "control block removed on a clean stop" || fail "/dev/shm$control left behind"
-if ((fails)); then echo "$fails failure(s)"; tail -n 40 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
-echo "all passed"
+sup_finish

@@ -9,10 +9,6 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
-
 model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
@@ -91,5 +87,4 @@ grep -q 'DS4_EVENT=upgrade, DS4_WORKER=0, DS4_CONTEXT_FROM=256, DS4_CONTEXT_TO=2
 "$DS4_BIN/ds4ctl" events | sed 's/^/       /'
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
-if ((fails)); then echo "$fails failure(s)"; tail -n 30 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
-echo "all passed"
+sup_finish 30

@@ -11,10 +11,6 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
-
 model=${DS4_OOM_MODEL:-${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf}
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 ((EUID == 0)) || { echo "SKIP: making a memory cgroup needs root"; exit 77; }
@@ -78,5 +74,4 @@ echo "measured: OOM kill -> worker ready again: ${down} ms (process backend, $(b
 
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
-if ((fails)); then echo "$fails failure(s)"; tail -n 40 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
-echo "all passed"
+sup_finish

@@ -19,10 +19,6 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/systemd_env.sh"
 . "$here/lib/supervisor_env.sh"
 
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
-
 model=${DS4_OOM_MODEL:-${DS4_MODELS:-${DS4_SRC:-}/../shared/models}/stories260K.gguf}
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 ds4_systemd_start || exit $?
@@ -135,5 +131,4 @@ sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
 state=$(systemctl --user is-active $unit)
 [[ $state == inactive ]] && pass "the supervisor stopped its worker unit" || fail "unit is $state after the supervisor stopped"
-if ((fails)); then echo "$fails failure(s)"; tail -n 40 "$SUP_DIR/sup.log"; SUP_KEEP=1; exit 1; fi
-echo "all passed"
+sup_finish

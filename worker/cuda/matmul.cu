@@ -111,6 +111,56 @@ struct GemvNorm {
   float eps = 0;
 };
 
+/// One 16-byte chunk of each of NR rows (Q8_0: with its block scale d) times
+/// the E activations at k of NT tokens, into acc; with NORM, x is scaled by g
+/// on the way and its squares summed (double) into ss.
+template <GgmlType TY, int NT, int NR, bool NORM>
+__device__ __forceinline__ void gemv_chunk(const uint4 (&raw)[NR], const float (&d)[NR], const float* __restrict__ x,
+                                           int64_t ldx, int64_t k, const GemvNorm& norm, double (&ss)[NT],
+                                           float (&acc)[NR][NT]) {
+  using C = Chunk<TY>;
+  constexpr int E = C::E;
+  constexpr bool Q8 = TY == GgmlType::Q8_0;
+  float xf[NT][E];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + k);
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+      const float4 v = __ldg(xp + q);
+      xf[t][4 * q] = v.x; xf[t][4 * q + 1] = v.y; xf[t][4 * q + 2] = v.z; xf[t][4 * q + 3] = v.w;
+    }
+  }
+  if (NORM) {
+    float gf[E];
+    const float4* gp = reinterpret_cast<const float4*>(norm.g + k);
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+      const float4 v = __ldg(gp + q);
+      gf[4 * q] = v.x; gf[4 * q + 1] = v.y; gf[4 * q + 2] = v.z; gf[4 * q + 3] = v.w;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        ss[t] += double(xf[t][e] * xf[t][e]);
+        xf[t][e] *= gf[e];
+      }
+  }
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    float wf[E];
+    C::to_float(raw[i], wf);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float s = Q8 ? 0.0f : acc[i][t];
+#pragma unroll
+      for (int e = 0; e < E; ++e) s = fmaf(wf[e], xf[t][e], s);
+      acc[i][t] = Q8 ? fmaf(s, d[i], acc[i][t]) : s;
+    }
+  }
+}
+
 /// Rows per block for a batch of NT tokens: enough products per loaded x to
 /// keep the activations' reads well under the weights', few enough registers.
 template <int NT>
@@ -179,44 +229,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvJobs jobs, int64
     for (int u = 0; u < U; ++u) {
       const int64_t k = k0 + int64_t(u) * kGemvThreads * E;
       if (k >= K) break;
-      float xf[NT][E];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + k);
-#pragma unroll
-        for (int q = 0; q < E / 4; ++q) {
-          const float4 v = __ldg(xp + q);
-          xf[t][4 * q] = v.x; xf[t][4 * q + 1] = v.y; xf[t][4 * q + 2] = v.z; xf[t][4 * q + 3] = v.w;
-        }
-      }
-      if (NORM) {
-        float gf[E];
-        const float4* gp = reinterpret_cast<const float4*>(norm.g + k);
-#pragma unroll
-        for (int q = 0; q < E / 4; ++q) {
-          const float4 v = __ldg(gp + q);
-          gf[4 * q] = v.x; gf[4 * q + 1] = v.y; gf[4 * q + 2] = v.z; gf[4 * q + 3] = v.w;
-        }
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            ss[t] += double(xf[t][e] * xf[t][e]);
-            xf[t][e] *= gf[e];
-          }
-      }
-#pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        float wf[E];
-        C::to_float(raw[u][i], wf);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          float s = TY == GgmlType::Q8_0 ? 0.0f : acc[i][t];
-#pragma unroll
-          for (int e = 0; e < E; ++e) s = fmaf(wf[e], xf[t][e], s);
-          acc[i][t] = TY == GgmlType::Q8_0 ? fmaf(s, d[u][i], acc[i][t]) : s;
-        }
-      }
+      gemv_chunk<TY, NT, NR, NORM>(raw[u], d[u], x, ldx, k, norm, ss, acc);
     }
   }
 
@@ -371,44 +384,7 @@ __global__ void __launch_bounds__(THREADS, MINB) gemv_stream_kernel(GemvJobs job
     for (int u = 0; u < U; ++u) {
       const int64_t k = int64_t(r) * per_round + (int64_t(u) * THREADS + threadIdx.x) * E;
       if (k >= K) break;
-      float xf[NT][E];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + k);
-#pragma unroll
-        for (int q = 0; q < E / 4; ++q) {
-          const float4 v = __ldg(xp + q);
-          xf[t][4 * q] = v.x; xf[t][4 * q + 1] = v.y; xf[t][4 * q + 2] = v.z; xf[t][4 * q + 3] = v.w;
-        }
-      }
-      if (NORM) {
-        float gf[E];
-        const float4* gp = reinterpret_cast<const float4*>(norm.g + k);
-#pragma unroll
-        for (int q = 0; q < E / 4; ++q) {
-          const float4 v = __ldg(gp + q);
-          gf[4 * q] = v.x; gf[4 * q + 1] = v.y; gf[4 * q + 2] = v.z; gf[4 * q + 3] = v.w;
-        }
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-          for (int e = 0; e < E; ++e) {
-            ss[t] += double(xf[t][e] * xf[t][e]);
-            xf[t][e] *= gf[e];
-          }
-      }
-#pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        float wf[E];
-        C::to_float(raw[u][i], wf);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          float s = Q8 ? 0.0f : acc[i][t];
-#pragma unroll
-          for (int e = 0; e < E; ++e) s = fmaf(wf[e], xf[t][e], s);
-          acc[i][t] = Q8 ? fmaf(s, d[u][i], acc[i][t]) : s;
-        }
-      }
+      gemv_chunk<TY, NT, NR, NORM>(raw[u], d[u], x, ldx, k, norm, ss, acc);
     }
 
     if (r == rounds - 1) {  // the group's sums: over the warp, then the block's warps

@@ -40,6 +40,22 @@ sup_start() {
   fi
 }
 
+# Check lines: pass TEXT / fail TEXT, counted; sup_finish [LINES] ends the
+# test: on failures the count and the supervisor log's last LINES (40), the
+# test folder kept, exit 1; else "all passed".
+fails=0
+pass() { echo "ok   - $*"; }
+fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
+sup_finish() {
+  if ((fails)); then
+    echo "$fails failure(s)"
+    tail -n "${1:-40}" "$SUP_DIR/sup.log"
+    SUP_KEEP=1
+    exit 1
+  fi
+  echo "all passed"
+}
+
 # sup_status: the status JSON on stdout.
 sup_status() { "$DS4_BIN/ds4ctl" status --json 2>/dev/null; }
 
