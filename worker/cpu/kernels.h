@@ -12,12 +12,13 @@
 ///
 /// Q8_0 weights with quantized activations (MatmulArgs::xq, what the engine
 /// uses, as llama.cpp does): each x row is first rounded per 32-block by
-/// quantize_q8 to d_x * q, q in [-127, 127]. Within block b, lane l takes the
-/// exact integer s = sum of q_w[k] * q_x[k] for k = 32b+4l .. 32b+4l+3 (the
-/// grouping of the x86 integer multiply-adds), then one fused multiply-add
-/// acc_l = fma(float(s), d_w * d_x, acc_l), blocks in order; the reduction is
-/// the one above. Integer sums are exact, so every table and batch size again
-/// gives the same bits.
+/// quantize_q8 to d_x * q, q in [-127, 127]. Each output then takes, block by
+/// block in order, the exact integer s = sum of q_w[k] * q_x[k] over the
+/// block's 32 positions and one fused multiply-add
+/// acc = fma(float(s), d_w * d_x, acc) (|s| < 2^24, so float(s) is exact).
+/// Integer sums are exact in any order, so the x86 tables may group them as
+/// their vectors like (eight outputs in the lanes of one register), and every
+/// table and batch size again gives the same bits.
 
 #include <cstdint>
 #include <string_view>

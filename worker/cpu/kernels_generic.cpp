@@ -54,7 +54,7 @@ void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float*
 // tokens + one 2x5 tile's products, per 32-block rounded up to 8 blocks
 // (x86_common.h, q8x_scratch_floats).
 int64_t matmul_scratch_floats(int64_t K) {
-  return std::max(17 * ((K + 7) / 8 * 8) + 64, 90 * ((K / 32 + 7) / 8 * 8));
+  return 17 * ((K + 7) / 8 * 8) + 64;
 }
 
 namespace {
@@ -66,16 +66,13 @@ void matmul_rows_q8_generic(const MatmulArgs& a, int64_t n0, int64_t n1) {
     const BlockQ8_0* w = static_cast<const BlockQ8_0*>(a.w) + n * nb;
     for (int64_t t = 0; t < a.T; ++t) {
       const BlockQ8Act* x = a.xq + t * a.ldxq;
-      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      float acc = 0;
       for (int64_t b = 0; b < nb; ++b) {
-        const float d = fp16_to_fp32(w[b].d) * x[b].d;
-        for (int l = 0; l < 8; ++l) {
-          int32_t s = 0;
-          for (int i = 4 * l; i < 4 * l + 4; ++i) s += int32_t(w[b].qs[i]) * int32_t(x[b].qs[i]);
-          lanes[l] = std::fma(float(s), d, lanes[l]);
-        }
+        int32_t s = 0;
+        for (int i = 0; i < 32; ++i) s += int32_t(w[b].qs[i]) * int32_t(x[b].qs[i]);
+        acc = std::fma(float(s), fp16_to_fp32(w[b].d) * x[b].d, acc);
       }
-      a.y[t * a.ldy + n] = reduce8(lanes);
+      a.y[t * a.ldy + n] = acc;
     }
   }
 }

@@ -166,141 +166,205 @@ void quantize_q8_x86(const float* x, int64_t K, BlockQ8Act* out) {
   }
 }
 
-// One weight block (w, and |w| as unsigned bytes) times one activation block:
-// lane l holds the exact sum over k = 4l..4l+3, as floats. maddubs multiplies
-// unsigned by signed bytes, so x takes w's sign; |x| <= 127 keeps its pair
-// sums within int16, and w = -128 works because |w| = 128 is read unsigned.
-inline __m256 block_dot_q8(__m256i w, __m256i w_abs, const int8_t* xq) {
-  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
-  const __m256i pairs = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+// Partial sums of one weight block (w, and |w| as unsigned bytes) times one
+// activation block x, in 8 int32 lanes; only their total is used. maddubs
+// multiplies unsigned by signed bytes, so x takes w's sign; |x| <= 127 keeps
+// its pair sums within int16, and w = -128 works because |w| = 128 is read
+// unsigned.
+inline __m256i block_dot_i32(__m256i w, __m256i w_abs, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
 }
 
-// Decode (T <= 3): rows r0..r0+R times C quantized token rows, all K/32
-// blocks. The weights stream from memory once, so each tile asks for the next
-// tile's rows as it reads its own.
-template <int R, int C>
-void q8x_decode_tile(const BlockQ8_0* w, int64_t nb, int64_t r0, const BlockQ8Act* x, int64_t ldxq, float* y,
-                     int64_t ldy) {
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8_0& blk = w[(r0 + r) * nb + b];
-      _mm_prefetch(reinterpret_cast<const char*>(&blk + R * nb), _MM_HINT_T0);  // the next tile
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
-      const __m256i wa = _mm256_sign_epi8(wv, wv);
-      const __m256 dw = _mm256_set1_ps(_cvtsh_ss(blk.d));
-      for (int c = 0; c < C; ++c) {
-        const BlockQ8Act& xb = x[c * ldxq + b];
-        const __m256 d = _mm256_mul_ps(dw, _mm256_broadcast_ss(&xb.d));
-        acc[r][c] = _mm256_fmadd_ps(block_dot_q8(wv, wa, xb.qs), d, acc[r][c]);
+// Lane i of the result: the total of v[i]'s eight lanes.
+inline __m256i totals8_i32(const __m256i v[8]) {
+  __m256i s[4];
+  for (int j = 0; j < 4; ++j)
+    s[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * j], v[2 * j + 1]),
+                            _mm256_unpackhi_epi32(v[2 * j], v[2 * j + 1]));
+  const __m256i lo = _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1]));
+  const __m256i hi = _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
+}
+
+inline int32_t total_i32(__m256i v) {
+  const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i t = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 1)));
+}
+
+inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Decode (T <= 3): eight rows at a time, one lane each, for every token: the
+// rows' block totals come out of one transposing sum, so a block costs one
+// conversion and one fused multiply-add for eight outputs. Each row asks for
+// the next group's block as it reads its own (the weights stream from memory).
+void q8x_decode_rows8(const BlockQ8_0* w, int64_t nb, int64_t r0, const MatmulArgs& a) {
+  for (int64_t t = 0; t < a.T; ++t) {
+    const BlockQ8Act* x = a.xq + t * a.ldxq;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i xv = load_i8x32(x[b].qs);
+      __m256i v[8];
+      alignas(16) uint16_t dh[8];
+      for (int i = 0; i < 8; ++i) {
+        const BlockQ8_0& blk = w[(r0 + i) * nb + b];
+        _mm_prefetch(reinterpret_cast<const char*>(&blk + 8 * nb), _MM_HINT_T0);
+        const __m256i wv = load_i8x32(blk.qs);
+        v[i] = block_dot_i32(wv, _mm256_sign_epi8(wv, wv), xv);
+        dh[i] = blk.d;
       }
+      const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
+                                     _mm256_set1_ps(x[b].d));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(v)), d, acc);
     }
+    _mm256_storeu_ps(a.y + t * a.ldy + r0, acc);
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum(acc[r][c]);
 }
 
-template <int R, int C>
-void q8x_decode_rows(const MatmulArgs& a, int64_t n0, int64_t n1) {
-  const auto* w = static_cast<const BlockQ8_0*>(a.w);
-  const int64_t nb = a.K / 32;
-  int64_t r = n0;
-  for (; r + R <= n1; r += R) q8x_decode_tile<R, C>(w, nb, r, a.xq, a.ldxq, a.y, a.ldy);
-  for (; r < n1; ++r) q8x_decode_tile<1, C>(w, nb, r, a.xq, a.ldxq, a.y, a.ldy);
+// One row, any number of tokens (the rows after the last group of eight).
+void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a) {
+  for (int64_t t = 0; t < a.T; ++t) {
+    const BlockQ8Act* x = a.xq + t * a.ldxq;
+    float acc = 0;
+    for (int64_t b = 0; b < nb; ++b) {
+      const BlockQ8_0& blk = w[r * nb + b];
+      const __m256i wv = load_i8x32(blk.qs);
+      const int32_t s = total_i32(block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b].qs)));
+      acc = std::fma(float(s), _cvtsh_ss(blk.d) * x[b].d, acc);
+    }
+    a.y[t * a.ldy + r] = acc;
+  }
 }
 
-// Prefill (T >= 4): a panel of rows and a block of tokens, their scales
-// converted to floats once, so that a tile multiplies its scales d_w * d_x
-// eight blocks at a time before its integer products.
-constexpr int64_t kQ8PanelRows = 16, kQ8TokenBlock = 64, kQ8TileRows = 2, kQ8TileTokens = 5;
+// Prefill (T >= 4): eight tokens at a time, one lane each. Their blocks are
+// first transposed so that one 32-byte vector holds the same four positions
+// of all eight tokens; a row's four weights at those positions are broadcast
+// against it. A 32-block then costs four operations per four positions of
+// eight tokens (sign, multiply-add bytes, multiply-add pairs, add), plus a
+// conversion, a scale product and a fused multiply-add per eight outputs.
+constexpr int64_t kQ8PanelRows = 16, kQ8TileRows = 4;
 
-struct Q8Panel {
-  const BlockQ8_0* w;    // the panel's first row
-  const float* dw;       // (rows, nbp): d_w, zeros past nb
-  const BlockQ8Act* x;   // the block's first token
-  int64_t ldxq;
-  const float* dx;       // (tokens, nbp): d_x, zeros past nb
-  float* dt;             // (R * C, nbp): one tile's d_w * d_x
-  int64_t nb, nbp;
-  float* y;              // y at the first token, first row of the panel
-  int64_t ldy;
+struct Q8Group {  // eight tokens' block b, transposed
+  float d[8];
+  int8_t qs[8][32];  // qs[j]: positions 4j..4j+3 of tokens 0..7
 };
 
-// Rows r..r+R of the panel times tokens t..t+C of the block. Every 32-block
-// costs one load and five operations per row and token (sign, multiply-add
-// bytes, multiply-add pairs, convert, fused multiply-add), with the rows'
-// weights and the tokens' activations read from L1 across the tile.
-template <int R, int C>
-void q8x_prefill_tile(const Q8Panel& p, int64_t r, int64_t t) {
-  const int64_t nb = p.nb, nbp = p.nbp;
-  for (int i = 0; i < R; ++i)
-    for (int c = 0; c < C; ++c)
-      for (int64_t b = 0; b < nb; b += 8)
-        _mm256_storeu_ps(p.dt + (i * C + c) * nbp + b, _mm256_mul_ps(_mm256_loadu_ps(p.dw + (r + i) * nbp + b),
-                                                                     _mm256_loadu_ps(p.dx + (t + c) * nbp + b)));
-  __m256 acc[R][C];
-  for (int i = 0; i < R; ++i)
-    for (int c = 0; c < C; ++c) acc[i][c] = _mm256_setzero_ps();
-  const BlockQ8_0* w = p.w + r * nb;
-  const BlockQ8Act* x = p.x + t * p.ldxq;
-  for (int64_t b = 0; b < nb; ++b)
-    for (int i = 0; i < R; ++i) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i * nb + b].qs));
-      const __m256i wa = _mm256_sign_epi8(wv, wv);
-      for (int c = 0; c < C; ++c)
-        acc[i][c] = _mm256_fmadd_ps(block_dot_q8(wv, wa, x[c * p.ldxq + b].qs),
-                                    _mm256_broadcast_ss(p.dt + (i * C + c) * nbp + b), acc[i][c]);
+struct Q8Prefill {
+  const BlockQ8_0* w;  // the panel's first row
+  const int8_t* wabs;  // (rows, nb, 32): |w|, as unsigned bytes
+  const float* dw;     // (rows, nb): d_w
+  const Q8Group* g;    // (nb): the token group
+  int64_t nb;
+};
+
+inline __m256i broadcast_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Rows r..r+R of the panel times the token group: acc[i] lane t = y[t][r + i].
+template <int R>
+void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
+  const int64_t nb = p.nb;
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const Q8Group& g = p.g[b];
+    __m256i s[R];
+    for (int i = 0; i < R; ++i) s[i] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) {
+      const __m256i xv = load_i8x32(g.qs[j]);
+      for (int i = 0; i < R; ++i) {
+        const __m256i wq = broadcast_i32(p.w[(r + i) * nb + b].qs + 4 * j);
+        const __m256i aq = broadcast_i32(p.wabs + ((r + i) * nb + b) * 32 + 4 * j);
+        s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, wq)),
+                                                        _mm256_set1_epi16(1)));
+      }
     }
-  for (int i = 0; i < R; ++i)
-    for (int c = 0; c < C; ++c) p.y[(t + c) * p.ldy + r + i] = hsum(acc[i][c]);
+    const __m256 dx = _mm256_loadu_ps(g.d);
+    for (int i = 0; i < R; ++i)
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
+                               _mm256_mul_ps(_mm256_broadcast_ss(p.dw + (r + i) * nb + b), dx), acc[i]);
+  }
 }
 
-// Tokens t..t+C of the block against every row of the panel.
-template <int C>
-void q8x_prefill_rows(const Q8Panel& p, int64_t rows, int64_t t) {
-  int64_t r = 0;
-  for (; r + kQ8TileRows <= rows; r += kQ8TileRows) q8x_prefill_tile<kQ8TileRows, C>(p, r, t);
-  for (; r < rows; ++r) q8x_prefill_tile<1, C>(p, r, t);
+// Tokens t0..t0+n (n <= 8) transposed into groups, missing tokens as zeros.
+void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb, Q8Group* g) {
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i v[8];
+    for (int t = 0; t < 8; ++t) {
+      const bool real = t < n;
+      const BlockQ8Act& xb = a.xq[(t0 + (real ? t : 0)) * a.ldxq + b];
+      v[t] = real ? load_i8x32(xb.qs) : _mm256_setzero_si256();
+      g[b].d[t] = real ? xb.d : 0.0f;
+    }
+    __m256i u[8];
+    for (int h = 0; h < 2; ++h) {  // tokens 4h..4h+3
+      const __m256i* q = v + 4 * h;
+      const __m256i t01l = _mm256_unpacklo_epi32(q[0], q[1]), t01h = _mm256_unpackhi_epi32(q[0], q[1]);
+      const __m256i t23l = _mm256_unpacklo_epi32(q[2], q[3]), t23h = _mm256_unpackhi_epi32(q[2], q[3]);
+      u[4 * h + 0] = _mm256_unpacklo_epi64(t01l, t23l);  // positions group 0 | 4
+      u[4 * h + 1] = _mm256_unpackhi_epi64(t01l, t23l);  // 1 | 5
+      u[4 * h + 2] = _mm256_unpacklo_epi64(t01h, t23h);  // 2 | 6
+      u[4 * h + 3] = _mm256_unpackhi_epi64(t01h, t23h);  // 3 | 7
+    }
+    for (int j = 0; j < 4; ++j) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g[b].qs[j]), _mm256_permute2x128_si256(u[j], u[4 + j], 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g[b].qs[j + 4]),
+                          _mm256_permute2x128_si256(u[j], u[4 + j], 0x31));
+    }
+  }
 }
 
-// Floats of scratch the prefill path uses for K.
-constexpr int64_t q8x_scratch_floats(int64_t K) {
-  return (kQ8PanelRows + kQ8TokenBlock + kQ8TileRows * kQ8TileTokens) * ((K / 32 + 7) / 8 * 8);
+// Bytes of scratch the prefill path uses for K.
+constexpr int64_t q8x_scratch_bytes(int64_t K) {
+  return kQ8PanelRows * (K / 32) * (32 + 4) + (K / 32) * int64_t(sizeof(Q8Group)) + 64;
 }
 
 // Rows [n0, n1) for any number of tokens.
 void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  assert(q8x_scratch_floats(a.K) <= matmul_scratch_floats(a.K));
-  if (a.T == 1) return q8x_decode_rows<4, 1>(a, n0, n1);
-  if (a.T == 2) return q8x_decode_rows<4, 2>(a, n0, n1);
-  if (a.T == 3) return q8x_decode_rows<2, 3>(a, n0, n1);
+  assert(q8x_scratch_bytes(a.K) <= matmul_scratch_floats(a.K) * 4);
   const auto* w = static_cast<const BlockQ8_0*>(a.w);
-  const int64_t nb = a.K / 32, nbp = (nb + 7) / 8 * 8;
-  float* dw = scratch;
-  float* dx = dw + kQ8PanelRows * nbp;
-  Q8Panel p{nullptr, dw, nullptr, a.ldxq, dx, dx + kQ8TokenBlock * nbp, nb, nbp, nullptr, a.ldy};
+  const int64_t nb = a.K / 32;
+  if (a.T <= 3) {
+    int64_t r = n0;
+    for (; r + 8 <= n1; r += 8) q8x_decode_rows8(w, nb, r, a);
+    for (; r < n1; ++r) q8x_row(w, nb, r, a);
+    return;
+  }
+  auto* base = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) / 64 * 64);
+  auto* g = reinterpret_cast<Q8Group*>(base);
+  auto* dw = reinterpret_cast<float*>(base + nb * int64_t(sizeof(Q8Group)));
+  int8_t* wabs = reinterpret_cast<int8_t*>(dw + kQ8PanelRows * nb);
   for (int64_t p0 = n0; p0 < n1; p0 += kQ8PanelRows) {
     const int64_t rows = std::min(kQ8PanelRows, n1 - p0);
-    p.w = w + p0 * nb;
+    const Q8Prefill p{w + p0 * nb, wabs, dw, g, nb};
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t b = 0; b < nbp; ++b) dw[r * nbp + b] = b < nb ? _cvtsh_ss(p.w[r * nb + b].d) : 0.0f;
-    for (int64_t t0 = 0; t0 < a.T; t0 += kQ8TokenBlock) {
-      const int64_t tokens = std::min(kQ8TokenBlock, a.T - t0);
-      p.x = a.xq + t0 * a.ldxq;
-      p.y = a.y + t0 * a.ldy + p0;
-      for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t b = 0; b < nbp; ++b) dx[t * nbp + b] = b < nb ? p.x[t * a.ldxq + b].d : 0.0f;
-      int64_t t = 0;
-      for (; t + kQ8TileTokens <= tokens; t += kQ8TileTokens) q8x_prefill_rows<kQ8TileTokens>(p, rows, t);
-      switch (tokens - t) {
-        case 4: q8x_prefill_rows<4>(p, rows, t); break;
-        case 3: q8x_prefill_rows<3>(p, rows, t); break;
-        case 2: q8x_prefill_rows<2>(p, rows, t); break;
-        case 1: q8x_prefill_rows<1>(p, rows, t); break;
-        default: break;
+      for (int64_t b = 0; b < nb; ++b) {
+        const __m256i wv = load_i8x32(p.w[r * nb + b].qs);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(wabs + (r * nb + b) * 32), _mm256_sign_epi8(wv, wv));
+        dw[r * nb + b] = _cvtsh_ss(p.w[r * nb + b].d);
+      }
+    for (int64_t t0 = 0; t0 < a.T; t0 += 8) {
+      const int64_t n = std::min<int64_t>(8, a.T - t0);
+      q8x_transpose_tokens(a, t0, n, nb, g);
+      auto store = [&](int64_t r, const __m256* acc, int R) {
+        for (int i = 0; i < R; ++i) {
+          alignas(32) float lanes[8];
+          _mm256_store_ps(lanes, acc[i]);
+          for (int64_t t = 0; t < n; ++t) a.y[(t0 + t) * a.ldy + p0 + r + i] = lanes[t];
+        }
+      };
+      int64_t r = 0;
+      for (; r + kQ8TileRows <= rows; r += kQ8TileRows) {
+        __m256 acc[kQ8TileRows];
+        q8x_prefill_tile<kQ8TileRows>(p, r, acc);
+        store(r, acc, kQ8TileRows);
+      }
+      for (; r < rows; ++r) {
+        __m256 acc[1];
+        q8x_prefill_tile<1>(p, r, acc);
+        store(r, acc, 1);
       }
     }
   }
