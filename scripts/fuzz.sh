@@ -45,6 +45,7 @@ mkdir -p "$corpus"
 # The first byte picks the endpoint (0 chat, 1 completions, 2 messages).
 printf '\000%s' '{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Once upon a time"}],"max_tokens":16,"stream":true,"stream_options":{"include_usage":true},"stop":["\n"],"logprobs":true,"top_logprobs":2,"temperature":0.7,"seed":3}' >"$corpus/chat.json"
 printf '\001%s' '{"model":"m","prompt":"Once upon a time","max_tokens":8,"top_k":40,"top_p":0.9,"min_p":0.05}' >"$corpus/completion.json"
+printf '\000%s' '{"messages":[{"role":"user","content":"Hi \u00e9"}],"max_tokens":4,"temperature":0}' >"$corpus/chat-common.json"
 printf '\002%s' '{"model":"m","system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_tokens":16,"stop_sequences":["."],"stream":true}' >"$corpus/messages.json"
 "$build/bin/fuzz_proxy_request" "$corpus" -max_total_time="$half" -timeout=10 -rss_limit_mb=2048 \
   -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1

@@ -198,6 +198,7 @@ void WorkerManager::on_exit(int id, ExitKind kind, const std::string& message) {
   sl.last_exit = std::string(exit_kind_name(kind)) + (message.empty() ? "" : ": " + message);
   if (stopping_) {
     sl.policy->on_exit(now(), ExitKind::clean, message);  // expected: request_stop() came first
+    notify();
     maybe_finish_stop();
     return;
   }
@@ -336,6 +337,7 @@ void WorkerManager::stop(std::function<void()> done) {
     sl.policy->request_stop(now());
     if (sl.running) backend_.stop(id);
   }
+  notify();  // draining now: the proxy sends them nothing more
   maybe_finish_stop();
 }
 

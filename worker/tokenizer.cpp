@@ -1,6 +1,7 @@
 #include "worker/tokenizer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <queue>
 
 #include "shared/error.h"
@@ -150,10 +151,44 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& meta) {
   return t;
 }
 
+namespace {
+
+// A hash for short texts, eight bytes at a time.
+uint64_t text_hash(std::string_view s) {
+  uint64_t h = (s.size() + 1) * 0x9E3779B97F4A7C15ull;
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+  }
+  if (i < s.size()) {
+    uint64_t w = 0;  // byte by byte: a memcpy of variable length is a call
+    for (size_t k = i; k < s.size(); ++k) w |= uint64_t(uint8_t(s[k])) << (8 * (k - i));
+    h = (h ^ w) * 0x94D049BB133111EBull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+}  // namespace
+
+int32_t Tokenizer::find(std::string_view text) const {
+  const uint64_t h = text_hash(text);
+  const size_t mask = index_.size() - 1;
+  for (size_t i = size_t(h) & mask;; i = (i + 1) & mask) {
+    const Slot& s = index_[i];
+    if (s.id < 0) return -1;
+    if (s.hash == uint32_t(h >> 32) && tokens_[size_t(s.id)] == text) return s.id;
+  }
+}
+
 void Tokenizer::build_tables() {
   const int32_t n = int32_t(tokens_.size());
-  index_.clear();
-  index_.reserve(size_t(n));
+  size_t size = 16;
+  while (size < 2 * size_t(n)) size *= 2;  // at most half full
+  index_.assign(size, Slot{});
   pieces_.resize(size_t(n));
   std::fill(std::begin(byte_tokens_), std::end(byte_tokens_), -1);
   user_defined_.clear();
@@ -161,7 +196,14 @@ void Tokenizer::build_tables() {
 
   for (int32_t id = 0; id < n; ++id) {
     const std::string& text = tokens_[size_t(id)];
-    index_.insert_or_assign(text, id);  // a repeated text maps to its last id, as in llama.cpp
+    // A repeated text maps to its last id, as in llama.cpp.
+    const uint64_t h = text_hash(text);
+    for (size_t i = size_t(h) & (size - 1);; i = (i + 1) & (size - 1)) {
+      Slot& slot = index_[i];
+      if (slot.id >= 0 && (slot.hash != uint32_t(h >> 32) || tokens_[size_t(slot.id)] != text)) continue;
+      slot = {uint32_t(h >> 32), id};
+      break;
+    }
     switch (types_[size_t(id)]) {
       case kNormal:
         pieces_[size_t(id)] = unescape_spaces(text);
@@ -187,9 +229,9 @@ void Tokenizer::build_tables() {
   static constexpr char kHex[] = "0123456789ABCDEF";
   for (int b = 0; b < 256; ++b) {
     const std::string name = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
-    auto it = index_.find(name);
-    if (it == index_.end()) it = index_.find(std::string(1, char(b)));
-    byte_tokens_[b] = it != index_.end() ? it->second : unk_;
+    int32_t id = find(name);
+    if (id < 0) id = find(std::string(1, char(b)));
+    byte_tokens_[b] = id >= 0 ? id : unk_;
   }
 
   // Longer user-defined tokens are matched first (tokenizer_st_partition's order).
@@ -206,13 +248,14 @@ void Tokenizer::build_tables() {
     if (id >= 0) eog_.push_back(id);
   }
   for (std::string_view text : kEogTexts) {
-    const auto it = index_.find(text);
-    if (it != index_.end() && types_[size_t(it->second)] == kControl) eog_.push_back(it->second);
+    const int32_t id = find(text);
+    if (id >= 0 && types_[size_t(id)] == kControl) eog_.push_back(id);
   }
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_bos) const {
   std::vector<int32_t> out;
+  out.reserve(text.size() / 2 + 8);  // pieces average well over two bytes: no regrowth on the way
   if (add_bos && add_bos_) out.push_back(bos_);
 
   // User-defined tokens are matched in the raw text even without special
@@ -272,13 +315,15 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>& out) con
     symbols.push_back(s);
   }
 
-  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue;
+  std::vector<Bigram> pending;
+  pending.reserve(2 * symbols.size());  // proposals: one per neighbour pair, two per merge
+  std::priority_queue<Bigram, std::vector<Bigram>, BigramOrder> queue(BigramOrder{}, std::move(pending));
   auto propose = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     const uint32_t len = symbols[size_t(left)].len + symbols[size_t(right)].len;
-    const auto it = index_.find(text.substr(symbols[size_t(left)].off, len));
-    if (it == index_.end()) return;
-    queue.push(Bigram{left, right, scores_[size_t(it->second)], len});
+    const int32_t id = find(text.substr(symbols[size_t(left)].off, len));
+    if (id < 0) return;
+    queue.push(Bigram{left, right, scores_[size_t(id)], len});
   };
   for (int32_t i = 1; i < int32_t(symbols.size()); ++i) propose(i - 1, i);
 
@@ -300,9 +345,8 @@ void Tokenizer::encode_spm(std::string_view text, std::vector<int32_t>& out) con
   // A merged piece is always a token; only single characters can be missing.
   for (int32_t i = symbols.empty() ? -1 : 0; i >= 0; i = symbols[size_t(i)].next) {
     const std::string_view piece = text.substr(symbols[size_t(i)].off, symbols[size_t(i)].len);
-    const auto it = index_.find(piece);
-    if (it != index_.end()) {
-      out.push_back(it->second);
+    if (const int32_t id = find(piece); id >= 0) {
+      out.push_back(id);
       continue;
     }
     for (char c : piece) out.push_back(byte_tokens_[uint8_t(c)]);

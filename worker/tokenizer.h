@@ -7,11 +7,9 @@
 /// the text are not parsed as special (plain text in, plain tokens out).
 
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "shared/gguf.h"
@@ -39,18 +37,21 @@ class Tokenizer {
   bool valid(int32_t token) const { return token >= 0 && token < n_vocab(); }
 
  private:
-  // Lets index_ be searched with a string_view, without building a string.
-  struct TextHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
   void build_tables();
   void encode_spm(std::string_view escaped, std::vector<int32_t>& out) const;
+  /// The id of the token whose text is `text`, -1 when none.
+  int32_t find(std::string_view text) const;
 
   std::vector<std::string> tokens_;
   std::vector<float> scores_;
   std::vector<int32_t> types_;
-  std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> index_;  // text → id
+  // text → id by open addressing (a lookup per merge candidate is encoding's
+  // inner loop): a power-of-two table of {hash, id}, id -1 when empty.
+  struct Slot {
+    uint32_t hash = 0;
+    int32_t id = -1;
+  };
+  std::vector<Slot> index_;
   std::vector<std::string> pieces_;    // what piece() returns, per id
   std::vector<int32_t> user_defined_;  // matched in raw text, longest first
   std::vector<int32_t> eog_;           // end-of-generation ids

@@ -1,5 +1,7 @@
 #include "supervisor/proxy/api_request.h"
 
+#include <charconv>
+
 #include "shared/error.h"
 #include "supervisor/proxy/json_util.h"
 
@@ -10,6 +12,9 @@ namespace {
 constexpr size_t kMaxStops = 16;
 constexpr size_t kMaxStopBytes = 1024;
 constexpr int kMaxDepth = 64;  // nesting in request JSON (the parser recurses)
+constexpr int64_t kMaxN = 1 << 20;
+constexpr int64_t kMaxTopK = 1 << 30;
+double max_temperature(bool anthropic) { return anthropic ? 1 : 2; }
 
 // Text of an OpenAI or Anthropic content field: a string, or an array of
 // parts of which the text ones are joined.
@@ -34,6 +39,15 @@ std::string content_text(const json& c, const std::string& where) {
   return out;
 }
 
+// The template's role for a message's role; nullopt when the endpoint has no such role.
+std::optional<std::string> chat_role(std::string_view role, bool anthropic) {
+  if (role == "developer") role = "system";
+  if (role == "tool" || role == "function") role = "user";
+  const bool known = role == "user" || role == "assistant" || (!anthropic && role == "system");
+  if (!known) return std::nullopt;
+  return std::string(role);
+}
+
 std::vector<ChatMessage> chat_messages(const json& body, const char* key, bool anthropic) {
   auto it = body.find(key);
   if (it == body.end() || !it->is_array()) throw Error(std::string("'") + key + "' must be an array of messages");
@@ -47,14 +61,18 @@ std::vector<ChatMessage> chat_messages(const json& body, const char* key, bool a
     if (!m.is_object()) throw Error("'" + where + "' must be an object");
     auto role = opt_string(m, "role");
     if (!role) throw Error("'" + where + ".role' is required");
-    std::string r = *role;
-    if (r == "developer") r = "system";
-    if (r == "tool" || r == "function") r = "user";
-    const bool known = anthropic ? (r == "user" || r == "assistant") : (r == "system" || r == "user" || r == "assistant");
-    if (!known) throw Error("'" + where + ".role' is '" + *role + "', not a role this endpoint accepts");
-    out.push_back({r, m.contains("content") ? content_text(m["content"], where) : std::string()});
+    std::optional<std::string> r = chat_role(*role, anthropic);
+    if (!r) throw Error("'" + where + ".role' is '" + *role + "', not a role this endpoint accepts");
+    out.push_back({std::move(*r), m.contains("content") ? content_text(m["content"], where) : std::string()});
   }
   return out;
+}
+
+void check_stops(const std::vector<std::string>& stops, const char* key) {
+  if (stops.size() > kMaxStops) throw Error(std::string("'") + key + "' has more than " + std::to_string(kMaxStops) + " strings");
+  for (const auto& s : stops)
+    if (s.size() > kMaxStopBytes)
+      throw Error(std::string("'") + key + "' holds a string longer than " + std::to_string(kMaxStopBytes) + " bytes");
 }
 
 std::vector<std::string> stop_strings(const json& body, const char* key) {
@@ -71,10 +89,7 @@ std::vector<std::string> stop_strings(const json& body, const char* key) {
   } else {
     throw Error(std::string("'") + key + "' must be a string or an array of strings");
   }
-  if (out.size() > kMaxStops) throw Error(std::string("'") + key + "' has more than " + std::to_string(kMaxStops) + " strings");
-  for (const auto& s : out)
-    if (s.size() > kMaxStopBytes)
-      throw Error(std::string("'") + key + "' holds a string longer than " + std::to_string(kMaxStopBytes) + " bytes");
+  check_stops(out, key);
   return out;
 }
 
@@ -96,6 +111,24 @@ std::vector<int32_t> completion_prompt(const json& body, const ModelText& model)
   throw Error("'prompt' must be a string (one prompt per request) or an array of token ids");
 }
 
+void check_prompt(const std::vector<int32_t>& prompt, const PlanLimits& limits) {
+  if (prompt.empty()) throw Error("the prompt has no tokens");
+  const int64_t n_prompt = int64_t(prompt.size());
+  if (limits.context > 0 && n_prompt >= limits.context)
+    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens but the context is " +
+                std::to_string(limits.context) + " tokens: shorten the prompt");
+  if (n_prompt >= limits.max_tokens_per_request)
+    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens, more than the limit of " +
+                std::to_string(limits.max_tokens_per_request) + " tokens per request");
+}
+
+// Tokens to generate: as asked, at most what fits after the prompt.
+int32_t answer_length(std::optional<int64_t> max_tokens, int64_t n_prompt, const PlanLimits& limits) {
+  int64_t room = limits.max_tokens_per_request - n_prompt;
+  if (limits.context > 0) room = std::min(room, limits.context - n_prompt);
+  return int32_t(std::min<int64_t>(max_tokens.value_or(room), room));
+}
+
 int depth_of(const json& j, int depth) {
   if (depth > kMaxDepth) return depth;
   int d = depth;
@@ -114,7 +147,7 @@ Plan parse(Endpoint endpoint, const json& body, const ModelText& model, const Pl
     if (!so->is_object()) throw Error("'stream_options' must be an object");
     p.include_usage = opt_bool(*so, "include_usage").value_or(false);
   }
-  if (auto n = opt_int(body, "n", 1, 1 << 20); n && *n != 1) throw Error("'n' must be 1: one choice per request");
+  if (auto n = opt_int(body, "n", 1, kMaxN); n && *n != 1) throw Error("'n' must be 1: one choice per request");
 
   // Prompt.
   if (endpoint == Endpoint::completion) {
@@ -122,29 +155,20 @@ Plan parse(Endpoint endpoint, const json& body, const ModelText& model, const Pl
   } else {
     p.gen.prompt = model.encode(render_chat(model.family(), chat_messages(body, "messages", anthropic)), true);
   }
-  if (p.gen.prompt.empty()) throw Error("the prompt has no tokens");
-  const int64_t n_prompt = int64_t(p.gen.prompt.size());
-  if (limits.context > 0 && n_prompt >= limits.context)
-    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens but the context is " +
-                std::to_string(limits.context) + " tokens: shorten the prompt");
-  if (n_prompt >= limits.max_tokens_per_request)
-    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens, more than the limit of " +
-                std::to_string(limits.max_tokens_per_request) + " tokens per request");
+  check_prompt(p.gen.prompt, limits);
 
   // Length. Anthropic requires max_tokens; OpenAI defaults to what fits.
   std::optional<int64_t> max_tokens = opt_int(body, "max_tokens", anthropic ? 1 : 0, INT64_MAX);
   if (!anthropic)
     if (auto m = opt_int(body, "max_completion_tokens", 0, INT64_MAX)) max_tokens = m;
   if (anthropic && !max_tokens) throw Error("'max_tokens' is required");
-  int64_t room = limits.max_tokens_per_request - n_prompt;
-  if (limits.context > 0) room = std::min(room, limits.context - n_prompt);
-  p.gen.max_tokens = int32_t(std::min<int64_t>(max_tokens.value_or(room), room));
+  p.gen.max_tokens = answer_length(max_tokens, int64_t(p.gen.prompt.size()), limits);
 
   // Sampling: llama.cpp's defaults where the client says nothing.
   proto::Sampling& s = p.gen.sampling;
-  s.temperature = float(opt_number(body, "temperature", 0, anthropic ? 1 : 2).value_or(s.temperature));
+  s.temperature = float(opt_number(body, "temperature", 0, max_temperature(anthropic)).value_or(s.temperature));
   s.top_p = float(opt_number(body, "top_p", 0, 1).value_or(s.top_p));
-  s.top_k = int32_t(opt_int(body, "top_k", 0, 1 << 30).value_or(s.top_k));
+  s.top_k = int32_t(opt_int(body, "top_k", 0, kMaxTopK).value_or(s.top_k));
   s.min_p = float(opt_number(body, "min_p", 0, 1).value_or(s.min_p));
   if (auto seed = opt_int(body, "seed", INT64_MIN, INT64_MAX)) s.seed = uint64_t(*seed);
   else s.seed = limits.random_seed;
@@ -167,10 +191,299 @@ Plan parse(Endpoint endpoint, const json& body, const ModelText& model, const Pl
   return p;
 }
 
+// ---- the common request shape, read without a JSON tree ----
+
+// Reads JSON's tokens as strictly as the full parser (RFC 8259): what it
+// refuses fails here too, and parse_request's full path then says why.
+class Reader {
+ public:
+  explicit Reader(std::string_view s) : s_(s) {}
+
+  bool next(char c) {
+    skip_space();
+    if (i_ == s_.size() || s_[i_] != c) return false;
+    ++i_;
+    return true;
+  }
+  bool at(char c) {
+    skip_space();
+    return i_ < s_.size() && s_[i_] == c;
+  }
+  bool at_end() {
+    skip_space();
+    return i_ == s_.size();
+  }
+
+  bool string(std::string& out) {
+    if (!next('"')) return false;
+    out.clear();
+    for (;;) {
+      size_t j = i_;
+      while (j < s_.size() && plain(s_[j])) ++j;
+      out.append(s_, i_, j - i_);
+      i_ = j;
+      if (i_ == s_.size()) return false;
+      const unsigned char c = static_cast<unsigned char>(s_[i_]);
+      if (c == '"') {
+        ++i_;
+        return true;
+      }
+      if (c < 0x20) return false;
+      if (c >= 0x80) {
+        const size_t n = utf8_length(s_.substr(i_));
+        if (n == 0) return false;
+        out.append(s_, i_, n);
+        i_ += n;
+        continue;
+      }
+      if (!escape(out)) return false;
+    }
+  }
+
+  bool boolean(bool& b) {
+    skip_space();
+    for (bool v : {true, false}) {
+      const std::string_view word = v ? "true" : "false";
+      if (s_.substr(i_, word.size()) == word) {
+        i_ += word.size();
+        b = v;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // A number; `integer` is set when it has neither fraction nor exponent
+  // and fits an int64.
+  bool number(double& d, std::optional<int64_t>& integer) {
+    skip_space();
+    const size_t start = i_;
+    if (i_ < s_.size() && s_[i_] == '-') ++i_;
+    if (i_ < s_.size() && s_[i_] == '0') ++i_;
+    else if (!digits()) return false;
+    bool whole = true;
+    if (i_ < s_.size() && s_[i_] == '.') {
+      ++i_;
+      whole = false;
+      if (!digits()) return false;
+    }
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      ++i_;
+      whole = false;
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) ++i_;
+      if (!digits()) return false;
+    }
+    const char* first = s_.data() + start;
+    const char* last = s_.data() + i_;
+    integer.reset();
+    if (whole) {
+      int64_t v = 0;
+      if (std::from_chars(first, last, v).ec != std::errc()) return false;
+      integer = v;
+      d = double(v);
+      return true;
+    }
+    return std::from_chars(first, last, d).ec == std::errc();
+  }
+
+ private:
+  static bool plain(char c) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u < 0x80 && c != '"' && c != '\\';
+  }
+  void skip_space() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
+  }
+  bool digits() {
+    const size_t start = i_;
+    while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
+    return i_ > start;
+  }
+  bool hex4(uint32_t& v) {
+    if (s_.size() - i_ < 4) return false;
+    const char* first = s_.data() + i_;
+    if (std::from_chars(first, first + 4, v, 16).ptr != first + 4) return false;
+    i_ += 4;
+    return true;
+  }
+  // After a backslash: one escape; a \u escape as UTF-8 (a surrogate only as
+  // the first half of a pair).
+  bool escape(std::string& out) {
+    if (++i_ == s_.size()) return false;
+    const char c = s_[i_++];
+    switch (c) {
+      case '"': case '\\': case '/': out += c; return true;
+      case 'b': out += '\b'; return true;
+      case 'f': out += '\f'; return true;
+      case 'n': out += '\n'; return true;
+      case 'r': out += '\r'; return true;
+      case 't': out += '\t'; return true;
+      case 'u': break;
+      default: return false;
+    }
+    uint32_t cp = 0, low = 0;
+    if (!hex4(cp) || (cp >= 0xDC00 && cp <= 0xDFFF)) return false;
+    if (cp >= 0xD800 && cp <= 0xDBFF) {
+      if (s_.substr(i_, 2) != "\\u") return false;
+      i_ += 2;
+      if (!hex4(low) || low < 0xDC00 || low > 0xDFFF) return false;
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+    }
+    if (cp < 0x80) {
+      out += char(cp);
+    } else if (cp < 0x800) {
+      out += char(0xC0 | (cp >> 6));
+      out += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += char(0xE0 | (cp >> 12));
+      out += char(0x80 | ((cp >> 6) & 0x3F));
+      out += char(0x80 | (cp & 0x3F));
+    } else {
+      out += char(0xF0 | (cp >> 18));
+      out += char(0x80 | ((cp >> 12) & 0x3F));
+      out += char(0x80 | ((cp >> 6) & 0x3F));
+      out += char(0x80 | (cp & 0x3F));
+    }
+    return true;
+  }
+
+  std::string_view s_;
+  size_t i_ = 0;
+};
+
+// The fields of a common request, each read at most once.
+struct CommonFields {
+  std::optional<std::string> model, prompt, system;
+  std::optional<bool> stream;
+  std::optional<int64_t> n, max_tokens, max_completion_tokens, top_k, seed;
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<std::vector<ChatMessage>> messages;
+  std::optional<std::vector<std::string>> stop;
+};
+
+// [{"role": "...", "content": "..."}, ...], not empty.
+bool read_messages(Reader& r, std::vector<ChatMessage>& out) {
+  if (!r.next('[') || r.at(']')) return false;
+  std::string key;
+  do {
+    if (!r.next('{')) return false;
+    std::optional<std::string> role, content;
+    do {
+      if (!r.string(key) || !r.next(':')) return false;
+      std::optional<std::string>* f = key == "role" ? &role : key == "content" ? &content : nullptr;
+      if (!f || *f || !r.string(f->emplace())) return false;
+    } while (r.next(','));
+    if (!r.next('}') || !role || !content) return false;
+    out.push_back({std::move(*role), std::move(*content)});
+  } while (r.next(','));
+  return r.next(']');
+}
+
+// A string or an array of strings.
+bool read_stops(Reader& r, std::vector<std::string>& out) {
+  if (r.at('"')) return r.string(out.emplace_back());
+  if (!r.next('[')) return false;
+  if (r.next(']')) return true;
+  do {
+    if (!r.string(out.emplace_back())) return false;
+  } while (r.next(','));
+  return r.next(']');
+}
+
+bool read_field(Reader& r, Endpoint endpoint, const std::string& key, CommonFields& f) {
+  const bool anthropic = endpoint == Endpoint::messages;
+  auto text = [&](std::optional<std::string>& v) { return !v && r.string(v.emplace()); };
+  auto integer = [&](std::optional<int64_t>& v) {
+    double d;
+    return !v && r.number(d, v) && v;
+  };
+  auto number = [&](std::optional<double>& v) {
+    std::optional<int64_t> ignored;
+    return !v && r.number(v.emplace(), ignored);
+  };
+  if (key == "model") return text(f.model);
+  if (key == "stream") return !f.stream && r.boolean(f.stream.emplace());
+  if (key == "n") return integer(f.n);
+  if (key == "max_tokens") return integer(f.max_tokens);
+  if (key == "max_completion_tokens" && !anthropic) return integer(f.max_completion_tokens);
+  if (key == "temperature") return number(f.temperature);
+  if (key == "top_p") return number(f.top_p);
+  if (key == "top_k") return integer(f.top_k);
+  if (key == "min_p") return number(f.min_p);
+  if (key == "seed") return integer(f.seed);
+  if (key == (anthropic ? "stop_sequences" : "stop")) return !f.stop && read_stops(r, f.stop.emplace());
+  if (key == "prompt" && endpoint == Endpoint::completion) return text(f.prompt);
+  if (key == "messages" && endpoint != Endpoint::completion) return !f.messages && read_messages(r, f.messages.emplace());
+  if (key == "system" && anthropic) return text(f.system);
+  return false;
+}
+
+bool within(const std::optional<double>& v, double lo, double hi) { return !v || (*v >= lo && *v <= hi); }
+bool within(const std::optional<int64_t>& v, int64_t lo, int64_t hi) { return !v || (*v >= lo && *v <= hi); }
+
+// The plan parse() makes of the same request, when every field is valid.
+std::optional<Plan> common_plan(Endpoint endpoint, CommonFields& f, const ModelText& model, const PlanLimits& limits) {
+  const bool anthropic = endpoint == Endpoint::messages;
+  if ((endpoint == Endpoint::completion ? !f.prompt : !f.messages) || (f.n && *f.n != 1)) return std::nullopt;
+  if (!within(f.max_tokens, anthropic ? 1 : 0, INT64_MAX) || !within(f.max_completion_tokens, 0, INT64_MAX) ||
+      (anthropic && !f.max_tokens) || !within(f.temperature, 0, max_temperature(anthropic)) ||
+      !within(f.top_p, 0, 1) || !within(f.top_k, 0, kMaxTopK) || !within(f.min_p, 0, 1))
+    return std::nullopt;
+  Plan p;
+  p.endpoint = endpoint;
+  p.model = f.model ? std::move(*f.model) : model.name();
+  p.stream = f.stream.value_or(false);
+  if (endpoint == Endpoint::completion) {
+    p.gen.prompt = model.encode(*f.prompt, true);
+  } else {
+    std::vector<ChatMessage> messages;
+    if (f.system) messages.push_back({"system", std::move(*f.system)});
+    for (ChatMessage& m : *f.messages) {
+      std::optional<std::string> role = chat_role(m.role, anthropic);
+      if (!role) return std::nullopt;
+      messages.push_back({std::move(*role), std::move(m.content)});
+    }
+    p.gen.prompt = model.encode(render_chat(model.family(), messages), true);
+  }
+  check_prompt(p.gen.prompt, limits);
+  p.gen.max_tokens = answer_length(f.max_completion_tokens ? f.max_completion_tokens : f.max_tokens,
+                                   int64_t(p.gen.prompt.size()), limits);
+  proto::Sampling& s = p.gen.sampling;
+  s.temperature = float(f.temperature.value_or(s.temperature));
+  s.top_p = float(f.top_p.value_or(s.top_p));
+  s.top_k = int32_t(f.top_k.value_or(s.top_k));
+  s.min_p = float(f.min_p.value_or(s.min_p));
+  s.seed = f.seed ? uint64_t(*f.seed) : limits.random_seed;
+  if (f.stop) p.stop = std::move(*f.stop);
+  check_stops(p.stop, anthropic ? "stop_sequences" : "stop");
+  return p;
+}
+
 }  // namespace
+
+std::optional<Plan> parse_common_request(Endpoint endpoint, std::string_view text, const ModelText& model,
+                                         const PlanLimits& limits) {
+  Reader r(text);
+  CommonFields f;
+  std::string key;
+  if (!r.next('{')) return std::nullopt;
+  if (!r.next('}')) {
+    do {
+      if (!r.string(key) || !r.next(':') || !read_field(r, endpoint, key, f)) return std::nullopt;
+    } while (r.next(','));
+    if (!r.next('}')) return std::nullopt;
+  }
+  if (!r.at_end()) return std::nullopt;
+  try {
+    return common_plan(endpoint, f, model, limits);
+  } catch (const Error&) {
+    return std::nullopt;  // the full path words the error
+  }
+}
 
 std::variant<Plan, ApiError> parse_request(Endpoint endpoint, std::string_view text, const ModelText& model,
                                            const PlanLimits& limits) {
+  if (std::optional<Plan> p = parse_common_request(endpoint, text, model, limits)) return std::move(*p);
   json body = json::parse(text, nullptr, false);
   if (body.is_discarded()) return bad_request("the request body is not valid JSON");
   if (!body.is_object()) return bad_request("the request body must be a JSON object");

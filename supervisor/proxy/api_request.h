@@ -5,6 +5,7 @@
 /// field and what was expected.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -39,5 +40,14 @@ struct PlanLimits {
 /// Parses `body` for `endpoint`. Returns the plan or the error to answer.
 std::variant<Plan, ApiError> parse_request(Endpoint endpoint, std::string_view body, const ModelText& model,
                                            const PlanLimits& limits);
+
+/// parse_request's first try, without a JSON tree: the plan for a valid body
+/// of the common shape (an object of the fields clients usually send, with
+/// scalar values, messages as role and content strings, stops as strings),
+/// the same plan as the full parse; nullopt for anything else: another field,
+/// a null, a duplicate, an invalid value or malformed JSON. The full parse
+/// then reads it and words any error.
+std::optional<Plan> parse_common_request(Endpoint endpoint, std::string_view body, const ModelText& model,
+                                         const PlanLimits& limits);
 
 }  // namespace ds4::proxy

@@ -1,5 +1,6 @@
 #include "supervisor/proxy/json_util.h"
 
+#include <array>
 #include <charconv>
 #include <cmath>
 
@@ -7,10 +8,6 @@
 
 namespace ds4::proxy {
 
-namespace {
-
-// Length of the valid UTF-8 sequence at the start of `s`, 0 when invalid
-// (overlong forms, surrogates and code points above U+10FFFF included).
 size_t utf8_length(std::string_view s) {
   const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
   const unsigned char c = b(0);
@@ -27,17 +24,24 @@ size_t utf8_length(std::string_view s) {
   return n;
 }
 
+namespace {
+
+// The bytes a JSON string holds as they are: printable ASCII but '"' and '\\'.
+constexpr std::array<bool, 256> kPlain = [] {
+  std::array<bool, 256> t{};
+  for (int c = 0x20; c < 0x80; ++c) t[size_t(c)] = c != '"' && c != '\\';
+  return t;
+}();
+
 }  // namespace
 
 void put_json_string(std::string& out, std::string_view s) {
   out += '"';
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+    if (kPlain[c]) {
       size_t j = i + 1;
-      while (j < s.size() && static_cast<unsigned char>(s[j]) >= 0x20 && s[j] != '"' && s[j] != '\\' &&
-             static_cast<unsigned char>(s[j]) < 0x80)
-        ++j;
+      while (j < s.size() && kPlain[static_cast<unsigned char>(s[j])]) ++j;
       out.append(s.data() + i, j - i);
       i = j;
       continue;

@@ -23,6 +23,7 @@ inline std::string dump(const json& j) { return j.dump(-1, ' ', false, json::err
 /// strings becomes U+FFFD, as with dump().
 class JsonWriter {
  public:
+  JsonWriter() { out_.reserve(512); }  // an answer's size: no growing on the way
   JsonWriter& begin_object() { return open('{'); }
   JsonWriter& end_object() { return close('}'); }
   JsonWriter& begin_array() { return open('['); }
@@ -44,6 +45,11 @@ class JsonWriter {
   std::string out_;
   bool after_value_ = false;
 };
+
+/// Length of the valid UTF-8 sequence at the start of `s` (not empty), 0 when
+/// invalid: overlong forms, surrogates and code points above U+10FFFF are, as
+/// for JSON parsers (RFC 3629).
+size_t utf8_length(std::string_view s);
 
 /// Appends `s` as a JSON string (quoted, escaped) to `out`.
 void put_json_string(std::string& out, std::string_view s);

@@ -25,8 +25,8 @@ ModelText ModelText::from_gguf(const gguf::File& meta, std::string name) {
 
 std::vector<int32_t> ModelText::encode(std::string_view text, bool add_bos) const {
   std::vector<int32_t> out;
-  if (add_bos && tok_.add_bos()) out.push_back(tok_.bos());
-  size_t start = 0;  // beginning of the plain text not yet encoded
+  bool split = false;  // a control token was found: the text is encoded in parts
+  size_t start = 0;    // beginning of the plain text not yet encoded
   auto flush = [&](size_t end) {
     if (end > start) {
       const auto part = tok_.encode(text.substr(start, end - start), false);
@@ -47,12 +47,15 @@ std::vector<int32_t> ModelText::encode(std::string_view text, bool add_bos) cons
         ++i;
         continue;
       }
+      if (!split && add_bos && tok_.add_bos()) out.push_back(tok_.bos());
+      split = true;
       flush(i);
       out.push_back(hit->second);
       i += hit->first.size();
       start = i;
     }
   }
+  if (!split) return tok_.encode(text, add_bos);  // the usual case: no parts to join
   flush(text.size());
   return out;
 }

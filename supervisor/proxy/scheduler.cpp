@@ -38,10 +38,11 @@ std::optional<int> pick_worker(const std::vector<Candidate>& cands, const std::v
 
 Scheduler::Scheduler(asio::io_context& io, sup::WorkerRegistry& registry, SchedulerOptions options)
     : io_(io), registry_(registry), opt_(options), notice_timer_(io), retry_timer_(io), pool_(io),
-      alive_(std::make_shared<bool>(true)) {
+      alive_(std::make_shared<bool>(true)), workers_(registry.workers()) {
   registry_.on_change([this, alive = std::weak_ptr<bool>(alive_)] {
     if (alive.expired()) return;
-    pool_.retain(registry_.workers());
+    workers_ = registry_.workers();
+    pool_.retain(workers_);
     pump();
   });
 }
@@ -92,7 +93,7 @@ sup::ProxyStats Scheduler::stats() const {
 
 int64_t Scheduler::max_context() const {
   int64_t ctx = 0;
-  for (const auto& w : registry_.workers()) ctx = std::max(ctx, w.context);
+  for (const auto& w : workers_) ctx = std::max(ctx, w.context);
   return ctx;
 }
 
@@ -115,9 +116,10 @@ void Scheduler::enqueue_timer(const std::shared_ptr<Job>& job) {
 void Scheduler::pump() {
   if (pumping_ || queue_.empty()) return;
   pumping_ = true;
-  const auto workers = registry_.workers();
+  const std::vector<sup::WorkerInfo>& workers = workers_;  // a registry change never comes from inside pump
   const auto now = Clock::now();
-  std::vector<Candidate> cands;
+  std::vector<Candidate>& cands = candidates_;
+  cands.clear();
   for (const sup::WorkerInfo& w : workers) {
     if (w.state != sup::WorkerState::ready || w.slots <= 0 || w.socket_path.empty()) continue;
     if (auto b = blocked_.find(w.id); b != blocked_.end()) {
@@ -304,6 +306,16 @@ void Scheduler::finish(const std::shared_ptr<Job>& job, JobResult r) {
 
 void Scheduler::remember(int worker, const Job& job) {
   auto& h = history_[worker];
+  const size_t n_prompt = job.gen.prompt.size();
+  // The same request seen again (it ends on this worker after it started
+  // there): its entry grows by the tokens generated meanwhile.
+  if (!h.empty() && h.back().size() >= n_prompt && h.back().size() <= n_prompt + job.gen.generated.size() &&
+      std::equal(job.gen.prompt.begin(), job.gen.prompt.end(), h.back().begin()) &&
+      std::equal(h.back().begin() + std::ptrdiff_t(n_prompt), h.back().end(), job.gen.generated.begin())) {
+    h.back().insert(h.back().end(), job.gen.generated.begin() + std::ptrdiff_t(h.back().size() - n_prompt),
+                    job.gen.generated.end());
+    return;
+  }
   std::vector<int32_t> seq = job.gen.prompt;
   seq.insert(seq.end(), job.gen.generated.begin(), job.gen.generated.end());
   h.push_back(std::move(seq));

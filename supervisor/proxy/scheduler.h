@@ -164,6 +164,8 @@ class Scheduler {
   SchedulerCounters counters_;
   WorkerPool pool_;
   std::shared_ptr<bool> alive_;
+  std::vector<sup::WorkerInfo> workers_;  // the registry's list, read again at each change it reports
+  std::vector<Candidate> candidates_;     // pump's, kept for its capacity
 };
 
 }  // namespace ds4::proxy

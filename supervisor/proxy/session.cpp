@@ -280,6 +280,12 @@ void Session::after_exchange() {
   if (watching_) {  // the pending read delivers the next request
     phase_ = Phase::idle;
     arm(core_.cfg.limits.header_timeout);
+    // A request pipelined behind this one is in the buffer already: end the
+    // read (it owns the buffer's free space), its handler parses the request.
+    if (buf_.size() > 0) {
+      boost::system::error_code ignored;
+      sock_.cancel(ignored);
+    }
     return;
   }
   if (buf_.size() > 0) {  // a pipelined request: parsed on a fresh stack, so that a long pipeline never nests
@@ -338,6 +344,7 @@ void Session::watch() {
       if (!ec) self->drain();  // lingering: keep discarding
       return;
     }
+    if (ec == asio::error::operation_aborted && self->phase_ == Phase::idle) return self->do_read_header();
     if (ec) return self->close();  // cancels the job
     self->buf_.commit(n);
     if (self->phase_ == Phase::idle) return self->do_read_header();

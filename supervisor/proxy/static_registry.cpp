@@ -86,8 +86,7 @@ void StaticRegistry::probe(size_t i) {
 
 void StaticRegistry::probed(size_t i, bool ok, int64_t ctx, int64_t slots, int pid) {
   sup::WorkerInfo& w = workers_[i];
-  const sup::WorkerState before = w.state;
-  const uint64_t gen_before = w.generation;
+  const sup::WorkerInfo was = w;
   if (ok) {
     if (probed_state_[i] != sup::WorkerState::ready || pid != w.pid) ++w.generation;
     probed_state_[i] = sup::WorkerState::ready;
@@ -99,7 +98,7 @@ void StaticRegistry::probed(size_t i, bool ok, int64_t ctx, int64_t slots, int p
     ++w.restarts;
   }
   w.state = forced_[i].value_or(probed_state_[i]);
-  if (w.state != before || w.generation != gen_before) changed();
+  if (w.state != was.state || w.generation != was.generation || w.context != was.context || w.slots != was.slots) changed();
 }
 
 void StaticRegistry::force_state(int id, std::optional<sup::WorkerState> state) {

@@ -2,7 +2,8 @@
 // any body, for any endpoint, must give a Plan or an ApiError (never a crash,
 // a sanitizer report or an escaping exception); a Plan is then answered with
 // the fuzz bytes as token pieces, through the stop-string matcher and each
-// responder, whole and streamed.
+// responder, whole and streamed. A body read without a JSON tree
+// (parse_common_request) must give the plan of the full parse.
 //
 // The first input byte picks the endpoint; the rest is the body. The model
 // (its vocabulary and template) is stories260K: $DS4_MODELS/stories260K.gguf,
@@ -24,6 +25,17 @@ namespace {
 
 const ds4::proxy::ModelText* model = nullptr;
 
+bool same_plan(const ds4::proxy::Plan& a, const ds4::proxy::Plan& b) {
+  const auto& x = a.gen;
+  const auto& y = b.gen;
+  return a.endpoint == b.endpoint && a.stream == b.stream && a.include_usage == b.include_usage &&
+         a.logprobs == b.logprobs && a.top_logprobs == b.top_logprobs && a.stop == b.stop && a.model == b.model &&
+         x.prompt == y.prompt && x.generated == y.generated && x.max_tokens == y.max_tokens &&
+         x.logprobs == y.logprobs && x.sampling.temperature == y.sampling.temperature &&
+         x.sampling.top_k == y.sampling.top_k && x.sampling.top_p == y.sampling.top_p &&
+         x.sampling.min_p == y.sampling.min_p && x.sampling.seed == y.sampling.seed;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -44,6 +56,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.context = 256;
   limits.max_tokens_per_request = 1024;
   auto result = parse_request(ep, body, *model, limits);
+  // The tree-free reading of the common shape gives the full parse's plan (a
+  // field no parser reads sends a body the full way).
+  if (auto fast = parse_common_request(ep, body, *model, limits)) {
+    auto full = parse_request(ep, "{\"x_unread\":null," + std::string(body.substr(body.find('{') + 1)), *model, limits);
+    if (!std::holds_alternative<Plan>(full) || !same_plan(*fast, std::get<Plan>(full))) std::abort();
+  }
   if (auto* e = std::get_if<ApiError>(&result)) {
     (void)error_body(Api::openai, *e);
     (void)error_body(Api::anthropic, *e);

@@ -108,6 +108,30 @@ start=$(date +%s)
 took=$(( $(date +%s) - start ))
 check "slowloris: cut off by the header timeout (${took}s)" test "$took" -le 6
 check "still serving after all that" test "$(code "${K[@]}" "$U/v1/completions" -d '{"prompt":"Once","max_tokens":2}')" = 200
+check "pipelined requests (POST, POST, GET in one write on one connection): three answers, in order" \
+  python3 - "${U#http://}" <<'PY'
+import json, socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+def post(prompt):
+    body = json.dumps({"prompt": prompt, "max_tokens": 2, "temperature": 0}).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test-1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+s = socket.create_connection((host, int(port)), timeout=10)
+s.sendall(post("Once") + post("The cat") + b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-test-1\r\n\r\n")
+f = s.makefile("rb")
+answers = []
+for _ in range(3):
+    status = f.readline().split()[1]
+    length = None
+    while (line := f.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    answers.append((status, json.loads(f.read(length))))
+assert [a[0] for a in answers] == [b"200"] * 3, answers
+assert answers[0][1]["object"] == "text_completion" and answers[1][1]["object"] == "text_completion", answers
+assert answers[2][1]["object"] == "list", answers
+PY
 # Keys reload on SIGHUP.
 echo "sk-test-2" >"$T/keys"
 kill -HUP "$(cat "$T/proxy.pid")"

@@ -158,6 +158,96 @@ TEST_CASE("requests: sampling, limits, stops and seeds are carried into the plan
   CHECK(r.plan->gen.max_tokens == 512 - int(r.plan->gen.prompt.size()));  // clamped to the context
 }
 
+namespace {
+
+void check_same_plan(const Plan& a, const Plan& b) {
+  CHECK(a.endpoint == b.endpoint);
+  CHECK(a.stream == b.stream);
+  CHECK(a.include_usage == b.include_usage);
+  CHECK(a.logprobs == b.logprobs);
+  CHECK(a.top_logprobs == b.top_logprobs);
+  CHECK(a.stop == b.stop);
+  CHECK(a.model == b.model);
+  CHECK(a.gen.prompt == b.gen.prompt);
+  CHECK(a.gen.generated == b.gen.generated);
+  CHECK(a.gen.max_tokens == b.gen.max_tokens);
+  CHECK(a.gen.logprobs == b.gen.logprobs);
+  CHECK(a.gen.sampling.temperature == b.gen.sampling.temperature);
+  CHECK(a.gen.sampling.top_k == b.gen.sampling.top_k);
+  CHECK(a.gen.sampling.top_p == b.gen.sampling.top_p);
+  CHECK(a.gen.sampling.min_p == b.gen.sampling.min_p);
+  CHECK(a.gen.sampling.seed == b.gen.sampling.seed);
+}
+
+}  // namespace
+
+TEST_CASE("requests: the common shape is read without a JSON tree, into the plan of the full parse") {
+  PlanLimits limits;
+  limits.context = 512;
+  limits.max_tokens_per_request = 4096;
+  limits.random_seed = 99;
+  const std::vector<std::pair<Endpoint, std::string>> common = {
+      {Endpoint::completion, R"({"model":"stories","prompt":"Once upon a time","max_tokens":1,"temperature":0})"},
+      {Endpoint::completion,
+       R"({"prompt":"Tab\there \"q\" caf\u00e9 \ud83d\ude00 \/ \\ \b\f\r\n\u0000end","max_tokens":5,"seed":-7,)"
+       R"("top_k":3,"top_p":0.5,"min_p":1e-1,"stop":["\n","The"],"stream":true,"n":1})"},
+      {Endpoint::completion, "{\"prompt\":\"caf\xC3\xA9 \xE2\x98\x95 \xF0\x9F\x98\x80\",\"seed\":-0,\"stop\":[]}"},
+      {Endpoint::completion, " {\n\t\"prompt\" : \"Once\" ,\r\n \"max_tokens\" : 100000 , \"temperature\" : 2 } \n"},
+      {Endpoint::chat,
+       R"({"messages":[{"role":"system","content":"Be brief."},{"content":"Hi","role":"user"},)"
+       R"({"role":"assistant","content":"Hello"},{"role":"developer","content":"x"},{"role":"tool","content":"y"}],)"
+       R"("max_completion_tokens":7,"max_tokens":3,"stop":".","temperature":0.7})"},
+      {Endpoint::chat, R"({"messages":[{"role":"user","content":""}],"model":"gpt-4o","stream":false})"},
+      {Endpoint::messages,
+       R"({"model":"claude","system":"Be kind","messages":[{"role":"user","content":"Hi"},)"
+       R"({"role":"assistant","content":"Hey"}],"max_tokens":4,"temperature":1,"stop_sequences":["x"]})"},
+  };
+  for (const auto& [ep, body] : common) {
+    CAPTURE(body);
+    std::optional<Plan> fast = parse_common_request(ep, body, stories(), limits);
+    REQUIRE(fast);
+    // A field no parser reads sends the body the full way.
+    auto full = parse_request(ep, "{\"x_unread\":null," + body.substr(body.find('{') + 1), stories(), limits);
+    REQUIRE(std::holds_alternative<Plan>(full));
+    check_same_plan(*fast, std::get<Plan>(full));
+    auto answer = parse_request(ep, body, stories(), limits);
+    REQUIRE(std::holds_alternative<Plan>(answer));
+    check_same_plan(*fast, std::get<Plan>(answer));
+  }
+
+  // Anything else goes the full way, which words the errors.
+  const std::vector<std::pair<Endpoint, std::string>> other = {
+      {Endpoint::completion, R"({"prompt":"a","max_tokens":null})"},
+      {Endpoint::completion, R"({"prompt":"a","prompt":"b"})"},
+      {Endpoint::completion, R"({"prompt":[1,2,3]})"},
+      {Endpoint::completion, R"({"prompt":"a","logprobs":2})"},
+      {Endpoint::completion, R"({"prompt":"a","max_tokens":2.0})"},
+      {Endpoint::completion, R"({"prompt":"a","max_tokens":01})"},
+      {Endpoint::completion, R"({"prompt":"a","max_tokens":-1})"},
+      {Endpoint::completion, R"({"prompt":"a","max_tokens":99999999999999999999})"},
+      {Endpoint::completion, R"({"prompt":"a","temperature":2.5})"},
+      {Endpoint::completion, R"({"prompt":"a","n":2})"},
+      {Endpoint::completion, R"({"prompt":"a",})"},
+      {Endpoint::completion, R"({"prompt":"a"} x)"},
+      {Endpoint::completion, R"({"prompt":"\ud83d"})"},
+      {Endpoint::completion, R"({"prompt":"\x"})"},
+      {Endpoint::completion, "{\"prompt\":\"\xC3\x28\"}"},
+      {Endpoint::completion, "{\"prompt\":\"a\tb\"}"},
+      {Endpoint::completion, R"({"messages":[{"role":"user","content":"hi"}]})"},
+      {Endpoint::chat, R"({"messages":[]})"},
+      {Endpoint::chat, R"({"messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]})"},
+      {Endpoint::chat, R"({"messages":[{"role":"user"}]})"},
+      {Endpoint::chat, R"({"messages":[{"role":"critic","content":"hi"}]})"},
+      {Endpoint::chat, R"({"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}})"},
+      {Endpoint::messages, R"({"messages":[{"role":"user","content":"hi"}]})"},
+      {Endpoint::messages, R"({"messages":[{"role":"system","content":"hi"}],"max_tokens":3})"},
+  };
+  for (const auto& [ep, body] : other) {
+    CAPTURE(body);
+    CHECK_FALSE(parse_common_request(ep, body, stories(), limits));
+  }
+}
+
 TEST_CASE("responses: OpenAI chat, whole and streamed") {
   Ctx c;
   Route r = route(post("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"logprobs":true})"), c.get());
