@@ -11,6 +11,10 @@
 # The client is bench/http_load.c (compiled here with cc): its own cost counts
 # in ds4's figure, so it is kept to microseconds. On a small shared box, run
 # it with priority (`nice -n -20`) so that other work does not decide the p99.
+# It also prints, per request of the direct runs, the CPU time and the
+# wake-ups (voluntary context switches) of each proxy and worker thread that
+# ran (busiest first): the supervisor process holds the proxy, its child the
+# worker; and the same of nginx's worker process in the runs through it.
 #   bench/proxy_overhead.sh [REQUESTS=2000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +55,8 @@ http {
   access_log off;
   client_body_temp_path $dir/nginx-body;
   proxy_temp_path $dir/nginx-proxy;
-  upstream ds4 { server 127.0.0.1:$port_a; keepalive 64; }
+  keepalive_requests 1000000;  # a client connection takes a round's requests (default: closed after 1000)
+  upstream ds4 { server 127.0.0.1:$port_a; keepalive 64; keepalive_requests 1000000; }
   server {
     listen 127.0.0.1:$port_b;
     location / {
@@ -74,12 +79,35 @@ for _ in $(seq 1 300); do
   curl -sf "http://127.0.0.1:$port_a/health" >/dev/null && curl -sf "http://127.0.0.1:$port_b/health" >/dev/null && break
   sleep 0.1
 done
-python3 - "$n" "$port_a" "$port_b" "$dir/http_load" "$dir/body.json" <<'PY'
+python3 - "$n" "$port_a" "$port_b" "$dir/http_load" "$dir/body.json" "$sup" "$ngx" <<'PY'
 # bench/http_load.c drives the connections (one thread, keep-alive,
 # TCP_NODELAY; a request's time runs from its send to the last byte of its
 # answer). Runs (a) and (b) alternate in 4 rounds so both see the same conditions.
-import subprocess, sys
+import os, subprocess, sys
 n, port_a, port_b, load, body = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+sup, ngx = int(sys.argv[6]), int(sys.argv[7])
+worker = int(open(f"/proc/{sup}/task/{sup}/children").read().split()[0])
+ngx_worker = int(open(f"/proc/{ngx}/task/{ngx}/children").read().split()[0])
+
+def threads():
+    """(process, tid) -> [CPU ns, voluntary context switches] of the supervisor's, the worker's and nginx's threads."""
+    out = {}
+    for name, pid in (("proxy", sup), ("worker", worker), ("nginx", ngx_worker)):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                cpu = int(open(f"/proc/{pid}/task/{tid}/schedstat").read().split()[0])
+                vol = next(int(l.split()[1]) for l in open(f"/proc/{pid}/task/{tid}/status") if l.startswith("voluntary_ctxt_switches"))
+            except (OSError, StopIteration):
+                continue
+            out[(name, int(tid))] = [cpu, vol]
+    return out
+
+def add(total, before, after):
+    for k, v in after.items():
+        b = before.get(k, [0, 0])
+        t = total.setdefault(k, [0, 0])
+        t[0] += v[0] - b[0]
+        t[1] += v[1] - b[1]
 
 def run(port, conc, count):
     out = subprocess.run([load, port, str(conc), str(count), body], check=True, capture_output=True, text=True).stdout
@@ -96,10 +124,15 @@ for conc in (1, 32):
     run(port_a, conc, 4 * conc)  # warm-up
     run(port_b, conc, 4 * conc)
     la, ca, lb, cb = [], [], [], []
+    use, use_b = {}, {}
     for _ in range(4):
+        before = threads()
         t, c = run(port_a, conc, n // 4)
+        add(use, before, threads())
         la += t; ca += c
+        before = threads()
         t, c = run(port_b, conc, n // 4)
+        add(use_b, before, threads())
         lb += t; cb += c
     ds4_add = [l - c for l, c in zip(la, ca)]
     via = [l - c for l, c in zip(lb, cb)]
@@ -108,4 +141,9 @@ for conc in (1, 32):
         g = pct(via, p) - d
         print(f"concurrency {conc:2d} p{p}: latency direct {pct(la, p):.2f} ms, via nginx {pct(lb, p):.2f} ms; "
               f"ds4 added {d:.2f} ms, nginx added {g:.2f} ms")
+    for proc, u in (("proxy", use), ("worker", use), ("nginx", use_b)):
+        mine = sorted((v for k, v in u.items() if k[0] == proc and (v[0] > 0 or v[1] > 0)), key=lambda v: -v[0])
+        cpu = sum(v[0] for v in mine) / len(la) / 1e3
+        print(f"concurrency {conc:2d} {proc}: CPU {cpu:.1f} us per request; by thread (CPU us, wake-ups) "
+              + " ".join(f"({v[0] / len(la) / 1e3:.1f}, {v[1] / len(la):.2f})" for v in mine))
 PY

@@ -126,7 +126,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     do_read();
   }
   void cancel() {
-    if (request_id_ > 0) st_.engine.cancel(request_id_);
+    if (running(false)) st_.engine.cancel(request_id_);
   }
   /// The worker stops: a running request is cancelled and the connection
   /// closes after its answer; an idle one closes now.
@@ -151,7 +151,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   /// The running request's last line went out: take the next request.
   void on_engine_done() {
-    request_id_ = 0;
     maybe_close();
     serve();
   }
@@ -179,12 +178,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Handles the complete lines received, while no generate request runs.
   void serve() {
-    while (request_id_ == 0 && !close_after_ && !peer_gone_) {
+    while (!close_after_ && !peer_gone_) {
       const size_t nl = buf_.find('\n');
       if (nl == std::string::npos) {
+        if (running(false)) return;
         if (buf_.size() > proto::kMaxLineBytes) return send(proto::error_line("request line too long"), true);
         return;
       }
+      if (running(true)) return;  // taken up when it ends
       if (nl > proto::kMaxLineBytes) return send(proto::error_line("request line too long"), true);
       const std::string_view line = std::string_view(buf_).substr(0, nl);
       proto::Request req;
@@ -216,20 +217,33 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.sampling = {g.sampling.temperature, g.sampling.top_k, g.sampling.top_p, g.sampling.min_p, g.sampling.seed};
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
-    auto sink = std::make_shared<Sink>(*st_.io, weak_from_this(), wire_, st_.record);
-    request_id_ = st_.engine.submit(std::move(r), std::move(sink));
+    sink_ = std::make_shared<Sink>(*st_.io, weak_from_this(), wire_, st_.record);
+    request_id_ = st_.engine.submit(std::move(r), sink_);
   }
 
   // Closes once asked to, with no request running and nothing left to send.
   void maybe_close() {
-    if (close_after_ && request_id_ == 0 && wire_->idle()) wire_->close();
+    if (close_after_ && !running(true) && wire_->idle()) wire_->close();
+  }
+
+  /// Whether a generate request runs. Its end usually reaches this thread
+  /// without a wake-up of its own: the next request's bytes wake it anyway.
+  /// `notify`: something waits for the end (a request line, a close), so the
+  /// engine thread posts on_engine_done when it comes.
+  bool running(bool notify) {
+    if (sink_ && sink_->ended(notify)) {
+      sink_.reset();
+      request_id_ = 0;
+    }
+    return sink_ != nullptr;
   }
 
   /// Receives engine callbacks on the engine thread. A step's lines leave
   /// at its end: written by the engine thread itself when the step answered
   /// this request alone (no wait for the I/O thread to wake), else handed to
   /// the I/O thread in one post, so that a busy engine spends no time in
-  /// system calls. Either way they leave in order.
+  /// system calls. Either way they leave in order, and the request counts as
+  /// ended (ended()) only once its last line is out.
   class Sink : public RequestSink {
    public:
     Sink(asio::io_context& io, std::weak_ptr<Connection> c, std::shared_ptr<Wire> wire, control::Writer* record)
@@ -250,7 +264,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       std::lock_guard lock(box_->mu);
       if (alone && !box_->posted) {
         if (wire_->write(step_)) post([](Connection& c) { c.flush(); });
-        if (ended_) post([](Connection& c) { c.on_engine_done(); });
+        box_->ended = ended_;
+        if (ended_ && box_->wanted) post([](Connection& c) { c.on_engine_done(); });
         step_.clear();
         return;
       }
@@ -260,12 +275,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (box_->posted) return;
       box_->posted = true;
       post([box = box_](Connection& c) {
-        std::lock_guard lock(box->mu);  // held while writing: a direct write cannot overtake these lines
-        c.send(box->lines, false);
-        box->lines.clear();
-        box->posted = false;
-        if (box->last) c.on_engine_done();
+        bool last;
+        {
+          std::lock_guard lock(box->mu);  // held while writing: a direct write cannot overtake these lines
+          if (c.wire_->write(box->lines)) c.flush();
+          box->lines.clear();
+          box->posted = false;
+          box->ended = last = box->last;
+        }
+        if (last) c.on_engine_done();
       });
+    }
+    /// I/O thread: whether the last line is out. `notify`: if not, post
+    /// on_engine_done when it is.
+    bool ended(bool notify) {
+      std::lock_guard lock(box_->mu);
+      box_->wanted = box_->wanted || (notify && !box_->ended);
+      return box_->ended;
     }
 
    private:
@@ -274,6 +300,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       std::string lines;  // for the I/O thread to send
       bool last = false;
       bool posted = false;
+      bool ended = false;   // the last line is out
+      bool wanted = false;  // the I/O thread waits for the end
     };
     template <typename F>
     void post(F f) {
@@ -297,6 +325,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool close_after_ = false;
   bool peer_gone_ = false;
   int64_t request_id_ = 0;  // the generate request running, 0 = none
+  std::shared_ptr<Sink> sink_;  // its sink
 };
 
 void do_accept(ServerState& st, local::acceptor& acc) {

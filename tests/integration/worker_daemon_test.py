@@ -65,6 +65,22 @@ second = ask(s, {"op": "generate", "prompt": ONCE, "generated": ONCE_NEXT[:5], "
 third = ask(s, {"op": "info"})
 check(tokens_of(first) == ONCE_NEXT and tokens_of(second) == ONCE_NEXT[5:] and third[-1]["ev"] == "info",
       "one connection serves successive requests (generate, resumed generate, info)")
+# Lines sent while a request runs wait for its end and are then served in
+# order; the bad one last closes the connection after the answers before it.
+line = lambda r: (json.dumps(r) + "\n").encode()
+s.sendall(line({"op": "generate", "prompt": ONCE, "max_tokens": 40, "ignore_eos": True, "temperature": 0}) +
+          line({"op": "generate", "prompt": ONCE, "max_tokens": 12, "temperature": 0}) + line({"op": "info"}) +
+          b"{not json\n")
+buf = b""
+while chunk := s.recv(65536):
+    buf += chunk
+queued = [json.loads(l) for l in buf.splitlines()]
+ends = [i for i, e in enumerate(queued) if e["ev"] != "token"]
+check(len(ends) == 4 and ends[0] == 40 and ends[1] == 53 and [queued[i]["ev"] for i in ends] == ["done", "done", "info", "error"]
+      and tokens_of(queued[ends[0] + 1:ends[1] + 1]) == ONCE_NEXT,
+      "lines sent while a request runs are answered after it, in order; a bad one closes the connection after them")
+s.close()
+s = connect(a.sock)
 bad_then = ask(s, b"{not json\n")
 check(len(bad_then) == 1 and bad_then[0]["ev"] == "error" and s.recv(100) == b"",
       "an unparsable line on a kept connection gets an error, then the connection closes")
@@ -155,8 +171,18 @@ print(f"restarted worker ready {b2.ready_after * 1000:.1f} ms after exec")
 check(tokens_of(request(b2.sock, {"op": "generate", "prompt": ONCE, "max_tokens": 12, "temperature": 0})) == ONCE_NEXT,
       "the restarted worker serves")
 
-# SIGTERM: a clean stop.
+# SIGTERM: a clean stop. A request running on a kept connection is
+# cancelled (the proxy resumes it elsewhere) and the connection closes.
+s = connect(a.sock)
+s.sendall(line({"op": "generate", "prompt": ONCE, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}))
+s.recv(100)
 rc = a.stop(signal.SIGTERM)
+buf = b""
+while chunk := s.recv(65536):
+    buf += chunk
+last = json.loads(buf.splitlines()[-1])
+check(last["ev"] == "done" and last["reason"] == "cancelled", f"SIGTERM cancels a running request and closes its connection: {last}")
+s.close()
 check(rc == 0, f"SIGTERM stops the worker cleanly (exit {rc})")
 check(not os.path.exists(a.sock), "the socket is removed on stop")
 check("stopping on signal" in a.output(), "the worker logs that it stops")
