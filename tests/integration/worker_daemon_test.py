@@ -46,23 +46,10 @@ check(tokens_of(request(a.sock, req)) == tokens_of(request(a.sock, req)), "same 
 # connections send them: each answer ends with its last event and the
 # connection stays open for the next; a line that cannot be parsed gets an
 # error and the connection closes.
-def ask(s, req):
-    s.sendall(req if isinstance(req, bytes) else (json.dumps(req) + "\n").encode())
-    events, buf = [], b""
-    while not events or events[-1]["ev"] not in ("done", "error", "info"):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            events.append(json.loads(line))
-    return events
-
 s = connect(a.sock)
-first = ask(s, {"op": "generate", "prompt": ONCE, "max_tokens": 12, "temperature": 0})
-second = ask(s, {"op": "generate", "prompt": ONCE, "generated": ONCE_NEXT[:5], "max_tokens": 12, "temperature": 0})
-third = ask(s, {"op": "info"})
+first = exchange(s, {"op": "generate", "prompt": ONCE, "max_tokens": 12, "temperature": 0})
+second = exchange(s, {"op": "generate", "prompt": ONCE, "generated": ONCE_NEXT[:5], "max_tokens": 12, "temperature": 0})
+third = exchange(s, {"op": "info"})
 check(tokens_of(first) == ONCE_NEXT and tokens_of(second) == ONCE_NEXT[5:] and third[-1]["ev"] == "info",
       "one connection serves successive requests (generate, resumed generate, info)")
 # Lines sent while a request runs wait for its end and are then served in
@@ -81,7 +68,7 @@ check(len(ends) == 4 and ends[0] == 40 and ends[1] == 53 and [queued[i]["ev"] fo
       "lines sent while a request runs are answered after it, in order; a bad one closes the connection after them")
 s.close()
 s = connect(a.sock)
-bad_then = ask(s, b"{not json\n")
+bad_then = exchange(s, b"{not json\n")
 check(len(bad_then) == 1 and bad_then[0]["ev"] == "error" and s.recv(100) == b"",
       "an unparsable line on a kept connection gets an error, then the connection closes")
 s.close()
@@ -94,7 +81,7 @@ fast = request(c.sock, long_req)
 s = connect(c.sock)
 s.sendall((json.dumps(long_req) + "\n").encode())
 time.sleep(1.0)  # about 1 MB of lines, several times the socket's buffer
-slow = ask(s, b"")
+slow = exchange(s, b"")
 s.close()
 check([e["i"] for e in slow if e["ev"] == "token"] == list(range(1900)) and slow[-1]["ev"] == "done",
       "a slow reader gets every token in order, then done")

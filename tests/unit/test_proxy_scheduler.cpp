@@ -3,20 +3,14 @@
 #include <doctest/doctest.h>
 
 #include "supervisor/proxy/scheduler.h"
+#include "tests/unit/fake_registry.h"
 
 using namespace ds4::proxy;
 using ds4::sup::WorkerInfo;
+using ds4::test::FakeRegistry;
 using ds4::sup::WorkerState;
 
 namespace {
-
-class FakeRegistry : public ds4::sup::WorkerRegistry {
- public:
-  std::vector<WorkerInfo> list;
-  std::vector<std::function<void()>> fns;
-  std::vector<WorkerInfo> workers() const override { return list; }
-  void on_change(std::function<void()> fn) override { fns.push_back(std::move(fn)); }
-};
 
 struct RecordingSink : JobSink {
   std::vector<int64_t> positions;

@@ -9,9 +9,11 @@
 #include <filesystem>
 
 #include "supervisor/proxy/scheduler.h"
+#include "tests/unit/fake_registry.h"
 
 using namespace ds4::proxy;
 using ds4::sup::WorkerInfo;
+using ds4::test::FakeRegistry;
 using ds4::sup::WorkerState;
 namespace asio = boost::asio;
 using local = asio::local::stream_protocol;
@@ -99,17 +101,6 @@ class FakeWorker {
   asio::io_context& io_;
   std::string path_;
   local::acceptor acc_;
-};
-
-class FakeRegistry : public ds4::sup::WorkerRegistry {
- public:
-  std::vector<WorkerInfo> list;
-  std::vector<std::function<void()>> fns;
-  std::vector<WorkerInfo> workers() const override { return list; }
-  void on_change(std::function<void()> fn) override { fns.push_back(std::move(fn)); }
-  void changed() {
-    for (auto& f : fns) f();
-  }
 };
 
 struct TokenSink : JobSink {

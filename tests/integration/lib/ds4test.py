@@ -59,10 +59,9 @@ def connect(path, timeout=30):
     return s
 
 
-def request(path, req, timeout=60):
-    """Sends one request on a new connection; returns its events, up to the
+def exchange(s, req, timeout=60):
+    """Sends one request on an open connection; returns its events, up to the
     answer's last (done, error or info) or until the connection closes."""
-    s = connect(path, timeout)
     data = req if isinstance(req, (bytes, bytearray)) else (json.dumps(req) + "\n").encode()
     try:
         s.sendall(data)
@@ -84,6 +83,13 @@ def request(path, req, timeout=60):
             events.append(json.loads(line))
         if events and events[-1].get("ev") in ("done", "error", "info"):
             break
+    return events
+
+
+def request(path, req, timeout=60):
+    """Sends one request on a new connection and returns its events (exchange)."""
+    s = connect(path, timeout)
+    events = exchange(s, req, timeout)
     s.close()
     return events
 
