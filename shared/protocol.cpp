@@ -20,7 +20,8 @@ T number(const json& j, const char* key, T lo, T hi) {
     if (!v.is_number_integer()) throw Error(std::string("'") + key + "' must be an integer");
     if (v.is_number_unsigned()) {
       const uint64_t u = v.get<uint64_t>();
-      if (u > uint64_t(hi)) throw Error(std::string("'") + key + "' = " + v.dump() + " is out of range");
+      if (u > uint64_t(hi) || (lo > 0 && u < uint64_t(lo)))
+        throw Error(std::string("'") + key + "' = " + v.dump() + " is out of range");
       return T(u);
     }
     const int64_t i = v.get<int64_t>();
@@ -64,7 +65,13 @@ Request general_request(std::string_view line) {
     r.op = Request::Op::info;
     return r;
   }
-  if (op != "generate") throw Error("unknown op '" + op + "' (expected generate or info)");
+  if (op != "generate" && op != "cancel") throw Error("unknown op '" + op + "' (expected generate, cancel or info)");
+  if (j.contains("id")) r.id = number<int64_t>(j, "id", 1, std::numeric_limits<int64_t>::max());
+  if (op == "cancel") {
+    if (r.id == 0) throw Error("cancel needs the 'id' of a request");
+    r.op = Request::Op::cancel;
+    return r;
+  }
   r.op = Request::Op::generate;
   GenerateRequest& g = r.generate;
   try {
@@ -195,7 +202,13 @@ T fast_number(Cursor& c, T lo, T hi) {
 bool fast_generate(std::string_view line, Request& r) {
   Cursor c{line};
   GenerateRequest& g = r.generate;
-  c.lit(R"({"op":"generate","prompt":)");
+  c.lit(R"({"op":"generate",)");
+  if (c.ok && c.s.substr(c.p, 5) == R"("id":)") {
+    c.p += 5;
+    r.id = fast_number<int64_t>(c, 1, std::numeric_limits<int64_t>::max());
+    c.lit(",");
+  }
+  c.lit(R"("prompt":)");
   fast_tokens(c, g.prompt);
   c.lit(R"(,"generated":)");
   fast_tokens(c, g.generated);
@@ -230,6 +243,10 @@ bool fast_token(std::string_view line, Event& e) {
   Cursor c{line};
   c.lit(R"({"ev":"token","i":)");
   e.token.index = c.num<int64_t>();
+  if (c.ok && c.s.substr(c.p, 6) == R"(,"id":)") {
+    c.p += 6;
+    e.id = fast_number<int64_t>(c, 1, std::numeric_limits<int64_t>::max());
+  }
   c.lit(R"(,"lp":)");
   e.token.logprob = float(c.num<double>());  // as json's get<float>(): via double
   c.lit(R"(,"t":)");
@@ -240,8 +257,15 @@ bool fast_token(std::string_view line, Event& e) {
 }
 
 bool fast_done(std::string_view line, Event& e) {
+  e = Event{};  // a token line tried first may have filled some fields
   Cursor c{line};
-  c.lit(R"({"ev":"done","reason":")");
+  c.lit(R"({"ev":"done",)");
+  if (c.ok && c.s.substr(c.p, 5) == R"("id":)") {
+    c.p += 5;
+    e.id = fast_number<int64_t>(c, 1, std::numeric_limits<int64_t>::max());
+    c.lit(",");
+  }
+  c.lit(R"("reason":")");
   e.reason = c.word();
   c.lit(R"(","timings":{"cache_n":)");
   e.timings.cache_n = c.num<int64_t>();
@@ -266,10 +290,16 @@ Request parse_request(std::string_view line) {
   return general_request(line);
 }
 
-std::string to_line(const GenerateRequest& g) {
+std::string to_line(const GenerateRequest& g, int64_t id) {
   std::string s;
   s.reserve(200 + 8 * (g.prompt.size() + g.generated.size()));
-  s += R"({"op":"generate","prompt":)";
+  s += R"({"op":"generate",)";
+  if (id) {
+    s += R"("id":)";
+    put(s, id);
+    s += ',';
+  }
+  s += R"("prompt":)";
   put(s, g.prompt);
   s += R"(,"generated":)";
   put(s, g.generated);
@@ -292,9 +322,20 @@ std::string to_line(const GenerateRequest& g) {
   return s;
 }
 
-std::string token_line(const TokenEvent& e) {
+std::string cancel_line(int64_t id) {
+  std::string s = R"({"op":"cancel","id":)";
+  put(s, id);
+  s += "}\n";
+  return s;
+}
+
+std::string token_line(const TokenEvent& e, int64_t id) {
   std::string s = R"({"ev":"token","i":)";
   put(s, e.index);
+  if (id) {
+    s += R"(,"id":)";
+    put(s, id);
+  }
   s += R"(,"lp":)";
   put_real(s, e.logprob);
   s += R"(,"t":)";
@@ -319,9 +360,19 @@ static json timings_json(const Timings& t) {
           {"prompt_ms", t.prompt_ms}, {"predicted_ms", t.predicted_ms}};
 }
 
-std::string done_line(std::string_view reason, const Timings& t) {
-  if (!plain(reason)) return json{{"ev", "done"}, {"reason", reason}, {"timings", timings_json(t)}}.dump() + "\n";
-  std::string s = R"({"ev":"done","reason":")";
+std::string done_line(std::string_view reason, const Timings& t, int64_t id) {
+  if (!plain(reason)) {
+    json j{{"ev", "done"}, {"reason", reason}, {"timings", timings_json(t)}};
+    if (id) j["id"] = id;
+    return j.dump() + "\n";
+  }
+  std::string s = R"({"ev":"done",)";
+  if (id) {
+    s += R"("id":)";
+    put(s, id);
+    s += ',';
+  }
+  s += R"("reason":")";
   s += reason;
   s += R"(","timings":{"cache_n":)";
   put(s, t.cache_n);
@@ -337,8 +388,10 @@ std::string done_line(std::string_view reason, const Timings& t) {
   return s;
 }
 
-std::string error_line(std::string_view message) {
-  return json{{"ev", "error"}, {"message", message}}.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+std::string error_line(std::string_view message, int64_t id) {
+  json j{{"ev", "error"}, {"message", message}};
+  if (id) j["id"] = id;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 Event parse_event(std::string_view line) {
@@ -348,6 +401,11 @@ Event parse_event(std::string_view line) {
   Event e;
   try {
     const std::string ev = j["ev"];
+    if (j.contains("id")) {
+      const json& id = j["id"];
+      if (!id.is_number_integer() || id.get<int64_t>() <= 0) throw Error("worker sent an event with a bad id " + id.dump());
+      e.id = id.get<int64_t>();
+    }
     if (ev == "token") {
       e.kind = Event::Kind::token;
       // at(), not []: a missing field is an error (json::out_of_range), not undefined behaviour.

@@ -1,24 +1,32 @@
 #pragma once
 /// The worker's token-level protocol, spoken over a Unix stream socket as
-/// newline-delimited JSON. Requests go one after another on a connection;
-/// each answer ends with its done, error or info line, and the next request
-/// may follow on the same connection (a line that cannot be parsed is
-/// answered with an error and the connection closes):
+/// newline-delimited JSON. Each answer ends with its done, error or info line.
 ///
-///   client → worker   {"op":"generate","prompt":[1,403,...],"generated":[432,...],
+///   client → worker   {"op":"generate","id":7,"prompt":[1,403,...],"generated":[432,...],
 ///                      "max_tokens":64,"temperature":0,"top_k":40,"top_p":0.95,
 ///                      "min_p":0.05,"seed":7,"logprobs":0,"ignore_eos":false}
-///   worker → client   {"ev":"token","i":0,"t":432,"lp":-0.01,"top":[[432,-0.01],...]}   (one per token)
-///                     {"ev":"done","reason":"stop|length|context|cancelled","timings":{...}}
-///                  or {"ev":"error","message":"..."}
+///   worker → client   {"ev":"token","i":0,"id":7,"lp":-0.01,"t":432,"top":[[432,-0.01],...]}   (one per token)
+///                     {"ev":"done","id":7,"reason":"stop|length|context|cancelled","timings":{...}}
+///                  or {"ev":"error","id":7,"message":"..."}
 ///
-///   client → worker   {"op":"info"}   →  {"ev":"info", model, ctx, slots, busy, ...}
+///   client → worker   {"op":"cancel","id":7}   the request's done line (cancelled) follows;
+///                                              nothing if it has ended already
+///   client → worker   {"op":"info"}            →  {"ev":"info", model, ctx, slots, busy, ...}
+///
+/// Requests with an "id" (a positive integer, unique among the connection's
+/// running requests) share their connection: the next line is read at once,
+/// every event of the request carries its id, and the events of one step
+/// leave in one write. The proxy sends all its requests to a worker this way,
+/// on one connection. A generate request without "id" has the connection to
+/// itself: its events carry no id, and the next line is read once it ended.
+/// A line that cannot be parsed (or reuses a running id) is answered with an
+/// error line without id, and the connection closes. Closing the connection
+/// cancels every request running on it.
 ///
 /// Resuming: a request whose worker died is sent again, to any worker, with
 /// "generated" holding every token received so far; "i" of the next token is
 /// generated.size(). Sampling draws depend only on (seed, i), so the answer
-/// continues exactly as it would have. Closing the connection cancels the
-/// request running on it.
+/// continues exactly as it would have.
 
 #include <cstdint>
 #include <optional>
@@ -52,14 +60,17 @@ struct GenerateRequest {
 };
 
 struct Request {
-  enum class Op { generate, info } op = Op::info;
+  enum class Op { generate, cancel, info } op = Op::info;
+  int64_t id = 0;  // generate, cancel: the request's id on its connection (0 = none)
   GenerateRequest generate;
 };
 
 /// Parses one request line. Throws ds4::Error saying which field is wrong and
 /// what was expected (types, ranges, sizes); never anything else.
 Request parse_request(std::string_view line);
-std::string to_line(const GenerateRequest& r);
+/// `id` 0: a request without id.
+std::string to_line(const GenerateRequest& r, int64_t id = 0);
+std::string cancel_line(int64_t id);
 
 struct TokenEvent {
   int64_t index = 0;
@@ -73,13 +84,15 @@ struct Timings {
   double prompt_ms = 0, predicted_ms = 0;
 };
 
-std::string token_line(const TokenEvent& e);
-std::string done_line(std::string_view reason, const Timings& t);
-std::string error_line(std::string_view message);
+/// `id`: the request's id, 0 when it has none.
+std::string token_line(const TokenEvent& e, int64_t id = 0);
+std::string done_line(std::string_view reason, const Timings& t, int64_t id = 0);
+std::string error_line(std::string_view message, int64_t id = 0);
 
 /// One event a worker sent, parsed (for clients: the proxy, tests, tools).
 struct Event {
   enum class Kind { token, done, error, info } kind = Kind::error;
+  int64_t id = 0;       // the request's id, 0 when it has none
   TokenEvent token;
   std::string reason;   // done
   Timings timings;      // done

@@ -167,8 +167,9 @@ void Engine::admit() {
 void Engine::end_step() {
   std::sort(heard_.begin(), heard_.end());
   heard_.erase(std::unique(heard_.begin(), heard_.end()), heard_.end());
-  for (auto& s : heard_) s->on_step_end(heard_.size() == 1);
+  for (auto& s : heard_) s->on_step_end();
   heard_.clear();
+  if (step_end_) step_end_();
 }
 
 bool Engine::step() {

@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,9 +51,8 @@ class RequestSink {
   virtual void on_token(int64_t index, const Sampled& s) = 0;
   virtual void on_done(Finish reason, const Timings& t, const std::string& error) = 0;
   /// The end of a step in which this sink heard something: the events of a
-  /// step are complete (their timings measured) before they leave. `alone`:
-  /// no other request heard anything in this step.
-  virtual void on_step_end(bool alone) {}
+  /// step are complete (their timings measured) before they leave.
+  virtual void on_step_end() {}
 };
 
 struct EngineStats {
@@ -77,6 +77,9 @@ class Engine {
   void wait_for_work(std::chrono::milliseconds timeout);
   /// Steps until no request is left (for one-shot use).
   void run_until_idle();
+  /// Runs on the engine thread at the end of every step, after the sinks'
+  /// on_step_end(): a server sends each connection's lines of the step at once.
+  void on_step_end(std::function<void()> f) { step_end_ = std::move(f); }
 
   EngineStats stats() const;
   const EngineShape& shape() const { return shape_; }
@@ -99,6 +102,7 @@ class Engine {
   std::vector<Slot> slots_;
   std::vector<float> sample_scratch_;
   std::vector<std::shared_ptr<RequestSink>> heard_;  // sinks with events in this step
+  std::function<void()> step_end_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -27,6 +27,7 @@ namespace asio = boost::asio;
 using local = asio::local::stream_protocol;
 
 class Connection;
+struct Outbox;
 
 struct ServerState {
   asio::io_context* io = nullptr;
@@ -35,6 +36,7 @@ struct ServerState {
   std::map<Connection*, std::weak_ptr<Connection>> live;
   bool stopping = false;
   control::Writer* record = nullptr;  // our control block record, if any
+  std::vector<std::shared_ptr<Outbox>> touched;  // engine thread: connections with lines in this step
 };
 
 /// The write side of a connection, shared by its I/O thread and the engine
@@ -112,33 +114,99 @@ class Wire {
   bool broken_ = false;
 };
 
-/// One client connection: request lines one after another, each answered by
-/// events that end with its done, error or info line; the connection then
-/// waits for the next request. A generate request runs to its end before the
-/// next line is taken. EOF (or an error) while one runs cancels it; a line
-/// that cannot be parsed is answered with an error and the connection closes.
+/// A request's events, gathered on the engine thread.
+class Sink : public RequestSink, public std::enable_shared_from_this<Sink> {
+ public:
+  Sink(ServerState& st, std::shared_ptr<Outbox> out, int64_t id) : st_(st), out_(std::move(out)), id_(id) {}
+  void on_token(int64_t index, const Sampled& s) override {
+    proto::TokenEvent e{index, s.token, s.logprob, {}};
+    for (const auto& t : s.top) e.top.emplace_back(t.token, t.logprob);
+    step_ += proto::token_line(e, id_);
+  }
+  void on_done(Finish reason, const Timings& t, const std::string& error) override {
+    if (st_.record) st_.record->count_request(uint64_t(t.prompt_n), uint64_t(t.predicted_n), reason == Finish::error);
+    step_ += reason == Finish::error ? proto::error_line(error, id_)
+                                     : proto::done_line(finish_name(reason),
+                                                        {t.prompt_n, t.cache_n, t.predicted_n, t.prompt_ms, t.predicted_ms}, id_);
+    ended_ = true;
+  }
+  void on_step_end() override;
+
+  int64_t engine_id = 0;  // the engine's id of the request (I/O thread)
+  bool out = false;       // its last line is out (guarded by the Outbox's mutex)
+
+ private:
+  ServerState& st_;
+  std::shared_ptr<Outbox> out_;
+  const int64_t id_;   // the client's id, 0 = none
+  std::string step_;   // this step's lines
+  bool ended_ = false;
+};
+
+/// What leaves a connection, from the engine thread: a step's lines of all
+/// the connection's requests go out together at the step's end (flush),
+/// written by the engine thread itself when the step answered this connection
+/// alone (no wait for the I/O thread to wake), else handed to the I/O thread
+/// in one post, so that a busy engine spends no time in system calls. Either
+/// way they leave in order, and a request counts as ended (Sink::out) only
+/// once its last line is out.
+struct Outbox : std::enable_shared_from_this<Outbox> {
+  Outbox(std::weak_ptr<Connection> c, std::shared_ptr<Wire> w) : conn(std::move(c)), wire(std::move(w)) {}
+
+  // Engine thread: called for every connection this step answered.
+  void flush(bool alone, asio::io_context& io);
+  // I/O thread: writes the lines handed over (c: null once the connection is gone).
+  void deliver(Connection* c);
+
+  const std::weak_ptr<Connection> conn;
+  const std::shared_ptr<Wire> wire;
+  // Engine thread only:
+  std::string step;                             // this step's lines
+  std::vector<std::shared_ptr<Sink>> step_ends;  // requests whose last line is among them
+  bool touched = false;                         // listed in ServerState::touched
+  // Under mu:
+  std::mutex mu;
+  std::string posted;                           // handed to the I/O thread, not written yet
+  std::vector<std::shared_ptr<Sink>> posted_ends;
+  bool posting = false;
+  bool wanted = false;  // the I/O thread waits to hear of an end (a line behind a request, a close)
+};
+
+void Sink::on_step_end() {
+  out_->step += step_;
+  step_.clear();
+  if (ended_) out_->step_ends.push_back(shared_from_this());
+  if (!out_->touched) {
+    out_->touched = true;
+    st_.touched.push_back(out_);
+  }
+}
+
+/// One client connection. A generate request with an id shares it with
+/// others: the next line is taken at once. One without id has it alone: the
+/// next line is taken when it ends. EOF (or an error) cancels what runs; a
+/// line that cannot be parsed is answered with an error and the connection
+/// closes.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(ServerState& st, local::socket sock) : st_(st), wire_(std::make_shared<Wire>(std::move(sock))) {}
 
   void start() {
+    out_ = std::make_shared<Outbox>(weak_from_this(), wire_);
     st_.live[this] = weak_from_this();
     do_read();
   }
-  void cancel() {
-    if (running(false)) st_.engine.cancel(request_id_);
-  }
-  /// The worker stops: a running request is cancelled and the connection
-  /// closes after its answer; an idle one closes now.
-  void stop() {
-    close_after_ = true;
-    cancel();
-    maybe_close();
-  }
-  /// Sends bytes to the client (I/O thread).
+  /// The worker stops: running requests are cancelled and the connection
+  /// closes after their answers; an idle one closes now.
+  void stop() { send({}, true); }
+  /// Sends bytes to the client (I/O thread); `close_after`: the connection
+  /// closes, and what runs on it is cancelled.
   void send(std::string_view bytes, bool close_after) {
     if (wire_->write(bytes)) flush();
-    close_after_ = close_after_ || close_after;
+    if (close_after && !close_after_) {
+      close_after_ = true;
+      cancel_all();
+    }
     maybe_close();
   }
   /// Sends what the socket did not take yet, when it has room (I/O thread).
@@ -149,8 +217,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       self->maybe_close();
     });
   }
-  /// The running request's last line went out: take the next request.
-  void on_engine_done() {
+  /// A request's last line went out while something waited for it.
+  void on_end() {
     maybe_close();
     serve();
   }
@@ -162,13 +230,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   // One read is always pending until EOF: it brings the next requests, and
-  // EOF while a request runs cancels it.
+  // EOF cancels what runs.
   void do_read() {
     auto self = shared_from_this();
     wire_->socket().async_read_some(asio::buffer(in_), [this, self](boost::system::error_code ec, size_t n) {
       if (ec) {
         peer_gone_ = true;
-        return cancel();
+        return cancel_all();
       }
       if (!close_after_) buf_.append(in_, n);  // closing: what follows is not answered
       serve();
@@ -176,40 +244,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
     });
   }
 
-  // Handles the complete lines received, while no generate request runs.
+  // Handles the complete lines received, up to one that must wait for a
+  // request without id to end.
   void serve() {
     while (!close_after_ && !peer_gone_) {
       const size_t nl = buf_.find('\n');
       if (nl == std::string::npos) {
-        if (running(false)) return;
-        if (buf_.size() > proto::kMaxLineBytes) return send(proto::error_line("request line too long"), true);
+        if (buf_.size() > proto::kMaxLineBytes && !serial_running(false))
+          return send(proto::error_line("request line too long"), true);
         return;
       }
-      if (running(true)) return;  // taken up when it ends
+      if (serial_ && serial_running(true)) return;  // taken up when it ends
       if (nl > proto::kMaxLineBytes) return send(proto::error_line("request line too long"), true);
-      const std::string_view line = std::string_view(buf_).substr(0, nl);
       proto::Request req;
       try {
-        req = proto::parse_request(line);
+        req = proto::parse_request(std::string_view(buf_).substr(0, nl));
       } catch (const Error& e) {
         if (st_.record) st_.record->count_error();
         return send(proto::error_line(e.what()), true);
       }
       buf_.erase(0, nl + 1);
-      if (req.op == proto::Request::Op::info) {
-        nlohmann::json info = st_.info;
-        const EngineStats s = st_.engine.stats();
-        info["busy"] = s.busy;
-        info["waiting"] = s.waiting;
-        send(info.dump() + "\n", false);
-        continue;
+      switch (req.op) {
+        case proto::Request::Op::info: {
+          nlohmann::json info = st_.info;
+          const EngineStats s = st_.engine.stats();
+          info["busy"] = s.busy;
+          info["waiting"] = s.waiting;
+          send(info.dump() + "\n", false);
+          break;
+        }
+        case proto::Request::Op::cancel:
+          // One that ended already is not found by the engine: nothing happens.
+          if (auto it = tagged_.find(req.id); it != tagged_.end()) st_.engine.cancel(it->second->engine_id);
+          break;
+        case proto::Request::Op::generate:
+          if (st_.stopping) return send(proto::error_line("worker is stopping", req.id), true);
+          if (req.id && tagged_running(req.id))
+            return send(proto::error_line("request id " + std::to_string(req.id) + " is already running on this connection"), true);
+          start_generate(std::move(req.generate), req.id);
+          break;
       }
-      if (st_.stopping) return send(proto::error_line("worker is stopping"), true);
-      start_generate(std::move(req.generate));
     }
   }
 
-  void start_generate(proto::GenerateRequest&& g) {
+  void start_generate(proto::GenerateRequest&& g, int64_t id) {
     GenerateRequest r;
     r.prompt = std::move(g.prompt);
     r.generated = std::move(g.generated);
@@ -217,8 +295,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.sampling = {g.sampling.temperature, g.sampling.top_k, g.sampling.top_p, g.sampling.min_p, g.sampling.seed};
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
-    sink_ = std::make_shared<Sink>(*st_.io, weak_from_this(), wire_, st_.record);
-    request_id_ = st_.engine.submit(std::move(r), sink_);
+    auto sink = std::make_shared<Sink>(st_, out_, id);
+    sink->engine_id = st_.engine.submit(std::move(r), sink);
+    if (!id) {
+      serial_ = std::move(sink);
+      return;
+    }
+    if (tagged_.size() >= forget_at_) forget_ended();
+    tagged_[id] = std::move(sink);
+  }
+
+  void cancel_all() {
+    if (serial_) st_.engine.cancel(serial_->engine_id);
+    for (auto& [id, s] : tagged_) st_.engine.cancel(s->engine_id);
   }
 
   // Closes once asked to, with no request running and nothing left to send.
@@ -226,107 +315,99 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (close_after_ && !running(true) && wire_->idle()) wire_->close();
   }
 
-  /// Whether a generate request runs. Its end usually reaches this thread
-  /// without a wake-up of its own: the next request's bytes wake it anyway.
-  /// `notify`: something waits for the end (a request line, a close), so the
-  /// engine thread posts on_engine_done when it comes.
-  bool running(bool notify) {
-    if (sink_ && sink_->ended(notify)) {
-      sink_.reset();
-      request_id_ = 0;
-    }
-    return sink_ != nullptr;
+  // Whether requests run, forgetting those whose last line is out. These
+  // take the lock the engine thread holds while it writes: the usual paths
+  // (a request with an id starts, a cancel) do without. `notify`: something
+  // waits for an end, so the engine thread posts on_end() when one comes.
+  bool serial_running(bool notify) {
+    std::lock_guard lock(out_->mu);
+    if (serial_ && serial_->out) serial_.reset();
+    out_->wanted = out_->wanted || (notify && serial_);
+    return serial_ != nullptr;
   }
-
-  /// Receives engine callbacks on the engine thread. A step's lines leave
-  /// at its end: written by the engine thread itself when the step answered
-  /// this request alone (no wait for the I/O thread to wake), else handed to
-  /// the I/O thread in one post, so that a busy engine spends no time in
-  /// system calls. Either way they leave in order, and the request counts as
-  /// ended (ended()) only once its last line is out.
-  class Sink : public RequestSink {
-   public:
-    Sink(asio::io_context& io, std::weak_ptr<Connection> c, std::shared_ptr<Wire> wire, control::Writer* record)
-        : io_(io), c_(std::move(c)), wire_(std::move(wire)), record_(record) {}
-    void on_token(int64_t index, const Sampled& s) override {
-      proto::TokenEvent e{index, s.token, s.logprob, {}};
-      for (const auto& t : s.top) e.top.emplace_back(t.token, t.logprob);
-      step_ += proto::token_line(e);
+  bool tagged_running(int64_t id) {
+    auto it = tagged_.find(id);
+    if (it == tagged_.end()) return false;
+    std::lock_guard lock(out_->mu);
+    if (!it->second->out) return true;
+    tagged_.erase(it);
+    return false;
+  }
+  bool running(bool notify) {
+    std::lock_guard lock(out_->mu);
+    if (serial_ && serial_->out) serial_.reset();
+    std::erase_if(tagged_, [](const auto& kv) { return kv.second->out; });
+    const bool any = serial_ || !tagged_.empty();
+    out_->wanted = out_->wanted || (notify && any);
+    return any;
+  }
+  void forget_ended() {
+    {
+      std::lock_guard lock(out_->mu);
+      std::erase_if(tagged_, [](const auto& kv) { return kv.second->out; });
     }
-    void on_done(Finish reason, const Timings& t, const std::string& error) override {
-      if (record_) record_->count_request(uint64_t(t.prompt_n), uint64_t(t.predicted_n), reason == Finish::error);
-      step_ += reason == Finish::error ? proto::error_line(error)
-                                       : proto::done_line(finish_name(reason), {t.prompt_n, t.cache_n, t.predicted_n,
-                                                                                t.prompt_ms, t.predicted_ms});
-      ended_ = true;
-    }
-    void on_step_end(bool alone) override {
-      std::lock_guard lock(box_->mu);
-      if (alone && !box_->posted) {
-        if (wire_->write(step_)) post([](Connection& c) { c.flush(); });
-        box_->ended = ended_;
-        if (ended_ && box_->wanted) post([](Connection& c) { c.on_engine_done(); });
-        step_.clear();
-        return;
-      }
-      box_->lines += step_;
-      box_->last = ended_;
-      step_.clear();
-      if (box_->posted) return;
-      box_->posted = true;
-      post([box = box_](Connection& c) {
-        bool last;
-        {
-          std::lock_guard lock(box->mu);  // held while writing: a direct write cannot overtake these lines
-          if (c.wire_->write(box->lines)) c.flush();
-          box->lines.clear();
-          box->posted = false;
-          box->ended = last = box->last;
-        }
-        if (last) c.on_engine_done();
-      });
-    }
-    /// I/O thread: whether the last line is out. `notify`: if not, post
-    /// on_engine_done when it is.
-    bool ended(bool notify) {
-      std::lock_guard lock(box_->mu);
-      box_->wanted = box_->wanted || (notify && !box_->ended);
-      return box_->ended;
-    }
-
-   private:
-    struct Outbox {
-      std::mutex mu;
-      std::string lines;  // for the I/O thread to send
-      bool last = false;
-      bool posted = false;
-      bool ended = false;   // the last line is out
-      bool wanted = false;  // the I/O thread waits for the end
-    };
-    template <typename F>
-    void post(F f) {
-      asio::post(io_, [c = c_, f = std::move(f)] {
-        if (auto conn = c.lock()) f(*conn);
-      });
-    }
-    asio::io_context& io_;
-    std::weak_ptr<Connection> c_;
-    std::shared_ptr<Wire> wire_;
-    control::Writer* record_;
-    std::shared_ptr<Outbox> box_ = std::make_shared<Outbox>();
-    std::string step_;  // this step's lines (engine thread)
-    bool ended_ = false;
-  };
+    forget_at_ = std::max<size_t>(64, 2 * tagged_.size());
+  }
 
   ServerState& st_;
   std::shared_ptr<Wire> wire_;
+  std::shared_ptr<Outbox> out_;
   char in_[16384];
   std::string buf_;  // received, not yet handled
   bool close_after_ = false;
   bool peer_gone_ = false;
-  int64_t request_id_ = 0;  // the generate request running, 0 = none
-  std::shared_ptr<Sink> sink_;  // its sink
+  std::shared_ptr<Sink> serial_;                     // the request without id that runs, if any
+  std::map<int64_t, std::shared_ptr<Sink>> tagged_;  // requests with ids, by id, until seen ended
+  size_t forget_at_ = 64;                            // tagged_ size at which ended ones are dropped
 };
+
+void Outbox::flush(bool alone, asio::io_context& io) {
+  touched = false;
+  std::lock_guard lock(mu);
+  if (alone && !posting) {
+    if (wire->write(step)) {
+      asio::post(io, [c = conn] {
+        if (auto p = c.lock()) p->flush();
+      });
+    }
+    step.clear();
+    for (auto& s : step_ends) s->out = true;
+    const bool tell = !step_ends.empty() && wanted;
+    step_ends.clear();
+    if (tell) {
+      wanted = false;
+      asio::post(io, [c = conn] {
+        if (auto p = c.lock()) p->on_end();
+      });
+    }
+    return;
+  }
+  posted += step;
+  step.clear();
+  posted_ends.insert(posted_ends.end(), std::make_move_iterator(step_ends.begin()), std::make_move_iterator(step_ends.end()));
+  step_ends.clear();
+  if (posting) return;
+  posting = true;
+  asio::post(io, [self = shared_from_this()] {
+    auto c = self->conn.lock();
+    self->deliver(c.get());
+  });
+}
+
+void Outbox::deliver(Connection* c) {
+  bool ended;
+  {
+    std::lock_guard lock(mu);  // held while writing: a direct write cannot overtake these lines
+    if (c && wire->write(posted)) c->flush();
+    posted.clear();
+    ended = !posted_ends.empty();
+    for (auto& s : posted_ends) s->out = true;
+    posted_ends.clear();
+    posting = false;
+    if (ended) wanted = false;  // told below, on this thread
+  }
+  if (c && ended) c->on_end();
+}
 
 void do_accept(ServerState& st, local::acceptor& acc) {
   acc.async_accept([&st, &acc](boost::system::error_code ec, local::socket sock) {
@@ -380,9 +461,16 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
   Engine engine(backend, hp, lm.tokenizer.eos(), opts.shape);
   // The state outlives the io_context: handlers it still holds when it is
   // destroyed release their connections, which unregister from the state.
-  ServerState st{nullptr, engine, {}, {}, false, record.get()};
+  ServerState st{nullptr, engine, {}, {}, false, record.get(), {}};
   asio::io_context io;
   st.io = &io;
+  // Each connection's lines of a step leave together; written by the engine
+  // thread when only one connection has any (see Outbox).
+  engine.on_step_end([&st] {
+    const bool alone = st.touched.size() == 1;
+    for (auto& o : st.touched) o->flush(alone, *st.io);
+    st.touched.clear();
+  });
   st.info = {{"ev", "info"},
              {"id", opts.id},
              {"pid", int64_t(getpid())},

@@ -198,8 +198,7 @@ void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w)
         if (alive.expired()) return;
         if (auto j = wj.lock()) on_broken(j, why, answered);
       }};
-  job->call = pool_.call({w.id, w.generation, w.socket_path, size_t(std::max<int64_t>(w.slots, 1))},
-                         proto::to_line(job->gen), std::move(h));
+  job->call = pool_.call({w.id, w.generation, w.socket_path}, job->gen, std::move(h));
 }
 
 void Scheduler::on_event(const std::shared_ptr<Job>& job, proto::Event&& e) {

@@ -7,8 +7,8 @@
 /// to the head of the queue with every token received so far and continues
 /// on the next ready worker from exactly there: the worker samples token i
 /// from (seed, i) only, so the continuation is the one an undisturbed run
-/// would have produced. Calls go out on the WorkerPool's connections, kept
-/// open between requests (worker_call.h).
+/// would have produced. Calls go out on the WorkerPool's connections, one
+/// per worker, shared by all calls to it (worker_call.h).
 ///
 /// Everything runs on the io_context's one thread.
 

@@ -9,38 +9,85 @@ namespace ds4::proxy {
 namespace asio = boost::asio;
 using local = asio::local::stream_protocol;
 
-/// One open connection to a worker: busy with one call, or idle in its pool.
-/// One read is always pending while it is open; it brings the call's events,
-/// or, while idle, tells that the worker closed the connection (or broke the
-/// protocol), and the connection is dropped.
+/// One connection to a worker process, carrying the calls to it by id. One
+/// read is always pending while it is open. Lines go out at once when the
+/// socket takes them; the rest waits, in order, for one write at a time.
 class WorkerLink : public std::enable_shared_from_this<WorkerLink> {
  public:
   WorkerLink(asio::io_context& io, WorkerPool& pool, WorkerTarget target)
-      : sock_(io), pool_(pool), target_(std::move(target)) {}
+      : sock_(io), pool_(pool), pool_alive_(pool.alive_), target_(std::move(target)) {}
 
   void connect() {
     sock_.async_connect(local::endpoint(target_.socket_path), [self = shared_from_this()](const boost::system::error_code& ec) {
-      if (!self->sock_.is_open()) return;  // its call was cancelled meanwhile
+      if (!self->sock_.is_open()) return;  // closed meanwhile
       if (ec) return self->lost("cannot connect to " + self->target_.socket_path + ": " + ec.message());
       boost::system::error_code ignored;
-      self->sock_.non_blocking(true, ignored);  // send() sends at once what the socket takes
+      self->sock_.non_blocking(true, ignored);  // write() sends at once what the socket takes
+      self->connected_ = true;
       self->read();
-      if (self->call_) self->call_->send();
+      if (!self->waiting_.empty()) self->drain();
     });
   }
 
-  void close() {
-    call_ = nullptr;
+  void start(const std::shared_ptr<WorkerCall>& call, const proto::GenerateRequest& g) {
+    call->id_ = next_id_++;
+    call->link_ = shared_from_this();
+    calls_[call->id_] = call;
+    write(proto::to_line(g, call->id_));
+  }
+
+  /// Forgets call `id` and has the worker stop it.
+  void cancel(int64_t id) {
+    if (!calls_.erase(id) || !sock_.is_open()) return;
+    write(proto::cancel_line(id));
+    if (retired_ && calls_.empty()) close();  // after the cancel has gone out
+  }
+
+  /// No new call comes: closes once the running ones end.
+  void retire() {
+    retired_ = true;
+    if (calls_.empty()) close();
+  }
+
+  /// `now`: without waiting for the lines not sent yet (cancels) to go out.
+  void close(bool now = false) {
+    if (!now && (writing_ || !waiting_.empty())) {
+      closing_ = true;
+      return;
+    }
     boost::system::error_code ignored;
     sock_.close(ignored);
   }
 
-  local::socket sock_;
-  WorkerPool& pool_;
-  WorkerTarget target_;
-  WorkerCall* call_ = nullptr;  // null while idle
+  const WorkerTarget& target() const { return target_; }
 
  private:
+  void write(std::string line) {
+    if (!connected_ || writing_ || !waiting_.empty()) {
+      waiting_ += line;
+      return;
+    }
+    boost::system::error_code ec;
+    const size_t n = sock_.write_some(asio::buffer(line), ec);  // the socket usually takes it all
+    if (!ec && n == line.size()) return;
+    waiting_.assign(line, ec ? 0 : n);  // the rest, or an error, goes the asynchronous way
+    drain();
+  }
+
+  void drain() {
+    writing_ = true;
+    sending_.swap(waiting_);
+    waiting_.clear();
+    asio::async_write(sock_, asio::buffer(sending_), [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+      self->writing_ = false;
+      self->sending_.clear();
+      if (!self->sock_.is_open()) return;
+      if (ec) return self->lost("cannot send to " + self->target_.socket_path + ": " + ec.message());
+      if (!self->waiting_.empty()) return self->drain();
+      if (self->closing_) self->close();
+    });
+  }
+
   void read() {
     sock_.async_read_some(asio::buffer(in_), [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
       self->on_read(ec, n);
@@ -48,52 +95,77 @@ class WorkerLink : public std::enable_shared_from_this<WorkerLink> {
   }
 
   void on_read(const boost::system::error_code& ec, size_t n) {
-    if (!sock_.is_open()) return;  // closed by its call or its pool
+    if (!sock_.is_open()) return;  // closed by the pool or its last call
     if (ec) return lost(ec == asio::error::eof ? "the worker closed the connection" : ec.message());
-    if (!call_) return lost("the worker sent something unasked");
+    auto self = shared_from_this();  // a handler may drop every other reference
     buf_.append(in_, n);
     size_t from = 0;
-    for (size_t nl; call_ && (nl = buf_.find('\n', from)) != std::string::npos; from = nl + 1) {
+    for (size_t nl; (nl = buf_.find('\n', from)) != std::string::npos; from = nl + 1) {
       proto::Event e;
       try {
         e = proto::parse_event(std::string_view(buf_).substr(from, nl - from));
       } catch (const Error& err) {
         return lost(err.what());
       }
-      deliver(std::move(e), nl + 1 == buf_.size());
+      if (e.id == 0)  // the worker refused a line (it then closes), or broke the protocol
+        return lost(e.kind == proto::Event::Kind::error ? "the worker refused a request: " + e.message
+                                                        : "the worker sent an event without a request id");
+      deliver(std::move(e));
+      if (!sock_.is_open()) return;
     }
-    if (!sock_.is_open()) return;
     buf_.erase(0, from);
     if (buf_.size() > proto::kMaxLineBytes) return lost("the worker sent a line longer than " + std::to_string(proto::kMaxLineBytes) + " bytes");
     read();
   }
 
-  // One event to the call. After its last event (done or error) the call is
-  // over: the connection goes back to the pool when nothing else came with it
-  // and the worker finished the work, else it closes.
-  void deliver(proto::Event&& e, bool nothing_after) {
-    std::shared_ptr<WorkerCall> call = call_->shared_from_this();  // the handler may drop every other reference
+  // One event to its call; events of a cancelled call are dropped. After its
+  // last event (done or error) the call is over.
+  void deliver(proto::Event&& e) {
+    auto it = calls_.find(e.id);
+    if (it == calls_.end()) return;
+    std::shared_ptr<WorkerCall> call = it->second.lock();
+    if (!call) {
+      calls_.erase(it);
+      return;
+    }
     call->answered_ = true;
     if (e.kind == proto::Event::Kind::done || e.kind == proto::Event::Kind::error) {
-      auto self = shared_from_this();
+      calls_.erase(it);
       call->finished_ = true;
       call->link_.reset();
-      call_ = nullptr;
-      if (e.kind == proto::Event::Kind::done && e.reason != "cancelled" && nothing_after) pool_.put(self);
-      else close();
+      if (retired_ && calls_.empty()) close();
     }
     call->h_.on_event(std::move(e));
   }
 
-  // The connection failed: its call breaks, or an idle one is forgotten.
+  // The connection failed: every call on it breaks.
   void lost(const std::string& why) {
     auto self = shared_from_this();
-    WorkerCall* call = call_;
-    if (!call) pool_.forget(this);
-    close();
-    if (call) call->broken(why);
+    if (!pool_alive_.expired()) pool_.forget(this);
+    waiting_.clear();
+    closing_ = false;
+    writing_ = false;
+    boost::system::error_code ignored;
+    sock_.close(ignored);
+    std::vector<std::weak_ptr<WorkerCall>> calls;
+    for (auto& [id, c] : calls_) calls.push_back(c);
+    calls_.clear();
+    for (auto& c : calls)
+      if (auto call = c.lock()) call->broken(why);
   }
 
+  local::socket sock_;
+  WorkerPool& pool_;
+  std::weak_ptr<bool> pool_alive_;  // the pool outlives no connection it made
+  WorkerTarget target_;
+  std::map<int64_t, std::weak_ptr<WorkerCall>> calls_;  // running, by request id
+  int64_t next_id_ = 1;
+  bool connected_ = false;
+  bool retired_ = false;
+  bool closing_ = false;  // close once the lines waiting are out
+  bool writing_ = false;  // an asynchronous write of sending_ runs
+  std::string sending_;   // its bytes
+  std::string waiting_;   // lines after them
   char in_[16384];
   std::string buf_;  // received, not yet delivered
 };
@@ -105,88 +177,57 @@ WorkerCall::~WorkerCall() { cancel(); }
 void WorkerCall::cancel() {
   finished_ = true;
   if (link_) {
-    link_->close();
-    link_.reset();
+    auto link = std::move(link_);
+    link->cancel(id_);
   }
-}
-
-void WorkerCall::send() {
-  boost::system::error_code ec;  // the socket usually takes the line at once: no completion to wait for
-  const size_t n = link_->sock_.write_some(asio::buffer(request_), ec);
-  if (!ec && n == request_.size()) return;
-  request_.erase(0, n);  // the rest, or an error, goes the asynchronous way
-  asio::async_write(link_->sock_, asio::buffer(request_), [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-    if (ec && !self->finished_) self->broken("cannot send to " + self->link_->target_.socket_path + ": " + ec.message());
-  });
 }
 
 void WorkerCall::broken(const std::string& why) {
   if (finished_) return;
   auto self = shared_from_this();
   const bool answered = answered_;
-  cancel();
+  finished_ = true;
+  link_.reset();
   h_.on_broken(why, answered);
 }
 
 // ---- WorkerPool ----
 
 WorkerPool::~WorkerPool() {
-  for (auto& [id, links] : idle_)
-    for (auto& l : links) l->close();
+  for (auto& [id, l] : links_) l->close(true);
 }
 
-std::shared_ptr<WorkerCall> WorkerPool::call(const WorkerTarget& w, std::string request_line, WorkerCall::Handler h) {
-  auto call = std::make_shared<WorkerCall>(std::move(request_line), std::move(h));
-  if (auto it = idle_.find(w.id); it != idle_.end()) {
-    auto& links = it->second;
-    while (!links.empty()) {
-      std::shared_ptr<WorkerLink> l = std::move(links.back());
-      links.pop_back();
-      if (l->target_.generation != w.generation) {
-        l->close();
-        continue;
-      }
-      l->target_.max_idle = w.max_idle;
-      l->call_ = call.get();
-      call->link_ = std::move(l);
-      call->send();
-      return call;
-    }
+std::shared_ptr<WorkerCall> WorkerPool::call(const WorkerTarget& w, const proto::GenerateRequest& g, WorkerCall::Handler h) {
+  std::shared_ptr<WorkerLink>& l = links_[w.id];
+  if (l && l->target().generation != w.generation) {
+    l->retire();
+    l.reset();
   }
-  auto l = std::make_shared<WorkerLink>(io_, *this, w);
-  ++opened_;
-  l->call_ = call.get();
-  call->link_ = l;
-  l->connect();
+  if (!l) {
+    l = std::make_shared<WorkerLink>(io_, *this, w);
+    ++opened_;
+    l->connect();
+  }
+  auto call = std::make_shared<WorkerCall>(std::move(h));
+  l->start(call, g);
   return call;
 }
 
 void WorkerPool::retain(const std::vector<sup::WorkerInfo>& workers) {
-  for (auto& [id, links] : idle_) {
-    auto w = std::find_if(workers.begin(), workers.end(), [id = id](const sup::WorkerInfo& w) { return w.id == id; });
-    std::erase_if(links, [&](const std::shared_ptr<WorkerLink>& l) {
-      const bool keep = w != workers.end() && w->state == sup::WorkerState::ready && w->generation == l->target_.generation;
-      if (!keep) l->close();
-      return !keep;
-    });
-  }
+  std::erase_if(links_, [&](const auto& kv) {
+    const auto& l = kv.second;
+    auto w = std::find_if(workers.begin(), workers.end(), [&](const sup::WorkerInfo& w) { return w.id == kv.first; });
+    const bool keep = w != workers.end() && w->state == sup::WorkerState::ready && w->generation == l->target().generation;
+    if (!keep) l->retire();
+    return !keep;
+  });
 }
 
-size_t WorkerPool::idle(int worker) const {
-  auto it = idle_.find(worker);
-  return it == idle_.end() ? 0 : it->second.size();
-}
-
-void WorkerPool::put(const std::shared_ptr<WorkerLink>& link) {
-  auto& links = idle_[link->target_.id];
-  if (links.size() >= link->target_.max_idle) return link->close();
-  links.push_back(link);
-}
+bool WorkerPool::connected(int worker) const { return links_.count(worker) > 0; }
 
 void WorkerPool::forget(const WorkerLink* link) {
-  auto it = idle_.find(link->target_.id);
-  if (it == idle_.end()) return;
-  std::erase_if(it->second, [&](const std::shared_ptr<WorkerLink>& l) { return l.get() == link; });
+  auto it = links_.find(link->target().id);
+  if (it != links_.end() && it->second.get() == link) links_.erase(it);
 }
 
 }  // namespace ds4::proxy

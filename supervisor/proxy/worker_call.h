@@ -1,15 +1,14 @@
 #pragma once
-/// Generate requests to workers over their Unix sockets (shared/protocol.h),
-/// on connections kept open between requests. A call sends its request line
-/// and reads event lines until done or error. Closing a connection cancels
-/// the work on the worker, so a call that is cancelled, breaks, or ends any
-/// other way than a clean done closes its connection; only a connection whose
-/// call ended with done and nothing after it goes back to the pool, and an
-/// idle connection that receives anything (EOF, a stray byte) is closed and
-/// forgotten: a reused connection never carries an earlier request's events.
-/// A call that fails or ends before done/error is reported as broken, with
-/// whether the worker had answered at all (a refused connect is not a death
-/// mid-answer).
+/// Generate requests to workers over their Unix sockets (shared/protocol.h).
+/// All calls to one worker process share one connection: each request line
+/// carries an id, the worker's events come back with it, and a step's events
+/// of every call arrive in one read. A call reads its events until done or
+/// error; cancelling it sends the worker a cancel for its id (events still
+/// on their way for it are dropped). When the connection fails (the worker
+/// died, closed it, or broke the protocol), every call on it is reported as
+/// broken, with whether the worker had answered it at all (a refused connect
+/// is not a death mid-answer). A worker that stops being ready, or is
+/// replaced, keeps its connection only for the calls still running on it.
 ///
 /// Everything runs on the io_context's one thread.
 
@@ -34,9 +33,8 @@ class WorkerPool;
 /// The worker process a call goes to.
 struct WorkerTarget {
   int id = 0;
-  uint64_t generation = 0;  // connections of another generation are never reused
+  uint64_t generation = 0;  // a connection to another generation (process) is never used for new calls
   std::string socket_path;
-  size_t max_idle = 1;      // connections kept open while idle (its slots)
 };
 
 class WorkerCall : public std::enable_shared_from_this<WorkerCall> {
@@ -46,20 +44,18 @@ class WorkerCall : public std::enable_shared_from_this<WorkerCall> {
     std::function<void(const std::string& why, bool answered)> on_broken;
   };
 
-  WorkerCall(std::string request_line, Handler h) : request_(std::move(request_line)), h_(std::move(h)) {}
+  explicit WorkerCall(Handler h) : h_(std::move(h)) {}
   ~WorkerCall();
-  /// Closes the connection (the worker stops); no callback runs after this.
+  /// Tells the worker to stop it; no callback runs after this.
   void cancel();
 
  private:
   friend class WorkerLink;
-  friend class WorkerPool;
-  void send();
   void broken(const std::string& why);
 
-  std::string request_;
   Handler h_;
   std::shared_ptr<WorkerLink> link_;  // while the call runs
+  int64_t id_ = 0;                    // its request id on the link
   bool answered_ = false;
   bool finished_ = false;
 };
@@ -67,31 +63,32 @@ class WorkerCall : public std::enable_shared_from_this<WorkerCall> {
 class WorkerPool {
  public:
   explicit WorkerPool(boost::asio::io_context& io) : io_(io) {}
-  /// Closes every idle connection.
+  /// Closes every connection.
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  /// Starts a call with `request_line` on worker `w`: on its most recently
-  /// used idle connection when it has one, else on a new connection. The
-  /// handler runs only after this returns.
-  std::shared_ptr<WorkerCall> call(const WorkerTarget& w, std::string request_line, WorkerCall::Handler h);
-  /// Closes the idle connections of every worker that is not ready in
-  /// `workers` or is another process (generation) now.
+  /// Starts a call of `g` on worker `w`, on its connection (opened now if it
+  /// has none). The handler runs only after this returns.
+  std::shared_ptr<WorkerCall> call(const WorkerTarget& w, const proto::GenerateRequest& g, WorkerCall::Handler h);
+  /// Retires the connection of every worker that is not ready in `workers`
+  /// or is another process (generation) now: it takes no new call and closes
+  /// once its running calls end.
   void retain(const std::vector<sup::WorkerInfo>& workers);
 
-  size_t idle(int worker) const;
+  /// Whether worker `worker` has a connection for new calls.
+  bool connected(int worker) const;
   /// Connections opened so far.
   int64_t opened() const { return opened_; }
 
  private:
   friend class WorkerLink;
-  void put(const std::shared_ptr<WorkerLink>& link);
   void forget(const WorkerLink* link);
 
   boost::asio::io_context& io_;
-  std::map<int, std::vector<std::shared_ptr<WorkerLink>>> idle_;  // by worker id, most recent last
+  std::map<int, std::shared_ptr<WorkerLink>> links_;  // by worker id: the connection new calls take
   int64_t opened_ = 0;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 }  // namespace ds4::proxy

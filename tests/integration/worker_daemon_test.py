@@ -73,6 +73,71 @@ check(len(bad_then) == 1 and bad_then[0]["ev"] == "error" and s.recv(100) == b""
       "an unparsable line on a kept connection gets an error, then the connection closes")
 s.close()
 
+# Requests with ids share one connection, as the proxy sends them: lines are
+# read at once, every event carries its request's id, and each request's
+# events are exactly its answer alone.
+def read_until(s, done, timeout=30):
+    """Events from s until done(events) holds, the connection closes or the time is up."""
+    events, buf, deadline = [], b"", time.time() + timeout
+    while time.time() < deadline and not done(events):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n" in buf:
+            l, buf = buf.split(b"\n", 1)
+            events.append(json.loads(l))
+    return events
+
+ended = lambda ids: lambda evs: ids <= {e.get("id") for e in evs if e["ev"] in ("done", "error")}
+s = connect(a.sock)
+s.sendall(line({"op": "generate", "id": 1, "prompt": ONCE, "max_tokens": 60, "ignore_eos": True, "temperature": 0}) +
+          line({"op": "generate", "id": 2, "prompt": ONCE, "max_tokens": 12, "temperature": 0}) + line({"op": "info"}))
+mux = read_until(s, ended({1, 2}))
+of = lambda i: [e for e in mux if e.get("id") == i]
+ends_at = {e["id"]: k for k, e in enumerate(mux) if e["ev"] == "done"}
+info_at = next((k for k, e in enumerate(mux) if e["ev"] == "info"), None)
+check(tokens_of(of(2)) == ONCE_NEXT and [e["i"] for e in of(2) if e["ev"] == "token"] == list(range(12))
+      and of(2)[-1]["ev"] == "done" and of(2)[-1]["reason"] == "length",
+      "two requests on one connection: the shorter one's events (id 2) are its answer alone")
+check(tokens_of(of(1))[:12] == ONCE_NEXT and len(tokens_of(of(1))) == 60 and of(1)[-1]["reason"] == "length",
+      "the longer one's events (id 1) are complete and in order")
+check(len(mux) == 60 + 12 + 2 + 1 and all("id" in e for e in mux if e["ev"] != "info"),
+      "every event of a request with an id carries it, and nothing else comes")
+check(info_at is not None and ends_at.get(2, 99) < ends_at.get(1, -1) and info_at < ends_at.get(1, -1),
+      "they run at once: the short one ends first, and info is answered while the long one runs")
+# Cancel by id: its done line says cancelled; the connection serves on. A
+# cancel for an id that ended (or never ran) changes nothing.
+s.sendall(line({"op": "generate", "id": 3, "prompt": ONCE, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}))
+first = read_until(s, lambda evs: len(evs) >= 1)
+s.sendall(line({"op": "cancel", "id": 3}) + line({"op": "cancel", "id": 2}) + line({"op": "cancel", "id": 77}))
+cancelled = read_until(s, ended({3}))
+check(first and first[0].get("id") == 3 and cancelled and cancelled[-1] == {**cancelled[-1], "ev": "done", "id": 3, "reason": "cancelled"},
+      "a cancel by id ends that request with reason cancelled")
+again = read_until(s.sendall(line({"op": "generate", "id": 2, "prompt": ONCE, "max_tokens": 3, "temperature": 0})) or s, ended({2}))
+check(tokens_of(again) == ONCE_NEXT[:3] and a.info()["busy"] == 0,
+      "after cancels of running, ended and unknown ids the connection serves on (an ended id may come again)")
+# An id already running on the connection is a broken line: error, close.
+s.sendall(line({"op": "generate", "id": 5, "prompt": ONCE, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}) +
+          line({"op": "generate", "id": 5, "prompt": ONCE, "max_tokens": 3, "temperature": 0}))
+dup = read_until(s, lambda evs: False, timeout=10)
+errs = [e for e in dup if e["ev"] == "error"]
+check(len(errs) == 1 and "id" not in errs[0] and "already running" in errs[0]["message"] and dup[-1]["ev"] == "done"
+      and dup[-1]["id"] == 5 and dup[-1]["reason"] == "cancelled",
+      "a second request with a running id gets an error, the running one is cancelled, the connection closes")
+s.close()
+# Closing the connection cancels every request running on it.
+s = connect(a.sock)
+s.sendall(line({"op": "generate", "id": 1, "prompt": ONCE, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}) +
+          line({"op": "generate", "id": 2, "prompt": ONCE, "max_tokens": 100000, "ignore_eos": True, "temperature": 0}))
+read_until(s, lambda evs: {1, 2} <= {e.get("id") for e in evs})
+check(a.info()["busy"] == 2, "two requests with ids run at once in the two slots")
+s.close()
+deadline = time.time() + 10
+while time.time() < deadline and a.info()["busy"] != 0:
+    time.sleep(0.01)
+check(a.info()["busy"] == 0, "closing the connection cancels all its requests")
+
 # A reader slower than the generation: what the socket cannot take waits in
 # the worker, in order, and nothing is lost.
 c = Daemon(seg, context=2048, slots=1)

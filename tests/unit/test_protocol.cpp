@@ -114,3 +114,49 @@ TEST_CASE("protocol: broken event lines are errors, never anything else") {
                           R"({"ev":"token","i":1,"lp":null,"t":3})", R"({"ev":"nope"})"})
     CHECK_THROWS_AS(parse_event(bad), ds4::Error);
 }
+
+TEST_CASE("protocol: request ids travel on requests, cancels and every event, fast path or not") {
+  GenerateRequest g;
+  g.prompt = {1, 2};
+  g.max_tokens = 4;
+  const std::string line = to_line(g, 9007199254740993);
+  CHECK(json::parse(line)["id"] == 9007199254740993);
+  Request r = parse_request(line);
+  CHECK(r.op == Request::Op::generate);
+  CHECK(r.id == 9007199254740993);
+  CHECK(r.generate.prompt == g.prompt);
+  CHECK(parse_request(to_line(g)).id == 0);  // none
+  CHECK(parse_request(R"({"prompt":[1],"id":4,"op":"generate"})").id == 4);
+  CHECK_THROWS_WITH_AS(parse_request(R"({"op":"generate","id":0,"prompt":[1]})"), doctest::Contains("out of range"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(R"({"op":"generate","id":"7","prompt":[1]})"), doctest::Contains("must be a number"), ds4::Error);
+
+  r = parse_request(cancel_line(12));
+  CHECK(r.op == Request::Op::cancel);
+  CHECK(r.id == 12);
+  CHECK_THROWS_WITH_AS(parse_request(R"({"op":"cancel"})"), doctest::Contains("needs the 'id'"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(R"({"op":"stop","id":1})"), doctest::Contains("expected generate, cancel or info"), ds4::Error);
+
+  Event e = parse_event(token_line({3, 432, -0.5f, {}}, 12));
+  CHECK(e.kind == Event::Kind::token);
+  CHECK(e.id == 12);
+  CHECK(e.token.index == 3);
+  CHECK(e.token.token == 432);
+  CHECK(json::parse(token_line({3, 432, -0.5f, {{432, -0.5f}}}, 12))["id"] == 12);  // with alternatives: the general path
+  CHECK(parse_event(token_line({3, 432, -0.5f, {{432, -0.5f}}}, 12)).id == 12);
+  CHECK(parse_event(token_line({3, 432, -0.5f, {}})).id == 0);
+
+  e = parse_event(done_line("length", {5, 2, 1, 0.5, 0.25}, 12));
+  CHECK(e.kind == Event::Kind::done);
+  CHECK(e.id == 12);
+  CHECK(e.reason == "length");
+  CHECK(e.timings.prompt_n == 5);
+  CHECK(parse_event(done_line("odd \"reason\"", {}, 12)).id == 12);
+  CHECK(parse_event(done_line("stop", {})).id == 0);
+
+  e = parse_event(error_line("the prompt has 600 tokens", 12));
+  CHECK(e.kind == Event::Kind::error);
+  CHECK(e.id == 12);
+  CHECK(parse_event(error_line("bad line")).id == 0);
+  CHECK_THROWS_AS(parse_event(R"({"ev":"done","id":-1,"reason":"stop","timings":{}})"), ds4::Error);
+  CHECK_THROWS_AS(parse_event(R"({"ev":"token","i":1,"id":"x","lp":-0.5,"t":3})"), ds4::Error);
+}
