@@ -61,28 +61,15 @@ int64_t Engine::submit(GenerateRequest req, std::shared_ptr<RequestSink> sink) {
   a->sink = std::move(sink);
   a->t_start = Clock::now();
   int64_t id;
-  {
-    std::lock_guard lock(mu_);
-    id = a->id = next_id_++;
-    inbox_.push_back(std::move(a));
-  }
-  cv_.notify_all();  // unlocked: the engine thread wakes to a free mutex
+  std::lock_guard lock(mu_);
+  id = a->id = next_id_++;
+  inbox_.push_back(std::move(a));
   return id;
 }
 
 void Engine::cancel(int64_t id) {
   std::lock_guard lock(mu_);
   cancels_.push_back(id);
-  cv_.notify_all();
-}
-
-void Engine::wait_for_work(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu_);
-  auto busy = [&] {
-    return !inbox_.empty() || !cancels_.empty() ||
-           std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.req != nullptr; });
-  };
-  cv_.wait_for(lock, timeout, busy);
 }
 
 EngineStats Engine::stats() const {

@@ -10,7 +10,6 @@
 /// the sinks' callbacks run on the one engine thread.
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -73,8 +72,6 @@ class Engine {
 
   /// Runs one forward step if there is work; returns false when idle.
   bool step();
-  /// Blocks until there is work or `timeout` passes.
-  void wait_for_work(std::chrono::milliseconds timeout);
   /// Steps until no request is left (for one-shot use).
   void run_until_idle();
   /// Runs on the engine thread at the end of every step, after the sinks'
@@ -105,7 +102,6 @@ class Engine {
   std::function<void()> step_end_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<std::shared_ptr<Active>> inbox_;
   std::vector<int64_t> cancels_;
   int64_t next_id_ = 1;

@@ -1,11 +1,11 @@
 #pragma once
 /// The worker daemon: serves the token-level protocol (shared/protocol.h) on a
-/// Unix socket, one request per connection, with the engine stepping on its
-/// own thread. Tells systemd READY=1 once it can serve and STOPPING=1 on
-/// SIGTERM/SIGINT, cancels what is in flight (the proxy resumes it elsewhere)
-/// and returns. With a control block it beats the heartbeat from the engine
-/// loop, between steps and at least every 50 ms when idle, so a stuck engine
-/// stops beating.
+/// Unix socket, requests with ids side by side on a connection. One thread
+/// runs the engine's steps and, between them, the sockets. Tells systemd
+/// READY=1 once it can serve and STOPPING=1 on SIGTERM/SIGINT, cancels what
+/// is in flight (the proxy resumes it elsewhere) and returns. With a control
+/// block it beats the heartbeat from that loop, between steps and at least
+/// every 50 ms when idle, so a stuck engine stops beating.
 
 #include <string>
 

@@ -126,7 +126,7 @@ class Scheduler {
   int64_t max_context() const;
   size_t waiting() const { return queue_.size(); }
   size_t running() const { return running_.size(); }
-  /// The connections to workers, kept open between requests.
+  /// The connections to workers, one per worker.
   const WorkerPool& pool() const { return pool_; }
 
  private:

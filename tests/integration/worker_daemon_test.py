@@ -42,8 +42,8 @@ check(ev[-1]["timings"]["cache_n"] >= 5, "the resumed request reused the slot's 
 req = {"op": "generate", "prompt": ONCE, "max_tokens": 20, "temperature": 1.0, "seed": 99}
 check(tokens_of(request(a.sock, req)) == tokens_of(request(a.sock, req)), "same seed, same tokens")
 
-# Requests one after another on one connection, as the proxy's pooled
-# connections send them: each answer ends with its last event and the
+# Requests without id one after another on one connection (tools and tests
+# talk this way): each answer ends with its last event and the
 # connection stays open for the next; a line that cannot be parsed gets an
 # error and the connection closes.
 s = connect(a.sock)
