@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers that take outside input: the GGUF reader (seeded with the
-# real model and its header alone) and the proxy's request parsing and
-# protocol translation (seeded with OpenAI and Anthropic requests). Builds
-# tests/fuzz with clang (libFuzzer, ASan, UBSan) in build-fuzz/ and runs each
-# for a bounded time: half of [seconds] each. Exits non-zero on any crash; the
+# real model and its header alone), the proxy's request parsing and protocol
+# translation (seeded with OpenAI and Anthropic requests) and the worker's
+# token protocol (seeded with its request and event lines). Builds tests/fuzz
+# with clang (libFuzzer, ASan, UBSan) in build-fuzz/ and runs each for a
+# bounded time: a third of [seconds] each. Exits non-zero on any crash; the
 # input that caused it is left in build-fuzz/fuzz-artifacts/.
 #   scripts/fuzz.sh [seconds]     default 60
 set -euo pipefail
@@ -24,8 +25,8 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DDS4_FUZZ=ON -DDS4_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$build" --target fuzz_gguf fuzz_proxy_request -j"${JOBS:-2}"
-half=$(( (seconds + 1) / 2 ))
+cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol -j"${JOBS:-2}"
+part=$(( (seconds + 2) / 3 ))
 
 corpus="$build/fuzz-corpus/gguf"
 artifacts="$build/fuzz-artifacts"
@@ -37,7 +38,7 @@ head -c 16384 "$seed" >"$corpus/stories260K-head.gguf"
 
 # Inputs are capped at 64 KiB (the full model seed is cut there): everything the
 # reader parses lies in the first 14 KiB, and small inputs keep it fast.
-"$build/bin/fuzz_gguf" "$corpus" -max_total_time="$half" -timeout=10 -rss_limit_mb=2048 \
+"$build/bin/fuzz_gguf" "$corpus" -max_total_time="$part" -timeout=10 -rss_limit_mb=2048 \
   -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1
 
 corpus="$build/fuzz-corpus/proxy"
@@ -47,5 +48,16 @@ printf '\000%s' '{"model":"m","messages":[{"role":"system","content":"Be brief."
 printf '\001%s' '{"model":"m","prompt":"Once upon a time","max_tokens":8,"top_k":40,"top_p":0.9,"min_p":0.05}' >"$corpus/completion.json"
 printf '\000%s' '{"messages":[{"role":"user","content":"Hi \u00e9"}],"max_tokens":4,"temperature":0}' >"$corpus/chat-common.json"
 printf '\002%s' '{"model":"m","system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_tokens":16,"stop_sequences":["."],"stream":true}' >"$corpus/messages.json"
-"$build/bin/fuzz_proxy_request" "$corpus" -max_total_time="$half" -timeout=10 -rss_limit_mb=2048 \
+"$build/bin/fuzz_proxy_request" "$corpus" -max_total_time="$part" -timeout=10 -rss_limit_mb=2048 \
+  -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1
+
+corpus="$build/fuzz-corpus/worker"
+mkdir -p "$corpus"
+# The first byte picks the reading: even a request line, odd an event line.
+printf '\000%s' '{"op":"generate","id":7,"prompt":[1,403,407],"generated":[432],"max_tokens":48,"temperature":0.7,"top_k":40,"top_p":0.95,"min_p":0.05,"seed":3,"logprobs":2,"ignore_eos":false}' >"$corpus/generate.txt"
+printf '\000%s' '{"op":"cancel","id":7}' >"$corpus/cancel.txt"
+printf '\001%s' '{"ev":"token","i":3,"id":7,"lp":-0.0317,"t":432,"top":[[432,-0.0317],[9,-4.5]]}' >"$corpus/token.txt"
+printf '\001%s' '{"ev":"done","id":7,"reason":"length","timings":{"cache_n":4,"predicted_ms":0.74,"predicted_n":2,"prompt_ms":0.18,"prompt_n":1}}' >"$corpus/done.txt"
+printf '\001%s' '{"ev":"error","id":7,"message":"the prompt has 600 tokens but the context is 512 tokens per slot"}' >"$corpus/error.txt"
+"$build/bin/fuzz_worker_protocol" "$corpus" -max_total_time="$part" -timeout=10 -rss_limit_mb=2048 \
   -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1

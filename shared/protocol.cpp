@@ -133,6 +133,13 @@ void put(std::string& s, const std::vector<int32_t>& v) {
   s += ']';
 }
 
+// Text a JSON string holds as it is: printable ASCII without quote or backslash.
+bool plain(std::string_view w) {
+  for (unsigned char c : w)
+    if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) return false;
+  return true;
+}
+
 /// Reads what put() wrote; any other text sets ok = false (the caller then
 /// parses the line as general JSON).
 struct Cursor {
@@ -146,15 +153,19 @@ struct Cursor {
   template <typename T>
   T num() {
     T v{};
-    if (!ok) return v;
+    // JSON numbers only: from_chars would also take "nan", "inf", "infinity".
+    if (!ok || p == s.size() || !(s[p] == '-' || (s[p] >= '0' && s[p] <= '9'))) {
+      ok = false;
+      return v;
+    }
     const auto r = std::from_chars(s.data() + p, s.data() + s.size(), v);
     if (r.ec != std::errc()) ok = false;
     else p = size_t(r.ptr - s.data());
     return v;
   }
-  std::string_view word() {  // the rest of a string without escapes, up to its closing quote
+  std::string_view word() {  // the rest of a plain string (see plain()), up to its closing quote
     const size_t q = ok ? s.find('"', p) : std::string_view::npos;
-    if (q == std::string_view::npos || s.substr(p, q - p).find('\\') != std::string_view::npos) {
+    if (q == std::string_view::npos || !plain(s.substr(p, q - p))) {
       ok = false;
       return {};
     }
@@ -164,12 +175,6 @@ struct Cursor {
   }
   bool end() const { return ok && p == s.size(); }
 };
-
-bool plain(std::string_view w) {
-  for (unsigned char c : w)
-    if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) return false;
-  return true;
-}
 
 // Token ids as put() writes them, within the limits general_request checks.
 bool fast_tokens(Cursor& c, std::vector<int32_t>& out) {
@@ -248,7 +253,9 @@ bool fast_token(std::string_view line, Event& e) {
     e.id = fast_number<int64_t>(c, 1, std::numeric_limits<int64_t>::max());
   }
   c.lit(R"(,"lp":)");
-  e.token.logprob = float(c.num<double>());  // as json's get<float>(): via double
+  const double lp = c.num<double>();  // as the general path reads it: via double
+  if (!(lp >= -std::numeric_limits<float>::max() && lp <= std::numeric_limits<float>::max())) c.ok = false;
+  e.token.logprob = c.ok ? float(lp) : 0.f;
   c.lit(R"(,"t":)");
   e.token.token = c.num<int32_t>();
   c.lit("}");
@@ -406,19 +413,33 @@ Event parse_event(std::string_view line) {
       if (!id.is_number_integer() || id.get<int64_t>() <= 0) throw Error("worker sent an event with a bad id " + id.dump());
       e.id = id.get<int64_t>();
     }
+    // number(), not get(): a missing field, another type or a value out of
+    // range is an error, never a conversion with undefined behaviour.
+    constexpr int64_t kInt64 = std::numeric_limits<int64_t>::max();
+    constexpr int32_t kInt32 = std::numeric_limits<int32_t>::max();
+    constexpr float kFloat = std::numeric_limits<float>::max();
+    constexpr double kDouble = std::numeric_limits<double>::max();
     if (ev == "token") {
       e.kind = Event::Kind::token;
-      // at(), not []: a missing field is an error (json::out_of_range), not undefined behaviour.
-      e.token.index = j.at("i");
-      e.token.token = j.at("t");
-      e.token.logprob = j.at("lp");
-      if (j.contains("top"))
-        for (auto& p : j["top"]) e.token.top.emplace_back(p.at(0).get<int32_t>(), p.at(1).get<float>());
+      e.token.index = number<int64_t>(j, "i", 0, kInt64);
+      e.token.token = number<int32_t>(j, "t", 0, kInt32);
+      e.token.logprob = number<float>(j, "lp", -kFloat, kFloat);
+      if (j.contains("top")) {
+        if (!j["top"].is_array()) throw Error("worker sent a malformed event: 'top' must be an array");
+        for (const json& p : j["top"]) {
+          if (!p.is_array() || p.size() != 2) throw Error("worker sent a malformed event: 'top' holds " + p.dump());
+          const json pair = {{"t", p[0]}, {"lp", p[1]}};
+          e.token.top.emplace_back(number<int32_t>(pair, "t", 0, kInt32), number<float>(pair, "lp", -kFloat, kFloat));
+        }
+      }
     } else if (ev == "done") {
       e.kind = Event::Kind::done;
       e.reason = j.at("reason");
       const json& t = j.at("timings");
-      e.timings = {t.at("prompt_n"), t.at("cache_n"), t.at("predicted_n"), t.at("prompt_ms"), t.at("predicted_ms")};
+      if (!t.is_object()) throw Error("worker sent a malformed event: 'timings' must be an object");
+      e.timings = {number<int64_t>(t, "prompt_n", 0, kInt64), number<int64_t>(t, "cache_n", 0, kInt64),
+                   number<int64_t>(t, "predicted_n", 0, kInt64), number<double>(t, "prompt_ms", -kDouble, kDouble),
+                   number<double>(t, "predicted_ms", -kDouble, kDouble)};
     } else if (ev == "error") {
       e.kind = Event::Kind::error;
       e.message = j.at("message");

@@ -111,7 +111,14 @@ TEST_CASE("protocol: token and done lines read back exactly, with or without the
 TEST_CASE("protocol: broken event lines are errors, never anything else") {
   for (const char* bad : {R"({"ev":"token","i":1,"lp":-0.5,"t":)", R"({"ev":"token","i":x,"lp":-0.5,"t":3})",
                           R"({"ev":"done","reason":"stop","timings":{"cache_n":0}})", "", "{}", "[1]",
-                          R"({"ev":"token","i":1,"lp":null,"t":3})", R"({"ev":"nope"})"})
+                          R"({"ev":"token","i":1,"lp":null,"t":3})", R"({"ev":"nope"})",
+                          // found by fuzz_worker_protocol: values no JSON reader takes, or no field can hold
+                          R"({"ev":"token","i":1,"lp":nan,"t":3})", R"({"ev":"token","i":1,"lp":-inf,"t":3})",
+                          R"({"ev":"token","i":1,"lp":-1e300,"t":3})", R"({"ev":"token","i":1,"lp":-0.5,"t":40000000000})",
+                          R"({"ev":"token","i":1,"lp":-0.5,"t":4e50})", R"({"ev":"token","i":1,"lp":-0.5,"t":3,"top":[[4e50,-1]]})",
+                          R"({"ev":"token","i":1,"lp":-0.5,"t":3,"top":[[1]]})",
+                          R"({"ev":"done","reason":"stop","timings":{"cache_n":0,"predicted_ms":0,"predicted_n":1e30,"prompt_ms":0,"prompt_n":0}})",
+                          "{\"ev\":\"done\",\"reason\":\"le\x8bgth\",\"timings\":{\"cache_n\":0,\"predicted_ms\":0,\"predicted_n\":0,\"prompt_ms\":0,\"prompt_n\":0}}"})
     CHECK_THROWS_AS(parse_event(bad), ds4::Error);
 }
 
