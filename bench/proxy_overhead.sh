@@ -4,10 +4,11 @@
 # (b) through an nginx reverse proxy (Debian package, started here on loopback
 # with its own config) in front of it. ds4's added latency is (a) minus the
 # worker's own compute time from `timings`; nginx's is (b) minus (a).
-# The worker's timings start when its engine receives the request (prompt_ms
-# includes waiting for the batch step in progress); everything outside the
-# worker counts as ds4's: HTTP, tokenizing, the proxy's queue (none here: a
-# slot for every client), the hops to and from the worker.
+# The worker's timings start when the worker reads the request, which it does
+# between steps: a request that comes during a step waits in the socket until
+# the step ends, and that wait counts as ds4's, as does everything outside the
+# worker: HTTP, tokenizing, the proxy's queue (none here: a slot for every
+# client), the hops to and from the worker.
 # The client is bench/http_load.c (compiled here with cc): its own cost counts
 # in ds4's figure, so it is kept to microseconds. On a small shared box, run
 # it with priority (`nice -n -20`) so that other work does not decide the p99.
