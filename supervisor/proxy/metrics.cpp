@@ -48,10 +48,10 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
   o << "ds4_queue_timeouts_total " << c.timeouts << '\n';
   head("ds4_resumes_total", "counter", "Requests moved to another worker mid-answer.");
   o << "ds4_resumes_total " << c.resumes << '\n';
-  head("ds4_worker_calls_broken_total", "counter", "Worker connections that failed or broke.");
+  head("ds4_worker_calls_broken_total", "counter", "Calls to workers that broke (the worker died, closed its connection or broke the protocol): each moves back to the queue.");
   o << "ds4_worker_calls_broken_total " << c.broken_calls << '\n';
   head("ds4_worker_connections_opened_total", "counter",
-       "Connections opened to workers (they are kept open and reused between requests).");
+       "Connections opened to workers (one per worker process, shared by all its calls).");
   o << "ds4_worker_connections_opened_total " << sched.pool().opened() << '\n';
   head("ds4_prompt_tokens_total", "counter", "Prompt tokens received.");
   o << "ds4_prompt_tokens_total " << tokens_in_ << '\n';

@@ -174,7 +174,7 @@ else
 fi
 sed 's/^/     /' "$T/faults.log"
 echo "largest pause a streaming client saw: $(head -1 "$T/summary" | jq .largest_stream_pause_ms) ms"
-echo "proxy: $(metric ds4_resumes_total) requests resumed on the restarted worker mid-answer, $(metric ds4_worker_calls_broken_total) worker connections broken"
+echo "proxy: $(metric ds4_resumes_total) requests resumed on the restarted worker mid-answer, $(metric ds4_worker_calls_broken_total) calls to a worker broken"
 check "requests were resumed mid-answer" test "$(metric ds4_resumes_total)" -ge 1
 check "4 faults ran" test "$(cat "$T/faults")" = 4
 check "worker 0 serves again at context 256" sup_wait 30 'w[0]["state"] == "ready" and w[0]["context"] == 256'
