@@ -15,7 +15,8 @@
 # run's (streams token by token: no gap, no repeat), status oom_kills 1 and the
 # oom event in the log. Prints the largest pause a streaming client saw. Also
 # checks that `ds4ctl status` shows the queue length and the requests in
-# flight per worker.
+# flight per worker, and that a client who leaves mid-request stops its work
+# on the worker.
 #
 # Without root or a cgroup-v1 memory hierarchy the OOM kill is left out (said
 # so in the output) and a 4th SIGKILL takes its place. Exit 0 = pass, 1 = fail,
@@ -115,6 +116,34 @@ wait "${queued[@]}"
 check "the 3 queued requests completed once the worker came back" \
   bash -c "[[ \$(cat $T/q1.code $T/q2.code $T/q3.code | tr -d '\n') == 200200200 ]]"
 sup_wait 30 'w[0]["state"] == "ready"' || fail "worker not ready after ds4ctl restart"
+
+# ---- a client that leaves mid-request: its work stops on the worker ----
+# The worker is frozen (SIGSTOP, well inside restart.hang_timeout) while a
+# streamed request reaches it and its client leaves; thawed, it finds the
+# request and the proxy's cancel for it, and generates less than the whole
+# answer (usually nothing). Its own counters tell: one more request, fewer
+# tokens than the answer has.
+full=$(curl -s --max-time 30 "$U/v1/completions" -d '{"prompt":"Once upon a time","max_tokens":48,"temperature":0}' |
+  jq '.usage.completion_tokens')
+wpid=$(sup_get 'w[0]["pid"]')
+requests_before=$(sup_get 'w[0]["counters"]["requests"]')
+tokens_before=$(sup_get 'w[0]["counters"]["tokens_out"]')
+kill -STOP "$wpid"
+curl -sN --max-time 30 "$U/v1/completions" \
+  -d '{"prompt":"Once upon a time","max_tokens":48,"temperature":0,"stream":true}' >/dev/null &
+leaver=$!
+sup_wait 10 's["queue"]["in_flight"] == 1' || fail "the request did not go to the frozen worker"
+kill "$leaver" 2>/dev/null
+wait "$leaver" 2>/dev/null
+sup_wait 10 's["queue"]["in_flight"] == 0' || fail "the proxy kept the request of a client that left"
+kill -CONT "$wpid"
+if sup_wait 10 "w[0]['counters']['requests'] == $requests_before + 1"; then
+  made=$(( $(sup_get 'w[0]["counters"]["tokens_out"]') - tokens_before ))
+  check "a client that left: the worker stopped its request ($made of the answer's ${full:-?} tokens made)" \
+    test "$made" -lt "${full:-0}"
+else
+  fail "the worker never saw the request of the client that left"
+fi
 # Running requests: sampled during the undisturbed run below.
 (
   while :; do
