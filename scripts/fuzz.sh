@@ -27,19 +27,25 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol -j"${JOBS:-2}"
 part=$(( (seconds + 2) / 3 ))
+artifacts="$build/fuzz-artifacts"
+mkdir -p "$artifacts"
+# run NAME CORPUS: one target for its share of the time. Inputs are
+# capped at 64 KiB.
+run() {
+  "$build/bin/$1" "$2" -max_total_time="$part" -timeout=10 -rss_limit_mb=2048 \
+    -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1
+}
 
 corpus="$build/fuzz-corpus/gguf"
-artifacts="$build/fuzz-artifacts"
-mkdir -p "$corpus" "$artifacts"
+mkdir -p "$corpus"
 cp -f "$seed" "$corpus/stories260K.gguf"
 # The metadata and tensor directory alone: a small seed whose mutations all
 # land where the parser works (the first tensor's data starts after them).
 head -c 16384 "$seed" >"$corpus/stories260K-head.gguf"
 
-# Inputs are capped at 64 KiB (the full model seed is cut there): everything the
-# reader parses lies in the first 14 KiB, and small inputs keep it fast.
-"$build/bin/fuzz_gguf" "$corpus" -max_total_time="$part" -timeout=10 -rss_limit_mb=2048 \
-  -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1
+# The 64 KiB cap cuts the full model seed: everything the reader parses lies
+# in the first 14 KiB, and small inputs keep it fast.
+run fuzz_gguf "$corpus"
 
 corpus="$build/fuzz-corpus/proxy"
 mkdir -p "$corpus"
@@ -48,8 +54,7 @@ printf '\000%s' '{"model":"m","messages":[{"role":"system","content":"Be brief."
 printf '\001%s' '{"model":"m","prompt":"Once upon a time","max_tokens":8,"top_k":40,"top_p":0.9,"min_p":0.05}' >"$corpus/completion.json"
 printf '\000%s' '{"messages":[{"role":"user","content":"Hi \u00e9"}],"max_tokens":4,"temperature":0}' >"$corpus/chat-common.json"
 printf '\002%s' '{"model":"m","system":"Be brief.","messages":[{"role":"user","content":[{"type":"text","text":"Hi"}]}],"max_tokens":16,"stop_sequences":["."],"stream":true}' >"$corpus/messages.json"
-"$build/bin/fuzz_proxy_request" "$corpus" -max_total_time="$part" -timeout=10 -rss_limit_mb=2048 \
-  -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1
+run fuzz_proxy_request "$corpus"
 
 corpus="$build/fuzz-corpus/worker"
 mkdir -p "$corpus"
@@ -59,5 +64,4 @@ printf '\000%s' '{"op":"cancel","id":7}' >"$corpus/cancel.txt"
 printf '\001%s' '{"ev":"token","i":3,"id":7,"lp":-0.0317,"t":432,"top":[[432,-0.0317],[9,-4.5]]}' >"$corpus/token.txt"
 printf '\001%s' '{"ev":"done","id":7,"reason":"length","timings":{"cache_n":4,"predicted_ms":0.74,"predicted_n":2,"prompt_ms":0.18,"prompt_n":1}}' >"$corpus/done.txt"
 printf '\001%s' '{"ev":"error","id":7,"message":"the prompt has 600 tokens but the context is 512 tokens per slot"}' >"$corpus/error.txt"
-"$build/bin/fuzz_worker_protocol" "$corpus" -max_total_time="$part" -timeout=10 -rss_limit_mb=2048 \
-  -malloc_limit_mb=1024 -max_len=65536 -artifact_prefix="$artifacts/" -print_final_stats=1
+run fuzz_worker_protocol "$corpus"

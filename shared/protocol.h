@@ -48,6 +48,7 @@ struct Sampling {
   float top_p = 0.95f;
   float min_p = 0.05f;
   uint64_t seed = 0;
+  bool operator==(const Sampling&) const = default;
 };
 
 struct GenerateRequest {
@@ -57,6 +58,7 @@ struct GenerateRequest {
   Sampling sampling;
   int32_t logprobs = 0;
   bool ignore_eos = false;
+  bool operator==(const GenerateRequest&) const = default;
 };
 
 struct Request {

@@ -87,7 +87,6 @@ void Engine::finish(Active& a, Finish reason, const std::string& error) {
   a.done = true;
   if (a.sampled_once) a.timings.predicted_ms = ms_since(a.t_first);
   a.sink->on_done(reason, a.timings, error);
-  heard_.push_back(a.sink);
   if (a.slot >= 0) slots_[size_t(a.slot)].req.reset();
 }
 
@@ -152,10 +151,6 @@ void Engine::admit() {
 }
 
 void Engine::end_step() {
-  std::sort(heard_.begin(), heard_.end());
-  heard_.erase(std::unique(heard_.begin(), heard_.end()), heard_.end());
-  for (auto& s : heard_) s->on_step_end();
-  heard_.clear();
   if (step_end_) step_end_();
 }
 
@@ -227,7 +222,6 @@ bool Engine::step() {
     a.seq.push_back(out.token);
     a.timings.predicted_n++;
     a.sink->on_token(index, out);
-    heard_.push_back(a.sink);
     if (index + 1 >= a.req.max_tokens) finish(a, Finish::length);
     else if (int64_t(a.seq.size()) > shape_.ctx) finish(a, Finish::context);  // next position would be ctx
   }

@@ -49,9 +49,6 @@ class RequestSink {
   /// A new token; `index` counts generated tokens from 0 (resumed ones included).
   virtual void on_token(int64_t index, const Sampled& s) = 0;
   virtual void on_done(Finish reason, const Timings& t, const std::string& error) = 0;
-  /// The end of a step in which this sink heard something: the events of a
-  /// step are complete (their timings measured) before they leave.
-  virtual void on_step_end() {}
 };
 
 struct EngineStats {
@@ -74,8 +71,9 @@ class Engine {
   bool step();
   /// Steps until no request is left (for one-shot use).
   void run_until_idle();
-  /// Runs on the engine thread at the end of every step, after the sinks'
-  /// on_step_end(): a server sends each connection's lines of the step at once.
+  /// Runs on the engine thread at the end of every step, once its events are
+  /// all out to the sinks (their timings measured): a server sends each
+  /// connection's lines of the step at once.
   void on_step_end(std::function<void()> f) { step_end_ = std::move(f); }
 
   EngineStats stats() const;
@@ -98,7 +96,6 @@ class Engine {
   EngineShape shape_;
   std::vector<Slot> slots_;
   std::vector<float> sample_scratch_;
-  std::vector<std::shared_ptr<RequestSink>> heard_;  // sinks with events in this step
   std::function<void()> step_end_;
 
   mutable std::mutex mu_;

@@ -34,34 +34,33 @@ struct ServerState {
   std::vector<std::weak_ptr<Connection>> touched;  // connections with lines in the step that ends
 };
 
-/// A request's events, gathered during a step; they leave at its end with
-/// the other lines of its connection.
+/// A request's events, as lines of its connection's step (Connection::add):
+/// they leave at the step's end with the connection's other lines.
 class Sink : public RequestSink, public std::enable_shared_from_this<Sink> {
  public:
   Sink(ServerState& st, std::weak_ptr<Connection> c, int64_t id) : st_(st), c_(std::move(c)), id_(id) {}
   void on_token(int64_t index, const Sampled& s) override {
     proto::TokenEvent e{index, s.token, s.logprob, {}};
     for (const auto& t : s.top) e.top.emplace_back(t.token, t.logprob);
-    lines_ += proto::token_line(e, id_);
+    add(proto::token_line(e, id_), false);
   }
   void on_done(Finish reason, const Timings& t, const std::string& error) override {
     if (st_.record) st_.record->count_request(uint64_t(t.prompt_n), uint64_t(t.predicted_n), reason == Finish::error);
-    lines_ += reason == Finish::error ? proto::error_line(error, id_)
-                                      : proto::done_line(finish_name(reason),
-                                                         {t.prompt_n, t.cache_n, t.predicted_n, t.prompt_ms, t.predicted_ms}, id_);
-    ended_ = true;
+    add(reason == Finish::error ? proto::error_line(error, id_)
+                                : proto::done_line(finish_name(reason),
+                                                   {t.prompt_n, t.cache_n, t.predicted_n, t.prompt_ms, t.predicted_ms}, id_),
+        true);
   }
-  void on_step_end() override;
 
   int64_t id() const { return id_; }
   int64_t engine_id = 0;  // the engine's id of the request
 
  private:
+  void add(const std::string& line, bool last);  // to the connection, if it is still there
+
   ServerState& st_;
   std::weak_ptr<Connection> c_;
   const int64_t id_;  // the client's id, 0 = none
-  std::string lines_;
-  bool ended_ = false;
 };
 
 /// One client connection. A generate request with an id shares it with
@@ -83,11 +82,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// closes after their answers; an idle one closes now.
   void stop() { send({}, true); }
 
-  /// A sink's lines of this step; `ended`: its last ones.
-  void add(const std::shared_ptr<Sink>& s, std::string& lines, bool ended) {
-    step_ += lines;
-    lines.clear();
-    if (ended) step_ends_.push_back(s);
+  /// A line of this step; `ended`: the last of that request.
+  void add(std::string_view line, std::shared_ptr<Sink> ended) {
+    step_ += line;
+    if (ended) step_ends_.push_back(std::move(ended));
     if (!touched_) {
       touched_ = true;
       st_.touched.push_back(weak_from_this());
@@ -261,9 +259,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool touched_ = false;                             // listed in ServerState::touched
 };
 
-void Sink::on_step_end() {
-  if (auto c = c_.lock()) c->add(shared_from_this(), lines_, ended_);
-  else lines_.clear();
+void Sink::add(const std::string& line, bool last) {
+  if (auto c = c_.lock()) c->add(line, last ? shared_from_this() : nullptr);
 }
 
 void do_accept(ServerState& st, local::acceptor& acc) {

@@ -28,6 +28,7 @@ struct Plan {
   std::vector<std::string> stop;      // stop strings (matched on text)
   std::string model;                  // as the client named it (echoed), else ours
   proto::GenerateRequest gen;         // prompt tokens, max_tokens, sampling
+  bool operator==(const Plan&) const = default;
 };
 
 /// What parse_request needs to know beyond the body.

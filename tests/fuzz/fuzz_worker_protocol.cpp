@@ -22,13 +22,6 @@ void require(bool ok) {
   if (!ok) std::abort();
 }
 
-bool same(const GenerateRequest& a, const GenerateRequest& b) {
-  return a.prompt == b.prompt && a.generated == b.generated && a.max_tokens == b.max_tokens &&
-         a.sampling.temperature == b.sampling.temperature && a.sampling.top_k == b.sampling.top_k &&
-         a.sampling.top_p == b.sampling.top_p && a.sampling.min_p == b.sampling.min_p &&
-         a.sampling.seed == b.sampling.seed && a.logprobs == b.logprobs && a.ignore_eos == b.ignore_eos;
-}
-
 void request(std::string_view line) {
   Request r;
   try {
@@ -41,7 +34,7 @@ void request(std::string_view line) {
     require(back.op == Request::Op::cancel && back.id == r.id);
   } else if (r.op == Request::Op::generate) {
     const Request back = parse_request(to_line(r.generate, r.id));
-    require(back.op == Request::Op::generate && back.id == r.id && same(back.generate, r.generate));
+    require(back.op == Request::Op::generate && back.id == r.id && back.generate == r.generate);
   }
 }
 
