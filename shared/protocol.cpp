@@ -140,6 +140,15 @@ bool plain(std::string_view w) {
   return true;
 }
 
+// The id field as the writers put it: `before` "id":N `after`, none for id 0.
+void put_id(std::string& s, int64_t id, std::string_view before, std::string_view after) {
+  if (!id) return;
+  s += before;
+  s += R"("id":)";
+  put(s, id);
+  s += after;
+}
+
 /// Reads what put() wrote; any other text sets ok = false (the caller then
 /// parses the line as general JSON).
 struct Cursor {
@@ -150,6 +159,14 @@ struct Cursor {
     if (ok && s.substr(p, t.size()) == t) p += t.size();
     else ok = false;
   }
+  /// Skips `t` when it comes next; says whether it did.
+  bool maybe(std::string_view t) {
+    if (!ok || s.substr(p, t.size()) != t) return false;
+    p += t.size();
+    return true;
+  }
+  /// A request id after `key` (an optional field).
+  int64_t id(std::string_view key);
   template <typename T>
   T num() {
     T v{};
@@ -202,17 +219,17 @@ T fast_number(Cursor& c, T lo, T hi) {
   return T(v);
 }
 
+int64_t Cursor::id(std::string_view key) {
+  return maybe(key) ? fast_number<int64_t>(*this, 1, std::numeric_limits<int64_t>::max()) : 0;
+}
+
 // The line to_line() writes, read without building a tree; false for any
 // other text (the general parser then reads it, or says what is wrong).
 bool fast_generate(std::string_view line, Request& r) {
   Cursor c{line};
   GenerateRequest& g = r.generate;
   c.lit(R"({"op":"generate",)");
-  if (c.ok && c.s.substr(c.p, 5) == R"("id":)") {
-    c.p += 5;
-    r.id = fast_number<int64_t>(c, 1, std::numeric_limits<int64_t>::max());
-    c.lit(",");
-  }
+  if ((r.id = c.id(R"("id":)"))) c.lit(",");
   c.lit(R"("prompt":)");
   fast_tokens(c, g.prompt);
   c.lit(R"(,"generated":)");
@@ -232,12 +249,8 @@ bool fast_generate(std::string_view line, Request& r) {
   c.lit(R"(,"logprobs":)");
   g.logprobs = fast_number<int32_t>(c, 0, 20);
   c.lit(R"(,"ignore_eos":)");
-  if (c.ok && c.s.substr(c.p, 4) == "true") {
-    g.ignore_eos = true;
-    c.p += 4;
-  } else {
-    c.lit("false");
-  }
+  if (c.maybe("true")) g.ignore_eos = true;
+  else c.lit("false");
   c.lit("}");
   if (c.ok && c.p + 1 == c.s.size() && c.s[c.p] == '\n') ++c.p;  // the line may keep its newline
   r.op = Request::Op::generate;
@@ -248,10 +261,7 @@ bool fast_token(std::string_view line, Event& e) {
   Cursor c{line};
   c.lit(R"({"ev":"token","i":)");
   e.token.index = c.num<int64_t>();
-  if (c.ok && c.s.substr(c.p, 6) == R"(,"id":)") {
-    c.p += 6;
-    e.id = fast_number<int64_t>(c, 1, std::numeric_limits<int64_t>::max());
-  }
+  e.id = c.id(R"(,"id":)");
   c.lit(R"(,"lp":)");
   const double lp = c.num<double>();  // as the general path reads it: via double
   if (!(lp >= -std::numeric_limits<float>::max() && lp <= std::numeric_limits<float>::max())) c.ok = false;
@@ -267,11 +277,7 @@ bool fast_done(std::string_view line, Event& e) {
   e = Event{};  // a token line tried first may have filled some fields
   Cursor c{line};
   c.lit(R"({"ev":"done",)");
-  if (c.ok && c.s.substr(c.p, 5) == R"("id":)") {
-    c.p += 5;
-    e.id = fast_number<int64_t>(c, 1, std::numeric_limits<int64_t>::max());
-    c.lit(",");
-  }
+  if ((e.id = c.id(R"("id":)"))) c.lit(",");
   c.lit(R"("reason":")");
   e.reason = c.word();
   c.lit(R"(","timings":{"cache_n":)");
@@ -301,11 +307,7 @@ std::string to_line(const GenerateRequest& g, int64_t id) {
   std::string s;
   s.reserve(200 + 8 * (g.prompt.size() + g.generated.size()));
   s += R"({"op":"generate",)";
-  if (id) {
-    s += R"("id":)";
-    put(s, id);
-    s += ',';
-  }
+  put_id(s, id, "", ",");
   s += R"("prompt":)";
   put(s, g.prompt);
   s += R"(,"generated":)";
@@ -339,10 +341,7 @@ std::string cancel_line(int64_t id) {
 std::string token_line(const TokenEvent& e, int64_t id) {
   std::string s = R"({"ev":"token","i":)";
   put(s, e.index);
-  if (id) {
-    s += R"(,"id":)";
-    put(s, id);
-  }
+  put_id(s, id, ",", "");
   s += R"(,"lp":)";
   put_real(s, e.logprob);
   s += R"(,"t":)";
@@ -374,11 +373,7 @@ std::string done_line(std::string_view reason, const Timings& t, int64_t id) {
     return j.dump() + "\n";
   }
   std::string s = R"({"ev":"done",)";
-  if (id) {
-    s += R"("id":)";
-    put(s, id);
-    s += ',';
-  }
+  put_id(s, id, "", ",");
   s += R"("reason":")";
   s += reason;
   s += R"(","timings":{"cache_n":)";
