@@ -1,6 +1,7 @@
-/* A small closed-loop HTTP/1.1 load client for bench/proxy_overhead.sh.
+/* A small closed-loop load client for bench/proxy_overhead.sh.
  *
  *   http_load PORT CONCURRENCY COUNT BODY_FILE
+ *   http_load unix:SOCKET CONCURRENCY COUNT FIELDS_FILE
  *
  * Opens CONCURRENCY keep-alive connections to 127.0.0.1:PORT (TCP_NODELAY)
  * and sends COUNT requests `POST /v1/completions` with the body from
@@ -9,7 +10,13 @@
  * else happens inside it. Prints one line per answer:
  *   LATENCY_MS PROMPT_MS PREDICTED_MS
  * (the last two from the answer's "timings"). Written in C so that the
- * client's own cost, which the bench charges to ds4, stays in microseconds. */
+ * client's own cost, which the bench charges to ds4, stays in microseconds.
+ *
+ * With unix:SOCKET it is the engine alone: it speaks the worker protocol
+ * (shared/protocol.h) on one connection to a worker's socket, as the proxy
+ * does, keeping CONCURRENCY generate requests in flight, each
+ *   {"op":"generate","id":N,<FIELDS_FILE's text, without its leading "{">
+ * and a request's time runs from its send to its "done" line. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -19,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,9 +66,75 @@ static double timing(const char *body, size_t n, const char *key) {
   return p ? strtod(p + strlen(key), NULL) : -1;
 }
 
+static void print(const double *out, int count) {
+  for (int i = 0; i < count; i++) printf("%.4f %.4f %.4f\n", out[3 * i], out[3 * i + 1], out[3 * i + 2]);
+}
+
+/* The engine alone: generate requests with ids on one worker connection. */
+static int worker_load(const char *path, int conc, int count, const char *fields, size_t fields_len) {
+  if (fields_len < 2 || fields[0] != '{') {
+    fprintf(stderr, "http_load: the fields file must hold a JSON object\n");
+    return 2;
+  }
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof addr.sun_path) {
+    fprintf(stderr, "http_load: socket path too long\n");
+    return 2;
+  }
+  strcpy(addr.sun_path, path);
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) die("socket");
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) die("connect");
+  double *t0 = calloc((size_t)count + 1, sizeof(double)), *out = malloc(sizeof(double) * 3 * (size_t)count);
+  static char buf[BUF], line[BUF + 64];
+  if (!t0 || !out) die("malloc");
+  size_t len = 0;
+  int sent = 0, done = 0;
+  while (done < count) {
+    while (sent < count && sent - done < conc) {
+      sent++;  /* ids run from 1 */
+      const int n = snprintf(line, sizeof line, "{\"op\":\"generate\",\"id\":%d,%.*s\n", sent,
+                             (int)(fields_len - 1), fields + 1);
+      t0[sent] = now_ms();
+      if (write(fd, line, (size_t)n) != n) die("write");
+    }
+    const ssize_t n = read(fd, buf + len, sizeof buf - len);
+    if (n <= 0) {
+      fprintf(stderr, "http_load: the worker closed the connection\n");
+      return 1;
+    }
+    len += (size_t)n;
+    char *start = buf, *nl;
+    while ((nl = memchr(start, '\n', len - (size_t)(start - buf)))) {
+      const size_t ln = (size_t)(nl - start);
+      if (memmem(start, ln, "\"ev\":\"error\"", 12)) {
+        fprintf(stderr, "http_load: the worker answered %.*s\n", (int)ln, start);
+        return 1;
+      }
+      const char *id = memmem(start, ln, "\"id\":", 5);
+      if (memmem(start, ln, "\"ev\":\"done\"", 11) && id) {
+        const long i = strtol(id + 5, NULL, 10);
+        if (i < 1 || i > sent) {
+          fprintf(stderr, "http_load: an answer for unknown id %ld\n", i);
+          return 1;
+        }
+        out[3 * done] = now_ms() - t0[i];
+        out[3 * done + 1] = timing(start, ln, "\"prompt_ms\":");
+        out[3 * done + 2] = timing(start, ln, "\"predicted_ms\":");
+        done++;
+      }
+      start = nl + 1;
+    }
+    len -= (size_t)(start - buf);
+    memmove(buf, start, len);
+  }
+  print(out, count);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc != 5) {
-    fprintf(stderr, "usage: http_load PORT CONCURRENCY COUNT BODY_FILE\n");
+    fprintf(stderr, "usage: http_load PORT|unix:SOCKET CONCURRENCY COUNT BODY_FILE\n");
     return 2;
   }
   const int port = atoi(argv[1]), conc = atoi(argv[2]), count = atoi(argv[3]);
@@ -73,6 +147,7 @@ int main(int argc, char **argv) {
   static char body[BUF];
   const size_t body_len = fread(body, 1, sizeof body, f);
   fclose(f);
+  if (strncmp(argv[1], "unix:", 5) == 0) return worker_load(argv[1] + 5, conc, count, body, body_len);
   static char req[BUF + 512];
   const int req_len = snprintf(req, sizeof req,
                                "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -129,6 +204,6 @@ int main(int argc, char **argv) {
       }
     }
   }
-  for (int i = 0; i < count; i++) printf("%.4f %.4f %.4f\n", out[3 * i], out[3 * i + 1], out[3 * i + 2]);
+  print(out, count);
   return 0;
 }

@@ -9,6 +9,14 @@
 # the step ends, and that wait counts as ds4's, as does everything outside the
 # worker: HTTP, tokenizing, the proxy's queue (none here: a slot for every
 # client), the hops to and from the worker.
+# That figure also holds what is not the proxy's: the client's own wake-up and
+# reads, one hop each way, and at concurrency 32 the wait of a request for the
+# worker's step in progress (the worker is the bottleneck there, so requests
+# queue in front of it). So the bench also runs (c) the engine alone: the same
+# requests in the worker protocol, straight to the worker's socket, on one
+# connection with ids as the proxy sends them. "ds4 added over the engine" is
+# (a) minus (c): what the proxy costs over talking to the engine directly,
+# measured the way nginx's figure is.
 # The client is bench/http_load.c (compiled here with cc): its own cost counts
 # in ds4's figure, so it is kept to microseconds. On a small shared box, run
 # it with priority (`nice -n -20`) so that other work does not decide the p99.
@@ -16,17 +24,20 @@
 # wake-ups (voluntary context switches) of each proxy and worker thread that
 # ran (busiest first): the supervisor process holds the proxy, its child the
 # worker; and the same of nginx's worker process in the runs through it.
+# Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE
+# (the workers' device: auto, cpu, cuda), NGINX (an nginx binary, for a machine
+# without the Debian package and without apt), CC (cc).
 #   bench/proxy_overhead.sh [REQUESTS=2000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
 bin=${DS4_BIN:-build/bin}
 model=${DS4_MODELS:-../shared/models}/stories260K.gguf
-if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+if [ -z "${NGINX:-}" ] && ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
   echo "bench: installing nginx (Debian package)" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null
 fi
-nginx=$(command -v nginx || echo /usr/sbin/nginx)
+nginx=${NGINX:-$(command -v nginx || echo /usr/sbin/nginx)}
 dir=$(mktemp -d /tmp/ds4-overhead-XXXXXX)
 export XDG_RUNTIME_DIR=$dir/run
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
@@ -41,6 +52,7 @@ proxy:
 workers:
   backend: process
   slots: 32                 # every request of the c=32 round has a slot: none waits in the proxy's queue
+  device: ${DS4_DEVICE:-auto}
   threads: 1                # the client, nginx, the proxy and the worker share this box's cores; a
                             # compute pool spinning on all of them would be measured as everyone's latency
   context:
@@ -48,14 +60,18 @@ workers:
 YAML
 cat >"$dir/nginx.conf" <<CONF
 daemon off;
+$([ "$(id -u)" = 0 ] && echo "user root root;")  # as is: the machine may have no www-data
 pid $dir/nginx.pid;
 error_log $dir/nginx-error.log;
 worker_processes 1;
 events { worker_connections 1024; }
 http {
   access_log off;
-  client_body_temp_path $dir/nginx-body;
+  client_body_temp_path $dir/nginx-body;  # every temporary path here: /var/lib/nginx may not exist
   proxy_temp_path $dir/nginx-proxy;
+  fastcgi_temp_path $dir/nginx-fastcgi;
+  scgi_temp_path $dir/nginx-scgi;
+  uwsgi_temp_path $dir/nginx-uwsgi;
   keepalive_requests 1000000;  # a client connection takes a round's requests (default: closed after 1000)
   upstream ds4 { server 127.0.0.1:$port_a; keepalive 64; keepalive_requests 1000000; }
   server {
@@ -69,24 +85,37 @@ http {
   }
 }
 CONF
-cc -O2 -o "$dir/http_load" bench/http_load.c
+"${CC:-cc}" -O2 -o "$dir/http_load" bench/http_load.c
 printf '%s' '{"model":"stories","prompt":"Once upon a time","max_tokens":1,"temperature":0}' >"$dir/body.json"
+# The same request in the worker protocol: "Once upon a time" with BOS, as the proxy tokenizes it.
+printf '%s' '{"prompt":[1,403,407,261,378],"max_tokens":1,"temperature":0}' >"$dir/fields.json"
 "$bin/ds4-supervisor" --config "$dir/ds4.yaml" >"$dir/sup.log" 2>&1 &
 sup=$!
-"$nginx" -c "$dir/nginx.conf" >"$dir/nginx.log" 2>&1 &
+"$nginx" -e "$dir/nginx-error.log" -c "$dir/nginx.conf" >"$dir/nginx.log" 2>&1 &
 ngx=$!
 trap 'kill $sup $ngx 2>/dev/null; wait $sup $ngx 2>/dev/null; rm -rf "$dir"' EXIT
-for _ in $(seq 1 300); do
-  curl -sf "http://127.0.0.1:$port_a/health" >/dev/null && curl -sf "http://127.0.0.1:$port_b/health" >/dev/null && break
-  sleep 0.1
-done
-python3 - "$n" "$port_a" "$port_b" "$dir/http_load" "$dir/body.json" "$sup" "$ngx" <<'PY'
+python3 - "$port_a" "$port_b" <<'PY' || { cat "$dir/sup.log" "$dir/nginx-error.log" >&2; exit 1; }
+# Both servers healthy (a GPU worker may take a while to start), at most 120 s.
+import sys, time, urllib.request
+deadline = time.monotonic() + 120
+for port in sys.argv[1:]:
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
+            break
+        except Exception as e:
+            if time.monotonic() > deadline:
+                sys.exit(f"bench: port {port} not healthy after 120 s: {e}")
+            time.sleep(0.1)
+PY
+python3 - "$n" "$port_a" "$port_b" "$dir/http_load" "$dir/body.json" "$sup" "$ngx" "$dir/fields.json" \
+  "unix:$XDG_RUNTIME_DIR/ds4/worker-0.sock" <<'PY'
 # bench/http_load.c drives the connections (one thread, keep-alive,
 # TCP_NODELAY; a request's time runs from its send to the last byte of its
-# answer). Runs (a) and (b) alternate in 4 rounds so both see the same conditions.
+# answer). Runs (a), (b) and (c) alternate in 4 rounds so all see the same conditions.
 import os, subprocess, sys
 n, port_a, port_b, load, body = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
-sup, ngx = int(sys.argv[6]), int(sys.argv[7])
+sup, ngx, fields, engine = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8], sys.argv[9]
 worker = int(open(f"/proc/{sup}/task/{sup}/children").read().split()[0])
 ngx_worker = int(open(f"/proc/{ngx}/task/{ngx}/children").read().split()[0])
 
@@ -110,8 +139,8 @@ def add(total, before, after):
         t[0] += v[0] - b[0]
         t[1] += v[1] - b[1]
 
-def run(port, conc, count):
-    out = subprocess.run([load, port, str(conc), str(count), body], check=True, capture_output=True, text=True).stdout
+def run(port, conc, count, request=body):
+    out = subprocess.run([load, port, str(conc), str(count), request], check=True, capture_output=True, text=True).stdout
     rows = [tuple(map(float, line.split())) for line in out.splitlines()]
     if any(r[1] < 0 or r[2] < 0 for r in rows):
         raise SystemExit("bench: an answer without timings")
@@ -124,7 +153,8 @@ def pct(xs, p):
 for conc in (1, 32):
     run(port_a, conc, 4 * conc)  # warm-up
     run(port_b, conc, 4 * conc)
-    la, ca, lb, cb = [], [], [], []
+    run(engine, conc, 4 * conc, fields)
+    la, ca, lb, cb, lc = [], [], [], [], []
     use, use_b = {}, {}
     for _ in range(4):
         before = threads()
@@ -135,13 +165,16 @@ for conc in (1, 32):
         t, c = run(port_b, conc, n // 4)
         add(use_b, before, threads())
         lb += t; cb += c
+        lc += run(engine, conc, n // 4, fields)[0]
     ds4_add = [l - c for l, c in zip(la, ca)]
     via = [l - c for l, c in zip(lb, cb)]
     for p in (50, 99):
         d = pct(ds4_add, p)
         g = pct(via, p) - d
-        print(f"concurrency {conc:2d} p{p}: latency direct {pct(la, p):.2f} ms, via nginx {pct(lb, p):.2f} ms; "
-              f"ds4 added {d:.2f} ms, nginx added {g:.2f} ms")
+        e = pct(la, p) - pct(lc, p)
+        print(f"concurrency {conc:2d} p{p}: latency direct {pct(la, p):.2f} ms, via nginx {pct(lb, p):.2f} ms, "
+              f"engine alone {pct(lc, p):.2f} ms; ds4 added {d:.2f} ms, nginx added {g:.2f} ms; "
+              f"ds4 added over the engine {e:.2f} ms")
     for proc, u in (("proxy", use), ("worker", use), ("nginx", use_b)):
         mine = sorted((v for k, v in u.items() if k[0] == proc and (v[0] > 0 or v[1] > 0)), key=lambda v: -v[0])
         cpu = sum(v[0] for v in mine) / len(la) / 1e3
