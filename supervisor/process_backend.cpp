@@ -221,6 +221,12 @@ void ProcessBackend::start(const LaunchSpec& spec) {
       if (::write(procs_fd, "0", 1) != 1) ::_exit(126);
       ::close(procs_fd);
     }
+    // As the unit's OOMScoreAdjust=1000: when memory runs out, the kernel
+    // kills a worker (restarted in milliseconds), never the supervisor.
+    if (const int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
+      [[maybe_unused]] const ssize_t n = ::write(fd, "1000", 4);
+      ::close(fd);
+    }
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -64,6 +64,9 @@ restarts=$(sup_get 'w[0]["restarts"]')
 [[ $restarts == 1 ]] && pass "status: restarts 1" || fail "status: restarts $restarts, expected 1"
 args=$(sup_get '" ".join(w[0]["args"])')
 [[ $args == *"--context 256"* ]] && pass "the worker really runs with --context 256 (/proc)" || fail "worker args: $args"
+adj=$(cat "/proc/$(sup_get 'w[0]["pid"]')/oom_score_adj" 2>/dev/null)
+[[ $adj == 1000 ]] && pass "the worker's oom_score_adj is 1000, as a unit's OOMScoreAdjust: the kernel picks it first" \
+  || fail "worker oom_score_adj '$adj', expected 1000"
 grep -q 'DS4_EVENT=oom, DS4_WORKER=0, DS4_CONTEXT_FROM=2048, DS4_CONTEXT_TO=256' "$SUP_DIR/sup.log" \
   && pass "oom event logged: $(grep -m1 'DS4_EVENT=oom' "$SUP_DIR/sup.log" | cut -c1-160)" \
   || fail "no DS4_EVENT=oom 2048 -> 256 entry in the log"
