@@ -56,9 +56,29 @@ Decision WorkerPolicy::decision(const std::string& event, size_t from, size_t to
   return d;
 }
 
+namespace {
+
+// The memory a worker's plan (KV cache, scratch) lives in: host memory, or,
+// for a worker on a GPU, that device's free memory. A GPU worker's plan takes
+// next to nothing of host memory, so a smaller one would free none there:
+// host readings (MemAvailable, PSI) do not move it, and the GPU's do.
+Bytes room(const Readings& r) { return r.gpu_free ? *r.gpu_free : r.available; }
+
+std::string room_text(const Readings& r) {
+  return r.gpu_free ? human_size(*r.gpu_free) + " free on the GPU" : human_size(r.available) + " available";
+}
+
+std::vector<std::pair<std::string, std::string>> room_figures(const Readings& r) {
+  std::vector<std::pair<std::string, std::string>> f = {{"DS4_AVAILABLE", std::to_string(r.available)}};
+  if (r.gpu_free) f.emplace_back("DS4_GPU_FREE", std::to_string(*r.gpu_free));
+  return f;
+}
+
+}  // namespace
+
 bool WorkerPolicy::low(const Readings& r) const {
-  if (r.available < config_.min_available) return true;
-  return config_.psi > 0 && r.psi_some_avg10 > config_.psi;
+  if (room(r) < config_.min_available) return true;
+  return !r.gpu_free && config_.psi > 0 && r.psi_some_avg10 > config_.psi;
 }
 
 bool WorkerPolicy::ample(const Readings& r) const {
@@ -67,7 +87,7 @@ bool WorkerPolicy::ample(const Readings& r) const {
   // still be above both thresholds.
   const Bytes extra = own_[rung_ - 1] > own_[rung_] ? own_[rung_ - 1] - own_[rung_] : 0;
   const Bytes keep = std::max(config_.min_available, config_.reserve);
-  return r.available >= extra && r.available - extra >= keep;
+  return room(r) >= extra && room(r) - extra >= keep;
 }
 
 Duration WorkerPolicy::backoff_delay() const {
@@ -76,27 +96,26 @@ Duration WorkerPolicy::backoff_delay() const {
 }
 
 Step WorkerPolicy::start(TimePoint now, const Readings& r) {
-  const Bytes room = r.available > config_.reserve ? r.available - config_.reserve : 0;
+  const Bytes free = room(r) > config_.reserve ? room(r) - config_.reserve : 0;
   size_t rung = config_.ladder.size() - 1;
   bool fits = false;
   for (size_t i = 0; i < config_.ladder.size(); ++i) {
-    if (own_[i] <= room) {
+    if (own_[i] <= free) {
       rung = i;
       fits = true;
       break;
     }
   }
-  std::string reason = fits ? "largest rung that fits: needs " + human_size(own_[rung]) + ", " +
-                                  human_size(r.available) + " available − " + human_size(config_.reserve) +
-                                  " reserve"
-                            : "no rung fits (smallest needs " + human_size(own_[rung]) + ", " +
-                                  human_size(r.available) + " available − " + human_size(config_.reserve) +
-                                  " reserve); trying the smallest";
+  std::string reason = fits ? "largest rung that fits: needs " + human_size(own_[rung]) + ", " + room_text(r) +
+                                  " − " + human_size(config_.reserve) + " reserve"
+                            : "no rung fits (smallest needs " + human_size(own_[rung]) + ", " + room_text(r) +
+                                  " − " + human_size(config_.reserve) + " reserve); trying the smallest";
   Step s = start_at(rung, "start", reason, now);
   s.decisions.back().context_from = s.decisions.back().context_to;
-  s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
-                                {"DS4_RESERVE", std::to_string(config_.reserve)},
-                                {"DS4_NEEDS", std::to_string(own_[rung])}};
+  s.decisions.back().figures = room_figures(r);
+  s.decisions.back().figures.insert(s.decisions.back().figures.end(),
+                                    {{"DS4_RESERVE", std::to_string(config_.reserve)},
+                                     {"DS4_NEEDS", std::to_string(own_[rung])}});
   return s;
 }
 
@@ -311,14 +330,16 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
     const size_t to = rung_ + 1;
     if (to >= config_.ladder.size()) return s;  // nothing lower to go to: the kernel decides
     const std::string why = "headroom low for " + format_duration(std::chrono::duration_cast<Duration>(now - *low_since_)) +
-                            ": " + human_size(r.available) + " available < min_available " +
-                            human_size(config_.min_available) +
-                            (config_.psi > 0 ? ", PSI some avg10 " + std::to_string(r.psi_some_avg10) + "%" : "") +
+                            ": " + room_text(r) + (room(r) < config_.min_available ? " < " : ", ") +
+                            "min_available " + human_size(config_.min_available) +
+                            (config_.psi > 0 && !r.gpu_free ? ", PSI some avg10 " + std::to_string(r.psi_some_avg10) + "%"
+                                                            : "") +
                             "; draining, then one rung lower";
     s.decisions.push_back(decision("downgrade", rung_, to, why));
-    s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
-                                  {"DS4_MIN_AVAILABLE", std::to_string(config_.min_available)},
-                                  {"DS4_PSI_SOME_AVG10", std::to_string(r.psi_some_avg10)}};
+    s.decisions.back().figures = room_figures(r);
+    s.decisions.back().figures.insert(s.decisions.back().figures.end(),
+                                      {{"DS4_MIN_AVAILABLE", std::to_string(config_.min_available)},
+                                       {"DS4_PSI_SOME_AVG10", std::to_string(r.psi_some_avg10)}});
     Step d = drain_then(to, now);
     s.actions = d.actions;
     low_since_.reset();
@@ -335,10 +356,10 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
   s.decisions.push_back(decision(
       "upgrade", rung_, to,
       "headroom ample for " + format_duration(std::chrono::duration_cast<Duration>(now - *ample_since_)) + ": " +
-          human_size(r.available) + " available, context " + std::to_string(config_.ladder[to]) + " needs " +
+          room_text(r) + ", context " + std::to_string(config_.ladder[to]) + " needs " +
           human_size(own_[to] - std::min(own_[to], own_[rung_])) + " more; worker idle, one rung up"));
-  s.decisions.back().figures = {{"DS4_AVAILABLE", std::to_string(r.available)},
-                                {"DS4_NEEDS", std::to_string(own_[to])}};
+  s.decisions.back().figures = room_figures(r);
+  s.decisions.back().figures.emplace_back("DS4_NEEDS", std::to_string(own_[to]));
   Step d = drain_then(to, now);
   s.actions = d.actions;
   ample_since_.reset();

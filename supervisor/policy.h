@@ -10,9 +10,10 @@
 /// Rules (DESIGN.md "Context ladder and memory policy"):
 ///   start     the largest rung whose own memory (KV + scratch; the weights are
 ///             already resident) fits available − reserve; the smallest when
-///             none fits.
+///             none fits. "available" is MemAvailable, or for a worker on a
+///             GPU that GPU's free memory (Readings).
 ///   OOM kill  restart at once, one rung lower.
-///   headroom  available < min_available (or PSI above its threshold)
+///   headroom  available < min_available (or, for a host worker, PSI above its threshold)
 ///             continuously for `for`: drain, then restart one rung lower.
 ///   step up   headroom ample (the next rung up would still leave
 ///             max(min_available, reserve) free) continuously for
@@ -54,11 +55,14 @@ struct PolicyConfig {
   static PolicyConfig from(const Config& c);
 };
 
-/// One memory reading (host; GPU free where workers report it).
+/// One memory reading: the host's, and a GPU's where a worker reports one.
+/// The policy of a worker on a GPU goes by that GPU's free memory (the one its
+/// KV cache and scratch live in), every other worker's by the host's.
 struct Readings {
-  Bytes available = 0;                // MemAvailable, or the smaller of it and GPU free
+  Bytes available = 0;                // MemAvailable
   double psi_some_avg10 = 0;          // % of time some task stalled on memory
-  std::optional<Bytes> gpu_free;      // the tightest device workers report (control block)
+  std::optional<Bytes> gpu_free;      // the worker's GPU (its control block record); for
+                                      // status: the tightest GPU any worker reports
   std::optional<Bytes> gpu_total;     // that device's size
 };
 

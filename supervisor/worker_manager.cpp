@@ -290,6 +290,17 @@ void WorkerManager::add_gpu_figures(Readings& r) const {
   }
 }
 
+Readings WorkerManager::readings_for(int id) const {
+  Readings r = last_;
+  r.gpu_free.reset();
+  r.gpu_total.reset();
+  if (auto rec = own_record(id); rec && rec->on_gpu()) {
+    r.gpu_free = rec->gpu_free;
+    r.gpu_total = rec->gpu_total;
+  }
+  return r;
+}
+
 Readings WorkerManager::last_readings() const {
   Readings r = last_;
   add_gpu_figures(r);
@@ -308,7 +319,7 @@ void WorkerManager::sample() {
       }
       continue;
     }
-    Step st = sl.policy->on_readings(t, last_, idle(id));
+    Step st = sl.policy->on_readings(t, readings_for(id), idle(id));
     const bool stepped_down = !st.decisions.empty() && st.decisions.front().event == "downgrade";
     apply(id, std::move(st));
     if (stepped_down) {

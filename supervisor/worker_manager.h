@@ -118,6 +118,9 @@ class WorkerManager : public WorkerRegistry {
   /// Sets r.gpu_free/gpu_total: the device with the least free memory any
   /// worker reports; none when no worker is on a GPU.
   void add_gpu_figures(Readings& r) const;
+  /// The host's reading with worker `id`'s own GPU figures: none when it is
+  /// not on a GPU (its policy then goes by the host's memory).
+  Readings readings_for(int id) const;
   bool idle(int id) const;
   void notify();
   void maybe_finish_stop();

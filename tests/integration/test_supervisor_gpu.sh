@@ -2,8 +2,10 @@
 # GPU workers under the supervisor (skips without a GPU): the supervisor runs
 # the weights holder for cuda:0 before the worker; the worker maps the
 # holder's weights; a SIGKILLed worker comes back mapping them again and gives
-# the same greedy answer; a killed holder is restarted; a clean stop takes the
-# holder down too. The time from SIGKILL to ready is printed, not asserted
+# the same greedy answer; a killed holder is restarted; when another process
+# takes the GPU's memory (PyTorch, where the machine has it) the worker is
+# drained and restarted one rung lower, and one rung up again once that memory
+# is back; a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
 # (bench/cuda_holder.sh measures it).
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
@@ -48,7 +50,9 @@ workers:
     ladder: [512, 256]
   reserve: 64MiB
 headroom:
-  min_available: 64MiB
+  min_available: 2GiB     # GPU free below this (the headroom check below) → one rung lower
+  for: 1s
+  step_up_after: 3s
 gpu:
   weights: device
 YAML
@@ -90,6 +94,43 @@ else
 fi
 again=$(complete "$url")
 [[ $again == "$before" ]] && pass "the worker kept serving through the holder's restart" || fail "after the holder's restart: $again"
+
+# Another process takes all but 1.5 GiB of the GPU's memory: below min_available
+# (2 GiB) on the GPU while the host has plenty.
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  python3 - "$SUP_DIR/hog" <<'PY' &
+import sys, time, torch
+free, _ = torch.cuda.mem_get_info()
+hog = torch.empty(max(free - 3 * 2**29, 0), dtype=torch.uint8, device="cuda")
+open(sys.argv[1], "w").write(f"{hog.numel() >> 20} MiB")
+time.sleep(300)
+PY
+  hog=$!
+  for _ in $(seq 1 600); do [[ -s $SUP_DIR/hog ]] && break; kill -0 $hog 2>/dev/null || break; sleep 0.1; done
+  if [[ -s $SUP_DIR/hog ]]; then
+    if sup_wait 60 'w[0]["context"] == 256 and w[0]["state"] == "ready"'; then
+      pass "another process took $(cat "$SUP_DIR/hog") of the GPU: the worker went one rung lower, ready at 256"
+    else
+      fail "no downgrade with the GPU's memory taken: $(sup_status | tr -d '\n' | cut -c1-600)"
+    fi
+    why=$(sup_events | python3 -c '
+import json, sys
+print(next((e["reason"] for e in json.load(sys.stdin)["events"] if e["event"] == "downgrade"), ""))')
+    [[ $why == *"free on the GPU < min_available"* ]] && pass "the decision says why: $why" \
+      || fail "downgrade reason: '$why'"
+    [[ $(complete "$url") == *$'\n'200 ]] && pass "served at the lower rung" || fail "no answer at the lower rung"
+    kill $hog; wait $hog 2>/dev/null
+    if sup_wait 60 'w[0]["context"] == 512 and w[0]["state"] == "ready"'; then
+      pass "GPU memory back: one rung up again, ready at 512"
+    else
+      fail "no step up with the GPU's memory back: $(sup_status | tr -d '\n' | cut -c1-600)"
+    fi
+  else
+    fail "the process taking GPU memory did not start"; kill $hog 2>/dev/null
+  fi
+else
+  echo "skip - no PyTorch with CUDA here to take the GPU's memory: the GPU headroom check did not run"
+fi
 
 hpid=$(sup_get 's["holder"]["pid"]')
 sup_stop

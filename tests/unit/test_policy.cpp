@@ -193,6 +193,57 @@ TEST_CASE("policy: ample headroom for step_up_after steps up one rung, only when
   CHECK(has(s, Action::Kind::start, 8192));
 }
 
+TEST_CASE("policy: a worker on a GPU goes by the GPU's free memory, not the host's") {
+  Fixture f;
+  PolicyConfig c = test_config();
+  c.psi = 20;
+  WorkerPolicy p(0, c, plans());
+  auto gpu = [](Bytes host_mib, Bytes gpu_mib, double psi = 0) {
+    return Readings{host_mib * MiB, psi, gpu_mib * MiB, 80000 * MiB};
+  };
+  // Start: the rung that fits the GPU's free memory (600 − 100 reserve: 4096), not the host's 100 GiB.
+  Step s = p.start(f.t, gpu(100000, 600));
+  CHECK(has(s, Action::Kind::start, 4096));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].reason.find("free on the GPU") != std::string::npos);
+  p.on_ready(f.t, 7);
+
+  SUBCASE("host memory low, or host PSI high: nothing, a smaller plan would free none there") {
+    for (int i = 0; i < 5; ++i) {
+      CHECK(p.on_readings(f.t, gpu(50, 5000, 90), true).actions.empty());
+      f.advance(10s);
+    }
+    CHECK(p.state() == WorkerState::ready);
+  }
+  SUBCASE("GPU free memory low for `for`: drain, one rung lower") {
+    CHECK(p.on_readings(f.t, gpu(100000, 150), true).actions.empty());
+    f.advance(10s);
+    s = p.on_readings(f.t, gpu(100000, 150), true);
+    CHECK(has(s, Action::Kind::drain));
+    REQUIRE(s.decisions.size() == 1);
+    CHECK(s.decisions[0].event == "downgrade");
+    CHECK(s.decisions[0].context_to == 2048);
+    CHECK(s.decisions[0].reason.find("150.0 MiB free on the GPU < min_available") != std::string::npos);
+    bool figure = false;
+    for (const auto& [k, v] : s.decisions[0].figures) figure |= k == "DS4_GPU_FREE" && v == std::to_string(150 * MiB);
+    CHECK(figure);
+  }
+  SUBCASE("step up only when the GPU has room for the larger plan") {
+    // 8192 needs 400 MiB more: 500 free on the GPU would leave 100, below min_available; host is ample.
+    for (int i = 0; i < 5; ++i) {
+      CHECK(p.on_readings(f.t, gpu(100000, 500), true).actions.empty());
+      f.advance(60s);
+    }
+    CHECK(p.on_readings(f.t, gpu(100000, 700), true).actions.empty());
+    f.advance(61s);
+    s = p.on_readings(f.t, gpu(100000, 700), true);
+    CHECK(has(s, Action::Kind::drain));
+    REQUIRE(s.decisions.size() == 1);
+    CHECK(s.decisions[0].event == "upgrade");
+    CHECK(s.decisions[0].context_to == 8192);
+  }
+}
+
 TEST_CASE("policy: step_up_after 0 never steps up") {
   Fixture f;
   PolicyConfig c = test_config();
