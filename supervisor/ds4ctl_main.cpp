@@ -77,6 +77,13 @@ void print_status(const nlohmann::json& s) {
                   (unsigned long long)c.value("requests", uint64_t(0)), (unsigned long long)c.value("tokens_in", uint64_t(0)),
                   (unsigned long long)c.value("tokens_out", uint64_t(0)), (unsigned long long)c.value("errors", uint64_t(0)));
     }
+    if (w.contains("decisions") && w["decisions"].is_object()) {
+      std::string taken;
+      for (const auto& [event, n] : w["decisions"].items())
+        if (event != "start" && n.is_number_integer() && n.get<int64_t>() > 0)
+          taken += (taken.empty() ? "" : ", ") + std::to_string(n.get<int64_t>()) + " " + event;
+      if (!taken.empty()) std::printf("    decisions: %s (ds4ctl events says why)\n", taken.c_str());
+    }
     if (w.contains("binary")) {
       std::string cmd = w["binary"].get<std::string>();
       for (const auto& a : w["args"]) cmd += " " + a.get<std::string>();

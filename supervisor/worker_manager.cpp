@@ -85,6 +85,7 @@ void WorkerManager::apply(int id, Step step) {
   Slot& sl = slot(id);
   for (const auto& d : step.decisions) {
     log_decision(d);
+    ++sl.decisions[d.event];
     EventRecord e;
     e.time_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                     std::chrono::system_clock::now().time_since_epoch()).count();
@@ -399,6 +400,7 @@ std::vector<WorkerInfo> WorkerManager::workers() const {
     w.generation = sl.generation;
     w.restarts = sl.policy->restarts();
     w.oom_kills = sl.policy->oom_kills();
+    w.decisions = sl.decisions;
     out.push_back(w);
   }
   return out;
@@ -423,7 +425,8 @@ nlohmann::json WorkerManager::status_json() const {
                         {"last_error", p.last_error()},
                         {"last_exit", sl.last_exit},
                         {"socket", socket_path(id)},
-                        {"memory_plan", p.own_bytes(p.rung())}};
+                        {"memory_plan", p.own_bytes(p.rung())},
+                        {"decisions", sl.decisions}};
     if (sl.last_downtime_ms >= 0) w["last_downtime_ms"] = sl.last_downtime_ms;
     // From the worker's own control block record: null when it keeps none.
     w["heartbeat_age_ms"] = nullptr;

@@ -98,6 +98,7 @@ class WorkerManager : public WorkerRegistry {
     std::optional<TimePoint> probe_failed_since;
     bool probing = false;
     int64_t last_downtime_ms = -1;        // went away → ready again
+    std::map<std::string, int64_t> decisions;  // by event, since the supervisor started
     std::string last_exit;
     std::unique_ptr<asio::steady_timer> timer;
   };

@@ -27,7 +27,12 @@ struct WorkerInfo {
   uint64_t generation = 0;  // +1 at every (re)start: a new process behind the same id
   int64_t restarts = 0;
   int64_t oom_kills = 0;
+  std::map<std::string, int64_t> decisions = {};  // policy decisions taken, by event (kDecisionEvents)
 };
+
+/// Every event a policy decision can carry (supervisor/policy.h Decision).
+inline constexpr const char* kDecisionEvents[] = {"start",   "oom",     "downgrade", "upgrade",
+                                                  "restart", "backoff", "hang",      "stop"};
 
 class WorkerRegistry {
  public:

@@ -86,6 +86,14 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
   for (auto& w : workers) o << "ds4_worker_restarts_total{worker=\"" << w.id << "\"} " << w.restarts << '\n';
   head("ds4_worker_oom_kills_total", "counter", "OOM kills of each worker.");
   for (auto& w : workers) o << "ds4_worker_oom_kills_total{worker=\"" << w.id << "\"} " << w.oom_kills << '\n';
+  head("ds4_worker_decisions_total", "counter",
+       "Policy decisions for each worker, by event (downgrade, upgrade, hang, backoff, ...).");
+  for (auto& w : workers)
+    for (const char* event : sup::kDecisionEvents) {
+      auto it = w.decisions.find(event);
+      o << "ds4_worker_decisions_total{worker=\"" << w.id << "\",event=\"" << event << "\"} "
+        << (it == w.decisions.end() ? 0 : it->second) << '\n';
+    }
   return o.str();
 }
 

@@ -84,6 +84,16 @@ else
 fi
 grep -q 'DS4_EVENT=upgrade, DS4_WORKER=0, DS4_CONTEXT_FROM=256, DS4_CONTEXT_TO=2048' "$SUP_DIR/sup.log" \
   && pass "upgrade logged" || fail "no upgrade event in the log"
+metrics=$(curl -s --max-time 10 "$(sup_proxy_url)/metrics")
+if grep -qF 'ds4_worker_decisions_total{worker="0",event="downgrade"} 1' <<<"$metrics" &&
+   grep -qF 'ds4_worker_decisions_total{worker="0",event="upgrade"} 1' <<<"$metrics" &&
+   grep -qF 'ds4_worker_decisions_total{worker="0",event="oom"} 0' <<<"$metrics"; then
+  pass "/metrics counts the decisions: 1 downgrade, 1 upgrade, 0 oom"
+else
+  fail "/metrics decisions: $(grep ds4_worker_decisions_total <<<"$metrics" | tr '\n' ' ')"
+fi
+line=$("$DS4_BIN/ds4ctl" status | grep 'decisions:')
+[[ $line == *"1 downgrade, 1 upgrade"* ]] && pass "ds4ctl status shows them:$line" || fail "ds4ctl status decisions line: '$line'"
 "$DS4_BIN/ds4ctl" events | sed 's/^/       /'
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"

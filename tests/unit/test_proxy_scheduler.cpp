@@ -47,7 +47,7 @@ TEST_CASE("pick_worker: longest shared prefix, then most free slots, then lowest
 TEST_CASE("queue: jobs wait while no worker is ready; a full queue refuses; cancel frees a place") {
   boost::asio::io_context io;
   FakeRegistry reg;
-  reg.list.push_back({0, WorkerState::restarting, "/nonexistent", 512, 2});
+  reg.list.push_back({.id = 0, .state = WorkerState::restarting, .socket_path = "/nonexistent", .context = 512, .slots = 2});
   SchedulerOptions o;
   o.max_waiting = 2;
   Scheduler s(io, reg, o);
@@ -87,7 +87,7 @@ TEST_CASE("queue: max_wait ends a waiting job with a timeout error") {
 TEST_CASE("queue: a prompt that no worker's context can hold ends with a 400") {
   boost::asio::io_context io;
   FakeRegistry reg;
-  reg.list.push_back({0, WorkerState::ready, "/nonexistent", 3, 1});
+  reg.list.push_back({.id = 0, .state = WorkerState::ready, .socket_path = "/nonexistent", .context = 3, .slots = 1});
   Scheduler s(io, reg, {});
   RecordingSink a;
   auto ja = job(a, {1, 2, 3, 4});
@@ -100,7 +100,7 @@ TEST_CASE("queue: a prompt that no worker's context can hold ends with a 400") {
 TEST_CASE("dispatch: a worker that refuses connections is retried with backoff, the job keeps waiting") {
   boost::asio::io_context io;
   FakeRegistry reg;
-  reg.list.push_back({0, WorkerState::ready, "/nonexistent/ds4.sock", 512, 1});
+  reg.list.push_back({.id = 0, .state = WorkerState::ready, .socket_path = "/nonexistent/ds4.sock", .context = 512, .slots = 1});
   SchedulerOptions o;
   o.max_wait = std::chrono::milliseconds(400);
   Scheduler s(io, reg, o);

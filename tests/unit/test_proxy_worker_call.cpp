@@ -128,7 +128,7 @@ struct Fixture {
     char tmpl[] = "/tmp/ds4-pool-test-XXXXXX";
     dir = ::mkdtemp(tmpl);
     worker = std::make_unique<FakeWorker>(io, dir + "/w.sock");
-    reg.list.push_back({0, WorkerState::ready, dir + "/w.sock", 512, 2, 0, 1});
+    reg.list.push_back({.id = 0, .state = WorkerState::ready, .socket_path = dir + "/w.sock", .context = 512, .slots = 2, .generation = 1});
     SchedulerOptions o;
     o.retry_min = std::chrono::milliseconds(1);
     sched = std::make_unique<Scheduler>(io, reg, o);
