@@ -14,7 +14,7 @@ static const char* kUsage =
     "usage: ds4-worker COMMAND [options]\n"
     "  run    --model FILE -p TEXT -n N [--temp T] [--seed S] [--top-k K] [--top-p P] [--min-p P]\n"
     "         [--ctx N] [--threads T] [--device auto|cpu|cuda:N] [--json]   one-shot generation\n"
-    "  bench  --model FILE [-p 128] [-n 128] [-r 3] [--threads T] [--device cpu]\n"
+    "  bench  --model FILE [-p 128] [-n 128] [-r 3] [--threads T] [--device auto|cpu|cuda:N]\n"
     "                                                 prompt and generation speed, one JSON line\n"
     "  serve  (--segment NAME | --model FILE) --socket PATH [--context N] [--slots N]\n"
     "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"
