@@ -14,6 +14,7 @@
 #include "supervisor/holder_keeper.h"
 #include "supervisor/paths.h"
 #include "supervisor/process_backend.h"
+#include "supervisor/segment_sweeper.h"
 #include "supervisor/systemd_backend.h"
 #include "supervisor/worker_health.h"
 #include "supervisor/worker_manager.h"
@@ -97,6 +98,8 @@ void Supervisor::prepare() {
   log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) +
                 (model_.reused ? ", reused" : ", loaded") + ")",
             {{"DS4_SEGMENT", model_.segment}, {"DS4_MODEL", model_.path}});
+  sweeper_ = std::make_unique<SegmentSweeper>(io_);
+  sweeper_->set_current(model_.segment);  // sweeps once run() starts
   memory_ = std::make_unique<ProcMemorySource>();
   start_backend();
   start_holder();
@@ -107,6 +110,7 @@ void Supervisor::prepare() {
   manager_->set_proxy_stats(stats_);
   manager_->set_health_source(health_.get());
   manager_->on_change([this] { maybe_ready(); });
+  sweeper_->watch(*manager_);  // an old model's segment goes once its last worker has
   admin_ = std::make_unique<AdminServer>(io_, runtime_dir_ + "/admin.sock",
                                          [this](const nlohmann::json& r) { return handle_admin(r); });
 }
@@ -192,6 +196,7 @@ void Supervisor::shutdown(int sig) {
   sd_notify(0, "STOPPING=1\nSTATUS=stopping workers");
   log::info("stopping on signal " + std::to_string(sig) + ": stopping the workers");
   for (auto& fn : stop_listeners_) fn();
+  sweeper_->stop();
   manager_->stop([this] {
     log::info("all workers stopped");
     if (health_) control::Block::remove(health_->name());
@@ -228,6 +233,7 @@ bool Supervisor::reload(std::string* error) {
     if (ch.model) {
       next.workers.backend = config_.workers.backend;
       model_ = prepare_model(next, runtime_dir_, opts_.bin_dir);
+      sweeper_->set_current(model_.segment);
       if (holder_) holder_->change_segment(model_.segment);
     }
     ManagerSettings s = manager_settings(next, model_, runtime_dir_, health_->name());

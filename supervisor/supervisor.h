@@ -38,6 +38,7 @@ class MemorySource;
 class UnitBackend;
 class WorkerHealth;
 class HolderKeeper;
+class SegmentSweeper;
 class WorkerManager;
 
 struct SupervisorOptions {
@@ -96,6 +97,7 @@ class Supervisor {
   std::unique_ptr<UnitBackend> backend_;
   std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes
   std::unique_ptr<HolderKeeper> holder_;  // GPU weights holder (GPU workers only)
+  std::unique_ptr<SegmentSweeper> sweeper_;  // maps model_.segment, removes old ones
   std::unique_ptr<WorkerManager> manager_;
   std::unique_ptr<AdminServer> admin_;
   std::unique_ptr<asio::signal_set> signals_;

@@ -1,11 +1,14 @@
 // Model store: loading a GGUF into a named shared-memory segment, reusing it,
-// refusing and rebuilding broken ones, and the progress reporter.
+// refusing and rebuilding broken ones, sweeping unused ones, and the progress
+// reporter.
 // Segments get a per-process test name, so these tests never touch real ones.
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,6 +70,28 @@ pid_t dead_pid() {
   ::waitpid(pid, nullptr, 0);
   return pid;
 }
+
+// A plain file in /dev/shm, as an old or foreign segment looks to a sweep.
+void make_shm_file(const std::string& name, size_t bytes) {
+  const int fd = ::open(("/dev/shm/" + name).c_str(), O_RDWR | O_CREAT | O_EXCL, 0644);
+  REQUIRE(fd >= 0);
+  REQUIRE(::posix_fallocate(fd, 0, off_t(bytes)) == 0);
+  ::close(fd);
+}
+
+// Maps a /dev/shm file read-only for as long as it lives.
+struct Mapping {
+  void* p = MAP_FAILED;
+  size_t size = 0;
+  Mapping(const std::string& name, size_t n) : size(n) {
+    const int fd = ::open(("/dev/shm/" + name).c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    ::close(fd);
+    REQUIRE(p != MAP_FAILED);
+  }
+  ~Mapping() { ::munmap(p, size); }
+};
 
 std::string attach_error(const std::string& name) {
   try {
@@ -265,6 +290,102 @@ TEST_CASE("store: remove") {
   CHECK(attach_error(g.name).find("does not exist") != std::string::npos);
   CHECK(seg.tensors().size() == 48);  // an existing mapping stays valid
   CHECK(seg.find_tensor("output.weight")->n_bytes == 64 * 512 * 4);
+}
+
+TEST_CASE("store: a sweep removes the segments nobody uses, and only those") {
+  SegmentGuard current(test_name("sweep-current")), loading(test_name("sweep-loading")),
+      mapped(test_name("sweep-mapped")), old(test_name("sweep-old"));
+  for (const SegmentGuard* g : {&current, &loading, &mapped, &old}) make_shm_file(g->name, 8192);
+  // A live loader holds its lock while it writes (and maps only later).
+  const int lock_fd = ::open(("/dev/shm/" + loading.name).c_str(), O_RDONLY);
+  REQUIRE(lock_fd >= 0);
+  REQUIRE(::flock(lock_fd, LOCK_EX) == 0);
+  SweepOptions opts;
+  opts.prefix = test_name("sweep-");
+  std::vector<std::string> asked;
+  const InUseFn in_use = [&](const std::string& name) {
+    asked.push_back(name);
+    return name == mapped.name;
+  };
+
+  SUBCASE("old enough") {
+    opts.min_age = std::chrono::milliseconds(0);
+    const SweepResult r = remove_unused_segments(current.name, in_use, opts);
+    REQUIRE(r.removed.size() == 1);
+    CHECK(r.removed[0].name == old.name);
+    CHECK(r.removed[0].bytes == 8192);
+    CHECK(r.kept == std::vector<std::string>{loading.name, mapped.name});
+    CHECK(list_segments(opts.prefix) == std::vector<std::string>{current.name, loading.name, mapped.name});
+    CHECK(asked == std::vector<std::string>{mapped.name, old.name});  // the lock and `keep` decide first
+    ::close(lock_fd);  // the loader died: its half-written segment goes too
+    const SweepResult again = remove_unused_segments(current.name, in_use, opts);
+    REQUIRE(again.removed.size() == 1);
+    CHECK(again.removed[0].name == loading.name);
+    CHECK(again.kept == std::vector<std::string>{mapped.name});
+  }
+  SUBCASE("too young: a loader may not hold its lock yet") {
+    opts.min_age = std::chrono::minutes(1);
+    const SweepResult r = remove_unused_segments(current.name, in_use, opts);
+    CHECK(r.removed.empty());
+    CHECK(r.kept.size() == 3);
+    CHECK(asked.empty());
+    ::close(lock_fd);
+  }
+  CHECK(list_segments(opts.prefix).front() == current.name);
+}
+
+TEST_CASE("store: mapped_by_some_process reads every process's maps") {
+  SegmentGuard g(test_name("maps"));
+  make_shm_file(g.name, 8192);
+  CHECK_FALSE(mapped_by_some_process()(g.name));
+  CHECK_FALSE(mapped_by_some_process()(test_name("no-such-file")));
+  {
+    Mapping m(g.name, 8192);
+    CHECK(mapped_by_some_process()(g.name));
+    // Another file under the same name is not the one mapped.
+    REQUIRE(::unlink(("/dev/shm/" + g.name).c_str()) == 0);
+    make_shm_file(g.name, 8192);
+    CHECK_FALSE(mapped_by_some_process()(g.name));
+  }
+  // Another process's mapping counts the same.
+  int ready[2], hold[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(hold) == 0);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(hold[1]);
+    const int fd = ::open(("/dev/shm/" + g.name).c_str(), O_RDONLY);
+    void* p = fd >= 0 ? ::mmap(nullptr, 8192, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    char c = p == MAP_FAILED ? 'n' : 'y';
+    (void)!::write(ready[1], &c, 1);
+    (void)!::read(hold[0], &c, 1);  // until the parent closes its end
+    ::_exit(0);
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  REQUIRE(c == 'y');
+  const InUseFn seen = mapped_by_some_process();
+  CHECK(seen(g.name));
+  ::close(hold[1]);
+  ::waitpid(child, nullptr, 0);
+  CHECK(seen(g.name));  // one look at /proc, taken at the first question
+  CHECK_FALSE(mapped_by_some_process()(g.name));
+  for (int fd : {ready[0], ready[1], hold[0]}) ::close(fd);
+
+  // The maps format, from a made-up /proc (other entries are ignored).
+  struct stat st {};
+  REQUIRE(::stat(("/dev/shm/" + g.name).c_str(), &st) == 0);
+  const std::filesystem::path proc = temp_path("proc");
+  std::filesystem::create_directories(proc / "123");
+  std::filesystem::create_directories(proc / "self");
+  char line[512];
+  std::snprintf(line, sizeof line, "7f0000000000-7f0000002000 r--s 00000000 %02x:%02x %llu        /dev/shm/%s\n",
+                major(st.st_dev), minor(st.st_dev), static_cast<unsigned long long>(st.st_ino), g.name.c_str());
+  std::ofstream(proc / "123" / "maps") << "55d0c0000000-55d0c0001000 r-xp 00000000 08:01 42  /usr/bin/true\n";
+  CHECK_FALSE(mapped_by_some_process(proc.string())(g.name));
+  std::ofstream(proc / "123" / "maps", std::ios::app) << line;
+  CHECK(mapped_by_some_process(proc.string())(g.name));
+  std::filesystem::remove_all(proc);
 }
 
 TEST_CASE("store: refuses what ds4 cannot load, before touching shared memory") {

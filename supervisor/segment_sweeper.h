@@ -1,0 +1,71 @@
+#pragma once
+/// Old model segments go away once nobody uses them (DESIGN.md, Shared
+/// memory). The supervisor keeps the segment it serves mapped, so that every
+/// sweep (its own, and that of another supervisor of the same user) sees it in
+/// use even while none of its workers runs, and removes the other
+/// `ds4-model-*` segments (an older version of the file, another layout,
+/// another model.path) that no process maps: each removal is one journal
+/// entry with DS4_SEGMENT and the bytes freed.
+///
+/// A sweep runs when the served segment is set (start, reload with a new
+/// model), when a worker process went away (the last worker of an old model
+/// lets its segment go), and again a while after a sweep had to keep one.
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "shared/model_store.h"
+#include "supervisor/asio.h"
+#include "supervisor/policy.h"
+#include "supervisor/worker_registry.h"
+
+namespace ds4::sup {
+
+struct SweeperSettings {
+  /// Sweeps are at least this far apart: worker changes come in bursts, and a
+  /// sweep that finds candidates reads every process's maps.
+  Duration min_interval = std::chrono::seconds(2);
+  /// After a sweep that kept a segment (mapped, being loaded, too young), the
+  /// next one: catches what goes away without a worker of ours exiting.
+  Duration recheck = std::chrono::seconds(30);
+  /// Which segments, and how young a segment is spared (tests use their own names).
+  store::SweepOptions sweep;
+  /// Who maps what, asked anew at every sweep (tests pass their own).
+  std::function<store::InUseFn()> in_use = [] { return store::mapped_by_some_process(); };
+};
+
+class SegmentSweeper {
+ public:
+  explicit SegmentSweeper(asio::io_context& io, SweeperSettings settings = {});
+  SegmentSweeper(const SegmentSweeper&) = delete;
+  SegmentSweeper& operator=(const SegmentSweeper&) = delete;
+
+  /// The segment served from now on: mapped here (read-only) and never
+  /// removed; the one served before is let go. Sweeps soon.
+  void set_current(const std::string& segment);
+  /// Sweeps soon after a worker process of `registry` went away.
+  void watch(WorkerRegistry& registry);
+  /// Sweeps soon: now, or min_interval after the last sweep.
+  void request();
+  /// No more sweeps (shutdown).
+  void stop();
+
+ private:
+  void schedule(TimePoint when);
+  void sweep();
+
+  asio::io_context& io_;
+  SweeperSettings s_;
+  std::string current_;
+  std::optional<store::Segment> held_;
+  std::set<int> pids_;  // worker processes seen at the last registry change
+  asio::steady_timer timer_;
+  std::optional<TimePoint> due_;  // when the timer fires; none when it is idle
+  std::optional<TimePoint> last_sweep_;
+  bool stopped_ = false;
+};
+
+}  // namespace ds4::sup
