@@ -23,4 +23,10 @@ class DoesNotFit : public Error {
 };
 inline constexpr int kExitDoesNotFit = 75;
 
+/// `ds4-worker hold` on an integrated GPU (memory shared with the host): a
+/// copy of the weights would be a second one in the same memory, so workers
+/// read them in place and there is nothing to hold. The supervisor does not
+/// restart a holder that exits with this.
+inline constexpr int kExitNothingToHold = 76;
+
 }  // namespace ds4

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "shared/error.h"
 #include "shared/log.h"
 
 namespace ds4::sup {
@@ -115,15 +116,23 @@ void HolderKeeper::reap(int status) {
   pid_ = -1;
   ready_ = false;
   if (stopping_) return;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == ds4::kExitNothingToHold) {
+    not_needed_ = true;
+    log::info("no GPU weights holder for cuda:" + std::to_string(s_.device) +
+                  ": an integrated GPU, whose workers read the weights in place",
+              {{"DS4_EVENT", "holder_not_needed"}});
+    return;
+  }
   log::warn("GPU weights holder " + last_exit_ + "; workers that mapped its weights keep them, new ones copy until it is back",
             {{"DS4_EVENT", "holder_exit"}, {"DS4_REASON", last_exit_}});
 }
 
 void HolderKeeper::start() {
   stopping_ = false;
+  not_needed_ = false;
   spawn();
   if (pid_ > 0) wait_ready();
-  watch();
+  if (!not_needed_) watch();
 }
 
 void HolderKeeper::watch() {
@@ -134,24 +143,28 @@ void HolderKeeper::watch() {
       int st = 0;
       if (::waitpid(pid_, &st, WNOHANG) == pid_) {
         reap(st);
-        // Restart after a backoff that grows while it keeps dying.
-        timer_.expires_after(backoff_);
-        backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, std::chrono::minutes(1));
-        timer_.async_wait([this](const boost::system::error_code& ec2) {
-          if (ec2 || stopping_) return;
-          ++restarts_;
-          spawn();
-          watch();
-        });
-        return;
-      }
-      if (!ready_ && socket_answers(s_.socket)) {
+      } else if (!ready_ && socket_answers(s_.socket)) {
         ready_ = true;
         backoff_ = std::chrono::seconds(1);
         log::info("GPU weights holder ready (pid " + std::to_string(pid_) + ")",
                   {{"DS4_EVENT", "holder_ready"}, {"DS4_PID", std::to_string(pid_)}});
       }
     }
+    if (not_needed_) return;
+    // Gone (now, or already while start() waited for it): restart after a
+    // backoff that grows while it keeps dying.
+    if (pid_ <= 0) return restart_later();
+    watch();
+  });
+}
+
+void HolderKeeper::restart_later() {
+  timer_.expires_after(backoff_);
+  backoff_ = std::min<std::chrono::milliseconds>(backoff_ * 2, std::chrono::minutes(1));
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
+    ++restarts_;
+    spawn();
     watch();
   });
 }
@@ -186,7 +199,7 @@ void HolderKeeper::stop() {
 nlohmann::json HolderKeeper::status() const {
   return {{"device", "cuda:" + std::to_string(s_.device)},
           {"pid", pid_ > 0 ? nlohmann::json(pid_) : nlohmann::json(nullptr)},
-          {"state", ready_ ? "ready" : pid_ > 0 ? "starting" : "stopped"},
+          {"state", ready_ ? "ready" : pid_ > 0 ? "starting" : not_needed_ ? "not_needed" : "stopped"},
           {"socket", s_.socket},
           {"segment", s_.segment},
           {"restarts", restarts_},

@@ -48,6 +48,7 @@ class HolderKeeper {
   void spawn();
   bool wait_ready();
   void watch();
+  void restart_later();
   void reap(int status);
 
   asio::io_context& io_;
@@ -57,6 +58,7 @@ class HolderKeeper {
   bool ready_ = false;
   bool stopping_ = false;
   int restarts_ = 0;
+  bool not_needed_ = false;  // the holder exited kExitNothingToHold: an integrated GPU
   std::chrono::milliseconds backoff_{std::chrono::seconds(1)};
   std::string last_exit_;
 };

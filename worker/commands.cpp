@@ -263,6 +263,12 @@ int cmd_hold(const std::vector<std::string>& argv) {
   if (dev < 0) throw Error("device '" + a.str("device") + "': the holder keeps weights on a GPU (cuda:N)");
   if (std::string why; !cuda_available(&why)) throw Error("cuda:" + std::to_string(dev) + ": " + why);
   const std::string socket = a.str("socket", default_holder_socket(dev));
+  if (cuda_integrated(dev)) {
+    log::info("cuda:" + std::to_string(dev) + " is an integrated GPU (memory shared with the host): workers read the "
+              "weights in place from shared memory, so there is nothing to hold",
+              {{"DS4_DEVICE", "cuda:" + std::to_string(dev)}});
+    return kExitNothingToHold;
+  }
   auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
   // SIGTERM and SIGINT go to one thread that stops the holder (blocked here,
   // before any other thread exists, so every thread inherits the mask).

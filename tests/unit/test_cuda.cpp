@@ -611,6 +611,20 @@ struct PagesFixture {
 
 }  // namespace
 
+TEST_CASE("cuda: auto weights are read in place on an integrated GPU, else the holder's or a copy") {
+  // No GPU needed: the choice itself (an integrated GPU cannot be had on the test machines).
+  using W = CudaWeightSource;
+  CHECK(resolve_weight_source(W::automatic, true, true) == W::host_mapped);
+  CHECK(resolve_weight_source(W::automatic, true, false) == W::host_mapped);
+  CHECK(resolve_weight_source(W::automatic, false, true) == W::holder);
+  CHECK(resolve_weight_source(W::automatic, false, false) == W::copy);
+  // A person's explicit choice stands, integrated or not.
+  CHECK(resolve_weight_source(W::copy, true, true) == W::copy);
+  CHECK(resolve_weight_source(W::holder, true, false) == W::holder);
+  CHECK(resolve_weight_source(W::host_mapped, false, true) == W::host_mapped);
+  if (have_gpu()) MESSAGE("cuda:0 is " << (cuda_integrated(0) ? "an integrated" : "a discrete") << " GPU");
+}
+
 TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens") {
   if (!have_gpu()) return;
   Fixture& f = fixture();

@@ -162,9 +162,14 @@ CudaBackend::~CudaBackend() {
 std::unique_ptr<cuda::WeightImage> CudaBackend::make_image(const CudaWeightsOptions& o) {
   const std::string dev = "cuda:" + std::to_string(device_);
   const std::string socket = o.holder_socket.empty() ? default_holder_socket(device_) : o.holder_socket;
-  CudaWeightSource mode = o.mode;
-  if (mode == CudaWeightSource::automatic) mode = access(socket.c_str(), F_OK) == 0 ? CudaWeightSource::holder : CudaWeightSource::copy;
-  if (mode == CudaWeightSource::host_mapped) return cuda::host_mapped_image(layout_, stream_);
+  const bool integrated = cuda_integrated(device_);
+  const CudaWeightSource mode = resolve_weight_source(o.mode, integrated, access(socket.c_str(), F_OK) == 0);
+  if (mode == CudaWeightSource::host_mapped) {
+    if (o.mode == CudaWeightSource::automatic)
+      log::info(dev + " is an integrated GPU (memory shared with the host): the weights are read in place from "
+                "shared memory, no second copy", {{"DS4_GPU_WEIGHTS", "host-mapped"}});
+    return cuda::host_mapped_image(layout_, stream_);
+  }
   if (mode == CudaWeightSource::holder) {
     std::string why;
     if (auto image = image_from_holder(o, why)) {
@@ -457,6 +462,12 @@ bool cuda_available(std::string* why) {
     return false;
   }
   return true;
+}
+
+bool cuda_integrated(int device_index) {
+  int integrated = 0;
+  DS4_CUDA_CHECK(cudaDeviceGetAttribute(&integrated, cudaDevAttrIntegrated, device_index));
+  return integrated != 0;
 }
 
 CudaMemory cuda_memory(int device_index) {

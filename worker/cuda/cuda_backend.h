@@ -32,11 +32,18 @@ CudaMemory cuda_memory(int device_index);
 ///   copy        copied from the shared segment into the worker's own memory.
 ///   host_mapped the segment's pages used in place (unified-memory machines;
 ///               on a discrete GPU every read crosses the bus: slow but correct).
-///   automatic   holder when the holder socket exists, else copy.
+///   automatic   on an integrated GPU (unified memory: GB10, Grace, Jetson)
+///               host_mapped, as a copy would be a second one in the same
+///               memory; else holder when the holder socket exists, else copy.
 enum class CudaWeightSource { automatic, holder, copy, host_mapped };
 /// "auto", "holder", "copy", "host-mapped"; anything else throws ds4::Error.
 CudaWeightSource parse_cuda_weight_source(const std::string& s);
 const char* cuda_weight_source_name(CudaWeightSource w);
+/// What `asked` comes to on a device: automatic resolved as above, anything
+/// else as asked (a person's explicit choice).
+CudaWeightSource resolve_weight_source(CudaWeightSource asked, bool integrated_gpu, bool holder_socket_exists);
+/// True when device `device_index` shares the host's memory (cudaDevAttrIntegrated).
+bool cuda_integrated(int device_index);
 
 struct CudaWeightsOptions {
   CudaWeightSource mode = CudaWeightSource::copy;

@@ -174,6 +174,12 @@ const char* cuda_weight_source_name(CudaWeightSource w) {
   return "auto";
 }
 
+CudaWeightSource resolve_weight_source(CudaWeightSource asked, bool integrated_gpu, bool holder_socket_exists) {
+  if (asked != CudaWeightSource::automatic) return asked;
+  if (integrated_gpu) return CudaWeightSource::host_mapped;
+  return holder_socket_exists ? CudaWeightSource::holder : CudaWeightSource::copy;
+}
+
 std::string default_holder_socket(int device_index) {
   const char* xdg = std::getenv("XDG_RUNTIME_DIR");
   const std::string dir = xdg && *xdg ? std::string(xdg) + "/ds4" : "/tmp/ds4-" + std::to_string(getuid());
