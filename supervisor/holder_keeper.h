@@ -43,6 +43,7 @@ class HolderKeeper {
   /// SIGTERM, then SIGKILL after a grace period.
   void stop();
   nlohmann::json status() const;
+  int device() const { return s_.device; }
 
  private:
   void spawn();

@@ -139,17 +139,22 @@ void Supervisor::start_backend() {
   backend_ = std::move(pb);
 }
 
-void Supervisor::start_holder() {
+std::optional<int> Supervisor::holder_device() const {
   // GPU workers map the weights a holder keeps on the device, so a restarted
   // worker does not copy them again. Not for host-mapped weights (they stay in
   // the shared pages) nor for CPU workers.
   const Device& d = config_.workers.device;
-  if (config_.gpu.weights != GpuWeights::device || d.kind == Device::Kind::cpu) return;
-  if (d.kind == Device::Kind::automatic && !nvidia_driver_present()) return;
+  if (config_.gpu.weights != GpuWeights::device || d.kind == Device::Kind::cpu) return std::nullopt;
+  if (d.kind == Device::Kind::automatic && !nvidia_driver_present()) return std::nullopt;
+  return d.kind == Device::Kind::cuda ? d.index : 0;
+}
+
+void Supervisor::start_holder() {
+  if (!holder_device()) return;
   HolderSettings hs;
   hs.worker_binary = opts_.bin_dir + "/ds4-worker";
   hs.segment = model_.segment;
-  hs.device = d.kind == Device::Kind::cuda ? d.index : 0;
+  hs.device = *holder_device();
   hs.socket = runtime_dir_ + "/holder-cuda" + std::to_string(hs.device) + ".sock";
   sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(hs.device)).c_str());
   holder_ = std::make_unique<HolderKeeper>(io_, hs);
@@ -239,9 +244,20 @@ bool Supervisor::reload(std::string* error) {
     ManagerSettings s = manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
                              ch.changed("workers.threads") || ch.changed("workers.memory_max") ||
-                             ch.changed("workers.engine");
+                             ch.changed("workers.engine") || ch.changed("gpu.weights");
     const Config before = config_;
     config_ = next;
+    // The holder follows workers.device and gpu.weights: stopped when no
+    // longer wanted or on another GPU, started (before the workers restart,
+    // so that they map its weights) when wanted and not running.
+    const std::optional<int> want = holder_device();
+    if (holder_ && (!want || holder_->device() != *want)) {
+      holder_->stop();
+      holder_.reset();
+      log::info("reload: the GPU weights holder is stopped" +
+                std::string(want ? ", one for cuda:" + std::to_string(*want) + " replaces it" : ": not needed now"));
+    }
+    if (want && !holder_) start_holder();
     manager_->reconfigure(std::move(s), restart_all);
     for (auto& fn : reload_listeners_) fn(before, config_, ch);
   } catch (const Error& e) {

@@ -22,6 +22,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -83,6 +84,8 @@ class Supervisor {
 
  private:
   void start_backend();
+  /// The GPU whose weights holder the config wants; none for CPU workers or host-mapped weights.
+  std::optional<int> holder_device() const;
   void start_holder();
   void maybe_ready();
   void shutdown(int signal);

@@ -5,7 +5,9 @@
 # the same greedy answer; a killed holder is restarted; when another process
 # takes the GPU's memory (PyTorch, where the machine has it) the worker is
 # drained and restarted one rung lower, and one rung up again once that memory
-# is back; a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
+# is back; a reload to host-mapped weights stops the holder and restarts the
+# worker reading the weights in place, and a reload back brings a holder
+# again; a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
 # (bench/cuda_holder.sh measures it).
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
@@ -131,6 +133,31 @@ print(next((e["reason"] for e in json.load(sys.stdin)["events"] if e["event"] ==
 else
   echo "skip - no PyTorch with CUDA here to take the GPU's memory: the GPU headroom check did not run"
 fi
+
+# Reload to host-mapped weights: the holder goes, the worker restarts reading
+# the weights in place; then back to device weights and a holder.
+pid=$(sup_get 'w[0]["pid"]')
+sed -i 's/^  weights: device$/  weights: host-mapped/' "$SUP_DIR/ds4.yaml"
+"$DS4_BIN/ds4ctl" reload >/dev/null || fail "ds4ctl reload"
+if sup_wait 60 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$pid"') and s["holder"] is None'; then
+  pass "reload to gpu.weights host-mapped: holder stopped, worker $pid replaced by $(sup_get 'w[0]["pid"]')"
+else
+  fail "reload to host-mapped not applied: $(sup_status | tr -d '\n' | cut -c1-600)"
+fi
+grep -q 'weights: host-mapped), socket' "$SUP_DIR/sup.log" && pass "the new worker reads the weights in place" \
+  || fail "no worker on host-mapped weights in the log: $(grep -i 'serving' "$SUP_DIR/sup.log" | tail -2)"
+[[ $(complete "$url") == "$before" ]] && pass "same greedy answer from host-mapped weights" || fail "host-mapped answer differs"
+pid=$(sup_get 'w[0]["pid"]')
+holders=$(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log")
+sed -i 's/^  weights: host-mapped$/  weights: device/' "$SUP_DIR/ds4.yaml"
+"$DS4_BIN/ds4ctl" reload >/dev/null || fail "ds4ctl reload"
+if sup_wait 60 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$pid"') and s["holder"] is not None and s["holder"]["state"] == "ready"'; then
+  pass "reload back to gpu.weights device: a holder again, worker restarted"
+else
+  fail "reload back to device weights not applied: $(sup_status | tr -d '\n' | cut -c1-600)"
+fi
+(($(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log") > holders)) && pass "the new worker maps the new holder's weights" \
+  || fail "the worker after the reload does not use the holder"
 
 hpid=$(sup_get 's["holder"]["pid"]')
 sup_stop
