@@ -62,6 +62,10 @@ namespace {
 // for a worker on a GPU, that device's free memory. A GPU worker's plan takes
 // next to nothing of host memory, so a smaller one would free none there:
 // host readings (MemAvailable, PSI) do not move it, and the GPU's do.
+// On a GPU whose free memory is not known yet (no worker reported it), there
+// is nothing to go by: not low, not ample, and a start takes the largest rung.
+bool on_gpu(const Readings& r) { return r.on_gpu || r.gpu_free; }
+bool room_known(const Readings& r) { return !on_gpu(r) || r.gpu_free; }
 Bytes room(const Readings& r) { return r.gpu_free ? *r.gpu_free : r.available; }
 
 std::string room_text(const Readings& r) {
@@ -77,12 +81,13 @@ std::vector<std::pair<std::string, std::string>> room_figures(const Readings& r)
 }  // namespace
 
 bool WorkerPolicy::low(const Readings& r) const {
+  if (!room_known(r)) return false;
   if (room(r) < config_.min_available) return true;
-  return !r.gpu_free && config_.psi > 0 && r.psi_some_avg10 > config_.psi;
+  return !on_gpu(r) && config_.psi > 0 && r.psi_some_avg10 > config_.psi;
 }
 
 bool WorkerPolicy::ample(const Readings& r) const {
-  if (rung_ == 0 || low(r)) return false;
+  if (rung_ == 0 || !room_known(r) || low(r)) return false;
   // The step up adds the difference of the two plans; what is left must
   // still be above both thresholds.
   const Bytes extra = own_[rung_ - 1] > own_[rung_] ? own_[rung_ - 1] - own_[rung_] : 0;
@@ -96,6 +101,15 @@ Duration WorkerPolicy::backoff_delay() const {
 }
 
 Step WorkerPolicy::start(TimePoint now, const Readings& r) {
+  if (!room_known(r)) {
+    Step s = start_at(0, "start",
+                      "on a GPU whose free memory is not known yet: the largest rung (the worker checks its plan "
+                      "against the GPU and, when it does not fit, exits 75 and restarts one rung lower at once)",
+                      now);
+    s.decisions.back().context_from = s.decisions.back().context_to;
+    s.decisions.back().figures = room_figures(r);
+    return s;
+  }
   const Bytes free = room(r) > config_.reserve ? room(r) - config_.reserve : 0;
   size_t rung = config_.ladder.size() - 1;
   bool fits = false;
@@ -332,7 +346,7 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
     const std::string why = "headroom low for " + format_duration(std::chrono::duration_cast<Duration>(now - *low_since_)) +
                             ": " + room_text(r) + (room(r) < config_.min_available ? " < " : ", ") +
                             "min_available " + human_size(config_.min_available) +
-                            (config_.psi > 0 && !r.gpu_free ? ", PSI some avg10 " + std::to_string(r.psi_some_avg10) + "%"
+                            (config_.psi > 0 && !on_gpu(r) ? ", PSI some avg10 " + std::to_string(r.psi_some_avg10) + "%"
                                                             : "") +
                             "; draining, then one rung lower";
     s.decisions.push_back(decision("downgrade", rung_, to, why));

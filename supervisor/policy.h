@@ -64,6 +64,8 @@ struct Readings {
   std::optional<Bytes> gpu_free;      // the worker's GPU (its control block record); for
                                       // status: the tightest GPU any worker reports
   std::optional<Bytes> gpu_total;     // that device's size
+  bool on_gpu = false;                // the worker's plan lives on a GPU, even when
+                                      // gpu_free is not known yet (its first start)
 };
 
 /// What the supervisor sees of a running worker's liveness.

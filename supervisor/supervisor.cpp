@@ -56,6 +56,8 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
   s.count = c.workers.count;
   s.slots = c.workers.slots;
   s.device = c.workers.device.str();
+  s.gpu_workers = c.workers.device.kind == Device::Kind::cuda ||
+                  (c.workers.device.kind == Device::Kind::automatic && nvidia_driver_present());
   s.gpu_weights = c.gpu.weights == GpuWeights::host_mapped ? "host-mapped" : "auto";
   s.threads = c.workers.threads;
   s.memory_max = c.workers.memory_max;

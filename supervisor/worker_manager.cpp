@@ -72,11 +72,17 @@ void WorkerManager::start() {
 
 void WorkerManager::start_worker(int id) {
   // Room for this one: what others still starting will take is not free yet.
+  // On a GPU: the free memory the workers running there report (none known
+  // before the first one runs: the policy then starts at the largest rung).
   Readings r = memory_.read();
+  add_gpu_figures(r);
+  r.on_gpu = s_.gpu_workers;
+  if (!r.on_gpu) r.gpu_free.reset();
   for (const auto& [oid, o] : slots_)
     if (oid != id && o.policy && o.policy->state() == WorkerState::starting) {
       const Bytes own = o.policy->own_bytes(o.policy->rung());
-      r.available = r.available > own ? r.available - own : 0;
+      Bytes& room = r.gpu_free ? *r.gpu_free : r.available;
+      room = room > own ? room - own : 0;
     }
   apply(id, slot(id).policy->start(now(), r));
 }

@@ -30,6 +30,7 @@ struct ManagerSettings {
   uint32_t count = 1;
   uint32_t slots = 1;
   std::string device = "auto";
+  bool gpu_workers = false;  // workers run on a GPU: their plans are checked against its free memory
   std::string gpu_weights = "auto";
   uint32_t threads = 0;
   Bytes memory_max = 0;

@@ -65,6 +65,11 @@ else
   fail "holder or worker not ready: $(sup_status | tr -d '\n' | cut -c1-600)"
   tail -n 40 "$SUP_DIR/sup.log"; exit 1
 fi
+first=$(sup_events | python3 -c '
+import json, sys
+print(next((e["reason"] for e in json.load(sys.stdin)["events"] if e["event"] == "start"), ""))')
+[[ $first == *"on a GPU whose free memory is not known yet: the largest rung"* ]] \
+  && pass "first start on the GPU, not by host memory: $first" || fail "first start: '$first'"
 grep -q 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker maps the holder's weights" \
   || fail "no worker on the holder's weights in the log: $(grep -i 'weights\|cuda' "$SUP_DIR/sup.log" | tail -5)"
 url=$(sup_proxy_url)

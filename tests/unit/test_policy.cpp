@@ -244,6 +244,26 @@ TEST_CASE("policy: a worker on a GPU goes by the GPU's free memory, not the host
   }
 }
 
+TEST_CASE("policy: a GPU worker whose GPU's free memory is not known yet starts at the largest rung") {
+  Fixture f;
+  Readings r{100 * MiB, 0, std::nullopt, std::nullopt};  // host: far too little for any plan
+  r.on_gpu = true;                                      // but the plan lives on the GPU
+  Step s = f.p.start(f.t, r);
+  CHECK(has(s, Action::Kind::start, 8192));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].reason.find("not known yet") != std::string::npos);
+  f.p.on_ready(f.t, 3);
+  // Nothing known, nothing decided: no downgrade however long.
+  for (int i = 0; i < 5; ++i) {
+    CHECK(f.p.on_readings(f.t, r, true).actions.empty());
+    f.advance(30s);
+  }
+  // The same host reading for a host worker picks the smallest rung.
+  WorkerPolicy host(1, test_config(), plans());
+  r.on_gpu = false;
+  CHECK(has(host.start(f.t, r), Action::Kind::start, 2048));
+}
+
 TEST_CASE("policy: step_up_after 0 never steps up") {
   Fixture f;
   PolicyConfig c = test_config();
