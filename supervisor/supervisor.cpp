@@ -9,6 +9,7 @@
 
 #include "shared/error.h"
 #include "shared/log.h"
+#include "shared/model_store.h"
 #include "supervisor/admin.h"
 #include "supervisor/headroom.h"
 #include "supervisor/holder_keeper.h"
@@ -225,7 +226,19 @@ bool Supervisor::reload(std::string* error) {
     return false;
   }
   sd_notify(0, "RELOADING=1");
-  const ConfigChanges ch = diff(config_, next);
+  ConfigChanges ch = diff(config_, next);
+  if (!ch.model && !model_.synthetic) {
+    // The same model.path, but the file may have been replaced (a new
+    // version of the model): its identity names another segment then.
+    try {
+      if (store::segment_name(store::identify(model_.path)) != model_.segment) {
+        ch.model = true;
+        ch.keys.push_back("the model file " + model_.path + " (changed on disk)");
+      }
+    } catch (const Error& e) {
+      log::warn(std::string("reload: cannot read the model file, keeping the loaded model: ") + e.what());
+    }
+  }
   if (!ch.any()) {
     log::info("reload: nothing changed");
     sd_notify(0, "READY=1");

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Old model segments go away (DESIGN.md, Shared memory): when the GGUF file
-# changed (new mtime, supervisor restarted) or model.path changed (SIGHUP),
+# changed (new mtime: at the next start, or at a reload of the same config)
+# or model.path changed (SIGHUP),
 # the old segment is removed from /dev/shm once no process maps it, with one
 # log entry each; a segment some process still maps (a stand-in for an old
 # worker, or an unrelated ds4-model-* file another process maps) stays.
@@ -136,6 +137,22 @@ grep -Eq "removed old model segment $s2 \(1\.2 MiB freed\): no process maps it \
   || fail "no 'removed old model segment $s2' line"
 [[ -e /dev/shm/$fake_mapped ]] && pass "$fake_mapped still kept" || fail "$fake_mapped was removed while mapped"
 [[ -e /dev/shm/$s3 ]] && pass "the served segment $s3 is there" || fail "$s3 missing"
+
+# --- 3. the file changed on disk, same config, reload ----------------------
+older_than "$s3" 6
+pid=$(sup_get 'w[0]["pid"]')
+touch "$SUP_DIR/b.gguf"
+"$DS4_BIN/ds4ctl" reload >/dev/null || fail "ds4ctl reload"
+if sup_wait 60 's["model"]["segment"] != "'"$s3"'" and w[0]["state"] == "ready" and w[0]["pid"] != '"$pid"; then
+  s4=$(sup_get 's["model"]["segment"]')
+  segments+=("$s4")
+  pass "reload after the file changed on disk: served from $s4, worker $(sup_get 'w[0]["pid"]') replaced $pid"
+else
+  fail "a changed model file was not picked up by the reload: $(sup_status | tr -d '\n' | cut -c1-300)"
+fi
+grep -q "reload: changed the model file $SUP_DIR/b.gguf (changed on disk)" "$SUP_DIR/sup.log" \
+  && pass "the reload says why" || fail "no 'changed on disk' line in the log"
+wait_gone "$s3" 10 && pass "the replaced file's segment $s3 was removed once its worker exited" || fail "$s3 still in /dev/shm"
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
 sup_finish 40
