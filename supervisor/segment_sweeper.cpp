@@ -48,6 +48,11 @@ void SegmentSweeper::stop() {
   timer_.cancel();
 }
 
+SegmentSweeper::~SegmentSweeper() {
+  stop();
+  pool_.join();  // a scan still out finishes; its result is dropped with the io_context's queue
+}
+
 void SegmentSweeper::schedule(TimePoint when) {
   if (stopped_ || (due_ && *due_ <= when)) return;
   due_ = when;
@@ -61,10 +66,45 @@ void SegmentSweeper::schedule(TimePoint when) {
 
 void SegmentSweeper::sweep() {
   if (current_.empty()) return;  // nothing to spare yet
+  if (scanning_) return request();
   last_sweep_ = std::chrono::steady_clock::now();
+  std::vector<std::string> candidates;
+  try {
+    for (std::string& name : store::list_segments(s_.sweep.prefix))
+      if (name != current_) candidates.push_back(std::move(name));
+  } catch (const Error& e) {
+    log::warn(std::string("cannot look for old model segments: ") + e.what() + ", ignoring");
+    return;
+  }
+  if (candidates.empty()) return;
+  scanning_ = true;
+  // The work guard keeps io_ running until the answer is back on it.
+  asio::post(pool_, [this, candidates = std::move(candidates), in_use = s_.in_use(),
+                     work = asio::make_work_guard(io_)]() mutable {
+    std::set<std::string> used;
+    for (const std::string& name : candidates) {
+      try {
+        if (in_use(name)) used.insert(name);
+      } catch (...) {
+        used.insert(name);  // not knowable: kept
+      }
+    }
+    asio::post(io_, [this, candidates = std::move(candidates), used = std::move(used)] {
+      scanning_ = false;
+      if (!stopped_) finish(candidates, used);
+    });
+  });
+}
+
+void SegmentSweeper::finish(const std::vector<std::string>& candidates, const std::set<std::string>& used) {
+  // A segment that was no candidate (it came since, or became the served one's
+  // neighbour in between) was not asked about: kept until the next sweep.
+  const auto in_use = [&](const std::string& name) {
+    return used.count(name) > 0 || std::find(candidates.begin(), candidates.end(), name) == candidates.end();
+  };
   store::SweepResult r;
   try {
-    r = store::remove_unused_segments(current_, s_.in_use(), s_.sweep);
+    r = store::remove_unused_segments(current_, in_use, s_.sweep);
   } catch (const Error& e) {
     log::warn(std::string("cannot look for old model segments: ") + e.what() + ", ignoring");
     return;

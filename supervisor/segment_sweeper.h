@@ -10,12 +10,17 @@
 /// A sweep runs when the served segment is set (start, reload with a new
 /// model), when a worker process went away (the last worker of an old model
 /// lets its segment go), and again a while after a sweep had to keep one.
+/// Asking who maps what reads every process's maps, which on a big machine
+/// takes tens of milliseconds: that part runs on a thread of its own, so the
+/// proxy's streams on the io thread do not stall; what to remove is decided
+/// (and removed) back on the io thread, against the segment served then.
 
 #include <chrono>
 #include <functional>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "shared/model_store.h"
 #include "supervisor/asio.h"
@@ -40,6 +45,7 @@ struct SweeperSettings {
 class SegmentSweeper {
  public:
   explicit SegmentSweeper(asio::io_context& io, SweeperSettings settings = {});
+  ~SegmentSweeper();
   SegmentSweeper(const SegmentSweeper&) = delete;
   SegmentSweeper& operator=(const SegmentSweeper&) = delete;
 
@@ -56,6 +62,8 @@ class SegmentSweeper {
  private:
   void schedule(TimePoint when);
   void sweep();
+  /// Back on the io thread: `used` are the candidates some process maps.
+  void finish(const std::vector<std::string>& candidates, const std::set<std::string>& used);
 
   asio::io_context& io_;
   SweeperSettings s_;
@@ -66,6 +74,8 @@ class SegmentSweeper {
   std::optional<TimePoint> due_;  // when the timer fires; none when it is idle
   std::optional<TimePoint> last_sweep_;
   bool stopped_ = false;
+  bool scanning_ = false;        // a scan is out on pool_; no second one meanwhile
+  asio::thread_pool pool_{1};    // the scans; last, so it is joined before the rest goes
 };
 
 }  // namespace ds4::sup
