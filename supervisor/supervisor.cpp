@@ -246,17 +246,61 @@ bool Supervisor::reload(std::string* error) {
   }
   std::string keys;
   for (const auto& k : ch.keys) keys += (keys.empty() ? "" : ", ") + k;
-  log::info("reload: changed " + keys, {{"DS4_EVENT", "reload"}});
+  if (ch.changed("workers.backend"))
+    log::warn("reload: workers.backend takes effect at the next supervisor start, ignoring");
+  next.workers.backend = config_.workers.backend;
+  if (!ch.model) {
+    log::info("reload: changed " + keys, {{"DS4_EVENT", "reload"}});
+    return apply_reload(std::move(next), ch, std::nullopt, error);
+  }
+  // A new model: loading it takes minutes for a large one, so it loads on a
+  // thread of its own while the workers keep serving the old one and the
+  // proxy keeps answering; the change is applied once it is in memory.
+  if (loading_) {
+    const std::string why = "a new model is still loading; reload again once it is served";
+    log::warn("reload refused: " + why);
+    if (error) *error = why;
+    sd_notify(0, "READY=1");
+    return false;
+  }
+  log::info("reload: changed " + keys + "; loading the new model while the old one serves",
+            {{"DS4_EVENT", "reload"}});
+  loading_ = true;
+  if (loader_.joinable()) loader_.join();
+  loader_ = std::jthread([this, next = std::move(next), ch, control = health_->name()]() mutable {
+    std::optional<Loaded> loaded;
+    std::string failed;
+    try {
+      Loaded l;
+      l.model = prepare_model(next, runtime_dir_, opts_.bin_dir);
+      l.settings = manager_settings(next, l.model, runtime_dir_, control);
+      loaded = std::move(l);
+    } catch (const Error& e) {
+      failed = e.what();
+    }
+    asio::post(io_, [this, next = std::move(next), ch, loaded = std::move(loaded), failed]() mutable {
+      loading_ = false;
+      if (stopping_) return;
+      if (!loaded) {
+        log::error("reload failed while loading the new model, the old one keeps serving: " + failed,
+                   {{"DS4_EVENT", "reload_failed"}});
+        sd_notify(0, "READY=1");
+        return;
+      }
+      apply_reload(std::move(next), ch, std::move(loaded), nullptr);
+    });
+  });
+  return true;
+}
+
+bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optional<Loaded> loaded, std::string* error) {
   try {
-    if (ch.changed("workers.backend"))
-      log::warn("reload: workers.backend takes effect at the next supervisor start, ignoring");
-    if (ch.model) {
-      next.workers.backend = config_.workers.backend;
-      model_ = prepare_model(next, runtime_dir_, opts_.bin_dir);
+    if (loaded) {
+      model_ = std::move(loaded->model);
       sweeper_->set_current(model_.segment);
       if (holder_) holder_->change_segment(model_.segment);
     }
-    ManagerSettings s = manager_settings(next, model_, runtime_dir_, health_->name());
+    ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
                              ch.changed("workers.threads") || ch.changed("workers.memory_max") ||
                              ch.changed("workers.engine") || ch.changed("gpu.weights");
@@ -281,6 +325,8 @@ bool Supervisor::reload(std::string* error) {
     sd_notify(0, "READY=1");
     return false;
   }
+  if (loaded) log::info("reload: the new model " + model_.name + " is served from " + model_.segment,
+                        {{"DS4_EVENT", "reload_done"}, {"DS4_SEGMENT", model_.segment}});
   sd_notify(0, "READY=1");
   return true;
 }

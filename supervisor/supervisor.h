@@ -24,12 +24,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "shared/config.h"
 #include "supervisor/asio.h"
 #include "supervisor/model_setup.h"
+#include "supervisor/worker_manager.h"
 #include "supervisor/worker_registry.h"
 
 namespace ds4::sup {
@@ -75,7 +77,10 @@ class Supervisor {
   void set_ready_gate(std::function<bool()> gate) { ready_gate_ = std::move(gate); }
 
   /// Re-reads the config file and applies it. Returns false (and logs why)
-  /// when the file is invalid; the old config stays.
+  /// when the file is invalid; the old config stays. A new model (model.path,
+  /// or the file changed on disk) loads on a thread of its own while the old
+  /// one keeps serving, and is applied once loaded (DS4_EVENT=reload_done, or
+  /// reload_failed with the old model still served).
   bool reload(std::string* error = nullptr);
   /// `ds4ctl status --json`.
   nlohmann::json status_json() const;
@@ -83,6 +88,12 @@ class Supervisor {
   nlohmann::json handle_admin(const nlohmann::json& request);
 
  private:
+  /// A new model, loaded off the io thread, and the manager settings for it.
+  struct Loaded {
+    ModelInfo model;
+    ManagerSettings settings;
+  };
+  bool apply_reload(Config next, const ConfigChanges& ch, std::optional<Loaded> loaded, std::string* error);
   void start_backend();
   /// The GPU whose weights holder the config wants; none for CPU workers or host-mapped weights.
   std::optional<int> holder_device() const;
@@ -111,6 +122,8 @@ class Supervisor {
   bool ready_sent_ = false;
   bool stopping_ = false;
   int exit_status_ = 0;
+  bool loading_ = false;  // a reload's new model is loading on loader_
+  std::jthread loader_;   // last: joined before the rest goes (a load cannot be cut short)
 };
 
 }  // namespace ds4::sup

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# A reload to a new model does not stop the service while the model loads: the
+# new model (a generated 1B-parameter q8_0 GGUF, about 1 GB) loads on a thread
+# of its own while the old worker keeps serving and the proxy keeps answering;
+# then the worker restarts on the new model. Checked from outside: /health,
+# polled every 20 ms through the whole reload, answers every time, and its
+# slowest answer is far below the time the reload took (the load used to run on
+# the io thread: every answer waited for all of it). A reload whose model fails
+# to load keeps the old model serving and says why. Process backend.
+# Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/lib/supervisor_env.sh"
+
+model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
+[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
+sup_init || exit $?
+unset DBUS_SESSION_BUS_ADDRESS
+segments=()
+cleanup() {
+  local s
+  sup_cleanup
+  for s in "${segments[@]}"; do [[ -n $s ]] && rm -f "/dev/shm/$s"; done
+}
+trap cleanup EXIT
+
+big=$SUP_DIR/big.gguf
+if ! "$DS4_BIN/ds4-mkmodel" --out "$big" --vocab-from "$model" --preset 1b --type q8_0 >/dev/null 2>&1; then
+  fail "ds4-mkmodel could not make the 1B test model"; sup_finish
+fi
+write_config() {
+  cat >"$SUP_DIR/ds4.yaml" <<YAML
+model:
+  path: $1
+  name: reload-test
+proxy:
+  listen: 127.0.0.1:0         # any free port: tests run side by side
+workers:
+  backend: process
+  device: cpu
+  threads: 1
+  slots: 1
+  context:
+    ladder: [128]
+headroom:
+  min_available: 16MiB
+YAML
+}
+write_config "$model"
+sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start"; sup_finish; }
+sup_wait 60 'w[0]["state"] == "ready"' || fail "no ready worker: $(sup_status | tr -d '\n' | cut -c1-300)"
+url=$(sup_proxy_url)
+s1=$(sup_get 's["model"]["segment"]')
+segments+=("$s1")
+pid=$(sup_get 'w[0]["pid"]')
+
+# The poller: /health every 20 ms until $SUP_DIR/stop exists (at most 180 s);
+# prints the polls' count, how many got no answer (any status is an answer:
+# /health says 503 while the worker restarts on the new model), how many
+# answered 200, and the slowest answer in ms.
+python3 - "$url/health" "$SUP_DIR/stop" >"$SUP_DIR/poll.out" 2>&1 <<'PY' &
+import os, sys, time, urllib.request, urllib.error
+url, stop = sys.argv[1], sys.argv[2]
+n = bad = ok = 0
+slowest = 0.0
+deadline = time.monotonic() + 180
+while not os.path.exists(stop) and time.monotonic() < deadline:
+    t = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            r.read()
+            ok += r.status == 200
+    except urllib.error.HTTPError as e:
+        e.read()
+    except Exception:
+        bad += 1
+    slowest = max(slowest, time.monotonic() - t)
+    n += 1
+    time.sleep(0.02)
+print(n, bad, ok, int(slowest * 1000))
+PY
+poller=$!
+sleep 0.5
+write_config "$big"
+t0=${EPOCHREALTIME/[.,]/}
+kill -HUP "$SUP_PID"
+if sup_wait 120 's["model"]["segment"] != "'"$s1"'" and w[0]["state"] == "ready" and w[0]["pid"] != '"$pid"; then
+  t1=${EPOCHREALTIME/[.,]/}
+  s2=$(sup_get 's["model"]["segment"]')
+  segments+=("$s2")
+  pass "reload to a 1 GB model: served from $s2 $(((t1 - t0) / 1000)) ms after SIGHUP"
+else
+  t1=${EPOCHREALTIME/[.,]/}
+  fail "the new model is not served: $(sup_status | tr -d '\n' | cut -c1-300)"
+fi
+touch "$SUP_DIR/stop"
+wait "$poller"
+read -r polls bad ok slowest <"$SUP_DIR/poll.out"
+took=$(((t1 - t0) / 1000))
+if [[ $polls =~ ^[0-9]+$ ]] && ((polls > 10 && bad == 0)); then
+  pass "/health answered all through the reload: $polls polls, $ok of them 200 (503 while the worker restarted)"
+else
+  fail "/health during the reload: $(cat "$SUP_DIR/poll.out")"
+fi
+if [[ $slowest =~ ^[0-9]+$ ]] && ((slowest * 2 < took)); then
+  pass "the proxy kept answering while the model loaded: slowest /health ${slowest} ms, the reload took ${took} ms"
+else
+  fail "the proxy stalled during the load: slowest /health ${slowest:-?} ms, the reload took $took ms"
+fi
+grep -q 'loading the new model while the old one serves' "$SUP_DIR/sup.log" && grep -q "reload: the new model reload-test is served from $s2" "$SUP_DIR/sup.log" \
+  && pass "the log says what the reload did" || fail "no 'loading the new model' / 'is served from' lines in the log"
+[[ $(sup_complete "$url" reload-test | tail -1) == 200 ]] && pass "the new model answers" || fail "no answer from the new model"
+
+# A model that cannot be loaded: the old one keeps serving, the log says why.
+printf 'GGUF but not really' >"$SUP_DIR/broken.gguf"
+pid=$(sup_get 'w[0]["pid"]')
+write_config "$SUP_DIR/broken.gguf"
+kill -HUP "$SUP_PID"
+for _ in $(seq 100); do grep -q 'reload failed while loading the new model' "$SUP_DIR/sup.log" && break; sleep 0.1; done
+grep -q 'reload failed while loading the new model, the old one keeps serving' "$SUP_DIR/sup.log" \
+  && pass "a broken model file: $(grep -m1 'reload failed while loading' "$SUP_DIR/sup.log" | cut -c1-160)" \
+  || fail "no 'reload failed' line for a broken model file"
+[[ $(sup_get 's["model"]["segment"]') == "$s2" && $(sup_get 'w[0]["pid"]') == "$pid" ]] \
+  && pass "the served model and its worker are unchanged" || fail "a failed reload changed the served model or its worker"
+[[ $(sup_complete "$url" reload-test | tail -1) == 200 ]] && pass "still answering" || fail "no answer after the failed reload"
+
+sup_stop
+[[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
+sup_finish 40
