@@ -216,6 +216,14 @@ void Supervisor::shutdown(int sig) {
 }
 
 bool Supervisor::reload(std::string* error) {
+  if (loading_) {
+    // Applied now, a change would be undone when the model's reload applies
+    // the config it was read with.
+    const std::string why = "a new model is still loading; reload again once it is served";
+    log::warn("reload refused: " + why);
+    if (error) *error = why;
+    return false;
+  }
   Config next;
   try {
     next = load_config(opts_.config_path);
@@ -256,13 +264,6 @@ bool Supervisor::reload(std::string* error) {
   // A new model: loading it takes minutes for a large one, so it loads on a
   // thread of its own while the workers keep serving the old one and the
   // proxy keeps answering; the change is applied once it is in memory.
-  if (loading_) {
-    const std::string why = "a new model is still loading; reload again once it is served";
-    log::warn("reload refused: " + why);
-    if (error) *error = why;
-    sd_notify(0, "READY=1");
-    return false;
-  }
   log::info("reload: changed " + keys + "; loading the new model while the old one serves",
             {{"DS4_EVENT", "reload"}});
   loading_ = true;

@@ -80,7 +80,8 @@ class Supervisor {
   /// when the file is invalid; the old config stays. A new model (model.path,
   /// or the file changed on disk) loads on a thread of its own while the old
   /// one keeps serving, and is applied once loaded (DS4_EVENT=reload_done, or
-  /// reload_failed with the old model still served).
+  /// reload_failed with the old model still served); until then every
+  /// reload is refused.
   bool reload(std::string* error = nullptr);
   /// `ds4ctl status --json`.
   nlohmann::json status_json() const;

@@ -5,7 +5,8 @@
 # then the worker restarts on the new model. Checked from outside: /health,
 # polled every 20 ms through the whole reload, answers every time, and its
 # slowest answer is far below the time the reload took (the load used to run on
-# the io thread: every answer waited for all of it). A reload whose model fails
+# the io thread: every answer waited for all of it). A second reload during the
+# load is refused. A reload whose model fails
 # to load keeps the old model serving and says why. Process backend.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
@@ -84,6 +85,17 @@ sleep 0.5
 write_config "$big"
 t0=${EPOCHREALTIME/[.,]/}
 kill -HUP "$SUP_PID"
+# A second reload while the model loads is refused (applied now, it would be
+# undone when the model's reload applies the config it read).
+for _ in $(seq 100); do grep -q 'loading the new model while the old one serves' "$SUP_DIR/sup.log" && break; sleep 0.02; done
+second=$("$DS4_BIN/ds4ctl" reload 2>&1)
+if [[ $second == *"a new model is still loading; reload again once it is served"* ]]; then
+  pass "a second reload during the load is refused: ${second//$'\n'/ }"
+elif grep -q 'reload: the new model reload-test is served from' "$SUP_DIR/sup.log"; then
+  echo "skip - the model loaded before the second reload was sent: that check did not run"
+else
+  fail "second reload during the load: '$second'"
+fi
 if sup_wait 120 's["model"]["segment"] != "'"$s1"'" and w[0]["state"] == "ready" and w[0]["pid"] != '"$pid"; then
   t1=${EPOCHREALTIME/[.,]/}
   s2=$(sup_get 's["model"]["segment"]')
