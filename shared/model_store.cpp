@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "shared/error.h"
+#include "shared/files.h"
 
 namespace ds4::store {
 
@@ -479,23 +480,6 @@ struct MapScan {
   bool ds4_unreadable = false;               // a ds4 process whose maps cannot be read
 };
 
-// The whole of a /proc file; nullopt (errno set) when it cannot be read.
-std::optional<std::string> read_small_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::nullopt;
-  std::string text;
-  char buf[65536];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, size_t(n));
-  const int err = errno;
-  ::close(fd);
-  if (n < 0) {
-    errno = err;
-    return std::nullopt;
-  }
-  return text;
-}
-
 // A maps line: "start-end perms offset major:minor inode   path".
 void add_mappings(const std::string& maps, MapScan& scan) {
   const std::string dir = std::string(kShmDir) + "/";
@@ -530,12 +514,12 @@ MapScan scan_processes(const std::string& proc_dir) {
   for (const auto& entry : std::filesystem::directory_iterator(proc_dir, ec)) {
     const std::string pid = entry.path().filename().string();
     if (pid.empty() || !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    if (const std::optional<std::string> maps = read_small_file(proc_dir + "/" + pid + "/maps")) {
+    if (const std::optional<std::string> maps = read_whole_file(proc_dir + "/" + pid + "/maps")) {
       add_mappings(*maps, scan);
     } else if (errno == EACCES || errno == EPERM) {
       // Not ours to read (a non-dumpable process, another user's, or one in
       // another user namespace): only a ds4 program would map a segment.
-      if (const std::optional<std::string> cmdline = read_small_file(proc_dir + "/" + pid + "/cmdline"))
+      if (const std::optional<std::string> cmdline = read_whole_file(proc_dir + "/" + pid + "/cmdline"))
         scan.ds4_unreadable = scan.ds4_unreadable || runs_ds4(*cmdline);
     }
     // Anything else: the process is gone.

@@ -1,18 +1,10 @@
 #include "supervisor/headroom.h"
 
-#include <fstream>
 #include <sstream>
 
-namespace ds4::sup {
+#include "shared/files.h"
 
-namespace {
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream o;
-  o << f.rdbuf();
-  return o.str();
-}
-}  // namespace
+namespace ds4::sup {
 
 std::optional<Bytes> parse_mem_available(const std::string& text) {
   std::istringstream in(text);
@@ -48,8 +40,8 @@ ProcMemorySource::ProcMemorySource(std::string meminfo, std::string pressure)
 
 Readings ProcMemorySource::read() {
   Readings r;
-  r.available = parse_mem_available(slurp(meminfo_)).value_or(0);
-  r.psi_some_avg10 = parse_psi_some_avg10(slurp(pressure_)).value_or(0);
+  r.available = parse_mem_available(read_whole_file(meminfo_).value_or("")).value_or(0);
+  r.psi_some_avg10 = parse_psi_some_avg10(read_whole_file(pressure_).value_or("")).value_or(0);
   return r;
 }
 

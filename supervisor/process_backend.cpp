@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "shared/error.h"
+#include "shared/files.h"
 #include "shared/log.h"
 
 extern char** environ;
@@ -35,13 +36,6 @@ struct ProcessBackend::Child {
 };
 
 namespace {
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream o;
-  o << f.rdbuf();
-  return o.str();
-}
 
 bool write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path);
@@ -65,10 +59,12 @@ std::optional<uint64_t> keyed_value(const std::string& text, const std::string& 
 
 }  // namespace
 
-uint64_t read_vmstat_oom_kills() { return keyed_value(read_text("/proc/vmstat"), "oom_kill").value_or(0); }
+uint64_t read_vmstat_oom_kills() {
+  return keyed_value(read_whole_file("/proc/vmstat").value_or(""), "oom_kill").value_or(0);
+}
 
 std::string memory_cgroup_dir(const std::string& pid, bool* v2) {
-  std::istringstream in(read_text("/proc/" + pid + "/cgroup"));
+  std::istringstream in(read_whole_file("/proc/" + pid + "/cgroup").value_or(""));
   std::string line, unified;
   while (std::getline(in, line)) {
     // "4:memory:/a/b" (v1) or "0::/a/b" (v2)
@@ -167,8 +163,8 @@ std::string ProcessBackend::prepare_cgroup(int id, Bytes memory_max) {
 
 std::optional<uint64_t> ProcessBackend::oom_kills_in(const std::string& cgroup) const {
   if (cgroup.empty()) return std::nullopt;
-  if (cgroup_v2_) return keyed_value(read_text(cgroup + "/memory.events"), "oom_kill");
-  return keyed_value(read_text(cgroup + "/memory.oom_control"), "oom_kill");
+  if (cgroup_v2_) return keyed_value(read_whole_file(cgroup + "/memory.events").value_or(""), "oom_kill");
+  return keyed_value(read_whole_file(cgroup + "/memory.oom_control").value_or(""), "oom_kill");
 }
 
 void ProcessBackend::start(const LaunchSpec& spec) {

@@ -49,6 +49,11 @@ nlohmann::json proc_command(int pid) {
   return j;
 }
 
+// Workers run on a GPU: cuda:N, or auto on a machine with an NVIDIA driver.
+bool workers_on_gpu(const Device& d) {
+  return d.kind == Device::Kind::cuda || (d.kind == Device::Kind::automatic && nvidia_driver_present());
+}
+
 ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std::string& runtime_dir,
                                  const std::string& control) {
   ManagerSettings s;
@@ -57,8 +62,7 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
   s.count = c.workers.count;
   s.slots = c.workers.slots;
   s.device = c.workers.device.str();
-  s.gpu_workers = c.workers.device.kind == Device::Kind::cuda ||
-                  (c.workers.device.kind == Device::Kind::automatic && nvidia_driver_present());
+  s.gpu_workers = workers_on_gpu(c.workers.device);
   s.gpu_weights = c.gpu.weights == GpuWeights::host_mapped ? "host-mapped" : "auto";
   s.threads = c.workers.threads;
   s.memory_max = c.workers.memory_max;
@@ -147,17 +151,17 @@ std::optional<int> Supervisor::holder_device() const {
   // worker does not copy them again. Not for host-mapped weights (they stay in
   // the shared pages) nor for CPU workers.
   const Device& d = config_.workers.device;
-  if (config_.gpu.weights != GpuWeights::device || d.kind == Device::Kind::cpu) return std::nullopt;
-  if (d.kind == Device::Kind::automatic && !nvidia_driver_present()) return std::nullopt;
+  if (config_.gpu.weights != GpuWeights::device || !workers_on_gpu(d)) return std::nullopt;
   return d.kind == Device::Kind::cuda ? d.index : 0;
 }
 
 void Supervisor::start_holder() {
-  if (!holder_device()) return;
+  const std::optional<int> device = holder_device();
+  if (!device) return;
   HolderSettings hs;
   hs.worker_binary = opts_.bin_dir + "/ds4-worker";
   hs.segment = model_.segment;
-  hs.device = *holder_device();
+  hs.device = *device;
   hs.socket = runtime_dir_ + "/holder-cuda" + std::to_string(hs.device) + ".sock";
   sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(hs.device)).c_str());
   holder_ = std::make_unique<HolderKeeper>(io_, hs);
@@ -299,7 +303,6 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
     if (loaded) {
       model_ = std::move(loaded->model);
       sweeper_->set_current(model_.segment);
-      if (holder_) holder_->change_segment(model_.segment);
     }
     ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
@@ -307,15 +310,18 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
                              ch.changed("workers.engine") || ch.changed("gpu.weights");
     const Config before = config_;
     config_ = next;
-    // The holder follows workers.device and gpu.weights: stopped when no
-    // longer wanted or on another GPU, started (before the workers restart,
-    // so that they map its weights) when wanted and not running.
+    // The holder follows workers.device, gpu.weights and the model: stopped
+    // when no longer wanted or on another GPU, given the new model when it
+    // stays, started (before the workers restart, so that they map its
+    // weights) when wanted and not running. Each copy of the weights is made once.
     const std::optional<int> want = holder_device();
     if (holder_ && (!want || holder_->device() != *want)) {
       holder_->stop();
       holder_.reset();
       log::info("reload: the GPU weights holder is stopped" +
                 std::string(want ? ", one for cuda:" + std::to_string(*want) + " replaces it" : ": not needed now"));
+    } else if (holder_ && loaded) {
+      holder_->change_segment(model_.segment);
     }
     if (want && !holder_) start_holder();
     manager_->reconfigure(std::move(s), restart_all);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "shared/error.h"
+#include "shared/files.h"
 #include "shared/log.h"
 #include "supervisor/journal_watch.h"
 #include "supervisor/process_backend.h"  // read_vmstat_oom_kills
@@ -36,16 +37,9 @@ constexpr auto kOomEvidenceWait = std::chrono::milliseconds(1000);
 
 std::string unit_of(int id) { return "ds4-worker@" + std::to_string(id) + ".service"; }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream o;
-  o << f.rdbuf();
-  return o.str();
-}
-
 /// Writes `text` to `path` unless it holds that already; true when it changed.
 bool write_if_changed(const std::string& path, const std::string& text) {
-  if (fs::exists(path) && read_file(path) == text) return false;
+  if (read_whole_file(path) == text) return false;
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
@@ -199,7 +193,8 @@ class SystemdBackend : public UnitBackend {
                                &jtype, &jpath) > 0) {
       int id = -1;
       if (std::sscanf(name, "ds4-worker@%d.service", &id) != 1 || id < 0) continue;
-      const std::string env = read_file(opts_.runtime_dir + "/worker-" + std::to_string(id) + ".env");
+      const std::string env =
+          read_whole_file(opts_.runtime_dir + "/worker-" + std::to_string(id) + ".env").value_or("");
       auto value = [&](const std::string& key) {
         const auto p = env.find(key + "=");
         if (p == std::string::npos) return std::string();
