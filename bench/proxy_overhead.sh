@@ -4,15 +4,13 @@
 # (b) through an nginx reverse proxy (Debian package, started here on loopback
 # with its own config) in front of it. ds4's added latency is (a) minus the
 # worker's own compute time from `timings`; nginx's is (b) minus (a).
-# The worker's timings start when the worker reads the request, which it does
-# between steps: a request that comes during a step waits in the socket until
-# the step ends, and that wait counts as ds4's, as does everything outside the
-# worker: HTTP, tokenizing, the proxy's queue (none here: a slot for every
-# client), the hops to and from the worker.
+# The worker's timings start when the request reaches the worker (it reads
+# its socket between the layers of a step, and while the GPU computes one),
+# so a request that comes during a step counts that wait as the worker's.
+# Everything outside the worker counts as ds4's: HTTP, tokenizing, the proxy's
+# queue (none here: a slot for every client), the hops to and from the worker.
 # That figure also holds what is not the proxy's: the client's own wake-up and
-# reads, one hop each way, and at concurrency 32 the wait of a request for the
-# worker's step in progress (the worker is the bottleneck there, so requests
-# queue in front of it). So the bench also runs (c) the engine alone: the same
+# reads, and one hop each way. So the bench also runs (c) the engine alone: the same
 # requests in the worker protocol, straight to the worker's socket, on one
 # connection with ids as the proxy sends them. "ds4 added over the engine" is
 # (a) minus (c): what the proxy costs over talking to the engine directly,
@@ -25,7 +23,8 @@
 # ran (busiest first): the supervisor process holds the proxy, its child the
 # worker; and the same of nginx's worker process in the runs through it.
 # Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE
-# (the workers' device: auto, cpu, cuda), NGINX (an nginx binary, for a machine
+# (the workers' device: auto, cpu, cuda), DS4_BUSY_POLL (proxy.busy_poll: auto,
+# off, 100us), NGINX (an nginx binary, for a machine
 # without the Debian package and without apt), CC (cc).
 #   bench/proxy_overhead.sh [REQUESTS=2000]
 set -euo pipefail
@@ -49,6 +48,7 @@ model:
   name: stories
 proxy:
   listen: 127.0.0.1:$port_a
+  busy_poll: ${DS4_BUSY_POLL:-auto}
 workers:
   backend: process
   slots: 32                 # every request of the c=32 round has a slot: none waits in the proxy's queue
@@ -116,7 +116,9 @@ python3 - "$n" "$port_a" "$port_b" "$dir/http_load" "$dir/body.json" "$sup" "$ng
 import os, subprocess, sys
 n, port_a, port_b, load, body = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 sup, ngx, fields, engine = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8], sys.argv[9]
-worker = int(open(f"/proc/{sup}/task/{sup}/children").read().split()[0])
+# The worker: the child that serves (a GPU worker's weights holder is another).
+worker = next(int(p) for p in open(f"/proc/{sup}/task/{sup}/children").read().split()
+              if b"serve" in open(f"/proc/{p}/cmdline", "rb").read().split(b"\0"))
 ngx_worker = int(open(f"/proc/{ngx}/task/{ngx}/children").read().split()[0])
 
 def threads():
@@ -172,9 +174,9 @@ for conc in (1, 32):
         d = pct(ds4_add, p)
         g = pct(via, p) - d
         e = pct(la, p) - pct(lc, p)
-        print(f"concurrency {conc:2d} p{p}: latency direct {pct(la, p):.2f} ms, via nginx {pct(lb, p):.2f} ms, "
-              f"engine alone {pct(lc, p):.2f} ms; ds4 added {d:.2f} ms, nginx added {g:.2f} ms; "
-              f"ds4 added over the engine {e:.2f} ms")
+        print(f"concurrency {conc:2d} p{p}: latency direct {pct(la, p):.3f} ms, via nginx {pct(lb, p):.3f} ms, "
+              f"engine alone {pct(lc, p):.3f} ms; ds4 added {d:.3f} ms, nginx added {g:.3f} ms; "
+              f"ds4 added over the engine {e:.3f} ms")
     for proc, u in (("proxy", use), ("worker", use), ("nginx", use_b)):
         mine = sorted((v for k, v in u.items() if k[0] == proc and (v[0] > 0 or v[1] > 0)), key=lambda v: -v[0])
         cpu = sum(v[0] for v in mine) / len(la) / 1e3

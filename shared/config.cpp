@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
 #include "shared/error.h"
@@ -116,6 +117,12 @@ std::string format_size(Bytes bytes) {
     return buf;
   }
   return std::to_string(bytes) + "B";
+}
+
+std::chrono::microseconds busy_poll_for(const ProxyConfig& proxy) {
+  if (proxy.busy_poll) return *proxy.busy_poll;
+  static const unsigned cores = std::thread::hardware_concurrency();
+  return std::chrono::microseconds(cores >= 8 ? 100 : 0);
 }
 
 std::string format_duration(Duration d) {
@@ -341,6 +348,31 @@ class Reader {
     else error(e.mark, e.path + ": " + why + ", got '" + *text + "'");
   }
 
+  /// auto, off, or a short duration in us or ms (at most 10ms: a longer spin
+  /// would hold a core for nothing).
+  void busy_poll(const Entry& e, std::optional<std::chrono::microseconds>& out) {
+    const auto text = scalar(e, "auto, off or a duration like 100us");
+    if (!text) return;
+    const std::string t = lower(trim(*text));
+    if (t == "auto") {
+      out.reset();
+      return;
+    }
+    if (t == "off" || t == "0") {
+      out = std::chrono::microseconds(0);
+      return;
+    }
+    double v = 0;
+    std::string_view unit;
+    bool fractional = false;
+    const double scale = !split_number(t, v, unit, fractional) ? 0 : unit == "us" ? 1 : unit == "ms" ? 1000 : 0;
+    if (scale == 0 || v * scale > 10000) {
+      error(e.mark, e.path + ": expected auto, off or a duration up to 10ms like 100us, got '" + *text + "'");
+      return;
+    }
+    out = std::chrono::microseconds(static_cast<std::int64_t>(std::round(v * scale)));
+  }
+
   void boolean(const Entry& e, bool& out) {
     const auto text = scalar(e, "true or false");
     if (!text) return;
@@ -510,6 +542,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
       r.mapping(e.value, e.mark, e.path, {
         {"listen", [&](const Entry& x) { read_listen(r, x, c.proxy.listen); }},
         {"api_keys_file", [&](const Entry& x) { r.path(x, c.proxy.api_keys_file); }},
+        {"busy_poll", [&](const Entry& x) { r.busy_poll(x, c.proxy.busy_poll); }},
         {"queue", [&](const Entry& q) {
           r.mapping(q.value, q.mark, q.path, {
             {"max_waiting", [&](const Entry& x) { r.integer(x, c.proxy.queue.max_waiting, 0, 1000000); }},
@@ -729,6 +762,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   const auto &P = a.proxy, &Q = b.proxy;
   note(P.listen != Q.listen, "proxy.listen", c.listen);
   note(P.api_keys_file != Q.api_keys_file, "proxy.api_keys_file", c.in_place);
+  note(P.busy_poll != Q.busy_poll, "proxy.busy_poll", c.in_place);
   note(P.queue.max_waiting != Q.queue.max_waiting, "proxy.queue.max_waiting", c.in_place);
   note(P.queue.max_wait != Q.queue.max_wait, "proxy.queue.max_wait", c.in_place);
   note(P.limits.max_header_bytes != Q.limits.max_header_bytes, "proxy.limits.max_header_bytes", c.in_place);

@@ -66,11 +66,20 @@ struct ProxyConfig {
   std::filesystem::path api_keys_file;  // absolute once loaded; empty = no auth
   QueueConfig queue;
   LimitsConfig limits;
+  /// How long the proxy's thread keeps polling after its last ready event
+  /// before it sleeps: a reply that comes meanwhile skips a wake-up. nullopt
+  /// = auto (busy_poll_for()).
+  std::optional<std::chrono::microseconds> busy_poll;
   bool operator==(const ProxyConfig&) const = default;
 };
 
 enum class WorkerBackend { automatic, systemd, process };
 enum class WorkerEngine { native, exec };
+
+/// The proxy's busy poll: the configured one, or for auto 100us on a machine
+/// with 8 or more cores and none on a smaller one (where the spin would take
+/// the CPU the worker and the clients need).
+std::chrono::microseconds busy_poll_for(const ProxyConfig& proxy);
 
 struct Device {
   enum class Kind { automatic, cpu, cuda };

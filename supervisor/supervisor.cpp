@@ -185,7 +185,7 @@ int Supervisor::run() {
   if (!manager_) prepare();
   wait_signals();
   manager_->start();
-  io_.run();
+  run_busy_polling(io_, [this] { return busy_poll_for(config_.proxy); });
   return exit_status_;
 }
 

@@ -71,11 +71,26 @@ class Backend {
   /// sample() at temperature 0. nullopt: the engine samples from logits().
   virtual std::optional<TokenLogprob> greedy(int32_t row) const { (void)row; return std::nullopt; }
   virtual void set_trace(TraceFn fn) { (void)fn; }
+  /// Runs on the thread that calls forward(), while the step computes:
+  /// between layers (CPU), while waiting for the device (CUDA). The worker
+  /// takes its socket's requests there, so their timings start on arrival.
+  void set_during_step(std::function<void()> fn) { during_step_ = std::move(fn); }
   /// True when reserve() allocates the KV cache and scratch in an
   /// accelerator's own memory rather than the host's.
   virtual bool memory_on_device() const { return false; }
   /// That accelerator's memory now; nullopt for a host backend.
   virtual std::optional<DeviceRoom> device_room() const { return std::nullopt; }
+
+ protected:
+  /// Runs the during-step work; false when there is none.
+  bool during_step() const {
+    if (!during_step_) return false;
+    during_step_();
+    return true;
+  }
+
+ private:
+  std::function<void()> during_step_;
 };
 
 /// The CPU backend; threads <= 0 means one per core.

@@ -378,6 +378,14 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
   // thread hands a request or an answer to another. The heartbeat comes from
   // this loop, so a stuck step stops it (and the socket's answers); the
   // device figures are refreshed about once a second.
+  // While a step computes (between layers, or while the GPU runs it), the
+  // requests that arrive are read and queued: their timings start when they
+  // reach the worker, not when the step in progress ends, and a GPU worker
+  // parses the next step's requests while the GPU computes this one.
+  backend.set_during_step([&io] {
+    for (int i = 0; i < 64 && io.poll_one(); ++i) {
+    }
+  });
   try {
     auto device_read = std::chrono::steady_clock::now();
     while (!io.stopped()) {

@@ -19,6 +19,7 @@
 #include "shared/error.h"
 #include "shared/gguf.h"
 #include "shared/log.h"
+#include "supervisor/asio.h"
 #include "supervisor/proxy/proxy.h"
 #include "supervisor/proxy/static_registry.h"
 
@@ -89,7 +90,7 @@ int run(int argc, char** argv) {
       io.stop();
     });
   });
-  io.run();
+  ds4::sup::run_busy_polling(io, [&cfg] { return ds4::busy_poll_for(cfg.proxy); });
   return 0;
 }
 

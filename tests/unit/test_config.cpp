@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "shared/config.h"
 #include "shared/error.h"
@@ -56,6 +57,7 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.proxy.listen.port == 8080);
     CHECK(c.proxy.listen.is_loopback());
     CHECK(c.proxy.api_keys_file.empty());
+    CHECK_FALSE(c.proxy.busy_poll);
     CHECK(c.proxy.queue.max_waiting == 256);
     CHECK(c.proxy.queue.max_wait == 10min);
     CHECK(c.proxy.limits.max_header_bytes == 64 * 1024);
@@ -96,6 +98,7 @@ model:
 proxy:
   listen: "[::1]:9000"
   api_keys_file: /dev/null
+  busy_poll: 250us
   queue:
     max_waiting: 10
     max_wait: 90s
@@ -138,6 +141,7 @@ gpu:
   CHECK(c.proxy.listen.is_loopback());
   CHECK(c.proxy.listen.str() == "[::1]:9000");
   CHECK(c.proxy.api_keys_file == "/dev/null");
+  CHECK(c.proxy.busy_poll == 250us);
   CHECK(c.proxy.queue.max_waiting == 10);
   CHECK(c.proxy.queue.max_wait == 90s);
   CHECK(c.proxy.limits.max_header_bytes == 8192);
@@ -435,6 +439,27 @@ TEST_CASE("config: durations") {
   CHECK(ds4::format_duration(30s) == "30s");
   CHECK(ds4::format_duration(10min) == "10m");
   CHECK(ds4::format_duration(2h) == "2h");
+}
+
+TEST_CASE("config: proxy.busy_poll") {
+  const auto busy_poll = [](const char* v) { return parse(std::string("proxy:\n  busy_poll: ") + v + "\n").proxy.busy_poll; };
+  CHECK(busy_poll("100us") == 100us);
+  CHECK(busy_poll("1.5ms") == 1500us);
+  CHECK(busy_poll("10ms") == 10000us);
+  CHECK(busy_poll("off") == 0us);
+  CHECK(busy_poll("0") == 0us);
+  CHECK_FALSE(busy_poll("auto"));
+  for (const char* bad : {"11ms", "1s", "100", "-5us", "fast"})
+    CHECK(errors(std::string("proxy:\n  busy_poll: ") + bad + "\n") ==
+          std::string("config/ds4.yaml:2:14: proxy.busy_poll: expected auto, off or a duration up to 10ms like 100us, got '") +
+              bad + "'");
+
+  // Set: as set. Auto: 100us with 8 or more cores, none on fewer.
+  ds4::ProxyConfig p;
+  p.busy_poll = 40us;
+  CHECK(ds4::busy_poll_for(p) == 40us);
+  p.busy_poll.reset();
+  CHECK(ds4::busy_poll_for(p) == (std::thread::hardware_concurrency() >= 8 ? 100us : 0us));
 }
 
 TEST_CASE("config: edit distance") {

@@ -464,6 +464,29 @@ TEST_CASE("cuda: stories260K greedy tokens are identical to the CPU backend's, a
   }
 }
 
+TEST_CASE("cuda: work done while the GPU computes a step (set_during_step) leaves the answers unchanged") {
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  const std::vector<std::string> prompts{"Once upon a time", "Lily and Ben went"};
+  std::vector<std::vector<int32_t>> cpu_out;
+  {
+    auto cpu = make_cpu_backend(f.model, 2);
+    for (const auto& p : prompts) cpu_out.push_back(generate(*cpu, {512, 1, 64}, {p}, 100)[0]);
+  }
+  auto gpu = make_cuda_backend(f.model, 0);
+  int calls = 0;
+  gpu->set_during_step([&] {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));  // as long as a worker's socket reads
+  });
+  const auto out = generate(*gpu, {512, 2, 16}, prompts, 100);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(prompts[i]);
+    CHECK(out[i] == cpu_out[i]);
+  }
+  MESSAGE("during-step calls: " << calls);  // how many depends on how fast the GPU is
+}
+
 TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log-probability") {
   if (!have_gpu()) return;
   Fixture& f = fixture();

@@ -359,3 +359,43 @@ TEST_CASE("engine: cancelling a request stops it") {
   CHECK(c->reason == Finish::cancelled);
   CHECK(c->tokens.size() < 10);
 }
+
+TEST_CASE("engine: requests that come while a step computes are taken at the next step") {
+  // The worker reads its socket between layers (set_during_step): a request
+  // or a cancel that comes then joins the next step, and the answers are
+  // those of requests sent between steps.
+  Fixture& f = fixture();
+  const auto prompt = f.tok.encode("Once upon a time", true);
+  const auto other = f.tok.encode("Lily and Ben went", true);
+  std::vector<int32_t> alone;
+  {
+    Rig rig({256, 2, 64});
+    alone = rig.run(greedy(other, 20))->tokens;
+  }
+  Rig rig({256, 2, 64});
+  int calls = 0, steps = 0;
+  auto late = std::make_shared<Collect>();
+  auto first = std::make_shared<Collect>();
+  int64_t first_id = -1;
+  std::chrono::steady_clock::time_point submitted, first_step_end;
+  rig.engine->on_step_end([&] {
+    if (first_step_end == std::chrono::steady_clock::time_point{}) first_step_end = std::chrono::steady_clock::now();
+  });
+  rig.backend->set_during_step([&] {
+    ++calls;
+    if (calls == 2) {  // in the first step, after a layer
+      submitted = std::chrono::steady_clock::now();
+      rig.engine->submit(greedy(other, 20), late);
+    }
+    if (calls == 3 * int(f.model.hp().n_layers) + 1) rig.engine->cancel(first_id);  // in the fourth step
+  });
+  first_id = rig.engine->submit(greedy(prompt, 200), first);
+  while (rig.engine->step()) ++steps;
+  CHECK(calls == steps * int(f.model.hp().n_layers));  // once after every layer of every step
+  CHECK(late->reason == Finish::length);
+  CHECK(late->tokens == alone);
+  // Its timings count from its arrival: the rest of the first step is in them.
+  CHECK(late->timings.prompt_ms >= std::chrono::duration<double, std::milli>(first_step_end - submitted).count());
+  CHECK(first->reason == Finish::cancelled);
+  CHECK(first->tokens.size() == 4);  // one per step until the cancel, seen at the fifth
+}

@@ -293,6 +293,7 @@ void CpuBackend::forward(std::span<const BatchToken> batch) {
       for (int64_t i = 0; i < hp_.dim; ++i) xr[i] += o[i];
     });
     trace("l_out", layer, x_, T, hp_.dim, ld_dim());
+    during_step();
   }
 
   // Logits for the tokens that need them.

@@ -432,7 +432,15 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
   }
   // The pinned batch is rewritten by the next step and the picks are read
   // after this returns: wait for the step.
-  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (;;) {
+    const cudaError_t e = cudaStreamQuery(stream_);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) DS4_CUDA_CHECK(e);
+    if (!during_step()) {
+      DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      break;
+    }
+  }
   rows_ = rows;
 }
 
