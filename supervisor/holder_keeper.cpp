@@ -83,25 +83,22 @@ void HolderKeeper::spawn() {
   }
   pid_ = pid;
   ready_ = false;
+  started_at_ = Clock::now();
+  settle_by_ = started_at_ + s_.ready_timeout;
   log::info("started the GPU weights holder for cuda:" + std::to_string(s_.device) + " (pid " + std::to_string(pid) +
                 ", segment " + s_.segment + ", socket " + s_.socket + ")",
             {{"DS4_EVENT", "holder_start"}, {"DS4_PID", std::to_string(pid)}, {"DS4_SEGMENT", s_.segment}});
 }
 
 bool HolderKeeper::wait_ready() {
-  const auto deadline = Clock::now() + s_.ready_timeout;
-  const auto t0 = Clock::now();
-  while (Clock::now() < deadline) {
+  while (Clock::now() < settle_by_) {
     int st = 0;
     if (pid_ > 0 && ::waitpid(pid_, &st, WNOHANG) == pid_) {
       reap(st);
       return false;
     }
     if (socket_answers(s_.socket)) {
-      ready_ = true;
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
-      log::info("GPU weights holder ready in " + std::to_string(ms) + " ms: workers map its weights",
-                {{"DS4_EVENT", "holder_ready"}, {"DS4_PID", std::to_string(pid_)}});
+      became_ready();
       return true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -109,6 +106,19 @@ bool HolderKeeper::wait_ready() {
   log::warn("GPU weights holder not ready after " + std::to_string(s_.ready_timeout.count()) +
             " ms; workers copy the weights until it is");
   return false;
+}
+
+void HolderKeeper::became_ready() {
+  ready_ = true;
+  backoff_ = std::chrono::seconds(1);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_at_).count();
+  log::info("GPU weights holder ready in " + std::to_string(ms) + " ms (pid " + std::to_string(pid_) +
+                "): workers map its weights",
+            {{"DS4_EVENT", "holder_ready"}, {"DS4_PID", std::to_string(pid_)}});
+}
+
+void HolderKeeper::settle() {
+  if (auto f = std::exchange(settled_, nullptr)) f();
 }
 
 void HolderKeeper::reap(int status) {
@@ -135,19 +145,35 @@ void HolderKeeper::start() {
   if (!not_needed_) watch();
 }
 
+void HolderKeeper::start_async(std::function<void()> settled) {
+  stopping_ = false;
+  not_needed_ = false;
+  settled_ = std::move(settled);
+  spawn();
+  if (pid_ <= 0) {  // fork failed: nothing to wait for, retried with backoff
+    asio::post(io_, [this] { settle(); });
+    return restart_later();
+  }
+  watch();
+}
+
 void HolderKeeper::watch() {
-  timer_.expires_after(std::chrono::milliseconds(500));
+  // Often while a start waits for it to answer, then twice a second.
+  timer_.expires_after(std::chrono::milliseconds(settled_ ? 20 : 500));
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopping_) return;
     if (pid_ > 0) {
       int st = 0;
       if (::waitpid(pid_, &st, WNOHANG) == pid_) {
         reap(st);
+        settle();
       } else if (!ready_ && socket_answers(s_.socket)) {
-        ready_ = true;
-        backoff_ = std::chrono::seconds(1);
-        log::info("GPU weights holder ready (pid " + std::to_string(pid_) + ")",
-                  {{"DS4_EVENT", "holder_ready"}, {"DS4_PID", std::to_string(pid_)}});
+        became_ready();
+        settle();
+      } else if (!ready_ && settled_ && Clock::now() >= settle_by_) {
+        log::warn("GPU weights holder not ready after " + std::to_string(s_.ready_timeout.count()) +
+                  " ms; workers copy the weights until it is");
+        settle();
       }
     }
     if (not_needed_) return;
@@ -169,15 +195,19 @@ void HolderKeeper::restart_later() {
   });
 }
 
-void HolderKeeper::change_segment(const std::string& segment) {
-  if (segment == s_.segment) return;
+void HolderKeeper::change_segment(const std::string& segment, std::function<void()> settled) {
+  if (segment == s_.segment) {
+    asio::post(io_, std::move(settled));
+    return;
+  }
   stop();
   s_.segment = segment;
-  start();
+  start_async(std::move(settled));
 }
 
 void HolderKeeper::stop() {
   stopping_ = true;
+  settled_ = nullptr;  // a start that waits for it is called off
   timer_.cancel();
   if (pid_ <= 0) return;
   ::kill(pid_, SIGTERM);

@@ -6,12 +6,14 @@
 /// finds it maps them instead of copying (issue 5, worker/cuda/NOTES.md). The
 /// supervisor starts it before the first GPU worker, waits (bounded) until it
 /// answers, restarts it with backoff when it dies, and replaces it when the
-/// model segment changes. Workers that already mapped the weights keep them
+/// model segment changes (then without blocking: the proxy keeps serving while
+/// the new holder copies the weights). Workers that already mapped the weights keep them
 /// whatever happens to the holder; a worker started while there is none
 /// copies the weights itself.
 
 #include "supervisor/asio.h"
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -37,9 +39,15 @@ class HolderKeeper {
 
   /// Starts the holder and waits until its socket answers (or it exits, or
   /// ready_timeout passes: then workers copy, and a warning says why).
+  /// Blocks the io thread: for the supervisor's start, before it serves.
   void start();
-  /// Holds `segment` instead (the model changed): a new holder replaces the old.
-  void change_segment(const std::string& segment);
+  /// Starts the holder without blocking: `settled` runs on the io thread once
+  /// its socket answers, it exits, or ready_timeout passes (a reload starts
+  /// the workers that should map its weights then).
+  void start_async(std::function<void()> settled);
+  /// Holds `segment` instead (the model changed): a new holder replaces the
+  /// old, as start_async(). The same segment: `settled` runs at once.
+  void change_segment(const std::string& segment, std::function<void()> settled);
   /// SIGTERM, then SIGKILL after a grace period.
   void stop();
   nlohmann::json status() const;
@@ -49,6 +57,8 @@ class HolderKeeper {
   void spawn();
   bool wait_ready();
   void watch();
+  void became_ready();
+  void settle();
   void restart_later();
   void reap(int status);
 
@@ -62,6 +72,8 @@ class HolderKeeper {
   bool not_needed_ = false;  // the holder exited kExitNothingToHold: an integrated GPU
   std::chrono::milliseconds backoff_{std::chrono::seconds(1)};
   std::string last_exit_;
+  std::function<void()> settled_;  // start_async()'s, until the holder settles
+  std::chrono::steady_clock::time_point started_at_, settle_by_;
 };
 
 }  // namespace ds4::sup

@@ -155,9 +155,12 @@ std::optional<int> Supervisor::holder_device() const {
   return d.kind == Device::Kind::cuda ? d.index : 0;
 }
 
-void Supervisor::start_holder() {
+void Supervisor::start_holder(std::function<void()> settled) {
   const std::optional<int> device = holder_device();
-  if (!device) return;
+  if (!device) {
+    if (settled) settled();
+    return;
+  }
   HolderSettings hs;
   hs.worker_binary = opts_.bin_dir + "/ds4-worker";
   hs.segment = model_.segment;
@@ -165,7 +168,8 @@ void Supervisor::start_holder() {
   hs.socket = runtime_dir_ + "/holder-cuda" + std::to_string(hs.device) + ".sock";
   sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(hs.device)).c_str());
   holder_ = std::make_unique<HolderKeeper>(io_, hs);
-  holder_->start();
+  if (settled) holder_->start_async(std::move(settled));
+  else holder_->start();
 }
 
 void Supervisor::maybe_ready() {
@@ -220,10 +224,11 @@ void Supervisor::shutdown(int sig) {
 }
 
 bool Supervisor::reload(std::string* error) {
-  if (loading_) {
-    // Applied now, a change would be undone when the model's reload applies
-    // the config it was read with.
-    const std::string why = "a new model is still loading; reload again once it is served";
+  if (reloading_) {
+    // Applied now, a change would be undone when the reload in progress
+    // applies the config it was read with.
+    const std::string why = "a reload is still in progress (a new model loading, or its weights going to the GPU); "
+                            "reload again once it is served";
     log::warn("reload refused: " + why);
     if (error) *error = why;
     return false;
@@ -270,7 +275,7 @@ bool Supervisor::reload(std::string* error) {
   // proxy keeps answering; the change is applied once it is in memory.
   log::info("reload: changed " + keys + "; loading the new model while the old one serves",
             {{"DS4_EVENT", "reload"}});
-  loading_ = true;
+  reloading_ = true;
   if (loader_.joinable()) loader_.join();
   loader_ = std::jthread([this, next = std::move(next), ch, control = health_->name()]() mutable {
     std::optional<Loaded> loaded;
@@ -284,9 +289,9 @@ bool Supervisor::reload(std::string* error) {
       failed = e.what();
     }
     asio::post(io_, [this, next = std::move(next), ch, loaded = std::move(loaded), failed]() mutable {
-      loading_ = false;
       if (stopping_) return;
       if (!loaded) {
+        reloading_ = false;
         log::error("reload failed while loading the new model, the old one keeps serving: " + failed,
                    {{"DS4_EVENT", "reload_failed"}});
         sd_notify(0, "READY=1");
@@ -299,6 +304,7 @@ bool Supervisor::reload(std::string* error) {
 }
 
 bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optional<Loaded> loaded, std::string* error) {
+  const bool model_changed = loaded.has_value();
   try {
     if (loaded) {
       model_ = std::move(loaded->model);
@@ -312,30 +318,54 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
     config_ = next;
     // The holder follows workers.device, gpu.weights and the model: stopped
     // when no longer wanted or on another GPU, given the new model when it
-    // stays, started (before the workers restart, so that they map its
-    // weights) when wanted and not running. Each copy of the weights is made once.
+    // stays, started when wanted and not running. Each copy of the weights is
+    // made once, before the workers restart (so that they map it), and off
+    // the io thread: the old workers and the proxy serve meanwhile.
     const std::optional<int> want = holder_device();
     if (holder_ && (!want || holder_->device() != *want)) {
       holder_->stop();
       holder_.reset();
       log::info("reload: the GPU weights holder is stopped" +
                 std::string(want ? ", one for cuda:" + std::to_string(*want) + " replaces it" : ": not needed now"));
-    } else if (holder_ && loaded) {
-      holder_->change_segment(model_.segment);
     }
-    if (want && !holder_) start_holder();
-    manager_->reconfigure(std::move(s), restart_all);
-    for (auto& fn : reload_listeners_) fn(before, config_, ch);
+    auto then = [this, before, s = std::move(s), restart_all, ch, model_changed]() mutable {
+      finish_reload(before, std::move(s), restart_all, ch, model_changed);
+    };
+    if (holder_ && model_changed) {
+      reloading_ = true;
+      holder_->change_segment(model_.segment, std::move(then));
+    } else if (want && !holder_) {
+      reloading_ = true;
+      start_holder(std::move(then));
+    } else {
+      then();
+    }
   } catch (const Error& e) {
+    reloading_ = false;
     log::error(std::string("reload failed while applying it: ") + e.what());
     if (error) *error = e.what();
     sd_notify(0, "READY=1");
     return false;
   }
-  if (loaded) log::info("reload: the new model " + model_.name + " is served from " + model_.segment,
-                        {{"DS4_EVENT", "reload_done"}, {"DS4_SEGMENT", model_.segment}});
-  sd_notify(0, "READY=1");
   return true;
+}
+
+void Supervisor::finish_reload(const Config& before, ManagerSettings settings, bool restart_all,
+                               const ConfigChanges& ch, bool model_changed) {
+  reloading_ = false;
+  if (stopping_) return;
+  try {
+    manager_->reconfigure(std::move(settings), restart_all);
+    for (auto& fn : reload_listeners_) fn(before, config_, ch);
+  } catch (const Error& e) {
+    log::error(std::string("reload failed while applying it: ") + e.what());
+    sd_notify(0, "READY=1");
+    return;
+  }
+  if (model_changed)
+    log::info("reload: the new model " + model_.name + " is served from " + model_.segment,
+              {{"DS4_EVENT", "reload_done"}, {"DS4_SEGMENT", model_.segment}});
+  sd_notify(0, "READY=1");
 }
 
 nlohmann::json Supervisor::status_json() const {

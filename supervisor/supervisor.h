@@ -80,8 +80,10 @@ class Supervisor {
   /// when the file is invalid; the old config stays. A new model (model.path,
   /// or the file changed on disk) loads on a thread of its own while the old
   /// one keeps serving, and is applied once loaded (DS4_EVENT=reload_done, or
-  /// reload_failed with the old model still served); until then every
-  /// reload is refused.
+  /// reload_failed with the old model still served). A GPU weights holder
+  /// that starts or takes the new model copies the weights first, without
+  /// blocking either; the workers restart once it answers. Until a reload is
+  /// applied, every other reload is refused.
   bool reload(std::string* error = nullptr);
   /// `ds4ctl status --json`.
   nlohmann::json status_json() const;
@@ -95,10 +97,15 @@ class Supervisor {
     ManagerSettings settings;
   };
   bool apply_reload(Config next, const ConfigChanges& ch, std::optional<Loaded> loaded, std::string* error);
+  /// The end of a reload, once the holder (if any) has the weights: the workers follow.
+  void finish_reload(const Config& before, ManagerSettings settings, bool restart_all, const ConfigChanges& ch,
+                     bool model_changed);
   void start_backend();
   /// The GPU whose weights holder the config wants; none for CPU workers or host-mapped weights.
   std::optional<int> holder_device() const;
-  void start_holder();
+  /// Starts the holder the config wants, if any; with `settled`, without
+  /// blocking (it runs once the holder answers or gave up), else waiting.
+  void start_holder(std::function<void()> settled = nullptr);
   void maybe_ready();
   void shutdown(int signal);
   void wait_signals();
@@ -123,7 +130,7 @@ class Supervisor {
   bool ready_sent_ = false;
   bool stopping_ = false;
   int exit_status_ = 0;
-  bool loading_ = false;  // a reload's new model is loading on loader_
+  bool reloading_ = false;  // a reload's new model loads on loader_, or its holder copies the weights
   std::jthread loader_;   // last: joined before the rest goes (a load cannot be cut short)
 };
 

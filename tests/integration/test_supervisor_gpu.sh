@@ -7,7 +7,7 @@
 # drained and restarted one rung lower, and one rung up again once that memory
 # is back; a reload to host-mapped weights stops the holder and restarts the
 # worker reading the weights in place, and a reload back brings a holder
-# again; a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
+# again (the proxy answering all the while it starts); a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
 # (bench/cuda_holder.sh measures it).
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
@@ -155,11 +155,23 @@ grep -q 'weights: host-mapped), socket' "$SUP_DIR/sup.log" && pass "the new work
 pid=$(sup_get 'w[0]["pid"]')
 holders=$(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log")
 sed -i 's/^  weights: host-mapped$/  weights: device/' "$SUP_DIR/ds4.yaml"
+# The new holder starts (a CUDA context, the copy) while the proxy keeps
+# answering: /health is polled all through the reload.
+sup_health_poll_start "$url"
+t0=${EPOCHREALTIME/[.,]/}
 "$DS4_BIN/ds4ctl" reload >/dev/null || fail "ds4ctl reload"
 if sup_wait 60 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$pid"') and s["holder"] is not None and s["holder"]["state"] == "ready"'; then
   pass "reload back to gpu.weights device: a holder again, worker restarted"
 else
   fail "reload back to device weights not applied: $(sup_status | tr -d '\n' | cut -c1-600)"
+fi
+took=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
+sup_health_poll_stop
+ready_ms=$(grep -o 'GPU weights holder ready in [0-9]* ms' "$SUP_DIR/sup.log" | tail -1 | grep -o '[0-9]*')
+if [[ $POLLS =~ ^[0-9]+$ ]] && ((POLL_BAD == 0 && POLL_SLOWEST * 2 < ${ready_ms:-0})); then
+  pass "the proxy kept answering while the holder started: $POLLS polls, slowest ${POLL_SLOWEST} ms; holder ready in ${ready_ms} ms, reload ${took} ms"
+else
+  fail "the proxy stalled while the holder started: $(cat "$SUP_DIR/poll.out") (polls, no answer, 200, slowest ms); holder ready in ${ready_ms:-?} ms"
 fi
 (($(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log") > holders)) && pass "the new worker maps the new holder's weights" \
   || fail "the worker after the reload does not use the holder"

@@ -55,33 +55,7 @@ s1=$(sup_get 's["model"]["segment"]')
 segments+=("$s1")
 pid=$(sup_get 'w[0]["pid"]')
 
-# The poller: /health every 20 ms until $SUP_DIR/stop exists (at most 180 s);
-# prints the polls' count, how many got no answer (any status is an answer:
-# /health says 503 while the worker restarts on the new model), how many
-# answered 200, and the slowest answer in ms.
-python3 - "$url/health" "$SUP_DIR/stop" >"$SUP_DIR/poll.out" 2>&1 <<'PY' &
-import os, sys, time, urllib.request, urllib.error
-url, stop = sys.argv[1], sys.argv[2]
-n = bad = ok = 0
-slowest = 0.0
-deadline = time.monotonic() + 180
-while not os.path.exists(stop) and time.monotonic() < deadline:
-    t = time.monotonic()
-    try:
-        with urllib.request.urlopen(url, timeout=60) as r:
-            r.read()
-            ok += r.status == 200
-    except urllib.error.HTTPError as e:
-        e.read()
-    except Exception:
-        bad += 1
-    slowest = max(slowest, time.monotonic() - t)
-    n += 1
-    time.sleep(0.02)
-print(n, bad, ok, int(slowest * 1000))
-PY
-poller=$!
-sleep 0.5
+sup_health_poll_start "$url"
 write_config "$big"
 t0=${EPOCHREALTIME/[.,]/}
 kill -HUP "$SUP_PID"
@@ -89,7 +63,7 @@ kill -HUP "$SUP_PID"
 # undone when the model's reload applies the config it read).
 for _ in $(seq 100); do grep -q 'loading the new model while the old one serves' "$SUP_DIR/sup.log" && break; sleep 0.02; done
 second=$("$DS4_BIN/ds4ctl" reload 2>&1)
-if [[ $second == *"a new model is still loading; reload again once it is served"* ]]; then
+if [[ $second == *"a reload is still in progress"*"reload again once it is served"* ]]; then
   pass "a second reload during the load is refused: ${second//$'\n'/ }"
 elif grep -q 'reload: the new model reload-test is served from' "$SUP_DIR/sup.log"; then
   echo "skip - the model loaded before the second reload was sent: that check did not run"
@@ -105,19 +79,17 @@ else
   t1=${EPOCHREALTIME/[.,]/}
   fail "the new model is not served: $(sup_status | tr -d '\n' | cut -c1-300)"
 fi
-touch "$SUP_DIR/stop"
-wait "$poller"
-read -r polls bad ok slowest <"$SUP_DIR/poll.out"
+sup_health_poll_stop
 took=$(((t1 - t0) / 1000))
-if [[ $polls =~ ^[0-9]+$ ]] && ((polls > 10 && bad == 0)); then
-  pass "/health answered all through the reload: $polls polls, $ok of them 200 (503 while the worker restarted)"
+if [[ $POLLS =~ ^[0-9]+$ ]] && ((POLLS > 10 && POLL_BAD == 0)); then
+  pass "/health answered all through the reload: $POLLS polls, $POLL_OK of them 200 (503 while the worker restarted)"
 else
   fail "/health during the reload: $(cat "$SUP_DIR/poll.out")"
 fi
-if [[ $slowest =~ ^[0-9]+$ ]] && ((slowest * 2 < took)); then
-  pass "the proxy kept answering while the model loaded: slowest /health ${slowest} ms, the reload took ${took} ms"
+if [[ $POLL_SLOWEST =~ ^[0-9]+$ ]] && ((POLL_SLOWEST * 2 < took)); then
+  pass "the proxy kept answering while the model loaded: slowest /health ${POLL_SLOWEST} ms, the reload took ${took} ms"
 else
-  fail "the proxy stalled during the load: slowest /health ${slowest:-?} ms, the reload took $took ms"
+  fail "the proxy stalled during the load: slowest /health ${POLL_SLOWEST:-?} ms, the reload took $took ms"
 fi
 grep -q 'loading the new model while the old one serves' "$SUP_DIR/sup.log" && grep -q "reload: the new model reload-test is served from $s2" "$SUP_DIR/sup.log" \
   && pass "the log says what the reload did" || fail "no 'loading the new model' / 'is served from' lines in the log"

@@ -20,16 +20,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// A temporary folder with an executable `holder` script that exits with `status`.
+/// A temporary folder with an executable `holder` script that exits with
+/// `status`, or with `script` as the holder.
 struct FakeHolder {
   std::string dir;
   HolderSettings settings;
-  explicit FakeHolder(int status) {
+  explicit FakeHolder(int status, const std::string& script = "") {
     char tmpl[] = "/tmp/ds4-holder-test.XXXXXX";
     REQUIRE(mkdtemp(tmpl));
     dir = tmpl;
     settings.worker_binary = dir + "/holder";
-    std::ofstream(settings.worker_binary) << "#!/bin/sh\nexit " << status << "\n";
+    std::ofstream(settings.worker_binary) << (script.empty() ? "#!/bin/sh\nexit " + std::to_string(status) + "\n" : script);
     REQUIRE(chmod(settings.worker_binary.c_str(), 0755) == 0);
     settings.segment = "ds4-model-test";
     settings.socket = dir + "/holder.sock";
@@ -67,5 +68,107 @@ TEST_CASE("holder keeper: a holder that fails is restarted after a backoff") {
   CHECK(k.status()["state"] == "stopped");
   run_for(io, std::chrono::milliseconds(2500));
   CHECK(k.status()["restarts"].get<int>() >= 1);
+  k.stop();
+}
+
+namespace {
+
+/// A holder that answers on its --socket after `delay_s` (as the real one
+/// does once the weights are on the GPU) and then waits to be stopped.
+std::string answering_holder(double delay_s) {
+  return "#!/usr/bin/env python3\n"
+         "import os, socket, sys, time\n"
+         "time.sleep(" + std::to_string(delay_s) + ")\n"
+         "path = sys.argv[sys.argv.index('--socket') + 1]\n"
+         "if os.path.exists(path): os.unlink(path)  # left by the one before, as the real holder does\n"
+         "s = socket.socket(socket.AF_UNIX)\n"
+         "s.bind(path)\n"
+         "s.listen(8)\n"
+         "time.sleep(60)\n";
+}
+
+}  // namespace
+
+TEST_CASE("holder keeper: start_async does not block, and settles once the holder answers") {
+  FakeHolder f(0, answering_holder(0.4));
+  asio::io_context io;
+  HolderKeeper k(io, f.settings);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point settled_at, ticked_at;
+  k.start_async([&] { settled_at = std::chrono::steady_clock::now(); });
+  CHECK(k.status()["state"] == "starting");
+  // The io thread keeps running other work while the holder copies.
+  asio::steady_timer tick(io);
+  tick.expires_after(std::chrono::milliseconds(100));
+  tick.async_wait([&](boost::system::error_code) { ticked_at = std::chrono::steady_clock::now(); });
+  while (settled_at == std::chrono::steady_clock::time_point{} && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    run_for(io, std::chrono::milliseconds(20));
+  REQUIRE(settled_at != std::chrono::steady_clock::time_point{});
+  CHECK(ticked_at != std::chrono::steady_clock::time_point{});
+  CHECK(ticked_at < settled_at);
+  CHECK(settled_at - t0 >= std::chrono::milliseconds(400));
+  CHECK(k.status()["state"] == "ready");
+  k.stop();
+  CHECK(k.status()["state"] == "stopped");
+}
+
+TEST_CASE("holder keeper: start_async settles when the holder dies or never answers; stop calls it off") {
+  SUBCASE("dies") {
+    FakeHolder f(1);
+    asio::io_context io;
+    HolderKeeper k(io, f.settings);
+    bool settled = false;
+    k.start_async([&] { settled = true; });
+    run_for(io, std::chrono::milliseconds(500));
+    CHECK(settled);
+    CHECK(k.status()["last_exit"] == "exited with status 1");
+    k.stop();
+  }
+  SUBCASE("never answers: settles at ready_timeout, and the workers copy") {
+    FakeHolder f(0, answering_holder(30));
+    f.settings.ready_timeout = std::chrono::milliseconds(300);
+    asio::io_context io;
+    HolderKeeper k(io, f.settings);
+    bool settled = false;
+    k.start_async([&] { settled = true; });
+    run_for(io, std::chrono::milliseconds(150));
+    CHECK_FALSE(settled);
+    run_for(io, std::chrono::milliseconds(400));
+    CHECK(settled);
+    CHECK(k.status()["state"] == "starting");  // still watched: it may answer later
+    k.stop();
+  }
+  SUBCASE("stopped first: never settles") {
+    FakeHolder f(0, answering_holder(0.2));
+    asio::io_context io;
+    HolderKeeper k(io, f.settings);
+    bool settled = false;
+    k.start_async([&] { settled = true; });
+    k.stop();
+    run_for(io, std::chrono::milliseconds(500));
+    CHECK_FALSE(settled);
+  }
+}
+
+TEST_CASE("holder keeper: change_segment replaces the holder without blocking; the same segment settles at once") {
+  FakeHolder f(0, answering_holder(0.1));
+  asio::io_context io;
+  HolderKeeper k(io, f.settings);
+  k.start();
+  REQUIRE(k.status()["state"] == "ready");
+  const int old_pid = k.status()["pid"].get<int>();
+  bool same = false;
+  k.change_segment(f.settings.segment, [&] { same = true; });
+  run_for(io, std::chrono::milliseconds(10));
+  CHECK(same);
+  CHECK(k.status()["pid"].get<int>() == old_pid);
+  bool settled = false;
+  k.change_segment("ds4-model-other", [&] { settled = true; });
+  CHECK(k.status()["segment"] == "ds4-model-other");
+  CHECK(k.status()["state"] == "starting");
+  for (int i = 0; i < 100 && !settled; ++i) run_for(io, std::chrono::milliseconds(20));
+  CHECK(settled);
+  CHECK(k.status()["state"] == "ready");
+  CHECK(k.status()["pid"].get<int>() != old_pid);
   k.stop();
 }

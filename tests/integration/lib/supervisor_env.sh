@@ -96,6 +96,43 @@ sup_complete() {
     -d '{"model":"'"$2"'","prompt":"Once upon a time","max_tokens":8,"temperature":0}'
 }
 
+# sup_health_poll_start URL: polls URL/health every 20 ms in the background
+# until sup_health_poll_stop (at most 180 s). sup_health_poll_stop then sets
+# POLLS (how many), POLL_BAD (how many got no answer; any status is an
+# answer: /health says 503 while a worker restarts), POLL_OK (how many said
+# 200) and POLL_SLOWEST (the slowest answer, ms).
+sup_health_poll_start() {
+  rm -f "$SUP_DIR/poll.stop"
+  python3 - "$1/health" "$SUP_DIR/poll.stop" >"$SUP_DIR/poll.out" 2>&1 <<'PY' &
+import os, sys, time, urllib.request, urllib.error
+url, stop = sys.argv[1], sys.argv[2]
+n = bad = ok = 0
+slowest = 0.0
+deadline = time.monotonic() + 180
+while not os.path.exists(stop) and time.monotonic() < deadline:
+    t = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            r.read()
+            ok += r.status == 200
+    except urllib.error.HTTPError as e:
+        e.read()
+    except Exception:
+        bad += 1
+    slowest = max(slowest, time.monotonic() - t)
+    n += 1
+    time.sleep(0.02)
+print(n, bad, ok, int(slowest * 1000))
+PY
+  SUP_POLLER=$!
+  sleep 0.5
+}
+sup_health_poll_stop() {
+  touch "$SUP_DIR/poll.stop"
+  wait "$SUP_POLLER"
+  read -r POLLS POLL_BAD POLL_OK POLL_SLOWEST <"$SUP_DIR/poll.out"
+}
+
 # sup_wait SECONDS EXPR
 sup_wait() {
   local timeout=$1 expr=$2 now deadline
