@@ -12,9 +12,11 @@
 #include "shared/model_store.h"
 #include "supervisor/admin.h"
 #include "supervisor/headroom.h"
+#include "supervisor/memfd_segments.h"
 #include "supervisor/holder_keeper.h"
 #include "supervisor/paths.h"
 #include "supervisor/process_backend.h"
+#include "supervisor/segment_server.h"
 #include "supervisor/segment_sweeper.h"
 #include "supervisor/systemd_backend.h"
 #include "supervisor/worker_health.h"
@@ -58,7 +60,7 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
                                  const std::string& control) {
   ManagerSettings s;
   s.policy = PolicyConfig::from(c);
-  s.own_bytes = plan_ladder(m.segment, c.workers.ladder, c.workers.slots, c.workers.threads);
+  s.own_bytes = plan_ladder(m, c.workers.ladder, c.workers.slots, c.workers.threads);
   s.count = c.workers.count;
   s.slots = c.workers.slots;
   s.device = c.workers.device.str();
@@ -73,6 +75,12 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
   // Sample often enough to notice low headroom well within `for`.
   s.sample_every = std::clamp<Duration>(c.headroom.for_ / 4, std::chrono::milliseconds(100), std::chrono::seconds(1));
   return s;
+}
+
+// How the model is held, for status and the journal.
+std::string backing_text(const ModelInfo& m, const MemfdSegments& memfds) {
+  if (m.backing == store::Backing::shm) return "shared memory";
+  return memfds.fd_store() ? "memfd (in the supervisor, fd store)" : "memfd (in the supervisor)";
 }
 
 }  // namespace
@@ -101,12 +109,23 @@ void Supervisor::prepare() {
     throw Error(opts_.config_path + ": workers.engine: exec is not supported by this supervisor yet");
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
-  model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir);
-  log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) +
-                (model_.reused ? ", reused" : ", loaded") + ")",
-            {{"DS4_SEGMENT", model_.segment}, {"DS4_MODEL", model_.path}});
-  sweeper_ = std::make_unique<SegmentSweeper>(io_);
-  sweeper_->set_current(model_.segment);  // sweeps once run() starts
+  // Memfd segments a previous run of ours left in systemd's fd store.
+  memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_notify_available());
+  memfds_->recover();
+  model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_);
+  log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) + ", " +
+                backing_text(model_, *memfds_) + (model_.reused ? ", reused" : ", loaded") + ")",
+            {{"DS4_SEGMENT", model_.segment},
+             {"DS4_MODEL", model_.path},
+             {"DS4_BACKING", store::backing_name(model_.backing)},
+             {"DS4_REUSED", model_.reused ? "1" : "0"}});
+  // Workers and the holder get a memfd segment's descriptor here; listening
+  // before either starts, so that their first request waits in the backlog.
+  segments_ = std::make_unique<SegmentServer>(io_, runtime_dir_ + "/segments.sock", *memfds_);
+  SweeperSettings sweep;
+  sweep.memfds = memfds_.get();
+  sweeper_ = std::make_unique<SegmentSweeper>(io_, std::move(sweep));
+  sweeper_->set_current(model_.segment, model_.fd.get());  // sweeps once run() starts
   memory_ = std::make_unique<ProcMemorySource>();
   start_backend();
   start_holder();
@@ -214,6 +233,7 @@ void Supervisor::shutdown(int sig) {
     if (health_) control::Block::remove(health_->name());
     if (holder_) holder_->stop();
     if (admin_) admin_->close();
+    if (segments_) segments_->close();
     if (signals_) signals_->cancel();
     io_.stop();
   });
@@ -243,7 +263,7 @@ bool Supervisor::reload(std::string* error) {
     // The same model.path, but the file may have been replaced (a new
     // version of the model): its identity names another segment then.
     try {
-      if (store::segment_name(store::identify(model_.path)) != model_.segment) {
+      if (store::segment_name(store::identify(model_.path)) != store::handle_name(model_.segment)) {
         ch.model = true;
         ch.keys.push_back("the model file " + model_.path + " (changed on disk)");
       }
@@ -277,7 +297,7 @@ bool Supervisor::reload(std::string* error) {
     std::string failed;
     try {
       Loaded l;
-      l.model = prepare_model(next, runtime_dir_, opts_.bin_dir);
+      l.model = prepare_model(next, runtime_dir_, opts_.bin_dir, *memfds_);
       l.settings = manager_settings(next, l.model, runtime_dir_, control);
       loaded = std::move(l);
     } catch (const Error& e) {
@@ -302,7 +322,7 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
   try {
     if (loaded) {
       model_ = std::move(loaded->model);
-      sweeper_->set_current(model_.segment);
+      sweeper_->set_current(model_.segment, model_.fd.get());
     }
     ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
@@ -366,7 +386,7 @@ nlohmann::json Supervisor::status_json() const {
   out["queue"] = {{"waiting", ps.waiting}, {"in_flight", ps.in_flight}};
   out["model"] = {{"name", model_.name},     {"path", model_.path},       {"segment", model_.segment},
                   {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic},
-                  {"reused", model_.reused}};
+                  {"reused", model_.reused},  {"backing", backing_text(model_, *memfds_)}};
   out["backend"] = backend_->name();
   out["ladder"] = config_.workers.ladder;
   out["config"] = opts_.config_path;

@@ -41,6 +41,8 @@ class MemorySource;
 class UnitBackend;
 class WorkerHealth;
 class HolderKeeper;
+class MemfdSegments;
+class SegmentServer;
 class SegmentSweeper;
 class WorkerManager;
 
@@ -56,8 +58,9 @@ class Supervisor {
   ~Supervisor();
 
   /// Loads and validates the config, loads the model segment (making a
-  /// synthetic model if there is none), computes the ladder's memory plans,
-  /// picks the worker backend and opens the admin socket. Throws ds4::Error.
+  /// synthetic model if there is none; a memfd one that systemd's fd store
+  /// gave back is reused), computes the ladder's memory plans, picks the
+  /// worker backend and opens the admin and segment sockets. Throws ds4::Error.
   void prepare();
   /// Starts (or adopts) the workers, tells systemd READY=1 once one serves,
   /// and runs until SIGTERM/SIGINT (SIGHUP reloads). Returns the exit status.
@@ -112,6 +115,8 @@ class Supervisor {
   std::unique_ptr<UnitBackend> backend_;
   std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes
   std::unique_ptr<HolderKeeper> holder_;  // GPU weights holder (GPU workers only)
+  std::unique_ptr<MemfdSegments> memfds_;    // memfd segments kept (and in systemd's fd store)
+  std::unique_ptr<SegmentServer> segments_;  // hands them to workers and holders
   std::unique_ptr<SegmentSweeper> sweeper_;  // maps model_.segment, removes old ones
   std::unique_ptr<WorkerManager> manager_;
   std::unique_ptr<AdminServer> admin_;
