@@ -738,6 +738,13 @@ SweepResult remove_unused_segments(std::string_view keep, const InUseFn& in_use,
 
 // ---- attaching ----------------------------------------------------------
 
+// Whether `fd` is a memfd: its /proc link reads "/memfd:<name> ...".
+static bool is_memfd(int fd) {
+  char link[64];
+  const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link);
+  return n >= 7 && std::string_view(link, size_t(n)).starts_with("/memfd:");
+}
+
 // A read-only mapping of a whole segment, unmapped on destruction.
 struct Mapping {
   void* addr = nullptr;
@@ -895,11 +902,9 @@ Segment Segment::attach_fd(int fd, const std::string& name) {
   if (::fstat(fd, &st) != 0) throw Error(segment_label(name) + ": cannot stat: " + std::strerror(errno));
   const uint64_t size = uint64_t(st.st_size);
   const Checker c(name, size);
-  // A memfd (F_GET_SEALS answers) whose size can still change could lose
-  // pages under our mapping; a file in /dev/shm answers EINVAL.
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  const bool memfd = seals >= 0;
-  if (memfd && (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+  // A memfd whose size can still change could lose pages under our mapping.
+  const bool memfd = is_memfd(fd);
+  if (memfd && (::fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
     c.fail("is a memfd whose size is not sealed; it was not made by the ds4 loader");
   // magic and layout version come first in every layout.
   if (size < sizeof(kMagic) + sizeof(uint32_t)) {
