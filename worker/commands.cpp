@@ -32,8 +32,12 @@
 namespace ds4 {
 namespace {
 
-// Where a memfd segment ("memfd:<name>") is asked for: the supervisor's socket.
-std::string segment_socket(const Args& a) { return a.str("segment-socket", store::default_segment_socket()); }
+// Where a memfd segment ("memfd:<name>") is asked for: the supervisor's
+// socket, which it names in a worker's environment.
+std::string segment_socket(const Args& a) {
+  const char* env = std::getenv("DS4_SEGMENT_SOCKET");
+  return a.str("segment-socket", env && *env ? env : store::default_segment_socket());
+}
 
 using Clock = std::chrono::steady_clock;
 

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The memfd backing (DESIGN.md, Shared memory: Size), end to end with the
+# real model, as a user runs it: the shipped ds4-supervisor.service under a
+# real user manager (lib/systemd_env.sh), model.backing: memfd (what a model
+# larger than /dev/shm gets with auto).
+#   1. The model is served from a memfd the supervisor keeps: status and
+#      journal say so, /dev/shm has no segment of it, the worker maps the
+#      memfd read-only, a chat completion answers.
+#   2. A SIGKILLed worker is restarted and gets the memfd from the
+#      supervisor's segment socket again; requests answer.
+#   3. `systemctl --user restart ds4-supervisor`: the descriptor comes back
+#      from systemd's fd store, nothing is loaded again (journal), requests
+#      answer. Then a crash (SIGKILL): systemd restarts the supervisor, the
+#      descriptor comes back again and the running worker is adopted.
+#   4. A worker started while the supervisor is down fails at once, saying why.
+#   5. The process backend, without systemd: the same memfd, handed to child
+#      workers; a killed one is restarted and serves.
+# Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/lib/systemd_env.sh"
+. "$here/lib/supervisor_env.sh"
+
+model=${DS4_MODELS:-${DS4_SRC:-}/../shared/models}/stories260K.gguf
+[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
+command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
+ds4_systemd_start || exit $?
+SUP_PRIVATE_RUNTIME=0 sup_init || { ds4_systemd_stop; exit 77; }
+cleanup() {
+  timeout 30 systemctl --user stop ds4-supervisor.service >/dev/null 2>&1
+  sup_cleanup
+  ds4_systemd_stop
+}
+trap cleanup EXIT
+cursor=$(journalctl --show-cursor -n 0 -q 2>/dev/null | sed -n 's/^-- cursor: //p')
+# journal_since CURSOR FIELD=VALUE...: the supervisor's entries since CURSOR.
+journal_since() {
+  local c=$1; shift
+  journalctl --cursor "$c" --no-pager -q -o cat SYSLOG_IDENTIFIER=ds4-supervisor "$@" 2>/dev/null
+}
+new_cursor() { journalctl --show-cursor -n 0 -q 2>/dev/null | sed -n 's/^-- cursor: //p'; }
+# Entries reach the journal asynchronously: wait until one matches.
+journal_wait() {  # SECONDS CURSOR FIELD=VALUE...
+  local t=$1 c=$2; shift 2
+  ds4_wait_until "$t" eval '[[ -n $(journal_since "$c" '"$*"') ]]'
+}
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+url=http://127.0.0.1:$port
+write_config() {  # BACKEND
+  cat >"$1" <<YAML
+model:
+  path: $model
+  backing: memfd
+proxy:
+  listen: 127.0.0.1:$port
+workers:
+  backend: $2
+  device: cpu
+  slots: 2
+  threads: 1
+  context:
+    ladder: [512]
+  reserve: 16MiB
+headroom:
+  min_available: 16MiB
+  step_up_after: 0
+restart:
+  backoff_initial: 200ms
+  backoff_max: 800ms
+YAML
+}
+
+# chat_ok: a chat completion answers with text.
+chat_ok() {
+  local body
+  body=$(curl -s --max-time 30 "$url/v1/chat/completions" -H 'content-type: application/json' \
+    -d '{"messages":[{"role":"user","content":"Once upon a time"}],"max_tokens":12,"temperature":0}')
+  python3 -c 'import json,sys; c=json.loads(sys.argv[1])["choices"][0]["message"]["content"]; sys.exit(0 if c.strip() else 1)' "$body" 2>/dev/null \
+    && { chat_text=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["choices"][0]["message"]["content"][:60])' "$body"); return 0; }
+  chat_text=$body
+  return 1
+}
+
+# --- install: the shipped unit, binaries linked into ~/.local/bin ---
+mkdir -p "$HOME/.local/bin" "$HOME/.local/share/systemd/user" "$HOME/.config/ds4"
+for b in ds4-supervisor ds4-worker ds4ctl ds4-mkmodel; do ln -sf "$DS4_BIN/$b" "$HOME/.local/bin/$b"; done
+cp "$DS4_SRC/systemd/ds4-supervisor.service" "$HOME/.local/share/systemd/user/"
+write_config "$HOME/.config/ds4/ds4.yaml" systemd
+systemctl --user daemon-reload
+max=$(systemctl --user show -P FileDescriptorStoreMax ds4-supervisor.service)
+((max > 0)) && pass "the shipped unit keeps descriptors (FileDescriptorStoreMax=$max)" || fail "FileDescriptorStoreMax=$max"
+
+# --- 1. served from a memfd ---
+if timeout 60 systemctl --user start ds4-supervisor.service; then
+  pass "ds4-supervisor.service started"
+else
+  fail "ds4-supervisor.service did not start"
+  journalctl --no-pager -q -n 30 --user-unit ds4-supervisor.service
+  sup_finish
+fi
+sup_wait 30 'w[0]["state"] == "ready"' && pass "worker ready" || fail "worker not ready: $(sup_status | tr -d '\n' | cut -c1-400)"
+segment=$(sup_get 's["model"]["segment"]')
+backing=$(sup_get 's["model"]["backing"]')
+[[ $segment == memfd:ds4-model-* ]] && pass "status: segment $segment" || fail "status: segment '$segment'"
+[[ $backing == "memfd (in the supervisor, fd store)" ]] && pass "status: backing '$backing'" || fail "status: backing '$backing'"
+"$DS4_BIN/ds4ctl" status | grep -q "in memfd (in the supervisor, fd store)" && pass "ds4ctl status says where the model is" \
+  || fail "ds4ctl status: $("$DS4_BIN/ds4ctl" status | head -1)"
+name=${segment#memfd:}
+[[ ! -e /dev/shm/$name ]] && pass "no /dev/shm/$name: nothing named was made" || fail "/dev/shm/$name exists"
+journal_wait 10 "$cursor" DS4_EVENT=segment_memfd && pass "journal: $(journal_since "$cursor" DS4_EVENT=segment_memfd | head -1 | cut -c1-140)..." \
+  || fail "no DS4_EVENT=segment_memfd entry"
+journal_wait 10 "$cursor" DS4_EVENT=fdstore_stored && pass "journal: $(journal_since "$cursor" DS4_EVENT=fdstore_stored | head -1)" \
+  || fail "no DS4_EVENT=fdstore_stored entry"
+wpid=$(sup_get 'w[0]["pid"]')
+maps=$(grep "/memfd:$name " "/proc/$wpid/maps" 2>/dev/null | head -1)
+[[ $maps == *" r--s "* ]] && pass "worker $wpid maps the memfd read-only: ${maps:0:100}" || fail "worker maps: '$maps'"
+chat_ok && pass "chat completion: '$chat_text'" || fail "chat completion: $chat_text"
+
+# --- 2. a killed worker comes back on the same memfd ---
+kill -KILL "$wpid"
+if sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$wpid"')'; then
+  wpid=$(sup_get 'w[0]["pid"]')
+  pass "SIGKILLed worker restarted (pid $wpid)"
+else
+  fail "worker not back after SIGKILL: $(sup_status | tr -d '\n' | cut -c1-400)"
+fi
+grep -q "/memfd:$name " "/proc/$wpid/maps" 2>/dev/null && pass "the restarted worker maps the same memfd" || fail "restarted worker does not map /memfd:$name"
+chat_ok && pass "chat completion after the restart: '$chat_text'" || fail "chat completion after the restart: $chat_text"
+
+# --- 3. the supervisor restarts: the weights come back from the fd store ---
+c3=$(new_cursor)
+sup_pid=$(systemctl --user show -P MainPID ds4-supervisor.service)
+if timeout 60 systemctl --user restart ds4-supervisor.service; then
+  pass "systemctl --user restart ds4-supervisor"
+else
+  fail "restart failed"
+fi
+new_pid=$(systemctl --user show -P MainPID ds4-supervisor.service)
+[[ $new_pid != "$sup_pid" && $new_pid != 0 ]] && pass "a new supervisor process ($sup_pid -> $new_pid)" || fail "MainPID $sup_pid -> $new_pid"
+sup_wait 30 'w[0]["state"] == "ready"' || fail "not ready after the restart"
+journal_wait 10 "$c3" DS4_EVENT=fdstore_recovered && pass "journal: $(journal_since "$c3" DS4_EVENT=fdstore_recovered | head -1)" \
+  || fail "no DS4_EVENT=fdstore_recovered entry after the restart"
+journal_wait 10 "$c3" DS4_EVENT=segment_reused && pass "journal: $(journal_since "$c3" DS4_EVENT=segment_reused | head -1)" \
+  || fail "no DS4_EVENT=segment_reused entry after the restart"
+[[ -z $(journal_since "$c3" DS4_EVENT=segment_memfd) ]] && pass "nothing was loaded again (no segment_memfd entry)" \
+  || fail "the model was loaded again: $(journal_since "$c3" DS4_EVENT=segment_memfd | head -1)"
+[[ $(sup_get 's["model"]["segment"]') == "$segment" && $(sup_get 's["model"]["reused"]') == True ]] \
+  && pass "status: the same segment, reused" || fail "status: segment $(sup_get 's["model"]["segment"]') reused $(sup_get 's["model"]["reused"]')"
+chat_ok && pass "chat completion after the supervisor restart: '$chat_text'" || fail "chat completion after the supervisor restart: $chat_text"
+
+# A crash (SIGKILL): systemd restarts it (Restart=on-failure), the weights
+# come back from the fd store again, and the running worker is adopted.
+c3=$(new_cursor)
+sup_pid=$(systemctl --user show -P MainPID ds4-supervisor.service)
+wpid=$(sup_get 'w[0]["pid"]')
+kill -KILL "$sup_pid"
+back() { local p; p=$(systemctl --user show -P MainPID ds4-supervisor.service); [[ $p != 0 && $p != "$sup_pid" ]] && [[ $(systemctl --user is-active ds4-supervisor.service) == active ]]; }
+ds4_wait_until 30 back && pass "systemd restarted the killed supervisor" || fail "supervisor not restarted after SIGKILL"
+sup_wait 30 'w[0]["state"] == "ready"' || fail "not ready after the crash"
+journal_wait 10 "$c3" DS4_EVENT=segment_reused && pass "after the crash: the memfd reused from the fd store" || fail "no segment_reused entry after the crash"
+[[ -z $(journal_since "$c3" DS4_EVENT=segment_memfd) ]] && pass "after the crash: nothing loaded again" || fail "loaded again after the crash"
+[[ $(sup_get 'w[0]["pid"]') == "$wpid" ]] && pass "the running worker was adopted (pid $wpid)" || fail "worker pid $(sup_get 'w[0]["pid"]'), was $wpid"
+chat_ok && pass "chat completion after the crash: '$chat_text'" || fail "chat completion after the crash: $chat_text"
+# A killed worker gets the descriptor from the new supervisor too.
+kill -KILL "$wpid"
+sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$wpid"')' && chat_ok \
+  && pass "a worker started by the new supervisor serves: '$chat_text'" || fail "worker after the supervisor restart: $chat_text"
+
+# --- 4. no supervisor: a worker fails at once, saying why ---
+timeout 60 systemctl --user stop ds4-supervisor.service
+t0=${EPOCHREALTIME/[.,]/}
+out=$(timeout 30 "$DS4_BIN/ds4-worker" serve --segment "$segment" --socket "$SUP_DIR/w.sock" --threads 1 2>&1)
+rc=$?
+ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
+[[ $rc != 0 && $rc != 124 && $out == *"is ds4-supervisor running?"* ]] \
+  && pass "worker without a supervisor: exit $rc in $ms ms: ${out:0:160}..." || fail "worker without a supervisor: rc $rc: $out"
+
+# --- 5. the process backend, without systemd ---
+write_config "$SUP_DIR/process.yaml" process
+# (systemd_env.sh left no NOTIFY_SOCKET here: no fd store for this one.)
+sup_start "$SUP_DIR/process.yaml" || fail "the supervisor (process backend) did not start"
+if sup_wait 30 'w[0]["state"] == "ready"'; then
+  [[ $(sup_get 's["model"]["backing"]') == "memfd (in the supervisor)" ]] && pass "process backend: backing '$(sup_get 's["model"]["backing"]')'" \
+    || fail "process backend: backing '$(sup_get 's["model"]["backing"]')'"
+  chat_ok && pass "process backend: chat completion '$chat_text'" || fail "process backend: chat completion: $chat_text"
+  wpid=$(sup_get 'w[0]["pid"]')
+  kill -KILL "$wpid"
+  sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$wpid"')' && chat_ok \
+    && pass "process backend: a killed worker comes back and serves" || fail "process backend: worker after SIGKILL: $chat_text"
+else
+  fail "process backend: worker not ready: $(sup_status | tr -d '\n' | cut -c1-400)"
+fi
+sup_stop
+[[ ${SUP_RC:-1} == 0 ]] && pass "process backend: clean exit" || fail "process backend: exit status ${SUP_RC:-?}"
+sup_finish
