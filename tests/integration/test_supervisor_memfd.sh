@@ -12,6 +12,8 @@
 #      from systemd's fd store, nothing is loaded again (journal), requests
 #      answer. Then a crash (SIGKILL): systemd restarts the supervisor, the
 #      descriptor comes back again and the running worker is adopted.
+#      A reload to another model: a new memfd; the old one is released
+#      (journal) and leaves the fd store.
 #   4. A worker started while the supervisor is down fails at once, saying why.
 #   5. The process backend, without systemd: the same memfd, handed to child
 #      workers; a killed one is restarted and serves.
@@ -166,6 +168,31 @@ chat_ok && pass "chat completion after the crash: '$chat_text'" || fail "chat co
 kill -KILL "$wpid"
 sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$wpid"')' && chat_ok \
   && pass "a worker started by the new supervisor serves: '$chat_text'" || fail "worker after the supervisor restart: $chat_text"
+
+# Another model (a copy of the file: another identity): loaded into a new
+# memfd while the old one serves; the old one is let go (and removed from the
+# fd store) once no worker maps it, so a restart gets only the new one back.
+cp "$model" "$SUP_DIR/copy.gguf"
+sed -i "s|^  path: .*|  path: $SUP_DIR/copy.gguf|" "$HOME/.config/ds4/ds4.yaml"
+c4=$(new_cursor)
+"$DS4_BIN/ds4ctl" reload >/dev/null || fail "ds4ctl reload"
+sup_wait 30 's["model"]["segment"] != "'"$segment"'" and w[0]["state"] == "ready"' || fail "the new model is not served"
+segment2=$(sup_get 's["model"]["segment"]')
+[[ $segment2 == memfd:ds4-model-* ]] && pass "reload: the new model is served from $segment2" || fail "reload: segment $segment2"
+if journal_wait 20 "$c4" DS4_EVENT=segment_removed DS4_SEGMENT="$segment"; then
+  pass "journal: $(journal_since "$c4" DS4_EVENT=segment_removed DS4_SEGMENT="$segment" | head -1)"
+else
+  fail "the old memfd segment $segment was not released"
+fi
+chat_ok && pass "chat completion on the new model: '$chat_text'" || fail "chat completion on the new model: $chat_text"
+c5=$(new_cursor)
+timeout 60 systemctl --user restart ds4-supervisor.service || fail "restart after the reload"
+sup_wait 30 'w[0]["state"] == "ready"' || fail "not ready after the restart"
+journal_wait 10 "$c5" DS4_EVENT=segment_reused || fail "no segment_reused after the reload's restart"
+recovered=$(journal_since "$c5" DS4_EVENT=fdstore_recovered | wc -l)
+[[ $recovered == 1 && -n $(journal_since "$c5" DS4_EVENT=fdstore_recovered DS4_SEGMENT="$segment2") ]] \
+  && pass "the fd store gave back only the new segment" || fail "fd store gave back $recovered: $(journal_since "$c5" DS4_EVENT=fdstore_recovered | tr '\n' ' ')"
+segment=$segment2
 
 # --- 4. no supervisor: a worker fails at once, saying why ---
 timeout 60 systemctl --user stop ds4-supervisor.service
