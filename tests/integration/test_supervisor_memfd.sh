@@ -15,8 +15,9 @@
 #      A reload to another model: a new memfd; the old one is released
 #      (journal) and leaves the fd store.
 #   4. A worker started while the supervisor is down fails at once, saying why.
-#   5. The process backend, without systemd: the same memfd, handed to child
-#      workers; a killed one is restarted and serves.
+#   5. The process backend, without systemd, with a 1 MiB /dev/shm (a private
+#      mount namespace) and model.backing: auto: the supervisor takes a memfd
+#      itself and says why; child workers get it; a killed one comes back.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,11 +50,11 @@ journal_wait() {  # SECONDS CURSOR FIELD=VALUE...
 
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url=http://127.0.0.1:$port
-write_config() {  # BACKEND
+write_config() {  # FILE BACKEND [BACKING]
   cat >"$1" <<YAML
 model:
   path: $model
-  backing: memfd
+  backing: ${3:-memfd}
 proxy:
   listen: 127.0.0.1:$port
 workers:
@@ -203,21 +204,33 @@ ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 [[ $rc != 0 && $rc != 124 && $out == *"is ds4-supervisor running?"* ]] \
   && pass "worker without a supervisor: exit $rc in $ms ms: ${out:0:160}..." || fail "worker without a supervisor: rc $rc: $out"
 
-# --- 5. the process backend, without systemd ---
-write_config "$SUP_DIR/process.yaml" process
-# (systemd_env.sh left no NOTIFY_SOCKET here: no fd store for this one.)
-sup_start "$SUP_DIR/process.yaml" || fail "the supervisor (process backend) did not start"
-if sup_wait 30 'w[0]["state"] == "ready"'; then
-  [[ $(sup_get 's["model"]["backing"]') == "memfd (in the supervisor)" ]] && pass "process backend: backing '$(sup_get 's["model"]["backing"]')'" \
-    || fail "process backend: backing '$(sup_get 's["model"]["backing"]')'"
-  chat_ok && pass "process backend: chat completion '$chat_text'" || fail "process backend: chat completion: $chat_text"
-  wpid=$(sup_get 'w[0]["pid"]')
-  kill -KILL "$wpid"
-  sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$wpid"')' && chat_ok \
-    && pass "process backend: a killed worker comes back and serves" || fail "process backend: worker after SIGKILL: $chat_text"
+# --- 5. the process backend, without systemd, in a container-like /dev/shm ---
+# A private mount namespace whose /dev/shm (1 MiB) cannot hold the model
+# (1.2 MiB): with model.backing: auto the supervisor takes a memfd itself.
+write_config "$SUP_DIR/process.yaml" process auto
+if unshare -m --propagation private true 2>/dev/null; then
+  unshare -m --propagation private sh -c \
+    'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" --config "$1"' \
+    "$DS4_BIN/ds4-supervisor" "$SUP_DIR/process.yaml" >>"$SUP_DIR/sup.log" 2>&1 &
+  SUP_PID=$!
+  if sup_wait 30 'w[0]["state"] == "ready"'; then
+    [[ $(sup_get 's["model"]["backing"]') == "memfd (in the supervisor)" ]] \
+      && pass "a 1 MiB /dev/shm, model.backing auto: backing '$(sup_get 's["model"]["backing"]')'" \
+      || fail "process backend: backing '$(sup_get 's["model"]["backing"]')'"
+    grep -q "loaded into memfd segment .*: /dev/shm cannot hold it" "$SUP_DIR/sup.log" \
+      && pass "the log says why: $(grep -o '/dev/shm cannot hold it.*has [^;]*' "$SUP_DIR/sup.log" | head -1)" \
+      || fail "no reason for the memfd in the log"
+    chat_ok && pass "process backend: chat completion '$chat_text'" || fail "process backend: chat completion: $chat_text"
+    wpid=$(sup_get 'w[0]["pid"]')
+    kill -KILL "$wpid"
+    sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$wpid"')' && chat_ok \
+      && pass "process backend: a killed worker comes back and serves" || fail "process backend: worker after SIGKILL: $chat_text"
+  else
+    fail "process backend: worker not ready: $(sup_status | tr -d '\n' | cut -c1-400)"
+  fi
+  sup_stop
+  [[ ${SUP_RC:-1} == 0 ]] && pass "process backend: clean exit" || fail "process backend: exit status ${SUP_RC:-?}"
 else
-  fail "process backend: worker not ready: $(sup_status | tr -d '\n' | cut -c1-400)"
+  echo "note - no private mount namespace here (unshare -m): the container-like /dev/shm case is not run"
 fi
-sup_stop
-[[ ${SUP_RC:-1} == 0 ]] && pass "process backend: clean exit" || fail "process backend: exit status ${SUP_RC:-?}"
 sup_finish
