@@ -360,8 +360,18 @@ uint64_t available_memory(const LoadOptions& opts) {
       const std::optional<std::string> max = read_whole_file(dir + "/memory.max");
       const std::optional<std::string> cur = read_whole_file(dir + "/memory.current");
       unsigned long long m = 0, c = 0;
-      if (max && cur && std::sscanf(max->c_str(), "%llu", &m) == 1 && std::sscanf(cur->c_str(), "%llu", &c) == 1)
-        avail = std::min<uint64_t>(avail, m > c ? m - c : 0);
+      if (max && cur && std::sscanf(max->c_str(), "%llu", &m) == 1 && std::sscanf(cur->c_str(), "%llu", &c) == 1) {
+        // Page cache (the GGUF file's own pages, read just now) is reclaimed
+        // when the cgroup needs room: it does not count as used.
+        unsigned long long file = 0;
+        if (const std::optional<std::string> stat = read_whole_file(dir + "/memory.stat")) {
+          const size_t f = stat->find("\nfile ");
+          if (stat->starts_with("file ")) std::sscanf(stat->c_str(), "file %llu", &file);
+          else if (f != std::string::npos) std::sscanf(stat->c_str() + f + 1, "file %llu", &file);
+        }
+        const uint64_t used = c > file ? c - file : 0;
+        avail = std::min<uint64_t>(avail, m > used ? m - used : 0);
+      }
     }
   }
   return avail;
