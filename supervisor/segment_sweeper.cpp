@@ -11,6 +11,15 @@ SegmentSweeper::SegmentSweeper(asio::io_context& io, SweeperSettings settings)
     : io_(io), s_(std::move(settings)), timer_(io) {}
 
 void SegmentSweeper::set_current(const std::string& segment, const store::UniqueFd* fd) {
+  if (s_.memfds) {
+    if (current_.empty()) {
+      // The first one served: what systemd gave back besides it is left over.
+      for (const std::string& handle : s_.memfds->handles()) retired_memfds_.insert(handle);
+    } else if (segment != current_ && store::is_memfd_handle(current_)) {
+      retired_memfds_.insert(current_);
+    }
+    retired_memfds_.erase(segment);
+  }
   if (segment != current_ || !held_) {
     held_.reset();
     current_ = segment;
@@ -79,7 +88,7 @@ void SegmentSweeper::sweep() {
   std::vector<std::pair<std::string, std::shared_ptr<store::UniqueFd>>> memfds;
   if (s_.memfds) {
     for (const std::string& handle : s_.memfds->handles())
-      if (handle != current_)
+      if (handle != current_ && retired_memfds_.count(handle))
         if (auto fd = s_.memfds->fd(handle)) memfds.emplace_back(handle, std::move(fd));
   }
   if (candidates.empty() && memfds.empty()) return;
@@ -117,7 +126,9 @@ void SegmentSweeper::sweep() {
 void SegmentSweeper::finish(const std::vector<std::string>& candidates, const std::set<std::string>& used,
                             const std::vector<std::string>& unused_memfds) {
   for (const std::string& handle : unused_memfds) {
-    if (handle == current_ || !s_.memfds) continue;  // served again since it was asked about
+    // Served again since it was asked about: kept.
+    if (handle == current_ || !s_.memfds || !retired_memfds_.count(handle)) continue;
+    retired_memfds_.erase(handle);
     const uint64_t bytes = s_.memfds->release(handle);
     if (bytes == 0) continue;
     log::info("released old memfd segment " + handle + " (" + human_size(bytes) + " freed): no process maps it",

@@ -16,8 +16,10 @@
 /// (and removed) back on the io thread, against the segment served then.
 ///
 /// Memfd segments the supervisor keeps (MemfdSegments) are swept the same
-/// way: one that is not served and that no process maps is let go (closed,
-/// and removed from systemd's fd store).
+/// way: one that was served before (or that systemd gave back and the first
+/// served one is not) and that no process maps is let go (closed, and removed
+/// from systemd's fd store). One that was never served is a reload's new
+/// model still on its way to being served, and is left alone.
 
 #include <chrono>
 #include <functional>
@@ -80,6 +82,7 @@ class SegmentSweeper {
   SweeperSettings s_;
   std::string current_;
   std::optional<store::Segment> held_;
+  std::set<std::string> retired_memfds_;  // memfd handles that may be let go once unmapped
   std::set<int> pids_;  // worker processes seen at the last registry change
   asio::steady_timer timer_;
   std::optional<TimePoint> due_;  // when the timer fires; none when it is idle

@@ -295,13 +295,15 @@ bool Supervisor::reload(std::string* error) {
   loader_ = std::jthread([this, next = std::move(next), ch, control = health_->name()]() mutable {
     std::optional<Loaded> loaded;
     std::string failed;
+    Loaded l;
     try {
-      Loaded l;
       l.model = prepare_model(next, runtime_dir_, opts_.bin_dir, *memfds_);
       l.settings = manager_settings(next, l.model, runtime_dir_, control);
       loaded = std::move(l);
     } catch (const Error& e) {
       failed = e.what();
+      // A memfd made by this load would never be served (nor swept): let it go.
+      if (l.model.fd && !l.model.reused) memfds_->release(l.model.segment);
     }
     asio::post(io_, [this, next = std::move(next), ch, loaded = std::move(loaded), failed]() mutable {
       loading_ = false;

@@ -174,4 +174,15 @@ TEST_CASE("sweeper: an old memfd segment is let go once no process maps it; the 
   CHECK(memfds.fd(second.name) != nullptr);  // served, and mapped by the sweeper itself
   CHECK(store::fd_mapped_by_some_process()(second.fd->get()));
   CHECK(memfds.handles() == std::vector<std::string>{second.name});
+
+  // A reload's new model, loaded but not served yet: nobody maps it, and it
+  // must stay (workers are about to ask for it).
+  const store::LoadResult third = load_memfd("memfd-third");
+  sweeper.request();
+  run(500ms);
+  CHECK(memfds.fd(third.name) != nullptr);
+  // Served now: the one before goes.
+  sweeper.set_current(third.name, third.fd.get());
+  run(500ms);
+  CHECK(memfds.handles() == std::vector<std::string>{third.name});
 }
