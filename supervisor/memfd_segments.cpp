@@ -1,6 +1,7 @@
 #include "supervisor/memfd_segments.h"
 
 #include <sys/stat.h>
+#include <systemd/sd-bus.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
@@ -14,9 +15,49 @@ namespace ds4::sup {
 
 MemfdSegments::MemfdSegments(bool fd_store) : fd_store_(fd_store) {}
 
-bool MemfdSegments::systemd_notify_available() {
+namespace {
+
+// Our unit's FileDescriptorStoreMax=, from the manager that runs us; nullopt
+// when it cannot be asked.
+std::optional<uint32_t> fd_store_max() {
+  sd_bus* bus = nullptr;
+  if (sd_bus_open_user(&bus) < 0) return std::nullopt;
+  std::optional<uint32_t> max;
+  sd_bus_error err = SD_BUS_ERROR_NULL;
+  sd_bus_message* reply = nullptr;
+  const char* path = nullptr;
+  if (sd_bus_call_method(bus, "org.freedesktop.systemd1", "/org/freedesktop/systemd1",
+                         "org.freedesktop.systemd1.Manager", "GetUnitByPID", &err, &reply, "u",
+                         uint32_t(::getpid())) >= 0 &&
+      sd_bus_message_read(reply, "o", &path) >= 0) {
+    uint32_t v = 0;
+    sd_bus_error e2 = SD_BUS_ERROR_NULL;
+    sd_bus_message* prop = nullptr;
+    if (sd_bus_get_property(bus, "org.freedesktop.systemd1", path, "org.freedesktop.systemd1.Service",
+                            "FileDescriptorStoreMax", &e2, &prop, "u") >= 0 &&
+        sd_bus_message_read(prop, "u", &v) >= 0) {
+      max = v;
+    }
+    sd_bus_message_unref(prop);
+    sd_bus_error_free(&e2);
+  }
+  sd_bus_message_unref(reply);
+  sd_bus_error_free(&err);
+  sd_bus_flush_close_unref(bus);
+  return max;
+}
+
+}  // namespace
+
+bool MemfdSegments::systemd_fd_store_available() {
   const char* s = std::getenv("NOTIFY_SOCKET");
-  return s && *s;
+  if (!s || !*s) return false;
+  if (fd_store_max() == uint32_t(0)) {
+    log::warn("this unit has FileDescriptorStoreMax=0: a model kept in a memfd is loaded again at every restart "
+              "of the supervisor (the shipped ds4-supervisor.service sets it; reinstall it), ignoring");
+    return false;
+  }
+  return true;
 }
 
 void MemfdSegments::recover() {

@@ -30,8 +30,10 @@ class MemfdSegments {
  public:
   /// With `fd_store`, each segment added is also stored in systemd's fd store.
   explicit MemfdSegments(bool fd_store);
-  /// Whether a service manager could keep descriptors for us: $NOTIFY_SOCKET is set.
-  static bool systemd_notify_available();
+  /// Whether a service manager keeps descriptors for us: $NOTIFY_SOCKET is
+  /// set, and our unit's FileDescriptorStoreMax= is not 0 (asked over the
+  /// user bus; when the bus cannot say, assumed). Logs why not when it is 0.
+  static bool systemd_fd_store_available();
 
   /// Takes the descriptors the service manager passed back at this start
   /// (sd_listen_fds_with_names; named by FDNAME): each one that holds a ready

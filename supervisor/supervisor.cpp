@@ -110,7 +110,7 @@ void Supervisor::prepare() {
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
   // Memfd segments a previous run of ours left in systemd's fd store.
-  memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_notify_available());
+  memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
   memfds_->recover();
   model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_);
   log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) + ", " +

@@ -195,6 +195,23 @@ recovered=$(journal_since "$c5" DS4_EVENT=fdstore_recovered | wc -l)
   && pass "the fd store gave back only the new segment" || fail "fd store gave back $recovered: $(journal_since "$c5" DS4_EVENT=fdstore_recovered | tr '\n' ' ')"
 segment=$segment2
 
+# An installed unit without FileDescriptorStoreMax= (an older one): status
+# does not claim the fd store, and the journal says what to do.
+mkdir -p "$HOME/.config/systemd/user/ds4-supervisor.service.d"
+printf '[Service]\nFileDescriptorStoreMax=0\n' >"$HOME/.config/systemd/user/ds4-supervisor.service.d/50-nostore.conf"
+systemctl --user daemon-reload
+c6=$(new_cursor)
+timeout 60 systemctl --user restart ds4-supervisor.service || fail "restart without an fd store"
+sup_wait 30 'w[0]["state"] == "ready"' || fail "not ready without an fd store"
+[[ $(sup_get 's["model"]["backing"]') == "memfd (in the supervisor)" ]] && pass "FileDescriptorStoreMax=0: backing '$(sup_get 's["model"]["backing"]')'" \
+  || fail "FileDescriptorStoreMax=0: backing '$(sup_get 's["model"]["backing"]')'"
+journal_wait 10 "$c6" PRIORITY=4 && journal_since "$c6" PRIORITY=4 | grep -q "FileDescriptorStoreMax=0" \
+  && pass "journal: $(journal_since "$c6" PRIORITY=4 | grep -m1 FileDescriptorStoreMax=0 | cut -c1-120)..." || fail "no warning about FileDescriptorStoreMax=0"
+chat_ok && pass "chat completion without an fd store: '$chat_text'" || fail "chat completion without an fd store: $chat_text"
+rm -r "$HOME/.config/systemd/user/ds4-supervisor.service.d"
+systemctl --user daemon-reload
+segment=$(sup_get 's["model"]["segment"]')
+
 # --- 4. no supervisor: a worker fails at once, saying why ---
 timeout 60 systemctl --user stop ds4-supervisor.service
 t0=${EPOCHREALTIME/[.,]/}
