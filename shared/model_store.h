@@ -39,6 +39,7 @@ enum class SegmentState : uint32_t { loading = 0, ready = 1 };
 
 /// Where named segments live (shm_open's filesystem); its free space is checked before loading.
 inline constexpr char kShmDir[] = "/dev/shm";
+inline constexpr size_t kMaxPath = 4096;
 /// A memfd segment's handle is this prefix and its name: "memfd:ds4-model-<16 hex>".
 inline constexpr std::string_view kMemfdPrefix = "memfd:";
 
@@ -76,7 +77,6 @@ class UniqueFd {
 /// The seals every loaded memfd segment carries: its size cannot change (no
 /// reader can lose pages under a mapping: no SIGBUS) and nobody can write it.
 inline constexpr int kMemfdSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
-inline constexpr size_t kMaxPath = 4096;
 
 /// The segment's first bytes. `magic` and `layout_version` keep these offsets in
 /// every layout, so a reader tells another layout apart before trusting the rest.
@@ -173,9 +173,9 @@ class Segment {
   static Segment attach(const std::string& name);
   /// Attaches the segment behind `fd` (not taken: the caller closes it; the
   /// mapping stays valid after that), named `handle` in messages and name().
-  /// The same checks as attach(); a memfd must also carry the seals against
-  /// shrinking and growing (kMemfdSeals), else its pages could vanish under
-  /// the mapping.
+  /// The same checks as attach(); a memfd must also be sealed against
+  /// shrinking and growing (F_SEAL_SHRINK, F_SEAL_GROW: the loader adds every
+  /// one of kMemfdSeals), else its pages could vanish under the mapping.
   static Segment attach_fd(int fd, const std::string& handle);
 
   Segment(Segment&&) noexcept;
