@@ -384,9 +384,15 @@ uint64_t available_memory(const LoadOptions& opts) {
 
 // Creates, fills and seals a memfd segment. Its pages are reserved (and
 // charged to our cgroup) before anything is written.
-LoadResult create_memfd_segment(const std::string& name, const gguf::File& f, const Identity& id,
+LoadResult create_memfd_segment(const std::string& base_name, const gguf::File& f, const Identity& id,
                                 const LoadOptions& opts) {
   const Plan p = plan_layout(f);
+  // Each memfd is another copy of the weights: its name tells it apart from
+  // an earlier one of the same file, so that no worker still mapping that
+  // one is taken for a worker of this one.
+  char tag[24];
+  std::snprintf(tag, sizeof tag, ".%016llx", static_cast<unsigned long long>(realtime_ns()));
+  const std::string name = base_name + tag;
   const std::string handle = memfd_handle(name);
   const uint64_t avail = available_memory(opts);
   if (p.total > avail) throw_no_memory(f.source(), p.total, "only " + format_bytes(avail) + " is available");
@@ -507,6 +513,10 @@ bool is_memfd_handle(std::string_view handle) { return handle.starts_with(kMemfd
 std::string memfd_handle(std::string_view name) { return std::string(kMemfdPrefix) + std::string(name); }
 std::string_view handle_name(std::string_view handle) {
   return is_memfd_handle(handle) ? handle.substr(kMemfdPrefix.size()) : handle;
+}
+std::string_view base_name(std::string_view handle) {
+  const std::string_view name = handle_name(handle);
+  return is_memfd_handle(handle) ? name.substr(0, name.rfind('.')) : name;
 }
 
 Identity identify(const std::string& path) {

@@ -40,7 +40,10 @@ enum class SegmentState : uint32_t { loading = 0, ready = 1 };
 /// Where named segments live (shm_open's filesystem); its free space is checked before loading.
 inline constexpr char kShmDir[] = "/dev/shm";
 inline constexpr size_t kMaxPath = 4096;
-/// A memfd segment's handle is this prefix and its name: "memfd:ds4-model-<16 hex>".
+/// A memfd segment's handle is this prefix and its name, which is the name a
+/// named segment of the same file would have and a tag of its own load:
+/// "memfd:ds4-model-<16 hex>.<16 hex>". Two loads of one file are two
+/// memfds, and two handles.
 inline constexpr std::string_view kMemfdPrefix = "memfd:";
 
 /// How a segment is backed.
@@ -55,6 +58,9 @@ std::string_view backing_name(Backing b);
 bool is_memfd_handle(std::string_view handle);
 std::string memfd_handle(std::string_view name);
 std::string_view handle_name(std::string_view handle);
+/// The name without the prefix and a memfd's load tag: segment_name() of the
+/// identity it was loaded from (or the name a test gave).
+std::string_view base_name(std::string_view handle);
 
 /// An owned file descriptor, closed on destruction. Movable.
 class UniqueFd {

@@ -263,7 +263,7 @@ bool Supervisor::reload(std::string* error) {
     // The same model.path, but the file may have been replaced (a new
     // version of the model): its identity names another segment then.
     try {
-      if (store::segment_name(store::identify(model_.path)) != store::handle_name(model_.segment)) {
+      if (store::segment_name(store::identify(model_.path)) != store::base_name(model_.segment)) {
         ch.model = true;
         ch.keys.push_back("the model file " + model_.path + " (changed on disk)");
       }

@@ -15,7 +15,10 @@
 #      A reload to another model: a new memfd; the old one is released
 #      (journal) and leaves the fd store.
 #   4. A worker started while the supervisor is down fails at once, saying why.
-#   5. The process backend, without systemd, with a 1 MiB /dev/shm (a private
+#   5. Started by hand (no fd store) with the systemd backend: after a crash
+#      the model is loaded into a new memfd, and the worker on the old copy
+#      is replaced, not adopted (the old copy's memory is freed).
+#   6. The process backend, without systemd, with a 1 MiB /dev/shm (a private
 #      mount namespace) and model.backing: auto: the supervisor takes a memfd
 #      itself and says why; child workers get it; a killed one comes back.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
@@ -110,7 +113,7 @@ backing=$(sup_get 's["model"]["backing"]')
 "$DS4_BIN/ds4ctl" status | grep -q "in memfd (in the supervisor, fd store)" && pass "ds4ctl status says where the model is" \
   || fail "ds4ctl status: $("$DS4_BIN/ds4ctl" status | head -1)"
 name=${segment#memfd:}
-[[ ! -e /dev/shm/$name ]] && pass "no /dev/shm/$name: nothing named was made" || fail "/dev/shm/$name exists"
+[[ ! -e /dev/shm/${name%.*} ]] && pass "no /dev/shm/${name%.*}: nothing named was made" || fail "/dev/shm/${name%.*} exists"
 journal_wait 10 "$cursor" DS4_EVENT=segment_memfd && pass "journal: $(journal_since "$cursor" DS4_EVENT=segment_memfd | head -1 | cut -c1-140)..." \
   || fail "no DS4_EVENT=segment_memfd entry"
 journal_wait 10 "$cursor" DS4_EVENT=fdstore_stored && pass "journal: $(journal_since "$cursor" DS4_EVENT=fdstore_stored | head -1)" \
@@ -221,7 +224,31 @@ ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 [[ $rc != 0 && $rc != 124 && $out == *"is ds4-supervisor running?"* ]] \
   && pass "worker without a supervisor: exit $rc in $ms ms: ${out:0:160}..." || fail "worker without a supervisor: rc $rc: $out"
 
-# --- 5. the process backend, without systemd, in a container-like /dev/shm ---
+# --- 5. by hand (no fd store), systemd backend: a crash loads a new copy ---
+# The new supervisor cannot get the old memfd back: it loads the model into
+# a new one, and the worker still running on the old copy is replaced, not
+# adopted, so that the old copy's memory is freed.
+write_config "$SUP_DIR/byhand.yaml" systemd memfd
+sup_start "$SUP_DIR/byhand.yaml" || fail "the supervisor (by hand) did not start"
+if sup_wait 30 'w[0]["state"] == "ready"'; then
+  old=$(sup_get 's["model"]["segment"]')
+  wpid=$(sup_get 'w[0]["pid"]')
+  kill -KILL "$SUP_PID"; wait "$SUP_PID" 2>/dev/null; SUP_PID=
+  sup_start "$SUP_DIR/byhand.yaml" || fail "the supervisor (by hand) did not come back"
+  sup_wait 30 'w[0]["state"] == "ready" and w[0]["pid"] != '"$wpid" || fail "no worker after the crash"
+  new=$(sup_get 's["model"]["segment"]')
+  [[ $new != "$old" && $new == memfd:* ]] && pass "by hand: loaded again into a new memfd ($old -> $new)" || fail "by hand: segment $old -> $new"
+  gone() { ! kill -0 "$wpid" 2>/dev/null; }
+  ds4_wait_until 10 gone && pass "the worker on the old copy was replaced, not adopted" || fail "worker $wpid on the old copy still runs"
+  unmapped() { ! grep -qs "/memfd:${old#memfd:} " /proc/[0-9]*/maps; }
+  ds4_wait_until 10 unmapped && pass "no process maps the old copy: its memory is freed" || fail "the old copy is still mapped"
+  chat_ok && pass "by hand: chat completion after the crash: '$chat_text'" || fail "by hand: chat completion: $chat_text"
+else
+  fail "by hand: worker not ready: $(sup_status | tr -d '\n' | cut -c1-400)"
+fi
+sup_stop
+
+# --- 6. the process backend, without systemd, in a container-like /dev/shm ---
 # A private mount namespace whose /dev/shm (1 MiB) cannot hold the model
 # (1.2 MiB): with model.backing: auto the supervisor takes a memfd itself.
 write_config "$SUP_DIR/process.yaml" process auto

@@ -515,9 +515,11 @@ TEST_CASE("store: a model /dev/shm cannot hold goes into a sealed memfd, byte fo
   opts.assume_free_bytes = 1000;  // a container's tiny /dev/shm
   const LoadResult r = load(kStories, opts);
   CHECK(r.backing == Backing::memfd);
-  CHECK(r.name == "memfd:" + g.name);
+  CHECK(r.name.starts_with("memfd:" + g.name + "."));
+  CHECK(r.name.size() == 6 + g.name.size() + 17);  // its load's tag
   CHECK(is_memfd_handle(r.name));
-  CHECK(handle_name(r.name) == g.name);
+  CHECK(handle_name(r.name) == r.name.substr(6));
+  CHECK(base_name(r.name) == g.name);
   CHECK(r.memfd_reason.find("/dev/shm cannot hold it") != std::string::npos);
   REQUIRE(r.fd);
   CHECK_FALSE(std::filesystem::exists("/dev/shm/" + g.name));  // nothing named was made
@@ -563,6 +565,7 @@ TEST_CASE("store: model.backing memfd loads into a memfd even where /dev/shm has
   CHECK_FALSE(std::filesystem::exists("/dev/shm/" + g.name));
   // Each load makes its own: a memfd cannot be found again by name.
   const LoadResult second = load(kStories, opts);
+  CHECK(first.name != second.name);  // two copies, two handles
   struct stat a {}, b {};
   ::fstat(first.fd->get(), &a);
   ::fstat(second.fd->get(), &b);
