@@ -89,7 +89,13 @@ Supervisor::Supervisor(SupervisorOptions options) : opts_(std::move(options)) {
   if (opts_.bin_dir.empty()) opts_.bin_dir = self_dir();
 }
 
-Supervisor::~Supervisor() = default;
+Supervisor::~Supervisor() { stop_segment_server(); }
+
+void Supervisor::stop_segment_server() {
+  segments_io_.stop();
+  if (segments_thread_.joinable()) segments_thread_.join();
+  if (segments_) segments_->close();
+}
 
 WorkerRegistry& Supervisor::registry() {
   if (!manager_) throw Error("Supervisor::registry() before prepare()");
@@ -119,9 +125,10 @@ void Supervisor::prepare() {
              {"DS4_MODEL", model_.path},
              {"DS4_BACKING", store::backing_name(model_.backing)},
              {"DS4_REUSED", model_.reused ? "1" : "0"}});
-  // Workers and the holder get a memfd segment's descriptor here; listening
-  // before either starts, so that their first request waits in the backlog.
-  segments_ = std::make_unique<SegmentServer>(io_, runtime_dir_ + "/segments.sock", *memfds_);
+  // Workers and the holder get a memfd segment's descriptor here, from before
+  // either starts (start_holder() waits for the holder on this thread).
+  segments_ = std::make_unique<SegmentServer>(segments_io_, runtime_dir_ + "/segments.sock", *memfds_);
+  segments_thread_ = std::thread([this] { segments_io_.run(); });
   SweeperSettings sweep;
   sweep.memfds = memfds_.get();
   sweeper_ = std::make_unique<SegmentSweeper>(io_, std::move(sweep));
@@ -233,7 +240,7 @@ void Supervisor::shutdown(int sig) {
     if (health_) control::Block::remove(health_->name());
     if (holder_) holder_->stop();
     if (admin_) admin_->close();
-    if (segments_) segments_->close();
+    stop_segment_server();
     if (signals_) signals_->cancel();
     io_.stop();
   });

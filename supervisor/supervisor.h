@@ -104,6 +104,7 @@ class Supervisor {
   void start_holder();
   void maybe_ready();
   void shutdown(int signal);
+  void stop_segment_server();
   void wait_signals();
 
   SupervisorOptions opts_;
@@ -116,7 +117,12 @@ class Supervisor {
   std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes
   std::unique_ptr<HolderKeeper> holder_;  // GPU weights holder (GPU workers only)
   std::unique_ptr<MemfdSegments> memfds_;    // memfd segments kept (and in systemd's fd store)
+  /// The segment socket runs on a thread of its own: it answers while io_'s
+  /// thread waits (HolderKeeper::start() waits there for a holder that first
+  /// asks this socket for the weights).
+  asio::io_context segments_io_{1};
   std::unique_ptr<SegmentServer> segments_;  // hands them to workers and holders
+  std::thread segments_thread_;
   std::unique_ptr<SegmentSweeper> sweeper_;  // maps model_.segment, removes old ones
   std::unique_ptr<WorkerManager> manager_;
   std::unique_ptr<AdminServer> admin_;
