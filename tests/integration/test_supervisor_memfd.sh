@@ -98,6 +98,9 @@ max=$(systemctl --user show -P FileDescriptorStoreMax ds4-supervisor.service)
 ((max > 0)) && pass "the shipped unit keeps descriptors (FileDescriptorStoreMax=$max)" || fail "FileDescriptorStoreMax=$max"
 
 # --- 1. served from a memfd ---
+# Named segments already there (other tests of this model leave theirs until
+# a supervisor sweeps them): device:inode of each, to tell them from new ones.
+shm_before=$(stat -c '%d:%i' /dev/shm/ds4-model-* 2>/dev/null | sort)
 if timeout 60 systemctl --user start ds4-supervisor.service; then
   pass "ds4-supervisor.service started"
 else
@@ -113,12 +116,16 @@ backing=$(sup_get 's["model"]["backing"]')
 "$DS4_BIN/ds4ctl" status | grep -q "in memfd (in the supervisor, fd store)" && pass "ds4ctl status says where the model is" \
   || fail "ds4ctl status: $("$DS4_BIN/ds4ctl" status | head -1)"
 name=${segment#memfd:}
-[[ ! -e /dev/shm/${name%.*} ]] && pass "no /dev/shm/${name%.*}: nothing named was made" || fail "/dev/shm/${name%.*} exists"
+shm_new=$(comm -13 <(echo "$shm_before") <(stat -c '%d:%i' /dev/shm/ds4-model-* 2>/dev/null | sort))
+[[ -z $shm_new ]] && pass "no new /dev/shm/ds4-model-* segment was made" || fail "new named segment(s): $shm_new"
 journal_wait 10 "$cursor" DS4_EVENT=segment_memfd && pass "journal: $(journal_since "$cursor" DS4_EVENT=segment_memfd | head -1 | cut -c1-140)..." \
   || fail "no DS4_EVENT=segment_memfd entry"
 journal_wait 10 "$cursor" DS4_EVENT=fdstore_stored && pass "journal: $(journal_since "$cursor" DS4_EVENT=fdstore_stored | head -1)" \
   || fail "no DS4_EVENT=fdstore_stored entry"
 wpid=$(sup_get 'w[0]["pid"]')
+sup_pid=$(systemctl --user show -P MainPID ds4-supervisor.service)
+! grep -qs "/dev/shm/ds4-model-" "/proc/$sup_pid/maps" "/proc/$wpid/maps" 2>/dev/null \
+  && pass "neither the supervisor nor its worker maps a /dev/shm segment" || fail "a /dev/shm segment is mapped"
 maps=$(grep "/memfd:$name " "/proc/$wpid/maps" 2>/dev/null | head -1)
 [[ $maps == *" r--s "* ]] && pass "worker $wpid maps the memfd read-only: ${maps:0:100}" || fail "worker maps: '$maps'"
 chat_ok && pass "chat completion: '$chat_text'" || fail "chat completion: $chat_text"
