@@ -189,6 +189,7 @@ void Supervisor::start_holder() {
   hs.segment = model_.segment;
   hs.device = *device;
   hs.socket = runtime_dir_ + "/holder-cuda" + std::to_string(hs.device) + ".sock";
+  hs.segment_socket = segments_->path();
   sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(hs.device)).c_str());
   holder_ = std::make_unique<HolderKeeper>(io_, hs);
   holder_->start();

@@ -21,6 +21,7 @@
 #   6. The process backend, without systemd, with a 1 MiB /dev/shm (a private
 #      mount namespace) and model.backing: auto: the supervisor takes a memfd
 #      itself and says why; child workers get it; a killed one comes back.
+#      `ds4-worker run --model` there loads into a memfd of its own.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -281,6 +282,12 @@ if unshare -m --propagation private true 2>/dev/null; then
   fi
   sup_stop
   [[ ${SUP_RC:-1} == 0 ]] && pass "process backend: clean exit" || fail "process backend: exit status ${SUP_RC:-?}"
+  # One-shot generation without the daemons, in the same small /dev/shm.
+  out=$(unshare -m --propagation private sh -c 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" run --model "$1" -p "Once upon a time" -n 8 --temp 0 --threads 1 --json' \
+    "$DS4_BIN/ds4-worker" "$model" 2>/dev/null)
+  python3 -c 'import json,sys; d=json.loads(sys.argv[1]); sys.exit(0 if len(d["tokens"]) == 8 else 1)' "$out" 2>/dev/null \
+    && pass "ds4-worker run in a 1 MiB /dev/shm: $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["text"][:50])' "$out")" \
+    || fail "ds4-worker run in a 1 MiB /dev/shm: $out"
 else
   echo "note - no private mount namespace here (unshare -m): the container-like /dev/shm case is not run"
 fi
