@@ -22,6 +22,7 @@ namespace {
 std::optional<uint32_t> fd_store_max() {
   sd_bus* bus = nullptr;
   if (sd_bus_open_user(&bus) < 0) return std::nullopt;
+  sd_bus_set_method_call_timeout(bus, 2 * 1000 * 1000);  // µs: a start does not wait on a stuck bus
   std::optional<uint32_t> max;
   sd_bus_error err = SD_BUS_ERROR_NULL;
   sd_bus_message* reply = nullptr;
