@@ -536,6 +536,10 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
       r.mapping(e.value, e.mark, e.path, {
         {"path", [&](const Entry& x) { r.path(x, c.model.path); }},
         {"name", [&](const Entry& x) { r.string(x, c.model.name); }},
+        {"backing", [&](const Entry& x) {
+          r.choice(x, c.model.backing,
+                   {{"auto", ModelBacking::automatic}, {"shm", ModelBacking::shm}, {"memfd", ModelBacking::memfd}});
+        }},
       });
     }},
     {"proxy", [&](const Entry& e) {
@@ -758,6 +762,8 @@ ConfigChanges diff(const Config& a, const Config& b) {
   };
   note(a.model.path != b.model.path, "model.path", c.model);
   note(a.model.name != b.model.name, "model.name", c.in_place);
+  // The model is loaded again into the new backing, while the old one serves.
+  note(a.model.backing != b.model.backing, "model.backing", c.model);
 
   const auto &P = a.proxy, &Q = b.proxy;
   note(P.listen != Q.listen, "proxy.listen", c.listen);

@@ -37,9 +37,14 @@ struct ListenAddress {
   bool operator==(const ListenAddress&) const = default;
 };
 
+/// What holds the loaded model: a named segment in /dev/shm, or a memfd the
+/// supervisor keeps (when /dev/shm is too small for the model).
+enum class ModelBacking { automatic, shm, memfd };
+
 struct ModelConfig {
   std::filesystem::path path;  // absolute once loaded; empty = none configured
   std::string name;            // served at /v1/models; defaults to path's stem
+  ModelBacking backing = ModelBacking::automatic;
   bool operator==(const ModelConfig&) const = default;
 };
 

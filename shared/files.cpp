@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 
 namespace ds4 {
 
@@ -23,6 +24,12 @@ std::optional<std::string> read_whole_file(const std::string& path) {
     return std::nullopt;
   }
   return text;
+}
+
+std::string ds4_runtime_dir() {
+  const char* x = std::getenv("XDG_RUNTIME_DIR");
+  if (x && *x) return std::string(x) + "/ds4";
+  return "/tmp/ds4-" + std::to_string(::getuid());
 }
 
 }  // namespace ds4

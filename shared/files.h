@@ -10,4 +10,8 @@ namespace ds4 {
 /// telling why (ENOENT: not there, EACCES: not ours to read).
 std::optional<std::string> read_whole_file(const std::string& path);
 
+/// Where ds4's daemons keep their sockets: $XDG_RUNTIME_DIR/ds4, or
+/// /tmp/ds4-$UID when XDG_RUNTIME_DIR is unset.
+std::string ds4_runtime_dir();
+
 }  // namespace ds4

@@ -1,6 +1,7 @@
 #include "shared/model_store.h"
 
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/sysmacros.h>
@@ -81,7 +82,10 @@ bool recently_created(int fd) {
   return realtime_ns() - ctime_ns < kCreationGraceNs;
 }
 
-std::string segment_label(const std::string& name) { return "shared-memory segment '" + name + "'"; }
+std::string segment_label(const std::string& handle) {
+  if (is_memfd_handle(handle)) return "memfd segment '" + std::string(handle_name(handle)) + "'";
+  return "shared-memory segment '" + handle + "'";
+}
 
 Identity identity_of(const gguf::File& f, const std::string& path) {
   struct stat st {};
@@ -279,8 +283,13 @@ uint64_t free_bytes(const LoadOptions& opts) {
   return uint64_t(vfs.f_bavail) * vfs.f_frsize;
 }
 
+// /dev/shm cannot hold the model: BackingChoice::automatic then takes a memfd.
+struct NoSpace : Error {
+  using Error::Error;
+};
+
 [[noreturn]] void throw_no_space(const std::string& source, uint64_t need, uint64_t have) {
-  throw Error(source + ": model needs " + format_bytes(need) + " of shared memory, " + kShmDir + " has " +
+  throw NoSpace(source + ": model needs " + format_bytes(need) + " of shared memory, " + kShmDir + " has " +
               format_bytes(have) + " free; enlarge it (mount -o remount,size=<bytes> " + kShmDir +
               ") or remove unused segments there");
 }
@@ -324,6 +333,95 @@ std::optional<LoadResult> create_segment(const std::string& name, const gguf::Fi
   }
   LoadResult r;
   r.name = name;
+  r.bytes = p.total;
+  return r;
+}
+
+// ---- memfd segments -----------------------------------------------------
+
+// The memory a new memfd may take: MemAvailable, and what the cgroup's
+// memory.max leaves (cgroup v2); the smaller one.
+uint64_t available_memory(const LoadOptions& opts) {
+  if (opts.assume_available_memory) return *opts.assume_available_memory;
+  uint64_t avail = UINT64_MAX;
+  if (const std::optional<std::string> mi = read_whole_file("/proc/meminfo")) {
+    const size_t at = mi->find("MemAvailable:");
+    unsigned long long kib = 0;
+    if (at != std::string::npos && std::sscanf(mi->c_str() + at, "MemAvailable: %llu kB", &kib) == 1)
+      avail = uint64_t(kib) * 1024;
+  }
+  // "0::/user.slice/..." names our cgroup v2; its parents limit it too, but the
+  // nearest limit is what a user sets (MemoryMax= of the unit).
+  if (const std::optional<std::string> cg = read_whole_file("/proc/self/cgroup")) {
+    const size_t at = cg->find("0::");
+    if (at != std::string::npos) {
+      const std::string rel = cg->substr(at + 3, cg->find('\n', at) - at - 3);
+      const std::string dir = "/sys/fs/cgroup" + rel;
+      const std::optional<std::string> max = read_whole_file(dir + "/memory.max");
+      const std::optional<std::string> cur = read_whole_file(dir + "/memory.current");
+      unsigned long long m = 0, c = 0;
+      if (max && cur && std::sscanf(max->c_str(), "%llu", &m) == 1 && std::sscanf(cur->c_str(), "%llu", &c) == 1) {
+        // Page cache (the GGUF file's own pages, read just now) is reclaimed
+        // when the cgroup needs room: it does not count as used.
+        unsigned long long file = 0;
+        if (const std::optional<std::string> stat = read_whole_file(dir + "/memory.stat")) {
+          const size_t f = stat->find("\nfile ");
+          if (stat->starts_with("file ")) std::sscanf(stat->c_str(), "file %llu", &file);
+          else if (f != std::string::npos) std::sscanf(stat->c_str() + f + 1, "file %llu", &file);
+        }
+        const uint64_t used = c > file ? c - file : 0;
+        avail = std::min<uint64_t>(avail, m > used ? m - used : 0);
+      }
+    }
+  }
+  return avail;
+}
+
+[[noreturn]] void throw_no_memory(const std::string& source, uint64_t need, const std::string& why) {
+  throw Error(source + ": model needs " + format_bytes(need) + " of memory for a memfd segment, " + why +
+              "; free memory, raise the cgroup's MemoryMax=, or use a smaller model");
+}
+
+// Creates, fills and seals a memfd segment. Its pages are reserved (and
+// charged to our cgroup) before anything is written.
+LoadResult create_memfd_segment(const std::string& base_name, const gguf::File& f, const Identity& id,
+                                const LoadOptions& opts) {
+  const Plan p = plan_layout(f);
+  // Each memfd is another copy of the weights: its name tells it apart from
+  // an earlier one of the same file, so that no worker still mapping that
+  // one is taken for a worker of this one.
+  char tag[24];
+  std::snprintf(tag, sizeof tag, ".%016llx", static_cast<unsigned long long>(realtime_ns()));
+  const std::string name = base_name + tag;
+  const std::string handle = memfd_handle(name);
+  const uint64_t avail = available_memory(opts);
+  if (p.total > avail) throw_no_memory(f.source(), p.total, "only " + format_bytes(avail) + " is available");
+  auto fd = std::make_shared<UniqueFd>(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!*fd) throw Error(segment_label(handle) + ": memfd_create failed: " + std::strerror(errno));
+  int rc;
+  do {
+    rc = ::posix_fallocate(fd->get(), 0, off_t(p.total));
+  } while (rc == EINTR);
+  if (rc == ENOSPC || rc == ENOMEM) throw_no_memory(f.source(), p.total, "the kernel refused to reserve it");
+  if (rc != 0) {
+    throw Error(f.source() + ": cannot reserve " + format_bytes(p.total) + " of memory for a memfd segment: " +
+                std::strerror(rc));
+  }
+  // From here on its size is fixed: no reader can ever map past its end.
+  if (::fcntl(fd->get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+    throw Error(segment_label(handle) + ": cannot seal its size: " + std::strerror(errno));
+  void* base = ::mmap(nullptr, p.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
+  if (base == MAP_FAILED)
+    throw Error(segment_label(handle) + ": cannot map " + format_bytes(p.total) + ": " + std::strerror(errno));
+  write_segment(static_cast<uint8_t*>(base), p, f, id, opts.progress);
+  ::munmap(base, p.total);
+  // No writable mapping is left, so the write seal takes: readers may trust it.
+  if (::fcntl(fd->get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+    throw Error(segment_label(handle) + ": cannot seal it against writes: " + std::strerror(errno));
+  LoadResult r;
+  r.name = handle;
+  r.backing = Backing::memfd;
+  r.fd = std::move(fd);
   r.bytes = p.total;
   return r;
 }
@@ -397,6 +495,30 @@ Inspection inspect(const std::string& name, const Identity& id) {
 
 // ---- public: identity, loading, removal ---------------------------------
 
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.release();
+  }
+  return *this;
+}
+
+UniqueFd::~UniqueFd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string_view backing_name(Backing b) { return b == Backing::memfd ? "memfd" : "shared memory"; }
+
+bool is_memfd_handle(std::string_view handle) { return handle.starts_with(kMemfdPrefix); }
+std::string memfd_handle(std::string_view name) { return std::string(kMemfdPrefix) + std::string(name); }
+std::string_view handle_name(std::string_view handle) {
+  return is_memfd_handle(handle) ? handle.substr(kMemfdPrefix.size()) : handle;
+}
+std::string_view base_name(std::string_view handle) {
+  const std::string_view name = handle_name(handle);
+  return is_memfd_handle(handle) ? name.substr(0, name.rfind('.')) : name;
+}
+
 Identity identify(const std::string& path) {
   const gguf::File f = gguf::File::open(path);
   return identity_of(f, path);
@@ -418,6 +540,11 @@ LoadResult load(const std::string& gguf_path, const LoadOptions& opts) {
   refuse_unsupported(file);
   const Identity id = identity_of(file, gguf_path);
   const std::string name = opts.name.empty() ? segment_name(id) : opts.name;
+  if (opts.backing == BackingChoice::memfd) {
+    LoadResult r = create_memfd_segment(name, file, id, opts);
+    r.memfd_reason = "model.backing is memfd";
+    return r;
+  }
   const auto deadline = std::chrono::steady_clock::now() + opts.wait_timeout;
   bool force = opts.force_rebuild;
   std::string reason;
@@ -444,16 +571,44 @@ LoadResult load(const std::string& gguf_path, const LoadOptions& opts) {
       bip::shared_memory_object::remove(name.c_str());  // mappings that exist stay valid
     }
     force = false;
-    if (std::optional<LoadResult> r = create_segment(name, file, id, opts)) {
-      r->rebuild_reason = reason;
-      return *r;
+    try {
+      if (std::optional<LoadResult> r = create_segment(name, file, id, opts)) {
+        r->rebuild_reason = reason;
+        return *r;
+      }
+    } catch (const NoSpace& e) {
+      if (opts.backing != BackingChoice::automatic) throw;
+      LoadResult r = create_memfd_segment(name, file, id, opts);
+      r.rebuild_reason = reason;
+      r.memfd_reason = std::string(kShmDir) + " cannot hold it (" + e.what() + ")";
+      return r;
     }
     // Another process created it between our look and our create: look again.
   }
 }
 
 std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts) {
-  return load(gguf_path, opts).name;
+  if (opts.backing == BackingChoice::memfd)
+    throw Error(gguf_path + ": a memfd segment lives only as long as its descriptor; load() returns it");
+  LoadOptions named = opts;
+  named.backing = BackingChoice::shm;
+  return load(gguf_path, named).name;
+}
+
+std::optional<Identity> ready_identity(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || uint64_t(st.st_size) < sizeof(SegmentHeader)) return std::nullopt;
+  void* p = ::mmap(nullptr, sizeof(SegmentHeader), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return std::nullopt;
+  const auto* h = static_cast<const SegmentHeader*>(p);
+  std::optional<Identity> id;
+  if (std::memcmp(h->magic, kMagic, sizeof kMagic) == 0 && h->layout_version == kLayoutVersion &&
+      h->state.load(std::memory_order_acquire) == uint32_t(SegmentState::ready) &&
+      h->total_bytes == uint64_t(st.st_size) && h->path_len < kMaxPath) {
+    id = header_identity(*h);
+  }
+  ::munmap(p, sizeof(SegmentHeader));
+  return id;
 }
 
 bool remove(const std::string& name) { return bip::shared_memory_object::remove(name.c_str()); }
@@ -480,16 +635,19 @@ struct MapScan {
   bool ds4_unreadable = false;               // a ds4 process whose maps cannot be read
 };
 
-// A maps line: "start-end perms offset major:minor inode   path".
+// A maps line: "start-end perms offset major:minor inode   path"; a memfd's
+// path is "/memfd:<name> (deleted)".
 void add_mappings(const std::string& maps, MapScan& scan) {
   const std::string dir = std::string(kShmDir) + "/";
+  constexpr std::string_view kMemfdPath = "/memfd:";
   size_t at = 0;
   while (at < maps.size()) {
     size_t end = maps.find('\n', at);
     if (end == std::string::npos) end = maps.size();
     const std::string_view line(maps.data() + at, end - at);
     at = end + 1;
-    const size_t path = line.find(dir);
+    size_t path = line.find(dir);
+    if (path == std::string_view::npos) path = line.find(kMemfdPath);
     if (path == std::string_view::npos) continue;
     unsigned major_no = 0, minor_no = 0;
     unsigned long long inode = 0;
@@ -568,6 +726,17 @@ InUseFn mapped_by_some_process(std::string proc_dir) {
   };
 }
 
+FdInUseFn fd_mapped_by_some_process(std::string proc_dir) {
+  auto scan = std::make_shared<std::optional<MapScan>>();
+  return [scan, proc_dir = std::move(proc_dir)](int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return false;
+    if (!*scan) *scan = scan_processes(proc_dir);
+    const MapScan& s = **scan;
+    return s.ds4_unreadable || s.mapped.count({st.st_dev, st.st_ino}) > 0;
+  };
+}
+
 SweepResult remove_unused_segments(std::string_view keep, const InUseFn& in_use, const SweepOptions& opts) {
   SweepResult r;
   for (const std::string& name : list_segments(opts.prefix)) {
@@ -589,9 +758,29 @@ SweepResult remove_unused_segments(std::string_view keep, const InUseFn& in_use,
 
 // ---- attaching ----------------------------------------------------------
 
+// Whether `fd` is a memfd: its /proc link reads "/memfd:<name> ...".
+static bool is_memfd(int fd) {
+  char link[64];
+  const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link);
+  return n >= 7 && std::string_view(link, size_t(n)).starts_with("/memfd:");
+}
+
+// A read-only mapping of a whole segment, unmapped on destruction.
+struct Mapping {
+  void* addr = nullptr;
+  size_t bytes = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (addr) ::munmap(addr, bytes);
+  }
+};
+
 struct Segment::Impl {
   std::string name;
-  bip::mapped_region region;
+  Backing backing = Backing::shm;
+  Mapping region;
   const SegmentHeader* header = nullptr;
   gguf::File metadata;
   std::vector<TensorRef> tensors;
@@ -713,33 +902,44 @@ Segment& Segment::operator=(Segment&&) noexcept = default;
 Segment::~Segment() = default;
 
 Segment Segment::attach(const std::string& name) {
-  std::optional<bip::shared_memory_object> shm;
-  try {
-    shm.emplace(bip::open_only, name.c_str(), bip::read_only);
-  } catch (const bip::interprocess_exception& e) {
-    if (e.get_error_code() == bip::not_found_error) {
+  if (is_memfd_handle(name)) {
+    throw Error(segment_label(name) + ": a memfd segment has no name to open; it is reached through the "
+                "supervisor's descriptor (ds4-worker fetches it from the supervisor's segment socket)");
+  }
+  const UniqueFd fd(::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0));
+  if (!fd) {
+    if (errno == ENOENT) {
       throw Error(segment_label(name) + ": does not exist (" + kShmDir + "/" + name +
                   "); the supervisor creates it when it loads the model");
     }
-    throw Error(segment_label(name) + ": cannot open: " + e.what());
+    throw Error(segment_label(name) + ": cannot open: " + std::strerror(errno));
   }
-  bip::offset_t size = 0;
-  shm->get_size(size);
-  const Checker c(name, uint64_t(size));
+  return attach_fd(fd.get(), name);
+}
+
+Segment Segment::attach_fd(int fd, const std::string& name) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw Error(segment_label(name) + ": cannot stat: " + std::strerror(errno));
+  const uint64_t size = uint64_t(st.st_size);
+  const Checker c(name, size);
+  // A memfd whose size can still change could lose pages under our mapping.
+  const bool memfd = is_memfd(fd);
+  if (memfd && (::fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+    c.fail("is a memfd whose size is not sealed; it was not made by the ds4 loader");
   // magic and layout version come first in every layout.
-  if (uint64_t(size) < sizeof(kMagic) + sizeof(uint32_t)) {
+  if (size < sizeof(kMagic) + sizeof(uint32_t)) {
     c.fail("truncated: " + std::to_string(size) + " bytes, too small for a ds4 model segment");
   }
   auto impl = std::make_unique<Impl>();
   impl->name = name;
-  try {
-    impl->region = bip::mapped_region(*shm, bip::read_only);
-  } catch (const bip::interprocess_exception& e) {
-    c.fail(std::string("cannot map: ") + e.what());
-  }
-  const auto* base = static_cast<const uint8_t*>(impl->region.get_address());
+  impl->backing = memfd ? Backing::memfd : Backing::shm;
+  void* addr = ::mmap(nullptr, size_t(size), PROT_READ, MAP_SHARED, fd, 0);
+  if (addr == MAP_FAILED) c.fail(std::string("cannot map: ") + std::strerror(errno));
+  impl->region.addr = addr;
+  impl->region.bytes = size_t(size);
+  const auto* base = static_cast<const uint8_t*>(addr);
   const auto& h = *reinterpret_cast<const SegmentHeader*>(base);
-  check_header(c, h, uint64_t(size), shm->get_mapping_handle().handle);
+  check_header(c, h, size, fd);
   impl->header = &h;
 
   gguf::ParseOptions po;
@@ -764,12 +964,13 @@ Segment Segment::attach(const std::string& name) {
 }
 
 const std::string& Segment::name() const { return impl_->name; }
+Backing Segment::backing() const { return impl_->backing; }
 Identity Segment::identity() const { return header_identity(*impl_->header); }
 uint64_t Segment::bytes() const { return impl_->header->total_bytes; }
 uint64_t Segment::weight_bytes() const { return impl_->header->data_bytes; }
 const gguf::File& Segment::metadata() const { return impl_->metadata; }
 std::span<const TensorRef> Segment::tensors() const { return impl_->tensors; }
-const void* Segment::base() const { return impl_->region.get_address(); }
+const void* Segment::base() const { return impl_->region.addr; }
 const SegmentHeader& Segment::header() const { return *impl_->header; }
 const VocabView& Segment::vocab() const { return impl_->vocab; }
 

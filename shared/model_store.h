@@ -1,12 +1,18 @@
 #pragma once
 /// The model store: a GGUF file loaded once into a named shared-memory segment
 /// (Boost.Interprocess shared_memory_object, /dev/shm/<name>) that outlives the
-/// processes using it. Layout (all offsets from the segment start):
+/// processes using it, or, where /dev/shm cannot hold it, into an anonymous
+/// memfd (memfd_create: sized only by RAM and cgroup limits) that lives as long
+/// as a descriptor or a mapping of it does: the supervisor keeps the descriptor
+/// and hands it to workers (shared/segment_socket.h). Such a segment is named by
+/// the handle "memfd:<name>". Layout, in both (all offsets from the segment start):
 ///   SegmentHeader | GGUF header blob (metadata + tensor directory, as in the
 ///   file) | tensor directory (TensorRecord[]) | vocabulary | tensor data,
 ///   each tensor aligned to kDataAlignment.
 /// The loader writes everything with state `loading`, then publishes `ready`
 /// with a release store. Readers map it read-only and refuse anything else.
+
+#include <fcntl.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shared/ggml_types.h"
@@ -33,6 +40,49 @@ enum class SegmentState : uint32_t { loading = 0, ready = 1 };
 /// Where named segments live (shm_open's filesystem); its free space is checked before loading.
 inline constexpr char kShmDir[] = "/dev/shm";
 inline constexpr size_t kMaxPath = 4096;
+/// A memfd segment's handle is this prefix and its name, which is the name a
+/// named segment of the same file would have and a tag of its own load:
+/// "memfd:ds4-model-<16 hex>.<16 hex>". Two loads of one file are two
+/// memfds, and two handles.
+inline constexpr std::string_view kMemfdPrefix = "memfd:";
+
+/// How a segment is backed.
+enum class Backing {
+  shm,    // a named POSIX segment in kShmDir: found by name, survives every process
+  memfd,  // an anonymous memfd: reached only through a descriptor (or a mapping) of it
+};
+/// "shared memory" or "memfd".
+std::string_view backing_name(Backing b);
+
+/// Whether `handle` names a memfd segment ("memfd:..."), and its name without the prefix.
+bool is_memfd_handle(std::string_view handle);
+std::string memfd_handle(std::string_view name);
+std::string_view handle_name(std::string_view handle);
+/// The name without the prefix and a memfd's load tag: segment_name() of the
+/// identity it was loaded from (or the name a test gave).
+std::string_view base_name(std::string_view handle);
+
+/// An owned file descriptor, closed on destruction. Movable.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd();
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+/// The seals every loaded memfd segment carries: its size cannot change (no
+/// reader can lose pages under a mapping: no SIGBUS) and nobody can write it.
+inline constexpr int kMemfdSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
 
 /// The segment's first bytes. `magic` and `layout_version` keep these offsets in
 /// every layout, so a reader tells another layout apart before trusting the rest.
@@ -124,14 +174,23 @@ class Segment {
  public:
   /// Attaches `name`. Throws ds4::Error with a clear message when it is missing,
   /// has a bad magic, another layout version, is still `loading` (half-written),
-  /// or is truncated.
+  /// or is truncated. A memfd handle is refused here: it has no name to open
+  /// (attach_fd, or open_segment() of shared/segment_socket.h, attach it).
   static Segment attach(const std::string& name);
+  /// Attaches the segment behind `fd` (not taken: the caller closes it; the
+  /// mapping stays valid after that), named `handle` in messages and name().
+  /// The same checks as attach(); a memfd must also be sealed against
+  /// shrinking and growing (F_SEAL_SHRINK, F_SEAL_GROW: the loader adds every
+  /// one of kMemfdSeals), else its pages could vanish under the mapping.
+  static Segment attach_fd(int fd, const std::string& handle);
 
   Segment(Segment&&) noexcept;
   Segment& operator=(Segment&&) noexcept;
   ~Segment();
 
+  /// The name, or for a memfd segment its handle ("memfd:<name>").
   const std::string& name() const;
+  Backing backing() const;
   Identity identity() const;
   uint64_t bytes() const;          // whole segment
   uint64_t weight_bytes() const;   // the tensor data region (tensors and their alignment padding)
@@ -153,7 +212,15 @@ class Segment {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Which backing load() uses.
+enum class BackingChoice {
+  automatic,  // a named segment when kShmDir has room for it (or one is ready), else a memfd
+  shm,        // a named segment only: a model larger than kShmDir's free space is an error
+  memfd,      // a memfd only (a named segment is neither reused nor made)
+};
+
 struct LoadOptions {
+  BackingChoice backing = BackingChoice::automatic;
   bool force_rebuild = false;   // rebuild even when a ready, matching segment exists
   ProgressFn progress;          // may be empty
   std::string name;             // segment name; empty = segment_name(identity) (tests set their own)
@@ -161,13 +228,21 @@ struct LoadOptions {
   std::chrono::milliseconds wait_timeout = std::chrono::minutes(10);
   /// Tests: pretend the backing filesystem has this many bytes free.
   std::optional<uint64_t> assume_free_bytes;
+  /// Tests: pretend this much memory is available to a memfd (MemAvailable,
+  /// and what the cgroup's memory.max leaves).
+  std::optional<uint64_t> assume_available_memory;
 };
 
 struct LoadResult {
-  std::string name;
+  std::string name;      // the segment's name, or a memfd segment's handle ("memfd:<name>")
+  Backing backing = Backing::shm;
+  /// A memfd segment's only reference besides mappings: read-write, sealed
+  /// (kMemfdSeals). Empty for a named segment.
+  std::shared_ptr<UniqueFd> fd;
   bool reused = false;   // a ready, matching segment existed: nothing was copied
   uint64_t bytes = 0;    // segment size
   std::string rebuild_reason;  // why an existing segment was replaced; empty when none was
+  std::string memfd_reason;    // why a memfd backs it ("/dev/shm has ... free"); empty for shm
 };
 
 /// ensure_loaded(), also telling whether the segment was reused.
@@ -179,7 +254,19 @@ LoadResult load(const std::string& gguf_path, const LoadOptions& opts = {});
 /// Checks the backing space (/dev/shm) before writing and throws a clear
 /// ds4::Error instead of dying with SIGBUS when the model does not fit.
 /// Validates the GGUF completely first (bad files never reach shared memory).
+/// A memfd segment (opts.backing) is created anew, sealed and returned with
+/// its descriptor in LoadResult::fd: it goes away with the last descriptor and
+/// mapping, so only load() (not ensure_loaded) can make one. Its memory is
+/// checked against MemAvailable and the cgroup's limit, then reserved
+/// (fallocate) before anything is written: a model that does not fit fails
+/// with a clear ds4::Error, never with SIGBUS or an OOM kill mid-load.
+/// BackingChoice::automatic means shm here, and memfd is refused.
 std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts = {});
+
+/// Reads the identity a segment was loaded from without attaching it fully
+/// (header only); nullopt when `fd` does not hold a ready ds4 segment of this
+/// layout. For a supervisor checking memfds it got back from systemd.
+std::optional<Identity> ready_identity(int fd);
 
 /// Removes the named segment (its pages are freed once no process maps it).
 /// Returns false when there was none.
@@ -203,6 +290,14 @@ using InUseFn = std::function<bool(const std::string& name)>;
 /// owns the segment and are dumpable, so their maps can be read; and removing
 /// a segment never takes a mapping away from anyone, it only stops new ones.
 InUseFn mapped_by_some_process(std::string proc_dir = "/proc");
+
+/// Whether the memfd segment behind a descriptor is mapped by some process
+/// (a mapping names "/memfd:<name>" with its inode): true keeps it.
+using FdInUseFn = std::function<bool(int fd)>;
+
+/// The real FdInUseFn: the same one-time scan of every /proc/<pid>/maps as
+/// mapped_by_some_process, with the same caution about unreadable ds4 processes.
+FdInUseFn fd_mapped_by_some_process(std::string proc_dir = "/proc");
 
 struct SweepOptions {
   std::string prefix = "ds4-model-";  // which names in kShmDir are looked at (tests use their own)

@@ -38,8 +38,8 @@ int parse_int(const std::string& s, const char* what) {
 
 void print_status(const nlohmann::json& s) {
   const auto& m = s["model"];
-  std::printf("model     %s  segment %s  %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
-              ds4::sup::human_size(m.value("bytes", uint64_t(0))).c_str(),
+  std::printf("model     %s  segment %s  %s in %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
+              ds4::sup::human_size(m.value("bytes", uint64_t(0))).c_str(), m.value("backing", "shared memory").c_str(),
               m.value("synthetic", false) ? "  (SYNTHETIC, RANDOM WEIGHTS)" : "");
   const auto& h = s["headroom"];
   std::printf("headroom  %s available (min %s), PSI some avg10 %.2f%%\n",

@@ -54,6 +54,10 @@ HolderKeeper::~HolderKeeper() { stop(); }
 void HolderKeeper::spawn() {
   std::vector<std::string> args = {s_.worker_binary, "hold", "--segment", s_.segment,
                                    "--device", "cuda:" + std::to_string(s_.device), "--socket", s_.socket};
+  if (!s_.segment_socket.empty()) {
+    args.push_back("--segment-socket");
+    args.push_back(s_.segment_socket);
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);

@@ -24,6 +24,7 @@ struct HolderSettings {
   std::string segment;        // model segment to hold
   int device = 0;             // cuda:N
   std::string socket;         // where workers look: $XDG_RUNTIME_DIR/ds4/holder-cudaN.sock
+  std::string segment_socket;  // where a memfd segment's descriptor is asked for; empty: the holder's default
   std::chrono::milliseconds ready_timeout{std::chrono::minutes(5)};
 };
 

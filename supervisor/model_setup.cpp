@@ -10,6 +10,8 @@
 #include "shared/gguf_writer.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
+#include "supervisor/memfd_segments.h"
+#include "supervisor/policy.h"
 #include "worker/backend.h"
 #include "worker/runtime.h"
 
@@ -62,7 +64,25 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
   return out;
 }
 
-ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir) {
+namespace {
+
+store::BackingChoice backing_choice(ModelBacking b) {
+  switch (b) {
+    case ModelBacking::shm: return store::BackingChoice::shm;
+    case ModelBacking::memfd: return store::BackingChoice::memfd;
+    case ModelBacking::automatic: break;
+  }
+  return store::BackingChoice::automatic;
+}
+
+}  // namespace
+
+store::Segment attach_served(const ModelInfo& m) {
+  return m.fd ? store::Segment::attach_fd(m.fd->get(), m.segment) : store::Segment::attach(m.segment);
+}
+
+ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir,
+                        MemfdSegments& memfds) {
   ModelInfo m;
   m.path = config.model.path.string();
   m.name = config.model.name;
@@ -77,22 +97,47 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
     std::fprintf(stderr, "\n*** ds4-supervisor: %s ***\n\n", msg.c_str());
   }
   if (m.name.empty()) m.name = fs::path(m.path).stem().string();
+  const store::BackingChoice want = backing_choice(config.model.backing);
+  if (want != store::BackingChoice::shm) {
+    // A memfd segment of this very file that we keep (systemd gave it back
+    // at this start, or an earlier load made it): no copy at all.
+    if (const std::optional<KeptMemfd> k = memfds.find(store::identify(m.path))) {
+      m.segment = k->handle;
+      m.backing = store::Backing::memfd;
+      m.fd = k->fd;
+      m.bytes = k->bytes;
+      m.reused = true;
+      m.weight_bytes = attach_served(m).weight_bytes();
+      log::info("reused memfd segment " + m.segment + " (" + human_size(m.bytes) + ") kept " +
+                    (memfds.fd_store() ? "in systemd's fd store" : "by this supervisor") + ": nothing loaded",
+                {{"DS4_EVENT", "segment_reused"}, {"DS4_SEGMENT", m.segment}, {"DS4_BACKING", "memfd"}});
+      return m;
+    }
+  }
   store::LoadOptions opts;
+  opts.backing = want;
   opts.progress = store::make_progress_reporter("loading " + fs::path(m.path).filename().string());
   const store::LoadResult r = store::load(m.path, opts);
   m.segment = r.name;
+  m.backing = r.backing;
+  m.fd = r.fd;
   m.bytes = r.bytes;
   m.reused = r.reused;
   if (!r.rebuild_reason.empty())
     log::info("rebuilt model segment " + r.name + ": " + r.rebuild_reason, {{"DS4_SEGMENT", r.name}});
-  store::Segment seg = store::Segment::attach(r.name);
-  m.weight_bytes = seg.weight_bytes();
+  if (r.fd) {
+    log::info("model " + m.path + " loaded into memfd segment " + r.name + " (" + human_size(r.bytes) +
+                  "), kept by the supervisor and handed to workers over its segment socket: " + r.memfd_reason,
+              {{"DS4_EVENT", "segment_memfd"}, {"DS4_SEGMENT", r.name}, {"DS4_BACKING", "memfd"}});
+    memfds.add(r.name, r.fd);
+  }
+  m.weight_bytes = attach_served(m).weight_bytes();
   return m;
 }
 
-std::vector<Bytes> plan_ladder(const std::string& segment, const std::vector<uint32_t>& ladder, uint32_t slots,
+std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder, uint32_t slots,
                                uint32_t threads) {
-  auto lm = attach_model(segment);
+  auto lm = bind_model(attach_served(model));
   auto backend = make_cpu_backend(lm->model, int(threads));
   std::vector<Bytes> out;
   for (uint32_t ctx : ladder) {

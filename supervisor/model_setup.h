@@ -5,10 +5,12 @@
 /// memory plan of a worker at every ladder rung.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "shared/config.h"
+#include "shared/model_store.h"
 
 namespace ds4::sup {
 
@@ -16,23 +18,33 @@ struct ModelInfo {
   std::string path;        // the GGUF file served
   std::string name;        // served id (config model.name, else the file's stem)
   bool synthetic = false;  // random weights: made because no model was found
-  std::string segment;
+  std::string segment;      // its name, or a memfd segment's handle "memfd:<name>"
+  store::Backing backing = store::Backing::shm;
+  std::shared_ptr<store::UniqueFd> fd;  // a memfd segment's descriptor (kept in MemfdSegments too)
   uint64_t bytes = 0;      // segment size
   uint64_t weight_bytes = 0;
   bool reused = false;     // the segment existed already (supervisor restart)
 };
+
+class MemfdSegments;
+
+/// Attaches the served segment read-only: by name, or a memfd from its descriptor.
+store::Segment attach_served(const ModelInfo& m);
 
 /// Makes a synthetic model under `dir` with the ds4-mkmodel in `bin_dir`
 /// (a byte-level vocabulary is written first), unless one is there already.
 /// Returns its path. Throws ds4::Error naming the step that failed.
 std::string make_synthetic_model(const std::string& dir, const std::string& bin_dir);
 
-/// Resolves (synthesizing if needed, with a loud warning) and loads the model.
-ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir);
+/// Resolves (synthesizing if needed, with a loud warning) and loads the model
+/// as model.backing says: a memfd segment of this model that `memfds` keeps
+/// (one systemd gave back) is reused; a new memfd segment is added to it.
+ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir,
+                        MemfdSegments& memfds);
 
 /// KV + scratch of a worker at each context in `ladder` (slots and threads as
 /// configured), computed by the CPU backend's own planner on the segment.
-std::vector<Bytes> plan_ladder(const std::string& segment, const std::vector<uint32_t>& ladder,
+std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder,
                                uint32_t slots, uint32_t threads);
 
 /// Writes a GGUF holding only a byte-level llama vocabulary (<unk>, <s>,

@@ -9,14 +9,11 @@
 #include <filesystem>
 
 #include "shared/error.h"
+#include "shared/files.h"
 
 namespace ds4::sup {
 
-std::string runtime_dir() {
-  const char* x = std::getenv("XDG_RUNTIME_DIR");
-  if (x && *x) return std::string(x) + "/ds4";
-  return "/tmp/ds4-" + std::to_string(getuid());
-}
+std::string runtime_dir() { return ds4_runtime_dir(); }
 
 void ensure_private_dir(const std::string& dir) {
   std::error_code ec;

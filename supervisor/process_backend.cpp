@@ -182,13 +182,14 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);
     if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=") ||
-        v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS="))
+        v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS=") || v.starts_with("DS4_SEGMENT_SOCKET="))
       continue;
     env.emplace_back(v);
   }
   env.push_back("NOTIFY_SOCKET=" + notify_path_);
   if (!spec.control.empty()) env.push_back("DS4_CONTROL=" + spec.control);
   env.push_back("DS4_GPU_WEIGHTS=" + spec.gpu_weights);
+  env.push_back("DS4_SEGMENT_SOCKET=" + opts_.runtime_dir + "/segments.sock");
   // Everything the child needs is prepared before fork (only async-signal-safe calls after).
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());

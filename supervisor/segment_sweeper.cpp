@@ -10,12 +10,21 @@ namespace ds4::sup {
 SegmentSweeper::SegmentSweeper(asio::io_context& io, SweeperSettings settings)
     : io_(io), s_(std::move(settings)), timer_(io) {}
 
-void SegmentSweeper::set_current(const std::string& segment) {
+void SegmentSweeper::set_current(const std::string& segment, const store::UniqueFd* fd) {
+  if (s_.memfds) {
+    if (current_.empty()) {
+      // The first one served: what systemd gave back besides it is left over.
+      for (const std::string& handle : s_.memfds->handles()) retired_memfds_.insert(handle);
+    } else if (segment != current_ && store::is_memfd_handle(current_)) {
+      retired_memfds_.insert(current_);
+    }
+    retired_memfds_.erase(segment);
+  }
   if (segment != current_ || !held_) {
     held_.reset();
     current_ = segment;
     try {
-      held_.emplace(store::Segment::attach(segment));
+      held_.emplace(fd ? store::Segment::attach_fd(fd->get(), segment) : store::Segment::attach(segment));
     } catch (const Error& e) {
       // Our own sweeps still spare it; another supervisor's may not.
       log::warn(std::string("cannot keep the model segment mapped: ") + e.what() + ", ignoring",
@@ -74,13 +83,19 @@ void SegmentSweeper::sweep() {
       if (name != current_) candidates.push_back(std::move(name));
   } catch (const Error& e) {
     log::warn(std::string("cannot look for old model segments: ") + e.what() + ", ignoring");
-    return;
   }
-  if (candidates.empty()) return;
+  // Memfd segments kept and not served, with their descriptors (alive while asked about).
+  std::vector<std::pair<std::string, std::shared_ptr<store::UniqueFd>>> memfds;
+  if (s_.memfds) {
+    for (const std::string& handle : s_.memfds->handles())
+      if (handle != current_ && retired_memfds_.count(handle))
+        if (auto fd = s_.memfds->fd(handle)) memfds.emplace_back(handle, std::move(fd));
+  }
+  if (candidates.empty() && memfds.empty()) return;
   scanning_ = true;
   // The work guard keeps io_ running until the answer is back on it.
-  asio::post(pool_, [this, candidates = std::move(candidates), in_use = s_.in_use(),
-                     work = asio::make_work_guard(io_)]() mutable {
+  asio::post(pool_, [this, candidates = std::move(candidates), memfds = std::move(memfds), in_use = s_.in_use(),
+                     fd_in_use = s_.fd_in_use(), work = asio::make_work_guard(io_)]() mutable {
     std::set<std::string> used;
     for (const std::string& name : candidates) {
       try {
@@ -89,14 +104,40 @@ void SegmentSweeper::sweep() {
         used.insert(name);  // not knowable: kept
       }
     }
-    asio::post(io_, [this, candidates = std::move(candidates), used = std::move(used)] {
+    std::vector<std::string> unused_memfds;
+    for (const auto& [handle, fd] : memfds) {
+      try {
+        if (!fd_in_use(fd->get())) unused_memfds.push_back(handle);
+      } catch (...) {
+        // not knowable: kept
+      }
+    }
+    const bool kept_memfd = unused_memfds.size() < memfds.size();
+    asio::post(io_, [this, candidates = std::move(candidates), used = std::move(used),
+                     unused_memfds = std::move(unused_memfds), kept_memfd] {
       scanning_ = false;
-      if (!stopped_) finish(candidates, used);
+      if (stopped_) return;
+      finish(candidates, used, unused_memfds);
+      if (kept_memfd) schedule(*last_sweep_ + s_.recheck);
     });
   });
 }
 
-void SegmentSweeper::finish(const std::vector<std::string>& candidates, const std::set<std::string>& used) {
+void SegmentSweeper::finish(const std::vector<std::string>& candidates, const std::set<std::string>& used,
+                            const std::vector<std::string>& unused_memfds) {
+  for (const std::string& handle : unused_memfds) {
+    // Served again since it was asked about: kept.
+    if (handle == current_ || !s_.memfds || !retired_memfds_.count(handle)) continue;
+    retired_memfds_.erase(handle);
+    const uint64_t bytes = s_.memfds->release(handle);
+    if (bytes == 0) continue;
+    log::info("released old memfd segment " + handle + " (" + human_size(bytes) + " freed): no process maps it",
+              {{"DS4_EVENT", "segment_removed"},
+               {"DS4_SEGMENT", handle},
+               {"DS4_BACKING", "memfd"},
+               {"DS4_BYTES_FREED", std::to_string(bytes)}});
+  }
+  if (candidates.empty()) return;
   // A segment that was no candidate (it came since, or became the served one's
   // neighbour in between) was not asked about: kept until the next sweep.
   const auto in_use = [&](const std::string& name) {

@@ -14,6 +14,12 @@
 /// takes tens of milliseconds: that part runs on a thread of its own, so the
 /// proxy's streams on the io thread do not stall; what to remove is decided
 /// (and removed) back on the io thread, against the segment served then.
+///
+/// Memfd segments the supervisor keeps (MemfdSegments) are swept the same
+/// way: one that was served before (or that systemd gave back and the first
+/// served one is not) and that no process maps is let go (closed, and removed
+/// from systemd's fd store). One that was never served is a reload's new
+/// model still on its way to being served, and is left alone.
 
 #include <chrono>
 #include <functional>
@@ -24,6 +30,7 @@
 
 #include "shared/model_store.h"
 #include "supervisor/asio.h"
+#include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
 #include "supervisor/worker_registry.h"
 
@@ -40,6 +47,10 @@ struct SweeperSettings {
   store::SweepOptions sweep;
   /// Who maps what, asked anew at every sweep (tests pass their own).
   std::function<store::InUseFn()> in_use = [] { return store::mapped_by_some_process(); };
+  /// The same for the memfd segments of `memfds`, by descriptor.
+  std::function<store::FdInUseFn()> fd_in_use = [] { return store::fd_mapped_by_some_process(); };
+  /// The memfd segments to sweep too; null: none.
+  MemfdSegments* memfds = nullptr;
 };
 
 class SegmentSweeper {
@@ -50,8 +61,9 @@ class SegmentSweeper {
   SegmentSweeper& operator=(const SegmentSweeper&) = delete;
 
   /// The segment served from now on: mapped here (read-only) and never
-  /// removed; the one served before is let go. Sweeps soon.
-  void set_current(const std::string& segment);
+  /// removed; the one served before is let go. Sweeps soon. A memfd
+  /// segment's handle comes with its descriptor `fd`.
+  void set_current(const std::string& segment, const store::UniqueFd* fd = nullptr);
   /// Sweeps soon after a worker process of `registry` went away.
   void watch(WorkerRegistry& registry);
   /// Sweeps soon: now, or min_interval after the last sweep.
@@ -63,12 +75,14 @@ class SegmentSweeper {
   void schedule(TimePoint when);
   void sweep();
   /// Back on the io thread: `used` are the candidates some process maps.
-  void finish(const std::vector<std::string>& candidates, const std::set<std::string>& used);
+  void finish(const std::vector<std::string>& candidates, const std::set<std::string>& used,
+              const std::vector<std::string>& unused_memfds);
 
   asio::io_context& io_;
   SweeperSettings s_;
   std::string current_;
   std::optional<store::Segment> held_;
+  std::set<std::string> retired_memfds_;  // memfd handles that may be let go once unmapped
   std::set<int> pids_;  // worker processes seen at the last registry change
   asio::steady_timer timer_;
   std::optional<TimePoint> due_;  // when the timer fires; none when it is idle

@@ -12,9 +12,11 @@
 #include "shared/model_store.h"
 #include "supervisor/admin.h"
 #include "supervisor/headroom.h"
+#include "supervisor/memfd_segments.h"
 #include "supervisor/holder_keeper.h"
 #include "supervisor/paths.h"
 #include "supervisor/process_backend.h"
+#include "supervisor/segment_server.h"
 #include "supervisor/segment_sweeper.h"
 #include "supervisor/systemd_backend.h"
 #include "supervisor/worker_health.h"
@@ -58,7 +60,7 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
                                  const std::string& control) {
   ManagerSettings s;
   s.policy = PolicyConfig::from(c);
-  s.own_bytes = plan_ladder(m.segment, c.workers.ladder, c.workers.slots, c.workers.threads);
+  s.own_bytes = plan_ladder(m, c.workers.ladder, c.workers.slots, c.workers.threads);
   s.count = c.workers.count;
   s.slots = c.workers.slots;
   s.device = c.workers.device.str();
@@ -75,13 +77,25 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
   return s;
 }
 
+// How the model is held, for status and the journal.
+std::string backing_text(const ModelInfo& m, const MemfdSegments& memfds) {
+  if (m.backing == store::Backing::shm) return "shared memory";
+  return memfds.fd_store() ? "memfd (in the supervisor, fd store)" : "memfd (in the supervisor)";
+}
+
 }  // namespace
 
 Supervisor::Supervisor(SupervisorOptions options) : opts_(std::move(options)) {
   if (opts_.bin_dir.empty()) opts_.bin_dir = self_dir();
 }
 
-Supervisor::~Supervisor() = default;
+Supervisor::~Supervisor() { stop_segment_server(); }
+
+void Supervisor::stop_segment_server() {
+  segments_io_.stop();
+  if (segments_thread_.joinable()) segments_thread_.join();
+  if (segments_) segments_->close();
+}
 
 WorkerRegistry& Supervisor::registry() {
   if (!manager_) throw Error("Supervisor::registry() before prepare()");
@@ -101,12 +115,24 @@ void Supervisor::prepare() {
     throw Error(opts_.config_path + ": workers.engine: exec is not supported by this supervisor yet");
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
-  model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir);
-  log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) +
-                (model_.reused ? ", reused" : ", loaded") + ")",
-            {{"DS4_SEGMENT", model_.segment}, {"DS4_MODEL", model_.path}});
-  sweeper_ = std::make_unique<SegmentSweeper>(io_);
-  sweeper_->set_current(model_.segment);  // sweeps once run() starts
+  // Memfd segments a previous run of ours left in systemd's fd store.
+  memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
+  memfds_->recover();
+  model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_);
+  log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) + ", " +
+                backing_text(model_, *memfds_) + (model_.reused ? ", reused" : ", loaded") + ")",
+            {{"DS4_SEGMENT", model_.segment},
+             {"DS4_MODEL", model_.path},
+             {"DS4_BACKING", store::backing_name(model_.backing)},
+             {"DS4_REUSED", model_.reused ? "1" : "0"}});
+  // Workers and the holder get a memfd segment's descriptor here, from before
+  // either starts (start_holder() waits for the holder on this thread).
+  segments_ = std::make_unique<SegmentServer>(segments_io_, runtime_dir_ + "/segments.sock", *memfds_);
+  segments_thread_ = std::thread([this] { segments_io_.run(); });
+  SweeperSettings sweep;
+  sweep.memfds = memfds_.get();
+  sweeper_ = std::make_unique<SegmentSweeper>(io_, std::move(sweep));
+  sweeper_->set_current(model_.segment, model_.fd.get());  // sweeps once run() starts
   memory_ = std::make_unique<ProcMemorySource>();
   start_backend();
   start_holder();
@@ -166,6 +192,7 @@ void Supervisor::start_holder(std::function<void()> settled) {
   hs.segment = model_.segment;
   hs.device = *device;
   hs.socket = runtime_dir_ + "/holder-cuda" + std::to_string(hs.device) + ".sock";
+  hs.segment_socket = segments_->path();
   sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(hs.device)).c_str());
   holder_ = std::make_unique<HolderKeeper>(io_, hs);
   if (settled) holder_->start_async(std::move(settled));
@@ -218,6 +245,7 @@ void Supervisor::shutdown(int sig) {
     if (health_) control::Block::remove(health_->name());
     if (holder_) holder_->stop();
     if (admin_) admin_->close();
+    stop_segment_server();
     if (signals_) signals_->cancel();
     io_.stop();
   });
@@ -248,7 +276,7 @@ bool Supervisor::reload(std::string* error) {
     // The same model.path, but the file may have been replaced (a new
     // version of the model): its identity names another segment then.
     try {
-      if (store::segment_name(store::identify(model_.path)) != model_.segment) {
+      if (store::segment_name(store::identify(model_.path)) != store::base_name(model_.segment)) {
         ch.model = true;
         ch.keys.push_back("the model file " + model_.path + " (changed on disk)");
       }
@@ -280,13 +308,15 @@ bool Supervisor::reload(std::string* error) {
   loader_ = std::jthread([this, next = std::move(next), ch, control = health_->name()]() mutable {
     std::optional<Loaded> loaded;
     std::string failed;
+    Loaded l;
     try {
-      Loaded l;
-      l.model = prepare_model(next, runtime_dir_, opts_.bin_dir);
+      l.model = prepare_model(next, runtime_dir_, opts_.bin_dir, *memfds_);
       l.settings = manager_settings(next, l.model, runtime_dir_, control);
       loaded = std::move(l);
     } catch (const Error& e) {
       failed = e.what();
+      // A memfd made by this load would never be served (nor swept): let it go.
+      if (l.model.fd && !l.model.reused) memfds_->release(l.model.segment);
     }
     asio::post(io_, [this, next = std::move(next), ch, loaded = std::move(loaded), failed]() mutable {
       if (stopping_) return;
@@ -308,7 +338,7 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
   try {
     if (loaded) {
       model_ = std::move(loaded->model);
-      sweeper_->set_current(model_.segment);
+      sweeper_->set_current(model_.segment, model_.fd.get());
     }
     ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
@@ -396,7 +426,7 @@ nlohmann::json Supervisor::status_json() const {
   out["queue"] = {{"waiting", ps.waiting}, {"in_flight", ps.in_flight}};
   out["model"] = {{"name", model_.name},     {"path", model_.path},       {"segment", model_.segment},
                   {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic},
-                  {"reused", model_.reused}};
+                  {"reused", model_.reused},  {"backing", backing_text(model_, *memfds_)}};
   out["backend"] = backend_->name();
   out["ladder"] = config_.workers.ladder;
   out["config"] = opts_.config_path;

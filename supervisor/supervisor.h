@@ -41,6 +41,8 @@ class MemorySource;
 class UnitBackend;
 class WorkerHealth;
 class HolderKeeper;
+class MemfdSegments;
+class SegmentServer;
 class SegmentSweeper;
 class WorkerManager;
 
@@ -56,8 +58,9 @@ class Supervisor {
   ~Supervisor();
 
   /// Loads and validates the config, loads the model segment (making a
-  /// synthetic model if there is none), computes the ladder's memory plans,
-  /// picks the worker backend and opens the admin socket. Throws ds4::Error.
+  /// synthetic model if there is none; a memfd one that systemd's fd store
+  /// gave back is reused), computes the ladder's memory plans, picks the
+  /// worker backend and opens the admin and segment sockets. Throws ds4::Error.
   void prepare();
   /// Starts (or adopts) the workers, tells systemd READY=1 once one serves,
   /// and runs until SIGTERM/SIGINT (SIGHUP reloads). Returns the exit status.
@@ -108,6 +111,7 @@ class Supervisor {
   void start_holder(std::function<void()> settled = nullptr);
   void maybe_ready();
   void shutdown(int signal);
+  void stop_segment_server();
   void wait_signals();
 
   SupervisorOptions opts_;
@@ -119,6 +123,13 @@ class Supervisor {
   std::unique_ptr<UnitBackend> backend_;
   std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes
   std::unique_ptr<HolderKeeper> holder_;  // GPU weights holder (GPU workers only)
+  std::unique_ptr<MemfdSegments> memfds_;    // memfd segments kept (and in systemd's fd store)
+  /// The segment socket runs on a thread of its own: it answers while io_'s
+  /// thread waits (HolderKeeper::start() waits there for a holder that first
+  /// asks this socket for the weights).
+  asio::io_context segments_io_{1};
+  std::unique_ptr<SegmentServer> segments_;  // hands them to workers and holders
+  std::thread segments_thread_;
   std::unique_ptr<SegmentSweeper> sweeper_;  // maps model_.segment, removes old ones
   std::unique_ptr<WorkerManager> manager_;
   std::unique_ptr<AdminServer> admin_;

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     // The front proxy (supervisor/proxy/proxy.h) on the supervisor's io_context;
     // its tokenizer and chat template come from the model segment's metadata.
     ds4::proxy::ModelText text = [&] {
-      const ds4::store::Segment seg = ds4::store::Segment::attach(sup.segment_name());
+      const ds4::store::Segment seg = ds4::sup::attach_served(sup.model());
       return ds4::proxy::ModelText::from_gguf(seg.metadata(), sup.model().name);
     }();
     ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(text), sup.registry());

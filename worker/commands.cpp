@@ -18,6 +18,7 @@
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
+#include "shared/segment_socket.h"
 #include "worker/cli.h"
 #include "worker/engine.h"
 #include "worker/memory_plan.h"
@@ -30,6 +31,13 @@
 
 namespace ds4 {
 namespace {
+
+// Where a memfd segment ("memfd:<name>") is asked for: the supervisor's
+// socket, which it names in a worker's environment.
+std::string segment_socket(const Args& a) {
+  const char* env = std::getenv("DS4_SEGMENT_SOCKET");
+  return a.str("segment-socket", env && *env ? env : store::default_segment_socket());
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -161,10 +169,10 @@ int cmd_run(const std::vector<std::string>& argv) {
 }
 
 int cmd_bench(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "gpu-weights", "holder-socket"}, {},
+  Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights", "holder-socket"}, {},
          {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}});
   const auto t_attach = Clock::now();
-  auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
+  auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
   const double attach_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_attach).count();
   const HParams& hp = lm->model.hp();
   const int64_t np = a.integer("n-prompt", 128, 0, 1 << 20), ng = a.integer("n-gen", 128, 0, 1 << 20);
@@ -233,7 +241,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
 
 int cmd_serve(const std::vector<std::string>& argv) {
   Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch", "control",
-                      "gpu-weights", "holder-socket"}, {});
+                      "gpu-weights", "holder-socket", "segment-socket"}, {});
   ServeOptions o;
   o.id = int(a.integer("id", 0, 0, 1 << 20));
   o.socket_path = a.required("socket");
@@ -247,7 +255,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const char* control_env = std::getenv("DS4_CONTROL");
   o.control = a.str("control", control_env ? control_env : "");
   const auto t0 = Clock::now();
-  auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
+  auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log::info("attached model segment " + lm->segment.name() + " in " + std::to_string(ms) + " ms",
             {{"DS4_WORKER", std::to_string(o.id)}, {"DS4_SEGMENT", lm->segment.name()}});
@@ -257,7 +265,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
 }
 
 int cmd_hold(const std::vector<std::string>& argv) {
-  Args a(argv, {"segment", "model", "device", "socket"}, {});
+  Args a(argv, {"segment", "segment-socket", "model", "device", "socket"}, {});
 #ifdef DS4_HAVE_CUDA
   const int dev = cuda_index(a.str("device", "cuda:0"));
   if (dev < 0) throw Error("device '" + a.str("device") + "': the holder keeps weights on a GPU (cuda:N)");
@@ -269,7 +277,7 @@ int cmd_hold(const std::vector<std::string>& argv) {
               {{"DS4_DEVICE", "cuda:" + std::to_string(dev)}});
     return kExitNothingToHold;
   }
-  auto lm = a.has("segment") ? attach_model(a.str("segment")) : open_model(a.required("model"));
+  auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
   // SIGTERM and SIGINT go to one thread that stops the holder (blocked here,
   // before any other thread exists, so every thread inherits the mask).
   sigset_t stop_signals;
@@ -318,6 +326,8 @@ int cmd_load(const std::vector<std::string>& argv) {
 int cmd_unload(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "segment"}, {});
   const std::string name = a.has("segment") ? a.str("segment") : store::segment_name(store::identify(a.required("model")));
+  if (store::is_memfd_handle(name))
+    throw Error(name + ": a memfd segment goes away when the supervisor that keeps it lets it go (or stops)");
   if (!store::remove(name)) throw Error("no segment named " + name);
   std::cout << "removed " << name << std::endl;
   return 0;

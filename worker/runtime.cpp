@@ -1,9 +1,14 @@
 #include "worker/runtime.h"
 
+#include "shared/segment_socket.h"
+
 namespace ds4 {
 
-std::unique_ptr<const LoadedModel> attach_model(const std::string& segment_name) {
-  store::Segment seg = store::Segment::attach(segment_name);
+std::unique_ptr<const LoadedModel> attach_model(const std::string& handle, const std::string& segment_socket) {
+  return bind_model(store::open_segment(handle, segment_socket));
+}
+
+std::unique_ptr<const LoadedModel> bind_model(store::Segment seg) {
   const store::Segment* s = &seg;
   auto lookup = [s](std::string_view name, TensorView& out) {
     const store::TensorRef* t = s->find_tensor(name);
@@ -24,7 +29,9 @@ std::unique_ptr<const LoadedModel> attach_model(const std::string& segment_name)
 std::unique_ptr<const LoadedModel> open_model(const std::string& gguf_path) {
   store::LoadOptions opts;
   opts.progress = store::make_progress_reporter(gguf_path);
-  return attach_model(store::ensure_loaded(gguf_path, opts));
+  // A model /dev/shm cannot hold goes into a memfd of this process's own.
+  const store::LoadResult r = store::load(gguf_path, opts);
+  return bind_model(r.fd ? store::Segment::attach_fd(r.fd->get(), r.name) : store::Segment::attach(r.name));
 }
 
 }  // namespace ds4

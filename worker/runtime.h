@@ -17,11 +17,16 @@ struct LoadedModel {
   Tokenizer tokenizer;
 };
 
-/// Attaches a ready segment read-only and binds the model in it.
-std::unique_ptr<const LoadedModel> attach_model(const std::string& segment_name);
+/// Attaches a ready segment read-only and binds the model in it: a named one,
+/// or a memfd one ("memfd:<name>") whose descriptor the supervisor serves on
+/// `segment_socket` (shared/segment_socket.h).
+std::unique_ptr<const LoadedModel> attach_model(const std::string& handle, const std::string& segment_socket);
+/// Binds the model in an attached segment.
+std::unique_ptr<const LoadedModel> bind_model(store::Segment segment);
 
 /// Loads `gguf_path` into shared memory unless a ready, matching segment
-/// exists (progress on the terminal / to systemd), then attaches it.
+/// exists (progress on the terminal / to systemd), then attaches it; a model
+/// /dev/shm cannot hold is loaded into a memfd this process keeps.
 std::unique_ptr<const LoadedModel> open_model(const std::string& gguf_path);
 
 }  // namespace ds4

@@ -53,6 +53,7 @@ TEST_CASE("config: an empty document gives every default") {
     const ds4::Config c = parse(text);
     CHECK(c.model.path.empty());
     CHECK(c.model.name.empty());
+    CHECK(c.model.backing == ds4::ModelBacking::automatic);
     CHECK(c.proxy.listen.host == "127.0.0.1");
     CHECK(c.proxy.listen.port == 8080);
     CHECK(c.proxy.listen.is_loopback());
@@ -95,6 +96,7 @@ TEST_CASE("config: every key set") {
 model:
   path: /models/big.gguf
   name: big-one
+  backing: memfd
 proxy:
   listen: "[::1]:9000"
   api_keys_file: /dev/null
@@ -135,6 +137,7 @@ gpu:
   weights: host-mapped
 )");
   CHECK(c.model.path == "/models/big.gguf");
+  CHECK(c.model.backing == ds4::ModelBacking::memfd);
   CHECK(c.model.name == "big-one");
   CHECK(c.proxy.listen.host == "::1");
   CHECK(c.proxy.listen.port == 9000);
@@ -258,6 +261,10 @@ TEST_CASE("config: wrong types") {
         "config/ds4.yaml:2:11: workers.device: expected auto, cpu or cuda:N, got 'gpu' (did you mean 'cpu'?)");
   CHECK(errors("workers:\n  device: cuda:x\n") ==
         "config/ds4.yaml:2:11: workers.device: expected cuda:N with N a GPU index, got 'cuda:x'");
+  CHECK(errors("model:\n  backing: memfdd\n") ==
+        "config/ds4.yaml:2:12: model.backing: expected one of auto, shm, memfd, got 'memfdd' (did you mean 'memfd'?)");
+  CHECK(errors("model:\n  backing: [shm]\n") ==
+        "config/ds4.yaml:2:12: model.backing: expected one of auto, shm, memfd, got a list");
   CHECK(errors("gpu:\n  weights: host_mapped\n") ==
         "config/ds4.yaml:2:12: gpu.weights: expected one of device, host-mapped, got 'host_mapped' "
         "(did you mean 'host-mapped'?)");
@@ -521,4 +528,11 @@ TEST_CASE("config: diff tells what a reload must do") {
   CHECK(d.model);
   CHECK(d.listen);
   CHECK(d.worker_settings);
+
+  // Another backing: the model is loaded again into it.
+  b = a;
+  b.model.backing = ds4::ModelBacking::memfd;
+  d = ds4::diff(a, b);
+  CHECK(d.keys == std::vector<std::string>{"model.backing"});
+  CHECK(d.model);
 }

@@ -1,18 +1,20 @@
-// Model store: loading a GGUF into a named shared-memory segment, reusing it,
-// refusing and rebuilding broken ones, sweeping unused ones, and the progress
-// reporter.
+// Model store: loading a GGUF into a named shared-memory segment (or a sealed
+// memfd when /dev/shm cannot hold it), reusing it, refusing and rebuilding
+// broken ones, sweeping unused ones, and the progress reporter.
 // Segments get a per-process test name, so these tests never touch real ones.
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -413,8 +415,9 @@ TEST_CASE("store: refuses what ds4 cannot load, before touching shared memory") 
     }
     CHECK_THROWS_WITH_AS(load(path, opts), doctest::Contains((path + ": offset ").c_str()), Error);
   }
-  SUBCASE("not enough shared memory") {
+  SUBCASE("not enough shared memory, and only shared memory wanted") {
     opts.assume_free_bytes = 1000;
+    opts.backing = BackingChoice::shm;
     CHECK_THROWS_WITH_AS(load(kStories, opts),
                          (kStories + ": model needs 1.2 MiB of shared memory, /dev/shm has 1000 bytes free; enlarge it "
                                      "(mount -o remount,size=<bytes> /dev/shm) or remove unused segments there").c_str(),
@@ -479,4 +482,190 @@ TEST_CASE("store: progress reporter formats and rate-limits") {
   CHECK(lines[2] == "loading m.gguf: 100% 0 MB/s");
   CHECK(final_seen);
   CHECK(statuses == lines);
+}
+
+// ---- memfd segments -----------------------------------------------------
+
+namespace {
+
+std::string attach_fd_error(int fd, const std::string& handle) {
+  try {
+    Segment::attach_fd(fd, handle);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A memfd holding `bytes` (sealed with `seals`), as a foreign or damaged one would.
+UniqueFd raw_memfd(std::span<const uint8_t> bytes, int seals) {
+  UniqueFd fd(::memfd_create("ds4-test-raw", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(fd);
+  REQUIRE(::write(fd.get(), bytes.data(), bytes.size()) == ssize_t(bytes.size()));
+  if (seals) REQUIRE(::fcntl(fd.get(), F_ADD_SEALS, seals) == 0);
+  return fd;
+}
+
+}  // namespace
+
+TEST_CASE("store: a model /dev/shm cannot hold goes into a sealed memfd, byte for byte") {
+  SegmentGuard g(test_name("memfd-auto"));
+  LoadOptions opts;
+  opts.name = g.name;
+  opts.assume_free_bytes = 1000;  // a container's tiny /dev/shm
+  const LoadResult r = load(kStories, opts);
+  CHECK(r.backing == Backing::memfd);
+  CHECK(r.name.starts_with("memfd:" + g.name + "."));
+  CHECK(r.name.size() == 6 + g.name.size() + 17);  // its load's tag
+  CHECK(is_memfd_handle(r.name));
+  CHECK(handle_name(r.name) == r.name.substr(6));
+  CHECK(base_name(r.name) == g.name);
+  CHECK(r.memfd_reason.find("/dev/shm cannot hold it") != std::string::npos);
+  REQUIRE(r.fd);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + g.name));  // nothing named was made
+  CHECK(r.bytes == uint64_t(::lseek(r.fd->get(), 0, SEEK_END)));
+
+  // Sealed: its size and bytes can no longer change, by anyone.
+  CHECK(::fcntl(r.fd->get(), F_GET_SEALS) == kMemfdSeals);
+  CHECK(::ftruncate(r.fd->get(), off_t(r.bytes / 2)) == -1);
+  CHECK(errno == EPERM);
+  CHECK(::pwrite(r.fd->get(), "x", 1, 0) == -1);
+  CHECK(errno == EPERM);
+  CHECK(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd->get(), 0) == MAP_FAILED);
+
+  // Attached from the descriptor: the same checks and contents as a named one.
+  const Segment seg = Segment::attach_fd(r.fd->get(), r.name);
+  CHECK(seg.name() == r.name);
+  CHECK(seg.backing() == Backing::memfd);
+  CHECK(seg.identity() == identify(kStories));
+  CHECK(seg.header().state.load() == uint32_t(SegmentState::ready));
+  const gguf::File file = gguf::File::open(kStories);
+  REQUIRE(seg.tensors().size() == file.tensors().size());
+  for (const gguf::TensorInfo& t : file.tensors()) {
+    const TensorRef* ref = seg.find_tensor(t.name);
+    REQUIRE(ref);
+    const auto want = file.tensor_data(t);
+    CHECK(std::memcmp(ref->data, want.data(), want.size()) == 0);
+  }
+  CHECK(seg.vocab().n_tokens == 512);
+  // The mapping is read-only and cannot be made writable.
+  CHECK(::mprotect(const_cast<void*>(seg.base()), 4096, PROT_READ | PROT_WRITE) == -1);
+  CHECK(ready_identity(r.fd->get()) == identify(kStories));
+  // A name cannot reach it.
+  CHECK(attach_error(r.name).find("has no name to open") != std::string::npos);
+}
+
+TEST_CASE("store: model.backing memfd loads into a memfd even where /dev/shm has room") {
+  SegmentGuard g(test_name("memfd-chosen"));
+  LoadOptions opts;
+  opts.name = g.name;
+  opts.backing = BackingChoice::memfd;
+  const LoadResult first = load(kStories, opts);
+  CHECK(first.backing == Backing::memfd);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + g.name));
+  // Each load makes its own: a memfd cannot be found again by name.
+  const LoadResult second = load(kStories, opts);
+  CHECK(first.name != second.name);  // two copies, two handles
+  struct stat a {}, b {};
+  ::fstat(first.fd->get(), &a);
+  ::fstat(second.fd->get(), &b);
+  CHECK(a.st_ino != b.st_ino);
+  // ensure_loaded returns only a name, which would lose a memfd at once.
+  CHECK_THROWS_WITH_AS(ensure_loaded(kStories, opts), doctest::Contains("lives only as long as its descriptor"), Error);
+  // The mapping outlives the descriptor.
+  std::optional<Segment> seg;
+  {
+    LoadResult r = load(kStories, opts);
+    seg.emplace(Segment::attach_fd(r.fd->get(), r.name));
+  }
+  CHECK(seg->tensors().size() == 48);
+  CHECK(seg->find_tensor("output.weight") != nullptr);
+}
+
+TEST_CASE("store: a memfd that does not fit memory is refused before anything is written") {
+  SegmentGuard g(test_name("memfd-nomem"));
+  LoadOptions opts;
+  opts.name = g.name;
+  opts.backing = BackingChoice::memfd;
+  SUBCASE("less memory available than the model needs") {
+    opts.assume_available_memory = 1000;
+    CHECK_THROWS_WITH_AS(load(kStories, opts),
+                         (kStories + ": model needs 1.2 MiB of memory for a memfd segment, only 1000 bytes is "
+                                     "available; free memory, raise the cgroup's MemoryMax=, or use a smaller model")
+                             .c_str(),
+                         Error);
+  }
+  SUBCASE("the kernel refuses the reservation") {
+    // A file-size limit makes the kernel refuse fallocate (EFBIG) as it
+    // would refuse memory it cannot charge: the load must stop there.
+    rlimit old {};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = old;
+    small.rlim_cur = 64 * 1024;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    std::string err;
+    try {
+      load(kStories, opts);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(err == kStories + ": cannot reserve 1.2 MiB of memory for a memfd segment: File too large");
+  }
+}
+
+TEST_CASE("store: attach_fd refuses a memfd that is not a whole, sealed ds4 segment") {
+  SegmentGuard g(test_name("memfd-bad"));
+  LoadOptions opts;
+  opts.name = g.name;
+  opts.backing = BackingChoice::memfd;
+  const LoadResult r = load(kStories, opts);
+  const std::string handle = "memfd:" + g.name;
+  std::vector<uint8_t> whole(r.bytes);
+  REQUIRE(::pread(r.fd->get(), whole.data(), whole.size(), 0) == ssize_t(whole.size()));
+
+  SUBCASE("a good copy, sealed, is accepted") {
+    const UniqueFd fd = raw_memfd(whole, kMemfdSeals);
+    CHECK(attach_fd_error(fd.get(), handle) == "");
+  }
+  SUBCASE("unsealed: its size could change under a reader") {
+    const UniqueFd fd = raw_memfd(whole, 0);
+    CHECK(attach_fd_error(fd.get(), handle) ==
+          "memfd segment '" + g.name + "': is a memfd whose size is not sealed; it was not made by the ds4 loader");
+    CHECK_FALSE(ready_identity(fd.get()) == std::nullopt);  // the header alone is fine
+  }
+  SUBCASE("truncated") {
+    const UniqueFd fd = raw_memfd(std::span(whole).first(whole.size() - 4096), kMemfdSeals);
+    CHECK(attach_fd_error(fd.get(), handle).find("differs from the") != std::string::npos);
+    CHECK(ready_identity(fd.get()) == std::nullopt);
+  }
+  SUBCASE("too small for a header") {
+    const UniqueFd fd = raw_memfd(std::span(whole).first(6), kMemfdSeals);
+    CHECK(attach_fd_error(fd.get(), handle).find("truncated: 6 bytes") != std::string::npos);
+    CHECK(ready_identity(fd.get()) == std::nullopt);
+  }
+  SUBCASE("not a ds4 segment") {
+    std::vector<uint8_t> junk(whole.size(), 0x5a);
+    const UniqueFd fd = raw_memfd(junk, kMemfdSeals);
+    CHECK(attach_fd_error(fd.get(), handle).find("bad magic") != std::string::npos);
+    CHECK(ready_identity(fd.get()) == std::nullopt);
+  }
+  SUBCASE("half-written: its loader died before `ready`") {
+    reinterpret_cast<SegmentHeader*>(whole.data())->state.store(uint32_t(SegmentState::loading));
+    const UniqueFd fd = raw_memfd(whole, kMemfdSeals);
+    CHECK(attach_fd_error(fd.get(), handle).find("half-written") != std::string::npos);
+    CHECK(ready_identity(fd.get()) == std::nullopt);
+  }
+}
+
+TEST_CASE("store: fd_mapped_by_some_process finds a memfd's mappings") {
+  LoadOptions opts;
+  opts.name = test_name("memfd-mapped");
+  opts.backing = BackingChoice::memfd;
+  const LoadResult r = load(kStories, opts);
+  CHECK_FALSE(fd_mapped_by_some_process()(r.fd->get()));
+  const Segment seg = Segment::attach_fd(r.fd->get(), r.name);
+  CHECK(fd_mapped_by_some_process()(r.fd->get()));
 }

@@ -12,6 +12,7 @@
 
 #include "fake_registry.h"
 #include "shared/model_store.h"
+#include "supervisor/memfd_segments.h"
 #include "supervisor/segment_sweeper.h"
 
 using namespace ds4;
@@ -134,4 +135,54 @@ TEST_CASE("sweeper: an old segment goes once its last worker has, the served one
   sweeper.request();
   run(500ms);
   CHECK(exists(stray));
+}
+
+TEST_CASE("sweeper: an old memfd segment is let go once no process maps it; the served one is kept") {
+  asio::io_context io;
+  auto run = [&](std::chrono::milliseconds d) {
+    io.restart();
+    io.run_for(d);
+  };
+  MemfdSegments memfds(false);
+  auto load_memfd = [&](const std::string& what) {
+    store::LoadOptions o;
+    o.name = sweeper_name(what);
+    o.backing = store::BackingChoice::memfd;
+    store::LoadResult r = store::load(kStories, o);
+    memfds.add(r.name, r.fd);
+    return r;
+  };
+  const store::LoadResult first = load_memfd("memfd-first"), second = load_memfd("memfd-second");
+  SweeperSettings ss;
+  ss.sweep.prefix = sweeper_name("nothing-named-");  // named segments are not this test's business
+  ss.min_interval = 100ms;
+  ss.recheck = 200ms;
+  ss.memfds = &memfds;  // who maps what: the real scan of /proc
+  SegmentSweeper sweeper(io, ss);
+
+  // A worker of the first model still maps it (here: this process).
+  std::optional<store::Segment> worker_mapping(store::Segment::attach_fd(first.fd->get(), first.name));
+  sweeper.set_current(second.name, second.fd.get());
+  run(300ms);
+  CHECK(memfds.fd(first.name) != nullptr);  // mapped: kept
+  CHECK(memfds.fd(second.name) != nullptr);  // served
+
+  // Its last worker is gone: released at the next recheck.
+  worker_mapping.reset();
+  run(500ms);
+  CHECK(memfds.fd(first.name) == nullptr);
+  CHECK(memfds.fd(second.name) != nullptr);  // served, and mapped by the sweeper itself
+  CHECK(store::fd_mapped_by_some_process()(second.fd->get()));
+  CHECK(memfds.handles() == std::vector<std::string>{second.name});
+
+  // A reload's new model, loaded but not served yet: nobody maps it, and it
+  // must stay (workers are about to ask for it).
+  const store::LoadResult third = load_memfd("memfd-third");
+  sweeper.request();
+  run(500ms);
+  CHECK(memfds.fd(third.name) != nullptr);
+  // Served now: the one before goes.
+  sweeper.set_current(third.name, third.fd.get());
+  run(500ms);
+  CHECK(memfds.handles() == std::vector<std::string>{third.name});
 }
