@@ -223,7 +223,13 @@ void write_vocab(uint8_t* region, const Vocab& v) {
   if (!v.types.empty()) std::memcpy(region + v.header.types_offset, v.types.data(), v.types.size() * sizeof(int32_t));
 }
 
-void write_segment(uint8_t* base, const Plan& p, const gguf::File& f, const Identity& id, const ProgressFn& progress) {
+[[noreturn]] void throw_cancelled(const std::string& source, uint64_t done, uint64_t total) {
+  throw LoadCancelled(source + ": loading stopped at " + format_bytes(done) + " of " + format_bytes(total) +
+                      " (the supervisor is stopping)");
+}
+
+void write_segment(uint8_t* base, const Plan& p, const gguf::File& f, const Identity& id, const LoadOptions& opts) {
+  const ProgressFn& progress = opts.progress;
   auto* h = new (base) SegmentHeader();
   std::memcpy(h->magic, kMagic, sizeof h->magic);
   h->layout_version = kLayoutVersion;
@@ -265,6 +271,7 @@ void write_segment(uint8_t* base, const Plan& p, const gguf::File& f, const Iden
     const std::span<const uint8_t> src = f.tensor_data(f.tensors()[i]);
     uint8_t* dst = base + p.tensor_offsets[i];
     for (uint64_t at = 0; at < src.size(); at += kCopyChunk) {
+      if (opts.stop.stop_requested()) throw_cancelled(f.source(), done, p.tensor_bytes);
       const uint64_t n = std::min<uint64_t>(kCopyChunk, src.size() - at);
       std::memcpy(dst + at, src.data() + at, n);
       done += n;
@@ -294,12 +301,24 @@ struct NoSpace : Error {
               ") or remove unused segments there");
 }
 
+// posix_fallocate over [0, bytes), a GiB at a time so that a stop asked
+// meanwhile is seen (reserving 80 GB takes seconds). Returns its error code.
+int allocate_pages(int fd, uint64_t bytes, const std::string& source, const LoadOptions& opts) {
+  constexpr uint64_t kStep = uint64_t(1) << 30;
+  for (uint64_t at = 0; at < bytes; at += kStep) {
+    if (opts.stop.stop_requested()) throw_cancelled(source, 0, bytes);
+    int rc;
+    do {
+      rc = ::posix_fallocate(fd, off_t(at), off_t(std::min(kStep, bytes - at)));
+    } while (rc == EINTR);
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
 // Reserves the pages for real, so that a full tmpfs fails here and not with SIGBUS mid-copy.
 void reserve(int fd, uint64_t bytes, const std::string& source, const LoadOptions& opts) {
-  int rc;
-  do {
-    rc = ::posix_fallocate(fd, 0, off_t(bytes));
-  } while (rc == EINTR);
+  const int rc = allocate_pages(fd, bytes, source, opts);
   if (rc == ENOSPC) throw_no_space(source, bytes, free_bytes(opts));
   if (rc != 0) throw Error(source + ": cannot reserve " + format_bytes(bytes) + " of shared memory: " + std::strerror(rc));
 }
@@ -323,7 +342,7 @@ std::optional<LoadResult> create_segment(const std::string& name, const gguf::Fi
   try {
     reserve(fd, p.total, f.source(), opts);
     bip::mapped_region region(*shm, bip::read_write, 0, p.total);
-    write_segment(static_cast<uint8_t*>(region.get_address()), p, f, id, opts.progress);
+    write_segment(static_cast<uint8_t*>(region.get_address()), p, f, id, opts);
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(name.c_str());
     throw Error(segment_label(name) + ": cannot map " + format_bytes(p.total) + ": " + e.what());
@@ -398,10 +417,7 @@ LoadResult create_memfd_segment(const std::string& base_name, const gguf::File& 
   if (p.total > avail) throw_no_memory(f.source(), p.total, "only " + format_bytes(avail) + " is available");
   auto fd = std::make_shared<UniqueFd>(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!*fd) throw Error(segment_label(handle) + ": memfd_create failed: " + std::strerror(errno));
-  int rc;
-  do {
-    rc = ::posix_fallocate(fd->get(), 0, off_t(p.total));
-  } while (rc == EINTR);
+  const int rc = allocate_pages(fd->get(), p.total, f.source(), opts);
   if (rc == ENOSPC || rc == ENOMEM) throw_no_memory(f.source(), p.total, "the kernel refused to reserve it");
   if (rc != 0) {
     throw Error(f.source() + ": cannot reserve " + format_bytes(p.total) + " of memory for a memfd segment: " +
@@ -413,7 +429,12 @@ LoadResult create_memfd_segment(const std::string& base_name, const gguf::File& 
   void* base = ::mmap(nullptr, p.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd->get(), 0);
   if (base == MAP_FAILED)
     throw Error(segment_label(handle) + ": cannot map " + format_bytes(p.total) + ": " + std::strerror(errno));
-  write_segment(static_cast<uint8_t*>(base), p, f, id, opts.progress);
+  try {
+    write_segment(static_cast<uint8_t*>(base), p, f, id, opts);
+  } catch (...) {
+    ::munmap(base, p.total);  // with the descriptor, the last reference: the pages go
+    throw;
+  }
   ::munmap(base, p.total);
   // No writable mapping is left, so the write seal takes: readers may trust it.
   if (::fcntl(fd->get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) != 0)

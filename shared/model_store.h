@@ -21,11 +21,13 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "shared/error.h"
 #include "shared/ggml_types.h"
 #include "shared/gguf.h"
 
@@ -231,6 +233,14 @@ struct LoadOptions {
   /// Tests: pretend this much memory is available to a memfd (MemAvailable,
   /// and what the cgroup's memory.max leaves).
   std::optional<uint64_t> assume_available_memory;
+  /// Once a stop is requested, a load in progress stops (within one copy
+  /// chunk) with LoadCancelled and removes what it wrote.
+  std::stop_token stop;
+};
+
+/// A load stopped through LoadOptions::stop.
+struct LoadCancelled : Error {
+  using Error::Error;
 };
 
 struct LoadResult {

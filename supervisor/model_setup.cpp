@@ -82,7 +82,7 @@ store::Segment attach_served(const ModelInfo& m) {
 }
 
 ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir,
-                        MemfdSegments& memfds) {
+                        MemfdSegments& memfds, std::stop_token stop) {
   ModelInfo m;
   m.path = config.model.path.string();
   m.name = config.model.name;
@@ -116,6 +116,7 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
   }
   store::LoadOptions opts;
   opts.backing = want;
+  opts.stop = std::move(stop);
   opts.progress = store::make_progress_reporter("loading " + fs::path(m.path).filename().string());
   const store::LoadResult r = store::load(m.path, opts);
   m.segment = r.name;

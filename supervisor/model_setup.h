@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -39,8 +40,9 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
 /// Resolves (synthesizing if needed, with a loud warning) and loads the model
 /// as model.backing says: a memfd segment of this model that `memfds` keeps
 /// (one systemd gave back) is reused; a new memfd segment is added to it.
+/// A stop requested through `stop` ends a load in progress (store::LoadCancelled).
 ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir,
-                        MemfdSegments& memfds);
+                        MemfdSegments& memfds, std::stop_token stop = {});
 
 /// KV + scratch of a worker at each context in `ladder` (slots and threads as
 /// configured), computed by the CPU backend's own planner on the segment.

@@ -239,6 +239,7 @@ void Supervisor::shutdown(int sig) {
   sd_notify(0, "STOPPING=1\nSTATUS=stopping workers");
   log::info("stopping on signal " + std::to_string(sig) + ": stopping the workers");
   for (auto& fn : stop_listeners_) fn();
+  loader_.request_stop();  // a reload's model load in progress ends now, not when it is done
   sweeper_->stop();
   manager_->stop([this] {
     log::info("all workers stopped");
@@ -305,14 +306,18 @@ bool Supervisor::reload(std::string* error) {
             {{"DS4_EVENT", "reload"}});
   reloading_ = true;
   if (loader_.joinable()) loader_.join();
-  loader_ = std::jthread([this, next = std::move(next), ch, control = health_->name()]() mutable {
+  loader_ = std::jthread([this, next = std::move(next), ch, control = health_->name()](std::stop_token stop) mutable {
     std::optional<Loaded> loaded;
     std::string failed;
     Loaded l;
     try {
-      l.model = prepare_model(next, runtime_dir_, opts_.bin_dir, *memfds_);
+      l.model = prepare_model(next, runtime_dir_, opts_.bin_dir, *memfds_, stop);
       l.settings = manager_settings(next, l.model, runtime_dir_, control);
       loaded = std::move(l);
+    } catch (const store::LoadCancelled& e) {
+      log::info(std::string("reload: the new model's load stopped, nothing of it kept: ") + e.what(),
+                {{"DS4_EVENT", "reload_failed"}});
+      return;  // the supervisor is stopping
     } catch (const Error& e) {
       failed = e.what();
       // A memfd made by this load would never be served (nor swept): let it go.

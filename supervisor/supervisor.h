@@ -142,7 +142,7 @@ class Supervisor {
   bool stopping_ = false;
   int exit_status_ = 0;
   bool reloading_ = false;  // a reload's new model loads on loader_, or its holder copies the weights
-  std::jthread loader_;   // last: joined before the rest goes (a load cannot be cut short)
+  std::jthread loader_;   // last: stopped and joined before the rest goes
 };
 
 }  // namespace ds4::sup

@@ -6,8 +6,9 @@
 # polled every 20 ms through the whole reload, answers every time, and its
 # slowest answer is far below the time the reload took (the load used to run on
 # the io thread: every answer waited for all of it). A second reload during the
-# load is refused. A reload whose model fails
-# to load keeps the old model serving and says why. Process backend.
+# load is refused. A reload whose model fails to load keeps the old model
+# serving and says why. A stop during a reload's load ends the load at once
+# and leaves nothing half-written. Process backend.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -108,6 +109,30 @@ grep -q 'reload failed while loading the new model, the old one keeps serving' "
   && pass "the served model and its worker are unchanged" || fail "a failed reload changed the served model or its worker"
 [[ $(sup_complete "$url" reload-test | tail -1) == 200 ]] && pass "still answering" || fail "no answer after the failed reload"
 
+# A stop while a reload's model loads: the load stops at once and leaves no
+# half-written segment. The model file changed on disk (a new mtime: another
+# identity), so the reload loads it again.
+before_shm=$(ls /dev/shm | grep '^ds4-model-' | sort)
+loads=$(grep -c 'loading the new model while the old one serves' "$SUP_DIR/sup.log")
+touch "$big"
+write_config "$big"
+kill -HUP "$SUP_PID"
+for _ in $(seq 200); do
+  (($(grep -c 'loading the new model while the old one serves' "$SUP_DIR/sup.log") > loads)) && break
+  sleep 0.01
+done
+t0=${EPOCHREALTIME/[.,]/}
 sup_stop
+took=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
+if grep -q "the new model's load stopped, nothing of it kept" "$SUP_DIR/sup.log"; then
+  pass "SIGTERM during a reload's load stops it: exit ${took} ms after the signal; $(grep -o 'loading stopped at [^(]*' "$SUP_DIR/sup.log" | tail -1)"
+elif (($(grep -c 'reload: the new model reload-test is served from' "$SUP_DIR/sup.log") > 1)); then
+  echo "skip - the model loaded before the stop: the stopped-load check did not run"
+else
+  fail "no 'load stopped' line after a stop during the load: $(tail -3 "$SUP_DIR/sup.log")"
+fi
+after_shm=$(ls /dev/shm | grep '^ds4-model-' | sort)
+new_shm=$(comm -13 <(echo "$before_shm") <(echo "$after_shm"))
+[[ -z $new_shm ]] && pass "no half-written segment left in /dev/shm" || { fail "left in /dev/shm: $new_shm"; segments+=($new_shm); }
 sup_finish 40

@@ -18,10 +18,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <stop_token>
 #include <string>
 #include <vector>
 
 #include "shared/error.h"
+#include "shared/files.h"
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
 #include "shared/model_store.h"
@@ -193,6 +195,40 @@ TEST_CASE("store: a ready, matching segment is reused without copying") {
   CHECK_FALSE(forced.reused);
   CHECK(forced.rebuild_reason == "rebuild forced");
   CHECK(Segment::attach(g.name).header().loaded_at_ns > first_load);
+}
+
+TEST_CASE("store: a load stopped midway removes what it wrote, named or memfd") {
+  // The supervisor stops a reload's load when it is stopped itself.
+  for (const BackingChoice backing : {BackingChoice::shm, BackingChoice::memfd}) {
+    CAPTURE(int(backing));
+    SegmentGuard g(test_name("stopped"));
+    std::stop_source stop;
+    LoadOptions opts;
+    opts.name = g.name;
+    opts.backing = backing;
+    opts.stop = stop.get_token();
+    uint64_t last_done = 0;
+    opts.progress = [&](uint64_t done, uint64_t) {
+      last_done = done;
+      if (done > 0) stop.request_stop();  // after the first tensor
+    };
+    CHECK_THROWS_WITH_AS(load(kStories, opts), doctest::Contains("loading stopped at"), LoadCancelled);
+    CHECK(last_done > 0);
+    CHECK(list_segments(g.name).empty());  // nothing half-written is left behind
+    // …nor a memfd: no descriptor or mapping of one by that name in this process.
+    bool memfd_left = read_whole_file("/proc/self/maps").value_or("").find("/memfd:" + g.name) != std::string::npos;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      memfd_left |= std::filesystem::read_symlink(e.path(), ec).string().starts_with("/memfd:" + g.name);
+    }
+    CHECK_FALSE(memfd_left);
+    // A later load with no stop asked goes through.
+    opts.stop = {};
+    opts.progress = nullptr;
+    const LoadResult r = load(kStories, opts);
+    CHECK(r.bytes > 0);
+    CHECK_FALSE(r.reused);
+  }
 }
 
 TEST_CASE("store: a half-written segment is refused by attach and rebuilt by load") {
