@@ -7,7 +7,8 @@
 # drained and restarted one rung lower, and one rung up again once that memory
 # is back; a reload to host-mapped weights stops the holder and restarts the
 # worker reading the weights in place, and a reload back brings a holder
-# again (the proxy answering all the while it starts); a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
+# again (the proxy answering all the while it starts); a reload to
+# model.backing: memfd gives the holder the memfd; a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
 # (bench/cuda_holder.sh measures it).
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
@@ -175,6 +176,24 @@ else
 fi
 (($(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log") > holders)) && pass "the new worker maps the new holder's weights" \
   || fail "the worker after the reload does not use the holder"
+
+# A reload to model.backing: memfd (what a model larger than /dev/shm gets):
+# the model goes into a memfd the supervisor keeps, the new holder takes it
+# from the supervisor's segment socket and copies it to the GPU, and the
+# restarted worker maps the holder's weights: the same greedy answer.
+pid=$(sup_get 'w[0]["pid"]')
+hpid=$(sup_get 's["holder"]["pid"]')
+holders=$(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log")
+sed -i "s|^  path: $model\$|  path: $model\n  backing: memfd|" "$SUP_DIR/ds4.yaml"
+"$DS4_BIN/ds4ctl" reload >/dev/null || fail "ds4ctl reload"
+if sup_wait 60 's["model"]["segment"].startswith("memfd:") and s["holder"] is not None and s["holder"]["state"] == "ready" and s["holder"]["pid"] != '"$hpid"' and w[0]["state"] == "ready" and w[0]["pid"] not in (0, '"$pid"')'; then
+  pass "reload to a memfd model: holder $(sup_get 's["holder"]["pid"]') holds $(sup_get 's["holder"]["segment"]'), worker restarted"
+else
+  fail "reload to model.backing memfd not applied: $(sup_status | tr -d '\n' | cut -c1-600)"
+fi
+(($(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log") > holders)) && pass "the worker maps the memfd holder's weights" \
+  || fail "the worker on the memfd model does not use the holder"
+[[ $(complete "$url") == "$before" ]] && pass "same greedy answer from the memfd model on the GPU" || fail "the memfd model's answer differs"
 
 hpid=$(sup_get 's["holder"]["pid"]')
 sup_stop
