@@ -47,7 +47,9 @@ else fail "exec worker not ready: $(sup_status | tr -d '\n' | cut -c1-600)"; sup
 if sup_check 'w[0]["context"] == 512 and w[0]["engine"] == "exec" and w[0]["port"] > 0 and w[0]["pid"] > 0'; then
   pass "ds4ctl status: engine exec at the largest rung (512), port $(sup_get 'w[0]["port"]')"
 else fail "status: $(sup_status | tr -d '\n' | cut -c1-600)"; fi
-url=$(sup_proxy_url) || { fail "no proxy address in the log"; sup_finish; }
+# The supervisor's own proxy (the engines' ds4-proxy logs to the same file).
+url=http://$(sed -n 's/^ds4-supervisor: proxy listening on \([0-9.]*:[0-9]*\).*/\1/p' "$SUP_DIR/sup.log" | tail -1)
+[[ $url == http://*:* ]] || { fail "no proxy address in the log"; sup_finish; }
 
 health=$(curl -s --max-time 10 -w ' %{http_code}' "$url/health")
 if [[ $health == *'"workers_ready":1'*' 200' ]]; then pass "/health: 200, one worker ready"
@@ -80,13 +82,16 @@ except urllib.error.HTTPError as e:
     assert e.code == 400, e.code
 PY
 
-# SIGKILL the engine, then send requests at once: they wait in the queue (or
-# find the dead port and go back to it) and complete once it is back.
+# Freeze the engine, send 6 requests: 2 go to it (slots: 2) and get no
+# answer, 4 wait in the queue. SIGKILL the engine: the 2 go back to the queue
+# (nothing reached their clients) and all 6 complete once it has restarted.
 engine_pid() { pgrep -P "$(sup_get 'w[0]["pid"]')" | head -1; }
+metric() { curl -s --max-time 5 "$url/metrics" | sed -n "s/^$1 //p"; }
 epid=$(engine_pid)
-[[ -n $epid ]] || fail "no engine process under the worker"
-kill -KILL "$epid"
-python3 - "$url" <<'PY' && pass "6 requests sent while the engine died all completed after its restart" || fail "requests lost across the engine's death"
+[[ -n $epid ]] || { fail "no engine process under the worker"; sup_finish; }
+broken_before=$(metric ds4_worker_calls_broken_total)
+kill -STOP "$epid"
+python3 - "$url" >"$SUP_DIR/six.out" 2>&1 <<'PY' &
 import json, sys, urllib.request, concurrent.futures as cf
 url = sys.argv[1]
 def one(i):
@@ -106,6 +111,16 @@ def one(i):
 with cf.ThreadPoolExecutor(6) as ex:
     assert all(ex.map(one, range(6)))
 PY
+six=$!
+for _ in $(seq 100); do [[ $(metric ds4_queue_waiting) == 4 && $(metric ds4_requests_in_flight) == 2 ]] && break; sleep 0.1; done
+if [[ $(metric ds4_queue_waiting) == 4 ]]; then pass "engine frozen: 2 requests on it, 4 waiting in the queue"
+else fail "queue: waiting $(metric ds4_queue_waiting), in flight $(metric ds4_requests_in_flight)"; fi
+kill -KILL "$epid"
+if wait "$six"; then pass "all 6 requests completed after the engine's restart"
+else fail "requests lost across the engine's death: $(tail -5 "$SUP_DIR/six.out")"; fi
+broken=$(($(metric ds4_worker_calls_broken_total) - broken_before))
+if ((broken >= 2)); then pass "the 2 requests on the dead engine were replayed ($broken broken calls)"
+else fail "broken calls: $broken, expected at least 2"; fi
 if sup_check 'w[0]["restarts"] >= 1 and w[0]["state"] == "ready"'; then pass "status: the worker restarted ($(sup_get 'w[0]["last_exit"]'))"
 else fail "status after the kill: $(sup_status | tr -d '\n' | cut -c1-600)"; fi
 
