@@ -184,6 +184,7 @@ std::optional<int> Supervisor::holder_device() const {
   // the shared pages) nor for CPU workers.
   const Device& d = config_.workers.device;
   if (config_.gpu.weights != GpuWeights::device || !workers_on_gpu(d)) return std::nullopt;
+  if (config_.workers.engine == WorkerEngine::exec) return std::nullopt;  // an external engine loads its own
   return d.kind == Device::Kind::cuda ? d.index : 0;
 }
 
