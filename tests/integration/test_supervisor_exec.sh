@@ -85,7 +85,8 @@ PY
 # Freeze the engine, send 6 requests: 2 go to it (slots: 2) and get no
 # answer, 4 wait in the queue. SIGKILL the engine: the 2 go back to the queue
 # (nothing reached their clients) and all 6 complete once it has restarted.
-engine_pid() { pgrep -P "$(sup_get 'w[0]["pid"]')" | head -1; }
+# The engine's HTTP server: the ds4-proxy on the worker's port.
+engine_pid() { pgrep -f "ds4-proxy .*--listen 127.0.0.1:$(sup_get 'w[0]["port"]') " | head -1; }
 metric() { curl -s --max-time 5 "$url/metrics" | sed -n "s/^$1 //p"; }
 epid=$(engine_pid)
 [[ -n $epid ]] || { fail "no engine process under the worker"; sup_finish; }
@@ -126,10 +127,9 @@ else fail "status after the kill: $(sup_status | tr -d '\n' | cut -c1-600)"; fi
 
 # A stream whose engine dies after its first byte: an error event ends it.
 sup_wait 30 'w[0]["state"] == "ready"'
-python3 - "$url" "$(sup_get 'w[0]["pid"]')" <<'PY' && pass "a stream cut after its first byte ends with an error event" || fail "stream cut mid-answer"
+python3 - "$url" "$(engine_pid)" <<'PY' && pass "a stream cut after its first byte ends with an error event" || fail "stream cut mid-answer"
 import json, os, signal, subprocess, sys, time, urllib.request
-url, wpid = sys.argv[1], int(sys.argv[2])
-engine = int(subprocess.check_output(["pgrep", "-P", str(wpid)]).split()[0])
+url, engine = sys.argv[1], int(sys.argv[2])
 body = {"model": "stories", "messages": [{"role": "user", "content": "Once upon a time"}],
         "max_tokens": 400, "temperature": 1.0, "seed": 7, "stream": True}
 req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
