@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "shared/control_block.h"
 #include "shared/error.h"
@@ -138,8 +139,114 @@ int http_get_status(int port, const std::string& path, milliseconds timeout) {
   return std::atoi(head.c_str() + 9);
 }
 
+namespace {
+
+/// The server and what this process says about it: its record, READY=1,
+/// STOPPING=1. One thread; the loop in run_exec_engine drives it.
+class EngineProcess {
+ public:
+  EngineProcess(const ExecEngineOptions& o, const sigset_t& child_mask) : o_(o), record_(open_record(o)) {
+    if (record_) record_->set_plan(o.context, o.slots, 0, 0, 0);
+    std::string shown;
+    for (const auto& a : o.argv) shown += (shown.empty() ? "" : " ") + a;
+    child_ = spawn(o.argv, child_mask);
+    started_ = Clock::now();
+    log::info("engine: started " + shown + " (pid " + std::to_string(child_) + ", port " + std::to_string(o.port) + ")",
+              {{"DS4_WORKER", std::to_string(o.id)}, {"DS4_ENGINE_PID", std::to_string(child_)}});
+    sd_notify(0, ("STATUS=starting the engine on port " + std::to_string(o.port)).c_str());
+  }
+
+  /// The server's wait status once it has ended.
+  std::optional<int> ended() {
+    int status = 0;
+    if (::waitpid(child_, &status, WNOHANG) != child_) return std::nullopt;
+    log::info("engine: the server (pid " + std::to_string(child_) + ") " +
+                  (WIFSIGNALED(status) ? std::string("was killed by signal ") + sigabbrev_np(WTERMSIG(status))
+                                       : "exited with status " + std::to_string(WEXITSTATUS(status))),
+              {{"DS4_WORKER", std::to_string(o_.id)}});
+    if (record_) record_->set_state(control::RecordState::stopping);
+    if (!stopping_ && !ready_ && WIFEXITED(status))
+      sd_notify(0, ("STATUS=error: the engine exited with status " + std::to_string(WEXITSTATUS(status)) +
+                    " before it answered on port " + std::to_string(o_.port) + " at context " +
+                    std::to_string(o_.context))
+                       .c_str());
+    return status;
+  }
+
+  /// Asks the server whether it answers: a beat when it does; READY=1 the
+  /// first time. False when it never answered within the start timeout.
+  bool check_health() {
+    const milliseconds timeout = ready_ ? std::max(o_.poll_every * 2, milliseconds(1000)) : milliseconds(1000);
+    int code = http_get_status(o_.port, health_path_, timeout);
+    if (code == 404 && health_path_ == "/health") {  // a server without /health: its model list
+      health_path_ = "/v1/models";
+      code = http_get_status(o_.port, health_path_, timeout);
+    }
+    if (code == 200) {
+      if (record_) record_->beat();
+      if (!ready_) become_ready();
+    } else if (!ready_ && Clock::now() - started_ > o_.start_timeout) {
+      sd_notify(0, ("STATUS=error: the engine did not answer GET " + health_path_ + " on port " +
+                    std::to_string(o_.port) + " within the start timeout")
+                       .c_str());
+      return false;
+    }
+    next_check_ = Clock::now() + (ready_ ? o_.poll_every : milliseconds(100));
+    return true;
+  }
+
+  /// SIGTERM to the server; SIGKILL after the stop timeout (kill_if_late).
+  void stop() {
+    if (stopping_) return;
+    stopping_ = true;
+    sd_notify(0, "STOPPING=1");
+    if (record_) record_->set_state(control::RecordState::stopping);
+    ::kill(child_, SIGTERM);
+    kill_at_ = Clock::now() + o_.stop_timeout;
+  }
+
+  void kill_if_late() {
+    if (!stopping_ || Clock::now() < kill_at_) return;
+    ::kill(child_, SIGKILL);
+    kill_at_ = Clock::time_point::max();
+  }
+
+  /// Kills the server at once and waits for it.
+  void kill_now() {
+    ::kill(child_, SIGKILL);
+    int status = 0;
+    ::waitpid(child_, &status, 0);
+  }
+
+  bool stopping() const { return stopping_; }
+  bool ready() const { return ready_; }
+  bool check_due() const { return !stopping_ && Clock::now() >= next_check_; }
+  /// When the loop must look again (a health check, or the stop deadline).
+  Clock::time_point next_wake() const {
+    return stopping_ ? std::min(kill_at_, Clock::now() + milliseconds(100)) : next_check_;
+  }
+
+ private:
+  void become_ready() {
+    ready_ = true;
+    if (record_) record_->set_state(control::RecordState::ready);
+    sd_notify(0, ("READY=1\nSTATUS=engine answering on 127.0.0.1:" + std::to_string(o_.port)).c_str());
+    log::info("engine: ready on port " + std::to_string(o_.port), {{"DS4_WORKER", std::to_string(o_.id)}});
+  }
+
+  const ExecEngineOptions& o_;
+  std::unique_ptr<control::Writer> record_;
+  pid_t child_ = -1;
+  Clock::time_point started_, next_check_ = Clock::now(), kill_at_ = Clock::time_point::max();
+  bool ready_ = false, stopping_ = false;
+  std::string health_path_ = "/health";
+};
+
+}  // namespace
+
 int run_exec_engine(const ExecEngineOptions& o) {
-  // Signals are read synchronously (sigtimedwait) in the loop below.
+  // Signals are read synchronously (sigtimedwait) in the loop below; the
+  // server gets the mask we started with.
   sigset_t wanted, old_mask;
   sigemptyset(&wanted);
   sigaddset(&wanted, SIGTERM);
@@ -147,73 +254,18 @@ int run_exec_engine(const ExecEngineOptions& o) {
   sigaddset(&wanted, SIGCHLD);
   ::sigprocmask(SIG_BLOCK, &wanted, &old_mask);
 
-  const std::unique_ptr<control::Writer> record = open_record(o);
-  if (record) record->set_plan(o.context, o.slots, 0, 0, 0);
-  std::string shown;
-  for (const auto& a : o.argv) shown += (shown.empty() ? "" : " ") + a;
-  const pid_t child = spawn(o.argv, old_mask);
-  log::info("engine: started " + shown + " (pid " + std::to_string(child) + ", port " + std::to_string(o.port) + ")",
-            {{"DS4_WORKER", std::to_string(o.id)}, {"DS4_ENGINE_PID", std::to_string(child)}});
-  sd_notify(0, ("STATUS=starting the engine on port " + std::to_string(o.port)).c_str());
-
-  const auto started = Clock::now();
-  bool ready = false, stopping = false;
-  std::string health_path = "/health";
-  Clock::time_point kill_at = Clock::time_point::max(), next_check = Clock::now();
+  EngineProcess engine(o, old_mask);
   for (;;) {
-    int status = 0;
-    if (::waitpid(child, &status, WNOHANG) == child) {
-      const bool signaled = WIFSIGNALED(status);
-      log::info("engine: the server (pid " + std::to_string(child) + ") " +
-                    (signaled ? std::string("was killed by signal ") + sigabbrev_np(WTERMSIG(status))
-                              : "exited with status " + std::to_string(WEXITSTATUS(status))),
-                {{"DS4_WORKER", std::to_string(o.id)}});
-      if (record) record->set_state(control::RecordState::stopping);
-      if (!stopping && !ready && WIFEXITED(status))
-        sd_notify(0, ("STATUS=error: the engine exited with status " + std::to_string(WEXITSTATUS(status)) +
-                      " before it answered on port " + std::to_string(o.port) + " at context " +
-                      std::to_string(o.context))
-                         .c_str());
-      return end_like(status, stopping, ready);
+    if (std::optional<int> status = engine.ended()) return end_like(*status, engine.stopping(), engine.ready());
+    engine.kill_if_late();
+    if (engine.check_due() && !engine.check_health()) {
+      engine.kill_now();
+      return 1;
     }
-    const auto now = Clock::now();
-    if (stopping && now >= kill_at) {
-      ::kill(child, SIGKILL);
-      kill_at = Clock::time_point::max();
-    }
-    if (!stopping && now >= next_check) {
-      const milliseconds probe_timeout = ready ? std::max(o.poll_every * 2, milliseconds(1000)) : milliseconds(1000);
-      int code = http_get_status(o.port, health_path, probe_timeout);
-      if (code == 404 && health_path == "/health") health_path = "/v1/models", code = http_get_status(o.port, health_path, probe_timeout);
-      if (code == 200) {
-        if (record) record->beat();
-        if (!ready) {
-          ready = true;
-          if (record) record->set_state(control::RecordState::ready);
-          sd_notify(0, ("READY=1\nSTATUS=engine answering on 127.0.0.1:" + std::to_string(o.port)).c_str());
-          log::info("engine: ready on port " + std::to_string(o.port), {{"DS4_WORKER", std::to_string(o.id)}});
-        }
-      } else if (!ready && now - started > o.start_timeout) {
-        sd_notify(0, ("STATUS=error: the engine did not answer GET " + health_path + " on port " +
-                      std::to_string(o.port) + " within the start timeout")
-                         .c_str());
-        ::kill(child, SIGKILL);
-        ::waitpid(child, &status, 0);
-        return 1;
-      }
-      next_check = Clock::now() + (ready ? o.poll_every : milliseconds(100));
-    }
-    const auto wake = stopping ? std::min(kill_at, Clock::now() + milliseconds(100)) : next_check;
-    const int wait_ms = std::max(1, ms_left(wake));
+    const int wait_ms = std::max(1, ms_left(engine.next_wake()));
     timespec ts{wait_ms / 1000, long(wait_ms % 1000) * 1000000L};
     const int sig = ::sigtimedwait(&wanted, nullptr, &ts);
-    if ((sig == SIGTERM || sig == SIGINT) && !stopping) {
-      stopping = true;
-      sd_notify(0, "STOPPING=1");
-      if (record) record->set_state(control::RecordState::stopping);
-      ::kill(child, SIGTERM);
-      kill_at = Clock::now() + o.stop_timeout;
-    }
+    if (sig == SIGTERM || sig == SIGINT) engine.stop();
   }
 }
 

@@ -3,7 +3,8 @@
 # server ended — a server that fails before it answered is "does not fit"
 # (75: the supervisor goes one rung down), one that cannot run is 127, one
 # killed by a signal kills it with the same signal; SIGTERM is forwarded to
-# the server and the server dies with it.
+# the server; the server dies with the engine process; one that never answers HTTP is
+# given up after --start-timeout.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 : "${DS4_BIN:?DS4_BIN must name the bin folder of a build}"
@@ -26,6 +27,11 @@ engine "false {port}"
 st=$?; ((st == 75)) && pass "a server that exits 1 before it answered: status 75 (does not fit)" || fail "false: status $st"
 engine "/nonexistent/server --port {port}"
 st=$?; ((st == 127)) && pass "a server that cannot run: status 127" || fail "nonexistent: status $st"
+
+t0=$SECONDS
+timeout 20 "$DS4_BIN/ds4-worker" engine --port 1 --start-timeout 500 --command "sleep 300 {port}" 2>/dev/null
+st=$?; ((st == 1 && SECONDS - t0 < 10)) && pass "a server that never answers HTTP: status 1 after --start-timeout" \
+  || fail "start timeout: status $st after $((SECONDS - t0)) s"
 
 # sleep's arguments add up: "sleep 300 1" sleeps 301 s. It never answers HTTP.
 "$DS4_BIN/ds4-worker" engine --port 1 --command "sleep 300 {port}" 2>/dev/null &
