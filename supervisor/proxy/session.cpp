@@ -178,7 +178,7 @@ void Session::start_forward(EngineRequest f) {
 }
 
 void Session::on_engine_head(int status, const std::string& content_type, bool streaming) {
-  if (streaming) return send_head();  // the engine's events follow as they are
+  if (streaming) return send_head(content_type.empty() ? "text/event-stream" : content_type);  // its events follow as they are
   engine_status_ = status;
   engine_type_ = content_type.empty() ? "application/json" : content_type;
 }
@@ -281,10 +281,10 @@ void Session::respond(const Response& r) {
   if (!writing_ && out_.empty()) after_exchange();
 }
 
-void Session::send_head() {
+void Session::send_head(std::string_view content_type) {
   if (head_sent_) return;
   head_sent_ = true;
-  write(std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n") +
+  write("HTTP/1.1 200 OK\r\nContent-Type: " + std::string(content_type) + "\r\nCache-Control: no-cache\r\n" +
         (keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n") +
         "X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n\r\n");
   if (responder_) chunk(responder_->open());

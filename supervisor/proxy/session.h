@@ -39,7 +39,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void start_forward(EngineRequest f);
   void respond(const Response& r);                  // a whole answer; ends the exchange
   void respond_error(const ApiError& e) { respond(error_response(api_, e)); }
-  void send_head();
+  /// The head of a chunked 200 answer (a stream), once.
+  void send_head(std::string_view content_type = "text/event-stream");
   void chunk(const std::string& bytes);
   void end_exchange();
   void write(std::string bytes);

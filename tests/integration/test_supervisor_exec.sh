@@ -55,7 +55,7 @@ health=$(curl -s --max-time 10 -w ' %{http_code}' "$url/health")
 if [[ $health == *'"workers_ready":1'*' 200' ]]; then pass "/health: 200, one worker ready"
 else fail "/health: $health"; fi
 
-python3 - "$url" <<'PY' && pass "chat completions, whole and streamed, through the exec engine" || fail "chat completions"
+python3 - "$url" <<'PY' && pass "chat completions, whole and streamed, and an Anthropic stream, through the exec engine" || fail "chat completions"
 import json, sys, urllib.request
 url = sys.argv[1]
 def post(body, timeout=30):
@@ -74,6 +74,13 @@ with post({"model": "stories", "messages": msgs, "max_tokens": 12, "temperature"
     assert events[-1] == "[DONE]", events[-3:]
     streamed = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-1])
     assert streamed == text, (streamed, text)
+# Anthropic's API goes through as well, its events unchanged.
+req = urllib.request.Request(url + "/v1/messages", json.dumps(
+    {"model": "stories", "max_tokens": 8, "stream": True, "messages": msgs}).encode(),
+    {"content-type": "application/json", "anthropic-version": "2023-06-01"})
+with urllib.request.urlopen(req, timeout=30) as r:
+    events = [l[7:] for l in r.read().decode().split("\n") if l.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop", events
 # An error from the engine passes through with its status.
 try:
     post({"model": "stories", "messages": "not a list"})

@@ -8,6 +8,7 @@
 
 #include <boost/asio.hpp>
 
+#include "supervisor/proxy/api_response.h"
 #include "supervisor/proxy/router.h"
 #include "supervisor/proxy/scheduler.h"
 #include "tests/unit/fake_registry.h"
@@ -209,4 +210,9 @@ TEST_CASE("forward_request: the body must be a JSON object; stream a boolean") {
   CHECK(std::holds_alternative<ApiError>(forward_request(req)));
   req.body() = std::string(100, '[') + std::string(100, ']');
   CHECK(std::get<ApiError>(forward_request(req)).message.find("nests deeper") != std::string::npos);
+}
+
+TEST_CASE("sse_error_event: each API's error event, one line of data") {
+  CHECK(sse_error_event(Api::openai, "{\"error\":\n{}}") == "data: {\"error\": {}}\n\n");
+  CHECK(sse_error_event(Api::anthropic, "{\"type\":\"error\"}") == "event: error\ndata: {\"type\":\"error\"}\n\n");
 }
