@@ -216,3 +216,35 @@ TEST_CASE("sse_error_event: each API's error event, one line of data") {
   CHECK(sse_error_event(Api::openai, "{\"error\":\n{}}") == "data: {\"error\": {}}\n\n");
   CHECK(sse_error_event(Api::anthropic, "{\"type\":\"error\"}") == "event: error\ndata: {\"type\":\"error\"}\n\n");
 }
+
+TEST_CASE("exec engine: a client that goes away closes the engine's connection (it stops generating)") {
+  asio::io_context io;
+  tcp::acceptor acceptor(io, {asio::ip::address_v4::loopback(), 0});
+  tcp::socket server(io);
+  bool connected = false, closed = false;
+  char buf[4096];
+  std::function<void()> read_on = [&] {
+    server.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, size_t) {
+      if (ec) closed = true;
+      else read_on();
+    });
+  };
+  acceptor.async_accept(server, [&](boost::system::error_code ec) {
+    connected = !ec;
+    if (connected) read_on();  // reads the request, never answers
+  });
+  FakeRegistry reg;
+  reg.list = {engine_worker(0, acceptor.local_endpoint().port())};
+  Scheduler s(io, reg, {});
+  ForwardSink sink;
+  auto j = forward_job(sink, true);
+  REQUIRE(s.submit(j));
+  run_until(io, [&] { return connected; });
+  REQUIRE(connected);
+  CHECK(s.running() == 1);
+  s.cancel(j);
+  run_until(io, [&] { return closed; });
+  CHECK(closed);
+  CHECK(s.running() == 0);
+  CHECK_FALSE(sink.done);  // the sink hears nothing after a cancel
+}
