@@ -3,7 +3,9 @@
 # OpenAI-compatible server (lib/ds4_engine.sh: ds4-worker serve behind the
 # standalone ds4-proxy) started from the command template. Checks: it starts
 # at the largest rung; chat completions through the supervisor's proxy,
-# stream and not; /health and ds4ctl status show the worker; requests sent
+# stream and not, Anthropic's too, and the official SDK clients (when
+# tests/js/node_modules is installed); API keys are the supervisor's;
+# /health and ds4ctl status show the worker; requests sent
 # while the engine is SIGKILLed all complete after it restarts (replayed
 # before their first byte); a stream cut after its first byte ends with an
 # error event instead of hanging.
@@ -20,18 +22,20 @@ sup_init || exit 77
 trap sup_cleanup EXIT
 export DS4_BIN DS4_ENGINE_DIR=$SUP_DIR
 
+echo sk-test-1 >"$SUP_DIR/keys"
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
   path: $model
   name: stories
 proxy:
   listen: 127.0.0.1:0
+  api_keys_file: $SUP_DIR/keys   # checked by the supervisor's proxy, not passed on
 workers:
   backend: process
   slots: 2
   threads: 1
   context:
-    ladder: [512, 256]
+    ladder: [256, 128]
   reserve: 64MiB
   engine: exec
   exec:
@@ -44,8 +48,8 @@ sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start"; sup_finish; 
 
 if sup_wait 60 'w[0]["state"] == "ready"'; then pass "the exec worker is ready"
 else fail "exec worker not ready: $(sup_status | tr -d '\n' | cut -c1-600)"; sup_finish; fi
-if sup_check 'w[0]["context"] == 512 and w[0]["engine"] == "exec" and w[0]["port"] > 0 and w[0]["pid"] > 0'; then
-  pass "ds4ctl status: engine exec at the largest rung (512), port $(sup_get 'w[0]["port"]')"
+if sup_check 'w[0]["context"] == 256 and w[0]["engine"] == "exec" and w[0]["port"] > 0 and w[0]["pid"] > 0'; then
+  pass "ds4ctl status: engine exec at the largest rung (256), port $(sup_get 'w[0]["port"]')"
 else fail "status: $(sup_status | tr -d '\n' | cut -c1-600)"; fi
 # The supervisor's own proxy (the engines' ds4-proxy logs to the same file).
 url=http://$(sed -n 's/^ds4-supervisor: proxy listening on \([0-9.]*:[0-9]*\).*/\1/p' "$SUP_DIR/sup.log" | tail -1)
@@ -60,7 +64,7 @@ import json, sys, urllib.request
 url = sys.argv[1]
 def post(body, timeout=30):
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"content-type": "application/json"})
+                                 {"content-type": "application/json", "authorization": "Bearer sk-test-1"})
     return urllib.request.urlopen(req, timeout=timeout)
 msgs = [{"role": "user", "content": "Once upon a time"}]
 with post({"model": "stories", "messages": msgs, "max_tokens": 12, "temperature": 0}) as r:
@@ -77,7 +81,7 @@ with post({"model": "stories", "messages": msgs, "max_tokens": 12, "temperature"
 # Anthropic's API goes through as well, its events unchanged.
 req = urllib.request.Request(url + "/v1/messages", json.dumps(
     {"model": "stories", "max_tokens": 8, "stream": True, "messages": msgs}).encode(),
-    {"content-type": "application/json", "anthropic-version": "2023-06-01"})
+    {"content-type": "application/json", "anthropic-version": "2023-06-01", "x-api-key": "sk-test-1"})
 with urllib.request.urlopen(req, timeout=30) as r:
     events = [l[7:] for l in r.read().decode().split("\n") if l.startswith("event: ")]
     assert events[0] == "message_start" and events[-1] == "message_stop", events
@@ -88,6 +92,17 @@ try:
 except urllib.error.HTTPError as e:
     assert e.code == 400, e.code
 PY
+
+# The official SDKs, as for native workers (their answers come from the engine).
+if command -v node >/dev/null && [[ -d $DS4_SRC/tests/js/node_modules ]]; then
+  expected=$("$DS4_BIN/ds4-worker" run --model "$model" -p "Once upon a time" -n 24 --temp 0 --json 2>/dev/null |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["text"])')
+  if (cd "$DS4_SRC/tests/js" && timeout 180 node proxy_clients.mjs "$url" sk-test-1 "$expected" >"$SUP_DIR/sdk.out" 2>&1); then
+    pass "openai and @anthropic-ai/sdk clients through the exec engine"
+  else fail "SDK clients: $(grep FAIL "$SUP_DIR/sdk.out" | head -3)"; fi
+else
+  echo "note: tests/js/node_modules missing (scripts/test.sh installs it): the SDK checks are skipped"
+fi
 
 # Freeze the engine, send 6 requests: 2 go to it (slots: 2) and get no
 # answer, 4 wait in the queue. SIGKILL the engine: the 2 go back to the queue
@@ -106,7 +121,7 @@ def one(i):
     body = {"model": "stories", "messages": [{"role": "user", "content": "Tell a story %d" % i}],
             "max_tokens": 16, "temperature": 0, "stream": i % 2 == 1}
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                 {"content-type": "application/json"})
+                                 {"content-type": "application/json", "authorization": "Bearer sk-test-1"})
     with urllib.request.urlopen(req, timeout=60) as r:
         data = r.read().decode()
         assert r.status == 200, r.status
@@ -138,9 +153,9 @@ python3 - "$url" "$(engine_pid)" <<'PY' && pass "a stream cut after its first by
 import json, os, signal, subprocess, sys, time, urllib.request
 url, engine = sys.argv[1], int(sys.argv[2])
 body = {"model": "stories", "messages": [{"role": "user", "content": "Once upon a time"}],
-        "max_tokens": 400, "temperature": 1.0, "seed": 7, "stream": True}
+        "max_tokens": 200, "temperature": 1.0, "seed": 7, "stream": True}
 req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                             {"content-type": "application/json"})
+                             {"content-type": "application/json", "authorization": "Bearer sk-test-1"})
 t0 = time.monotonic()
 with urllib.request.urlopen(req, timeout=30) as r:
     first = r.readline()
@@ -156,7 +171,11 @@ last = json.loads(events[-1])
 assert "error" in last and "mid-answer" in last["error"]["message"], events[-1]
 PY
 
-if sup_wait 30 'w[0]["state"] == "ready"' && [[ $(sup_complete "$url" stories | tail -1) == 200 ]]; then
+no_key=$(curl -s -o /dev/null --max-time 10 -w '%{http_code}' "$url/v1/chat/completions" -H 'content-type: application/json' -d '{}')
+[[ $no_key == 401 ]] && pass "no API key: 401 from the supervisor's proxy" || fail "no API key: $no_key"
+if sup_wait 30 'w[0]["state"] == "ready"' &&
+   [[ $(curl -s -o /dev/null --max-time 30 -w '%{http_code}' "$url/v1/completions" -H 'content-type: application/json' \
+        -H 'Authorization: Bearer sk-test-1' -d '{"model":"stories","prompt":"Once upon a time","max_tokens":8}') == 200 ]]; then
   pass "serving again after the cut stream"
 else fail "not serving after the cut stream"; fi
 
