@@ -178,11 +178,16 @@ void ProcessBackend::start(const LaunchSpec& spec) {
                                    "--segment", spec.segment, "--socket", spec.socket_path,
                                    "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),
                                    "--device", spec.device, "--threads", std::to_string(spec.threads)};
+  if (!spec.exec_command.empty())  // workers.engine: exec: the external server as the worker
+    args = {opts_.worker_binary, "engine", "--id", std::to_string(spec.id), "--port", std::to_string(spec.port),
+            "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),
+            "--threads", std::to_string(spec.threads), "--model", spec.model_path, "--command", spec.exec_command};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);
     if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=") ||
-        v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS=") || v.starts_with("DS4_SEGMENT_SOCKET="))
+        v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS=") || v.starts_with("DS4_SEGMENT_SOCKET=") ||
+        v.starts_with("DS4_EXEC_COMMAND="))
       continue;
     env.emplace_back(v);
   }

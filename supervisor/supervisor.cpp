@@ -60,7 +60,15 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
                                  const std::string& control) {
   ManagerSettings s;
   s.policy = PolicyConfig::from(c);
-  s.own_bytes = plan_ladder(m, c.workers.ladder, c.workers.slots, c.workers.threads);
+  if (c.workers.engine == WorkerEngine::exec) {
+    // An external engine's memory plan is unknown: it starts at the largest
+    // rung and only an OOM kill, a failed start or low headroom steps it down.
+    s.own_bytes.assign(c.workers.ladder.size(), 0);
+    s.exec_command = c.workers.exec_command;
+    s.model_path = m.path;
+  } else {
+    s.own_bytes = plan_ladder(m, c.workers.ladder, c.workers.slots, c.workers.threads);
+  }
   s.count = c.workers.count;
   s.slots = c.workers.slots;
   s.device = c.workers.device.str();
@@ -111,8 +119,6 @@ void Supervisor::prepare() {
   config_ = load_config(opts_.config_path);
   if (!config_.file_found)
     log::warn("config file " + opts_.config_path + " not found; running on the defaults");
-  if (config_.workers.engine == WorkerEngine::exec)
-    throw Error(opts_.config_path + ": workers.engine: exec is not supported by this supervisor yet");
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
   // Memfd segments a previous run of ours left in systemd's fd store.
@@ -178,6 +184,7 @@ std::optional<int> Supervisor::holder_device() const {
   // the shared pages) nor for CPU workers.
   const Device& d = config_.workers.device;
   if (config_.gpu.weights != GpuWeights::device || !workers_on_gpu(d)) return std::nullopt;
+  if (config_.workers.engine == WorkerEngine::exec) return std::nullopt;  // an external engine loads its own
   return d.kind == Device::Kind::cuda ? d.index : 0;
 }
 

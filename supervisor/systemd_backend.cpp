@@ -212,6 +212,7 @@ class SystemdBackend : public UnitBackend {
       a.pid = int(main_pid(id));
       a.context = uint32_t(std::atoi(value("DS4_CONTEXT").c_str()));
       a.socket_path = value("DS4_SOCKET");
+      a.port = std::atoi(value("DS4_PORT").c_str());
       Unit& u = unit(id);
       u.running = u.seen_start = u.ready = true;
       u.main_pid = uint32_t(a.pid);
@@ -264,6 +265,16 @@ class SystemdBackend : public UnitBackend {
     return std::string(x ? x : "") + "/systemd/user";
   }
 
+  /// A value for an EnvironmentFile=: double quotes, with \\ \" \$ \` escaped.
+  static std::string env_quoted(const std::string& v) {
+    std::string out = "\"";
+    for (char c : v) {
+      if (c == '\\' || c == '"' || c == '$' || c == '`') out += '\\';
+      if (c != '\n') out += c;
+    }
+    return out + "\"";
+  }
+
   void write_env(const LaunchSpec& s) {
     std::ostringstream o;
     o << "# Written by ds4-supervisor for ds4-worker@" << s.id << ".service; rewritten at every start.\n"
@@ -271,6 +282,9 @@ class SystemdBackend : public UnitBackend {
       << "\nDS4_SLOTS=" << s.slots << "\nDS4_DEVICE=" << s.device << "\nDS4_THREADS=" << s.threads
       << "\nDS4_CONTROL=" << s.control << "\nDS4_GPU_WEIGHTS=" << s.gpu_weights
       << "\nDS4_SEGMENT_SOCKET=" << opts_.runtime_dir << "/segments.sock\n";
+    if (!s.exec_command.empty())  // `serve` runs the engine then (worker/exec_engine.h)
+      o << "DS4_PORT=" << s.port << "\nDS4_MODEL=" << env_quoted(s.model_path)
+        << "\nDS4_EXEC_COMMAND=" << env_quoted(s.exec_command) << "\n";
     write_if_changed(opts_.runtime_dir + "/worker-" + std::to_string(s.id) + ".env", o.str());
   }
 

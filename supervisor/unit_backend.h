@@ -25,6 +25,10 @@ struct LaunchSpec {
   uint32_t threads = 0;
   Bytes memory_max = 0;     // 0 = no limit
   std::string control;      // the control block's name (DS4_CONTROL); "" = none
+  // workers.engine: exec — the worker runs this server (ds4-worker engine).
+  std::string exec_command; // the template; "" = the native engine (ds4-worker serve)
+  int port = 0;             // where the server answers HTTP (127.0.0.1)
+  std::string model_path;   // {model}
 };
 
 /// A worker that was already running when the supervisor started.
@@ -33,6 +37,7 @@ struct AdoptedWorker {
   int pid = 0;
   uint32_t context = 0;
   std::string socket_path;
+  int port = 0;  // engine: exec
 };
 
 struct BackendCallbacks {

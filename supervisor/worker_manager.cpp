@@ -1,7 +1,14 @@
 #include "supervisor/worker_manager.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
+#include <cstring>
 
 #include "shared/error.h"
 #include "shared/log.h"
@@ -40,6 +47,29 @@ WorkerManager::Slot& WorkerManager::slot(int id) {
   return it->second;
 }
 
+namespace {
+
+/// A TCP port on 127.0.0.1 that nobody listens on now, for an exec engine.
+/// Another process may take it before the engine binds it: the engine then
+/// fails to start and the next start picks another one.
+int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(std::string("cannot pick a port for the engine: socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  if (port == 0) throw Error("cannot pick a port for the engine on 127.0.0.1");
+  return port;
+}
+
+}  // namespace
+
 std::string WorkerManager::socket_path(int id) const {
   return s_.socket_dir + "/worker-" + std::to_string(id) + ".sock";
 }
@@ -58,6 +88,7 @@ void WorkerManager::start() {
       sl.pid = it->second.pid;
       sl.running = true;
       sl.generation = 1;
+      sl.port = it->second.port;
       log::info("worker " + std::to_string(i) + ": adopted the running process " + std::to_string(sl.pid) +
                     " at context " + std::to_string(it->second.context),
                 {{"DS4_WORKER", std::to_string(i)}, {"DS4_PID", std::to_string(sl.pid)}});
@@ -145,6 +176,11 @@ void WorkerManager::launch(int id, uint32_t context) {
   spec.threads = s_.threads;
   spec.memory_max = s_.memory_max;
   spec.control = s_.control;
+  if (!s_.exec_command.empty()) {
+    spec.exec_command = s_.exec_command;
+    spec.model_path = s_.model_path;
+    spec.port = sl.port = free_tcp_port();
+  }
   sl.running = true;
   sl.pid = 0;
   sl.probing = false;
@@ -268,7 +304,7 @@ void WorkerManager::check_health() {
     // Only failed probes count (timed out after hang_timeout, refused): a
     // supervisor that was itself stalled does not take a late answer for none.
     if (sl.probe_failed_since) h.unanswered = std::chrono::duration_cast<Duration>(t - *sl.probe_failed_since);
-    if (!sl.probing) {
+    if (!sl.probing && s_.exec_command.empty()) {  // an exec engine has no token socket: its heartbeat only
       sl.probing = true;
       health_->probe(socket_path(id), timeout, [this, id, gen = sl.generation, started = t](bool answered) {
         auto it = slots_.find(id);
@@ -399,7 +435,8 @@ std::vector<WorkerInfo> WorkerManager::workers() const {
     WorkerInfo w;
     w.id = id;
     w.state = sl.policy->state();
-    w.socket_path = socket_path(id);
+    if (s_.exec_command.empty()) w.socket_path = socket_path(id);
+    else w.http_port = sl.port;
     w.context = sl.policy->context();
     w.slots = s_.slots;
     w.pid = sl.pid;
@@ -430,10 +467,12 @@ nlohmann::json WorkerManager::status_json() const {
                         {"failures", p.failures()},
                         {"last_error", p.last_error()},
                         {"last_exit", sl.last_exit},
-                        {"socket", socket_path(id)},
+                        {"engine", s_.exec_command.empty() ? "native" : "exec"},
+                        {"socket", s_.exec_command.empty() ? socket_path(id) : ""},
                         {"memory_plan", p.own_bytes(p.rung())},
                         {"decisions", sl.decisions}};
     if (sl.last_downtime_ms >= 0) w["last_downtime_ms"] = sl.last_downtime_ms;
+    if (!s_.exec_command.empty()) w["port"] = sl.port;
     // From the worker's own control block record: null when it keeps none.
     w["heartbeat_age_ms"] = nullptr;
     if (auto rec = own_record(id)) {

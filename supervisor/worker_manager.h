@@ -37,6 +37,10 @@ struct ManagerSettings {
   std::string segment;
   std::string control;     // the control block's name, handed to workers
   std::string socket_dir;  // worker-N.sock go here
+  // workers.engine: exec: workers are external servers (ds4-worker engine)
+  // reached over HTTP on a port picked at each start; no socket probes.
+  std::string exec_command;  // "" = native workers
+  std::string model_path;    // {model}
   /// How often memory is read (also how often draining workers are checked).
   Duration sample_every = std::chrono::milliseconds(500);
   /// A draining worker still busy after this is stopped anyway (the proxy
@@ -101,6 +105,7 @@ class WorkerManager : public WorkerRegistry {
     int64_t last_downtime_ms = -1;        // went away → ready again
     std::map<std::string, int64_t> decisions;  // by event, since the supervisor started
     std::string last_exit;
+    int port = 0;  // exec engines: the current process's HTTP port
     std::unique_ptr<asio::steady_timer> timer;
   };
 

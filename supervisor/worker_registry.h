@@ -20,7 +20,8 @@ const char* state_name(WorkerState s);
 struct WorkerInfo {
   int id = 0;
   WorkerState state = WorkerState::stopped;
-  std::string socket_path;  // the worker's Unix socket (token protocol, shared/protocol.h)
+  std::string socket_path;  // the worker's Unix socket (token protocol, shared/protocol.h); "" for exec engines
+  int http_port = 0;        // workers.engine: exec — the engine's HTTP port on 127.0.0.1; 0 = native
   int64_t context = 0;      // tokens per slot
   int64_t slots = 0;
   int pid = 0;

@@ -21,6 +21,8 @@
 #include "shared/segment_socket.h"
 #include "worker/cli.h"
 #include "worker/engine.h"
+#include "worker/exec_engine.h"
+#include "shared/exec_command.h"
 #include "worker/memory_plan.h"
 #include "worker/runtime.h"
 #include "worker/server.h"
@@ -239,7 +241,38 @@ int cmd_bench(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int cmd_engine(const std::vector<std::string>& argv) {
+  Args a(argv, {"id", "port", "context", "slots", "threads", "model", "command", "control", "start-timeout",
+                "segment", "segment-socket", "socket", "device", "gpu-weights", "holder-socket", "batch"}, {});
+  ExecEngineOptions o;
+  o.id = int(a.integer("id", 0, 0, 1 << 20));
+  o.port = int(a.integer("port", 0, 1, 65535));
+  if (!a.has("port")) throw Error("engine: --port is required (where the server answers HTTP)");
+  o.context = a.integer("context", 4096, 16, 1 << 24);
+  o.slots = a.integer("slots", 1, 1, 256);
+  o.start_timeout = std::chrono::milliseconds(a.integer("start-timeout", 300000, 100, 86400000));
+  const char* control_env = std::getenv("DS4_CONTROL");
+  o.control = a.str("control", control_env ? control_env : "");
+  ExecValues v;
+  v.ctx = o.context;
+  v.port = o.port;
+  v.slots = o.slots;
+  v.threads = a.integer("threads", 0, 0, 1024);
+  v.model = a.str("model");
+  o.argv = expand_exec_command(a.required("command"), v);
+  return run_exec_engine(o);
+}
+
 int cmd_serve(const std::vector<std::string>& argv) {
+  // ds4-worker@.service runs `serve`; with workers.engine: exec the
+  // supervisor's environment file names the engine, and the worker is one.
+  if (const char* cmd = std::getenv("DS4_EXEC_COMMAND"); cmd && *cmd) {
+    std::vector<std::string> e = argv;
+    for (const char* k : {"DS4_PORT", "DS4_MODEL"})
+      if (const char* v = std::getenv(k); v && *v) e.insert(e.end(), {k[4] == 'P' ? "--port" : "--model", v});
+    e.insert(e.end(), {"--command", cmd});
+    return cmd_engine(e);
+  }
   Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch", "control",
                       "gpu-weights", "holder-socket", "segment-socket"}, {});
   ServeOptions o;

@@ -10,6 +10,8 @@ namespace ds4 {
 int cmd_run(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
+/// `engine`: runs an external OpenAI-compatible server as the worker (exec_engine.h).
+int cmd_engine(const std::vector<std::string>& args);
 /// `hold`: keeps a model's weights on one GPU for the workers (CUDA builds).
 int cmd_hold(const std::vector<std::string>& args);
 int cmd_load(const std::vector<std::string>& args);

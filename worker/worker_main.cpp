@@ -18,6 +18,8 @@ static const char* kUsage =
     "                                                 prompt and generation speed, one JSON line\n"
     "  serve  (--segment SEGMENT | --model FILE) --socket PATH [--context N] [--slots N]\n"
     "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"
+    "  engine --port P --command TEMPLATE [--context N] [--slots N] [--threads T] [--model FILE] [--id N]\n"
+    "         [--start-timeout MS]  an external OpenAI-compatible server as the worker ({ctx} {port} ...)\n"
     "  hold   (--segment SEGMENT | --model FILE) [--device cuda:N] [--socket PATH]\n"
     "                                                 keep the weights on a GPU for the workers\n"
     "  SEGMENT (serve, hold, bench): a shared-memory segment's name (ds4-model-..., in /dev/shm),\n"
@@ -43,6 +45,7 @@ int main(int argc, char** argv) {
     if (cmd == "run") return ds4::cmd_run(args);
     if (cmd == "bench") return ds4::cmd_bench(args);
     if (cmd == "serve") return ds4::cmd_serve(args);
+    if (cmd == "engine") return ds4::cmd_engine(args);
     if (cmd == "hold") return ds4::cmd_hold(args);
     if (cmd == "load") return ds4::cmd_load(args);
     if (cmd == "unload") return ds4::cmd_unload(args);

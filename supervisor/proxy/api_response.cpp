@@ -235,6 +235,12 @@ std::unique_ptr<Responder> make_responder(const Plan& plan, const Tokenizer& tok
   return std::make_unique<OpenAIResponder>(plan, tok, std::move(id), created);
 }
 
+std::string sse_error_event(Api api, std::string_view error_json) {
+  std::string out = api == Api::anthropic ? "event: error\ndata: " : "data: ";
+  for (char c : error_json) out += (c == '\n' || c == '\r') ? ' ' : c;
+  return out + "\n\n";
+}
+
 std::string waiting_comment(int64_t position) { return ": waiting, position " + std::to_string(position) + "\n\n"; }
 
 std::string timings_json(const proto::Timings& t) {

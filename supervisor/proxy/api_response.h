@@ -56,6 +56,10 @@ class Responder {
 /// `id` is the response id ("chatcmpl-…", "msg_…"), `created` Unix seconds.
 std::unique_ptr<Responder> make_responder(const Plan& plan, const Tokenizer& tok, std::string id, int64_t created);
 
+/// An SSE error event in `api`'s shape around an error body (JSON; line
+/// breaks in it become blanks): OpenAI `data: {…}`, Anthropic `event: error`.
+std::string sse_error_event(Api api, std::string_view error_json);
+
 /// ": waiting, position N\n\n".
 std::string waiting_comment(int64_t position);
 

@@ -14,6 +14,8 @@ SchedulerOptions scheduler_options(const ProxyConfig& cfg) {
   SchedulerOptions o;
   o.max_waiting = cfg.queue.max_waiting;
   o.max_wait = cfg.queue.max_wait;
+  o.engine.max_header_bytes = uint32_t(std::min<Bytes>(cfg.limits.max_header_bytes, UINT32_MAX));
+  o.engine.max_body_bytes = cfg.limits.max_body_bytes;
   return o;
 }
 
@@ -26,8 +28,11 @@ RouteContext Core::route_context() {
   limits.max_tokens_per_request = cfg.limits.max_tokens_per_request;
   limits.context = scheduler.max_context();
   limits.random_seed = rng();
-  return RouteContext{model, keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
-                      stopping};
+  RouteContext ctx{model, keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
+                   stopping};
+  for (const auto& w : scheduler.workers())
+    if (w.http_port > 0) ctx.forward = true;
+  return ctx;
 }
 
 std::string Core::metrics_text() {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <boost/beast/http.hpp>
@@ -15,6 +16,7 @@
 #include "supervisor/proxy/api_error.h"
 #include "supervisor/proxy/api_keys.h"
 #include "supervisor/proxy/api_request.h"
+#include "supervisor/proxy/engine_call.h"
 #include "supervisor/proxy/model_text.h"
 #include "supervisor/worker_registry.h"
 
@@ -42,13 +44,19 @@ struct RouteContext {
   std::function<std::vector<sup::WorkerInfo>()> workers;  // for /health
   std::function<std::string()> metrics;        // /metrics text
   bool stopping = false;                       // shutting down: no new work
+  bool forward = false;                        // workers are exec engines: requests go to them as they came
 };
 
 struct Route {
   Api api = Api::openai;              // whose error shape applies
   std::optional<Response> response;   // answer at once …
   std::optional<Plan> plan;           // … or generate
+  std::optional<EngineRequest> forward;  // … or forward to an exec engine (RouteContext::forward)
 };
+
+/// The request to forward to an exec engine: the body must be a JSON object;
+/// "stream" (a boolean) says how to answer. Pure.
+std::variant<EngineRequest, ApiError> forward_request(const HttpRequest& req);
 
 Route route(const HttpRequest& req, const RouteContext& ctx);
 

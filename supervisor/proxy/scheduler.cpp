@@ -21,7 +21,7 @@ std::optional<int> pick_worker(const std::vector<Candidate>& cands, const std::v
   size_t best_prefix = 0;
   int64_t best_free = 0;
   for (const Candidate& c : cands) {
-    if (c.free_slots <= 0 || c.context <= needed) continue;
+    if (c.free_slots <= 0 || c.context <= needed || c.http) continue;
     size_t prefix = 0;
     if (c.history)
       for (const auto& seq : *c.history) prefix = std::max(prefix, common_prefix(tokens, seq));
@@ -49,8 +49,10 @@ Scheduler::Scheduler(asio::io_context& io, sup::WorkerRegistry& registry, Schedu
 
 Scheduler::~Scheduler() {
   alive_.reset();
-  for (auto& [p, job] : running_)
+  for (auto& [p, job] : running_) {
     if (job->call) job->call->cancel();
+    if (job->engine_call) job->engine_call->cancel();
+  }
 }
 
 bool Scheduler::submit(const std::shared_ptr<Job>& job) {
@@ -121,16 +123,32 @@ void Scheduler::pump() {
   std::vector<Candidate>& cands = candidates_;
   cands.clear();
   for (const sup::WorkerInfo& w : workers) {
-    if (w.state != sup::WorkerState::ready || w.slots <= 0 || w.socket_path.empty()) continue;
+    if (w.state != sup::WorkerState::ready || w.slots <= 0 || (w.socket_path.empty() && w.http_port <= 0)) continue;
     if (auto b = blocked_.find(w.id); b != blocked_.end()) {
       if (b->second.generation != w.generation) blocked_.erase(b);  // a new process: try it at once
       else if (now < b->second.until) continue;
     }
-    cands.push_back({w.id, w.context, w.slots - in_flight_[w.id], &history_[w.id]});
+    cands.push_back({w.id, w.context, w.slots - in_flight_[w.id], &history_[w.id], w.socket_path.empty()});
   }
   for (size_t i = 0; i < queue_.size();) {
     if (std::none_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.free_slots > 0; })) break;
     std::shared_ptr<Job> job = queue_[i];
+    if (job->forward) {  // an exec engine's job: no tokens, no context to check (the engine does)
+      std::optional<int> pick;
+      int64_t best_free = 0;
+      for (const Candidate& c : cands)
+        if (c.http && c.free_slots > best_free) pick = c.id, best_free = c.free_slots;
+      if (!pick) {
+        ++i;
+        continue;
+      }
+      queue_.erase(queue_.begin() + std::ptrdiff_t(i));
+      for (Candidate& c : cands)
+        if (c.id == *pick) --c.free_slots;
+      for (const sup::WorkerInfo& w : workers)
+        if (w.id == *pick) start(job, w);
+      continue;
+    }
     const int64_t needed = int64_t(job->gen.prompt.size() + job->gen.generated.size());
     if (int64_t(job->gen.generated.size()) >= job->gen.max_tokens) {
       queue_.erase(queue_.begin() + std::ptrdiff_t(i));
@@ -185,6 +203,7 @@ void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w)
   job->last_position = 0;
   ++in_flight_[w.id];
   running_[job.get()] = job;
+  if (job->forward) return start_forward(job, w);
   remember(w.id, *job);
 
   std::weak_ptr<Job> wj = job;
@@ -199,6 +218,55 @@ void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w)
         if (auto j = wj.lock()) on_broken(j, why, answered);
       }};
   job->call = pool_.call({w.id, w.generation, w.socket_path}, job->gen, std::move(h));
+}
+
+void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w) {
+  std::weak_ptr<Job> wj = job;
+  std::weak_ptr<bool> alive = alive_;
+  auto with = [this, wj, alive](auto fn) {
+    return [this, wj, alive, fn](auto&&... a) {
+      if (alive.expired()) return;
+      auto j = wj.lock();
+      if (j && j->state == Job::State::running) fn(j, a...);
+    };
+  };
+  EngineCall::Handler h;
+  h.head = with([this](const std::shared_ptr<Job>& j, int status, const std::string& ct, bool streaming) {
+    blocked_.erase(j->worker);  // it answers: no backoff
+    if (j->sink) j->sink->on_engine_head(status, ct, streaming);
+  });
+  h.data = with([](const std::shared_ptr<Job>& j, std::string_view bytes) {
+    j->forwarded = true;
+    if (j->sink) j->sink->on_engine_data(bytes);
+  });
+  h.done = with([this](const std::shared_ptr<Job>& j) {
+    j->engine_call.reset();
+    leave_worker(j);
+    finish(j, {true, "stop", j->timings, {}});
+    pump();
+  });
+  h.broken = with([this](const std::shared_ptr<Job>& j, const std::string& why, bool replay) {
+    on_engine_broken(j, why, replay);
+  });
+  job->engine_call = EngineCall::start(io_, w.http_port, *job->forward, opt_.engine, std::move(h));
+}
+
+void Scheduler::on_engine_broken(const std::shared_ptr<Job>& job, const std::string& why, bool replay) {
+  if (!job->forwarded && replay) return on_broken(job, why, false);  // nothing reached the client: replay it
+  // Part of the answer is out (an engine's answer cannot be resumed
+  // elsewhere), or the engine's answer is one no retry would mend.
+  ++counters_.broken_calls;
+  const int w = job->worker;
+  log::info("an exec engine's answer failed" + std::string(job->forwarded ? " after its first byte" : "") +
+                ": worker " + std::to_string(w) + ": " + why,
+            {{"DS4_WORKER", std::to_string(w)}});
+  leave_worker(job);
+  const std::string what = job->forwarded ? " (exec engine) failed mid-answer: " : " (exec engine): ";
+  finish(job, {false, "", job->timings,
+               {ErrorKind::internal, "worker " + std::to_string(w) + what + why +
+                                         (job->forwarded ? "; an engine's answer cannot be resumed, send the request again"
+                                                         : "")}});
+  pump();
 }
 
 void Scheduler::on_event(const std::shared_ptr<Job>& job, proto::Event&& e) {
@@ -289,9 +357,13 @@ void Scheduler::leave_worker(const std::shared_ptr<Job>& job) {
     job->call->cancel();
     job->call.reset();
   }
+  if (job->engine_call) {
+    job->engine_call->cancel();
+    job->engine_call.reset();
+  }
   if (running_.erase(job.get())) {
     --in_flight_[job->worker];
-    remember(job->worker, *job);
+    if (!job->forward) remember(job->worker, *job);
   }
 }
 

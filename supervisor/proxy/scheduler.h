@@ -26,6 +26,7 @@
 #include "shared/config.h"
 #include "shared/protocol.h"
 #include "supervisor/proxy/api_error.h"
+#include "supervisor/proxy/engine_call.h"
 #include "supervisor/proxy/worker_call.h"
 #include "supervisor/worker_registry.h"
 
@@ -49,11 +50,18 @@ class JobSink {
   virtual bool on_token(const proto::TokenEvent& e) = 0;
   /// The end; nothing follows.
   virtual void on_done(const JobResult& r) = 0;
+  /// Forwarded jobs (exec engines): the engine's answer as it comes: its
+  /// status and content type once, then its body bytes, then on_done.
+  virtual void on_engine_head(int status, const std::string& content_type, bool streaming) {}
+  virtual void on_engine_data(std::string_view bytes) {}
 };
 
 struct Job {
   proto::GenerateRequest gen;  // prompt, every token generated so far, limits, sampling
   JobSink* sink = nullptr;
+  /// Exec engines (workers.engine: exec): the client's request, forwarded as
+  /// it came to a worker's HTTP port instead of tokens to its socket.
+  std::shared_ptr<const EngineRequest> forward;
 
   // Kept by the scheduler.
   enum class State { fresh, queued, running, done } state = State::fresh;
@@ -61,6 +69,8 @@ struct Job {
   int worker = -1;
   uint64_t worker_generation = 0;
   std::shared_ptr<WorkerCall> call;
+  std::shared_ptr<EngineCall> engine_call;
+  bool forwarded = false;    // engine bytes reached the sink: it can no longer be replayed
   std::chrono::steady_clock::time_point queued_at{}, call_started{}, first_token{}, last_token{};
   std::chrono::steady_clock::duration waited{};  // in the queue, all visits summed
   int64_t call_tokens = 0;   // tokens from the current call
@@ -77,6 +87,7 @@ struct SchedulerOptions {
   Duration retry_min = std::chrono::milliseconds(10);  // after a worker's connection failed …
   Duration retry_max = std::chrono::milliseconds(200); // … doubling up to this
   size_t prefix_history = 8;                           // recent sequences kept per worker
+  EngineLimits engine;                                 // answers of exec engines
 };
 
 /// A worker as dispatch sees it.
@@ -85,6 +96,7 @@ struct Candidate {
   int64_t context = 0;
   int64_t free_slots = 0;
   const std::deque<std::vector<int32_t>>* history = nullptr;  // recent token sequences
+  bool http = false;  // an exec engine: takes forwarded jobs only
 };
 
 /// The worker for `tokens` among `cands` (all ready, not blocked): one with a
@@ -128,6 +140,8 @@ class Scheduler {
   size_t running() const { return running_.size(); }
   /// The connections to workers, one per worker.
   const WorkerPool& pool() const { return pool_; }
+  /// The registry's workers as last reported.
+  const std::vector<sup::WorkerInfo>& workers() const { return workers_; }
 
  private:
   struct Block {
@@ -138,6 +152,8 @@ class Scheduler {
   void pump();
   void start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
   void on_event(const std::shared_ptr<Job>& job, proto::Event&& e);
+  void start_forward(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
+  void on_engine_broken(const std::shared_ptr<Job>& job, const std::string& why, bool replay);
   void on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered);
   void requeue_front(const std::shared_ptr<Job>& job);
   void enqueue_timer(const std::shared_ptr<Job>& job);

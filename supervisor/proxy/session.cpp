@@ -126,6 +126,7 @@ void Session::handle() {
     if (req.method() == http::verb::head) r.response->body.clear();
     return respond(*r.response);
   }
+  if (r.forward) return start_forward(std::move(*r.forward));
   start_job(std::move(*r.plan));
 }
 
@@ -154,6 +155,64 @@ void Session::start_job(Plan plan) {
   watch();
 }
 
+// ---- forwarding to an exec engine ----
+
+void Session::start_forward(EngineRequest f) {
+  forwarding_ = true;
+  stream_ = f.stream;
+  head_sent_ = false;
+  engine_status_ = 0;
+  engine_type_.clear();
+  engine_body_.clear();
+  job_ = std::make_shared<Job>();
+  job_->forward = std::make_shared<const EngineRequest>(std::move(f));
+  job_->sink = this;
+  if (!core_.scheduler.submit(job_)) {
+    job_.reset();
+    return respond_error({ErrorKind::unavailable,
+                          "the queue is full (" + std::to_string(core_.cfg.queue.max_waiting) +
+                              " requests waiting, proxy.queue.max_waiting); retry later", 2});
+  }
+  if (exchange_done_) return;
+  watch();
+}
+
+void Session::on_engine_head(int status, const std::string& content_type, bool streaming) {
+  if (streaming) return send_head(content_type.empty() ? "text/event-stream" : content_type);  // its events follow as they are
+  engine_status_ = status;
+  engine_type_ = content_type.empty() ? "application/json" : content_type;
+}
+
+void Session::on_engine_data(std::string_view bytes) {
+  if (engine_status_ == 0) chunk(std::string(bytes));
+  else engine_body_.append(bytes);
+}
+
+void Session::end_forward(const JobResult& r) {
+  job_.reset();
+  if (!r.ok) {
+    if (!head_sent_) return respond_error(r.error);
+    core_.metrics.count(status_of(r.error.kind));
+    chunk(sse_error_event(api_, error_body(api_, r.error)));
+    keep_alive_ = false;
+    return end_exchange();
+  }
+  if (!head_sent_) {
+    Response resp;
+    resp.status = engine_status_ ? engine_status_ : 200;
+    resp.content_type = engine_type_;
+    resp.body = std::move(engine_body_);
+    return respond(resp);
+  }
+  // A stream: the engine's events went through; or our head went out while
+  // the request waited and the engine answered something else than a stream
+  // (an error): that comes as the stream's error event.
+  if (engine_status_ != 0 && engine_status_ != 200) chunk(sse_error_event(api_, engine_body_));
+  else if (engine_status_ == 200) chunk(std::move(engine_body_));
+  core_.metrics.count(engine_status_ && engine_status_ != 200 ? engine_status_ : 200);
+  end_exchange();
+}
+
 void Session::on_waiting(int64_t position) {
   if (!stream_ || exchange_done_) return;
   send_head();
@@ -175,6 +234,7 @@ bool Session::on_token(const proto::TokenEvent& e) {
 }
 
 void Session::on_done(const JobResult& r) {
+  if (forwarding_) return end_forward(r);
   std::shared_ptr<Job> job = std::move(job_);
   if (!r.ok) {
     if (head_sent_) {
@@ -221,13 +281,13 @@ void Session::respond(const Response& r) {
   if (!writing_ && out_.empty()) after_exchange();
 }
 
-void Session::send_head() {
+void Session::send_head(std::string_view content_type) {
   if (head_sent_) return;
   head_sent_ = true;
-  write(std::string("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n") +
+  write("HTTP/1.1 200 OK\r\nContent-Type: " + std::string(content_type) + "\r\nCache-Control: no-cache\r\n" +
         (keep_alive_ ? "Connection: keep-alive\r\n" : "Connection: close\r\n") +
         "X-Accel-Buffering: no\r\nTransfer-Encoding: chunked\r\n\r\n");
-  chunk(responder_->open());
+  if (responder_) chunk(responder_->open());
 }
 
 void Session::chunk(const std::string& bytes) {
@@ -273,6 +333,8 @@ void Session::do_write() {
 void Session::after_exchange() {
   if (phase_ == Phase::closed || phase_ == Phase::idle || phase_ == Phase::header) return;
   plan_.reset();
+  forwarding_ = false;
+  engine_body_.clear();
   responder_.reset();
   text_.reset();
   job_.reset();

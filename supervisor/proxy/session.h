@@ -36,9 +36,11 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void on_body(const boost::system::error_code& ec);
   void handle();
   void start_job(Plan plan);
+  void start_forward(EngineRequest f);
   void respond(const Response& r);                  // a whole answer; ends the exchange
   void respond_error(const ApiError& e) { respond(error_response(api_, e)); }
-  void send_head();
+  /// The head of a chunked 200 answer (a stream), once.
+  void send_head(std::string_view content_type = "text/event-stream");
   void chunk(const std::string& bytes);
   void end_exchange();
   void write(std::string bytes);
@@ -54,6 +56,9 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void on_waiting(int64_t position) override;
   bool on_token(const proto::TokenEvent& e) override;
   void on_done(const JobResult& r) override;
+  void on_engine_head(int status, const std::string& content_type, bool streaming) override;
+  void on_engine_data(std::string_view bytes) override;
+  void end_forward(const JobResult& r);
 
   Core& core_;
   std::weak_ptr<bool> core_alive_;
@@ -79,6 +84,12 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   std::vector<TokenInfo> pending_tokens_;
   bool stream_ = false;
   bool head_sent_ = false;
+  // A forwarded exchange (exec engines): the engine's answer when it is not
+  // a stream, kept until it ends.
+  bool forwarding_ = false;
+  int engine_status_ = 0;  // 0 = streaming, or nothing yet
+  std::string engine_type_;
+  std::string engine_body_;
 };
 
 }  // namespace ds4::proxy

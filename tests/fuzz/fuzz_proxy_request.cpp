@@ -3,7 +3,8 @@
 // a sanitizer report or an escaping exception); a Plan is then answered with
 // the fuzz bytes as token pieces, through the stop-string matcher and each
 // responder, whole and streamed. A body read without a JSON tree
-// (parse_common_request) must give the plan of the full parse.
+// (parse_common_request) must give the plan of the full parse. The body as
+// forwarded to an exec engine (forward_request) is checked too.
 //
 // The first input byte picks the endpoint; the rest is the body. The model
 // (its vocabulary and template) is stories260K: $DS4_MODELS/stories260K.gguf,
@@ -19,6 +20,7 @@
 #include "shared/gguf.h"
 #include "supervisor/proxy/api_request.h"
 #include "supervisor/proxy/api_response.h"
+#include "supervisor/proxy/router.h"
 #include "supervisor/proxy/text_stream.h"
 
 namespace {
@@ -44,6 +46,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   PlanLimits limits;
   limits.context = 256;
   limits.max_tokens_per_request = 1024;
+  // The same body forwarded to an exec engine: an EngineRequest carrying it
+  // unchanged, or an ApiError.
+  {
+    HttpRequest req{boost::beast::http::verb::post, "/v1/chat/completions", 11};
+    req.body() = std::string(body);
+    auto f = forward_request(req);
+    if (auto* fr = std::get_if<EngineRequest>(&f); fr && fr->body != body) std::abort();
+    (void)sse_error_event(Api::anthropic, body);
+  }
   auto result = parse_request(ep, body, *model, limits);
   // The tree-free reading of the common shape gives the full parse's plan (a
   // field no parser reads sends a body the full way).

@@ -245,3 +245,50 @@ TEST_CASE("manager: a worker whose socket stops answering is killed; without a r
   io.run_for(1000ms);
   CHECK(be.kills == std::vector<int>{0});
 }
+
+TEST_CASE("manager: exec engines start at the largest rung with a port, are reached over HTTP, hang by heartbeat") {
+  asio::io_context io;
+  FakeBackend be;
+  FakeMemory mem;
+  mem.available = 300 * MiB;  // a native plan of 1000 MiB would not fit 2048
+  FakeHealth health;
+  health.io = &io;
+  ManagerSettings s = settings();
+  s.own_bytes = {0, 0};  // as the supervisor sets them for exec: unknown
+  s.exec_command = "srv --port {port} -c {ctx}";
+  s.model_path = "/m/x.gguf";
+  s.policy.hang_timeout = 500ms;
+  WorkerManager m(io, be, mem, s);
+  m.set_health_source(&health);
+  m.start();
+  REQUIRE(be.starts.size() == 1);
+  CHECK(be.starts[0].context == 2048);
+  CHECK(be.starts[0].exec_command == "srv --port {port} -c {ctx}");
+  CHECK(be.starts[0].model_path == "/m/x.gguf");
+  const int port = be.starts[0].port;
+  CHECK(port > 0);
+  be.ready(0, 42);
+  auto w = m.workers()[0];
+  CHECK(w.http_port == port);
+  CHECK(w.socket_path.empty());  // native jobs never go there
+  CHECK(m.status_json()[0]["engine"] == "exec");
+  CHECK(m.status_json()[0]["port"] == port);
+
+  control::Snapshot rec;
+  rec.pid = 42;
+  rec.heartbeat_ns = health.clock_ns - 50'000'000;
+  health.records[0] = rec;
+  io.run_for(300ms);
+  CHECK(health.probed.empty());  // no token socket to probe
+  CHECK(be.kills.empty());
+  health.records[0].heartbeat_ns = health.clock_ns - 900'000'000;
+  io.run_for(300ms);
+  CHECK(be.kills == std::vector<int>{0});
+
+  // An OOM kill: one rung down, a new port.
+  be.exited(0, ExitKind::oom);
+  REQUIRE(be.starts.size() == 2);
+  CHECK(be.starts[1].context == 256);
+  CHECK(be.starts[1].port > 0);
+  CHECK(be.starts[1].exec_command == s.exec_command);
+}
