@@ -81,6 +81,12 @@ store::Segment attach_served(const ModelInfo& m) {
   return m.fd ? store::Segment::attach_fd(m.fd->get(), m.segment) : store::Segment::attach(m.segment);
 }
 
+void with_metadata(const ModelInfo& m, const std::function<void(const gguf::File&)>& fn) {
+  if (m.file_only) return fn(gguf::File::open(m.path));
+  const store::Segment seg = attach_served(m);
+  fn(seg.metadata());
+}
+
 ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir,
                         MemfdSegments& memfds, std::stop_token stop) {
   ModelInfo m;
@@ -97,6 +103,16 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
     std::fprintf(stderr, "\n*** ds4-supervisor: %s ***\n\n", msg.c_str());
   }
   if (m.name.empty()) m.name = fs::path(m.path).stem().string();
+  m.file_key = store::segment_name(store::identify(m.path));
+  if (config.workers.engine == WorkerEngine::exec) {
+    // The engine reads the file itself: a segment would be a second copy of
+    // the weights in memory.
+    m.file_only = true;
+    m.bytes = fs::file_size(m.path);
+    log::info("model " + m.path + " is loaded by the exec engine itself: ds4 keeps no copy of it",
+              {{"DS4_MODEL", m.path}});
+    return m;
+  }
   const store::BackingChoice want = backing_choice(config.model.backing);
   if (want != store::BackingChoice::shm) {
     // A memfd segment of this very file that we keep (systemd gave it back

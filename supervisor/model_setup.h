@@ -5,12 +5,14 @@
 /// memory plan of a worker at every ladder rung.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stop_token>
 #include <string>
 #include <vector>
 
 #include "shared/config.h"
+#include "shared/gguf.h"
 #include "shared/model_store.h"
 
 namespace ds4::sup {
@@ -25,12 +27,21 @@ struct ModelInfo {
   uint64_t bytes = 0;      // segment size
   uint64_t weight_bytes = 0;
   bool reused = false;     // the segment existed already (supervisor restart)
+  /// store::segment_name() of the file's identity when it was prepared: a
+  /// reload compares it with the file's now (changed on disk?).
+  std::string file_key;
+  /// An exec engine serves it: the engine loads the file itself, so ds4 keeps
+  /// no segment of it (segment empty) and reads its metadata from the file.
+  bool file_only = false;
 };
 
 class MemfdSegments;
 
 /// Attaches the served segment read-only: by name, or a memfd from its descriptor.
 store::Segment attach_served(const ModelInfo& m);
+/// The model's GGUF metadata (tokenizer, chat template): from its segment, or
+/// from the file when ds4 keeps no segment (file_only). Calls `fn` with it.
+void with_metadata(const ModelInfo& m, const std::function<void(const gguf::File&)>& fn);
 
 /// Makes a synthetic model under `dir` with the ds4-mkmodel in `bin_dir`
 /// (a byte-level vocabulary is written first), unless one is there already.
@@ -38,7 +49,7 @@ store::Segment attach_served(const ModelInfo& m);
 std::string make_synthetic_model(const std::string& dir, const std::string& bin_dir);
 
 /// Resolves (synthesizing if needed, with a loud warning) and loads the model
-/// as model.backing says: a memfd segment of this model that `memfds` keeps
+/// as model.backing says (not at all for workers.engine: exec: file_only): a memfd segment of this model that `memfds` keeps
 /// (one systemd gave back) is reused; a new memfd segment is added to it.
 /// A stop requested through `stop` ends a load in progress (store::LoadCancelled).
 ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir,

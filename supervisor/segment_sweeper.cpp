@@ -23,6 +23,7 @@ void SegmentSweeper::set_current(const std::string& segment, const store::Unique
   if (segment != current_ || !held_) {
     held_.reset();
     current_ = segment;
+    if (segment.empty()) return request();  // none served (an exec engine reads the file itself)
     try {
       held_.emplace(fd ? store::Segment::attach_fd(fd->get(), segment) : store::Segment::attach(segment));
     } catch (const Error& e) {

@@ -87,6 +87,7 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
 
 // How the model is held, for status and the journal.
 std::string backing_text(const ModelInfo& m, const MemfdSegments& memfds) {
+  if (m.file_only) return "none (the exec engine loads the file)";
   if (m.backing == store::Backing::shm) return "shared memory";
   return memfds.fd_store() ? "memfd (in the supervisor, fd store)" : "memfd (in the supervisor)";
 }
@@ -125,12 +126,13 @@ void Supervisor::prepare() {
   memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
   memfds_->recover();
   model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_);
-  log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) + ", " +
-                backing_text(model_, *memfds_) + (model_.reused ? ", reused" : ", loaded") + ")",
-            {{"DS4_SEGMENT", model_.segment},
-             {"DS4_MODEL", model_.path},
-             {"DS4_BACKING", store::backing_name(model_.backing)},
-             {"DS4_REUSED", model_.reused ? "1" : "0"}});
+  if (!model_.file_only)
+    log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) + ", " +
+                  backing_text(model_, *memfds_) + (model_.reused ? ", reused" : ", loaded") + ")",
+              {{"DS4_SEGMENT", model_.segment},
+               {"DS4_MODEL", model_.path},
+               {"DS4_BACKING", store::backing_name(model_.backing)},
+               {"DS4_REUSED", model_.reused ? "1" : "0"}});
   // Workers and the holder get a memfd segment's descriptor here, from before
   // either starts (start_holder() waits for the holder on this thread).
   segments_ = std::make_unique<SegmentServer>(segments_io_, runtime_dir_ + "/segments.sock", *memfds_);
@@ -284,7 +286,7 @@ bool Supervisor::reload(std::string* error) {
     // The same model.path, but the file may have been replaced (a new
     // version of the model): its identity names another segment then.
     try {
-      if (store::segment_name(store::identify(model_.path)) != store::base_name(model_.segment)) {
+      if (store::segment_name(store::identify(model_.path)) != model_.file_key) {
         ch.model = true;
         ch.keys.push_back("the model file " + model_.path + " (changed on disk)");
       }

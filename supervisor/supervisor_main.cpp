@@ -1,8 +1,9 @@
 // ds4-supervisor: the daemon (supervisor/supervisor.h).
 #include <csignal>
 #include <cstdio>
-#include <functional>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 
 #include "shared/error.h"
@@ -41,12 +42,12 @@ int main(int argc, char** argv) {
     ds4::sup::Supervisor sup(opts);
     sup.prepare();
     // The front proxy (supervisor/proxy/proxy.h) on the supervisor's io_context;
-    // its tokenizer and chat template come from the model segment's metadata.
-    ds4::proxy::ModelText text = [&] {
-      const ds4::store::Segment seg = ds4::sup::attach_served(sup.model());
-      return ds4::proxy::ModelText::from_gguf(seg.metadata(), sup.model().name);
-    }();
-    ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(text), sup.registry());
+    // its tokenizer and chat template come from the model's metadata.
+    std::optional<ds4::proxy::ModelText> text;
+    ds4::sup::with_metadata(sup.model(), [&](const ds4::gguf::File& meta) {
+      text.emplace(ds4::proxy::ModelText::from_gguf(meta, sup.model().name));
+    });
+    ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(*text), sup.registry());
     proxy.start();
     ds4::log::info("proxy listening on " + proxy.endpoint().address().to_string() + ":" +
                    std::to_string(proxy.endpoint().port()));

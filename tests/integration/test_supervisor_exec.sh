@@ -51,6 +51,10 @@ else fail "exec worker not ready: $(sup_status | tr -d '\n' | cut -c1-600)"; sup
 if sup_check 'w[0]["context"] == 256 and w[0]["engine"] == "exec" and w[0]["port"] > 0 and w[0]["pid"] > 0'; then
   pass "ds4ctl status: engine exec at the largest rung (256), port $(sup_get 'w[0]["port"]')"
 else fail "status: $(sup_status | tr -d '\n' | cut -c1-600)"; fi
+# The engine loads the model itself: the supervisor keeps no copy of the weights.
+if sup_check 's["model"]["segment"] == "" and s["model"]["backing"].startswith("none")' && ! grep -q 'ds4-model-' "/proc/$SUP_PID/maps"; then
+  pass "the supervisor keeps no copy of the weights: $(sup_get 's["model"]["backing"]')"
+else fail "the supervisor holds a model segment: $(sup_get 's["model"]') $(grep -c 'ds4-model-' "/proc/$SUP_PID/maps") mappings"; fi
 # The supervisor's own proxy (the engines' ds4-proxy logs to the same file).
 url=http://$(sed -n 's/^ds4-supervisor: proxy listening on \([0-9.]*:[0-9]*\).*/\1/p' "$SUP_DIR/sup.log" | tail -1)
 [[ $url == http://*:* ]] || { fail "no proxy address in the log"; sup_finish; }
