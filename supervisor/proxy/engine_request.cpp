@@ -1,0 +1,57 @@
+// The request an exec engine gets (router.h forward_request): its own file,
+// so that the request fuzzer links it without the rest of the proxy.
+#include <nlohmann/json.hpp>
+
+#include "supervisor/proxy/router.h"
+
+namespace ds4::proxy {
+
+namespace http = boost::beast::http;
+using json = nlohmann::json;
+
+namespace {
+
+/// Nesting of `text` deeper than `limit` (brackets outside strings), checked
+/// before parsing: the JSON tree is freed recursively.
+bool nests_deeper(std::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::variant<EngineRequest, ApiError> forward_request(const HttpRequest& req) {
+  constexpr int kMaxDepth = 64;
+  if (nests_deeper(req.body(), kMaxDepth))
+    return bad_request("the request body nests deeper than " + std::to_string(kMaxDepth) + " levels");
+  json body = json::parse(req.body(), nullptr, false);
+  if (body.is_discarded()) return bad_request("the request body is not valid JSON");
+  if (!body.is_object()) return bad_request("the body must be a JSON object");
+  EngineRequest f;
+  if (auto s = body.find("stream"); s != body.end() && !s->is_null()) {
+    if (!s->is_boolean()) return bad_request("stream: expected true or false");
+    f.stream = s->get<bool>();
+  }
+  f.method = std::string(req.method_string());
+  f.target = std::string(req.target());
+  auto ct = req.find(http::field::content_type);
+  f.content_type = ct == req.end() ? "application/json" : std::string(ct->value());
+  f.body = req.body();
+  return f;
+}
+
+}  // namespace ds4::proxy
