@@ -2,7 +2,7 @@
 # workers.engine: exec on the systemd backend, against a real user manager and
 # journal (lib/systemd_env.sh): ds4-worker@0.service runs the external engine
 # (lib/ds4_engine.sh) from the command template. Context 2048 x 256 slots
-# cannot fit MemoryMax=150MiB: the kernel OOM-kills the engine inside the
+# cannot fit MemoryMax=300MiB: the kernel OOM-kills the engine inside the
 # unit's cgroup; the supervisor restarts it one rung lower with {ctx} = 256;
 # then chat completions go through the proxy to it, and ds4ctl status and
 # /health show the unit.
@@ -37,7 +37,7 @@ workers:
   threads: 1
   context:
     ladder: [2048, 256]       # x 256 slots: 320 MiB of KV at 2048, 40 MiB at 256
-  memory_max: 150MiB
+  memory_max: 300MiB         # 2048: ~425 MiB of the worker's own; 256: ~45 MiB, ~140 MiB when it links CUDA's libraries
   reserve: 64MiB
   engine: exec
   exec:

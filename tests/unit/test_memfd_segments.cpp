@@ -48,14 +48,20 @@ std::string recover_in_child(const std::vector<int>& fds, const std::string& nam
     ::setenv("LISTEN_FDS", std::to_string(fds.size()).c_str(), 1);
     ::setenv("LISTEN_FDNAMES", names.c_str(), 1);
     ::unsetenv("NOTIFY_SOCKET");
-    MemfdSegments m(false);
-    m.recover();
+    // Whatever happens, the child ends here: an exception must not carry it
+    // back into the test runner (it would run the remaining tests again).
     std::string report;
-    for (const std::string& h : m.handles()) report += "kept " + h + "\n";
-    for (size_t i = 0; i < fds.size(); ++i)
-      report += "fd " + std::to_string(3 + i) + (::fcntl(3 + int(i), F_GETFD) >= 0 ? " open\n" : " closed\n");
-    if (const auto k = m.find(store::identify(kStories))) report += "found " + k->handle + "\n";
-    report += std::string("env ") + (std::getenv("LISTEN_FDS") ? "left" : "cleared") + "\n";
+    try {
+      MemfdSegments m(false);
+      m.recover();
+      for (const std::string& h : m.handles()) report += "kept " + h + "\n";
+      for (size_t i = 0; i < fds.size(); ++i)
+        report += "fd " + std::to_string(3 + i) + (::fcntl(3 + int(i), F_GETFD) >= 0 ? " open\n" : " closed\n");
+      if (const auto k = m.find(store::identify(kStories))) report += "found " + k->handle + "\n";
+      report += std::string("env ") + (std::getenv("LISTEN_FDS") ? "left" : "cleared") + "\n";
+    } catch (const std::exception& e) {
+      report += std::string("error: ") + e.what() + "\n";
+    }
     (void)!::write(out, report.data(), report.size());
     ::_exit(0);
   }
