@@ -130,6 +130,14 @@ void Scheduler::pump() {
     }
     cands.push_back({w.id, w.context, w.slots - in_flight_[w.id], &history_[w.id], w.socket_path.empty()});
   }
+  // The job at queue position i leaves the queue and starts on worker `id`.
+  const auto dispatch = [&](size_t i, const std::shared_ptr<Job>& job, int id) {
+    queue_.erase(queue_.begin() + std::ptrdiff_t(i));
+    for (Candidate& c : cands)
+      if (c.id == id) --c.free_slots;
+    for (const sup::WorkerInfo& w : workers)
+      if (w.id == id) start(job, w);
+  };
   for (size_t i = 0; i < queue_.size();) {
     if (std::none_of(cands.begin(), cands.end(), [](const Candidate& c) { return c.free_slots > 0; })) break;
     std::shared_ptr<Job> job = queue_[i];
@@ -142,11 +150,7 @@ void Scheduler::pump() {
         ++i;
         continue;
       }
-      queue_.erase(queue_.begin() + std::ptrdiff_t(i));
-      for (Candidate& c : cands)
-        if (c.id == *pick) --c.free_slots;
-      for (const sup::WorkerInfo& w : workers)
-        if (w.id == *pick) start(job, w);
+      dispatch(i, job, *pick);
       continue;
     }
     const int64_t needed = int64_t(job->gen.prompt.size() + job->gen.generated.size());
@@ -175,11 +179,7 @@ void Scheduler::pump() {
         finish(job, {true, "length", job->timings, {}});
       continue;
     }
-    queue_.erase(queue_.begin() + std::ptrdiff_t(i));
-    for (Candidate& c : cands)
-      if (c.id == *pick) --c.free_slots;
-    for (const sup::WorkerInfo& w : workers)
-      if (w.id == *pick) start(job, w);
+    dispatch(i, job, *pick);
   }
   pumping_ = false;
   notify_positions(false);
