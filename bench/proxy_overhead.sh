@@ -24,7 +24,7 @@
 # worker; and the same of nginx's worker process in the runs through it.
 # Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE
 # (the workers' device: auto, cpu, cuda), DS4_BUSY_POLL (proxy.busy_poll: auto,
-# off, 100us), DS4_PROXY_THREADS (proxy.threads: auto, 1 to 64), NGINX (an nginx binary, for a machine
+# off, 100us), NGINX (an nginx binary, for a machine
 # without the Debian package and without apt), CC (cc).
 #   bench/proxy_overhead.sh [REQUESTS=2000]
 set -euo pipefail
@@ -49,7 +49,6 @@ model:
 proxy:
   listen: 127.0.0.1:$port_a
   busy_poll: ${DS4_BUSY_POLL:-auto}
-  threads: ${DS4_PROXY_THREADS:-auto}
 workers:
   backend: process
   slots: 32                 # every request of the c=32 round has a slot: none waits in the proxy's queue

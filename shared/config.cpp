@@ -125,12 +125,6 @@ std::chrono::microseconds busy_poll_for(const ProxyConfig& proxy) {
   return std::chrono::microseconds(cores >= 8 ? 100 : 0);
 }
 
-std::uint32_t threads_for(const ProxyConfig& proxy) {
-  if (proxy.threads) return *proxy.threads;
-  static const unsigned cores = std::thread::hardware_concurrency();
-  return cores < 8 ? 1 : std::min(8u, cores / 2);
-}
-
 std::string format_duration(Duration d) {
   const auto ms = d.count();
   if (ms == 0) return "0";
@@ -354,20 +348,6 @@ class Reader {
     else error(e.mark, e.path + ": " + why + ", got '" + *text + "'");
   }
 
-  /// auto, or a number of threads from 1 to 64.
-  void threads(const Entry& e, std::optional<std::uint32_t>& out) {
-    const auto text = scalar(e, "auto or a number of threads");
-    if (!text) return;
-    if (lower(trim(*text)) == "auto") {
-      out.reset();
-      return;
-    }
-    std::uint32_t n = 0;
-    const size_t errors_before = errors.size();
-    integer(e, n, 1, 64);
-    if (errors.size() == errors_before) out = n;
-  }
-
   /// auto, off, or a short duration in us or ms (at most 10ms: a longer spin
   /// would hold a core for nothing).
   void busy_poll(const Entry& e, std::optional<std::chrono::microseconds>& out) {
@@ -567,7 +547,6 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
         {"listen", [&](const Entry& x) { read_listen(r, x, c.proxy.listen); }},
         {"api_keys_file", [&](const Entry& x) { r.path(x, c.proxy.api_keys_file); }},
         {"busy_poll", [&](const Entry& x) { r.busy_poll(x, c.proxy.busy_poll); }},
-        {"threads", [&](const Entry& x) { r.threads(x, c.proxy.threads); }},
         {"queue", [&](const Entry& q) {
           r.mapping(q.value, q.mark, q.path, {
             {"max_waiting", [&](const Entry& x) { r.integer(x, c.proxy.queue.max_waiting, 0, 1000000); }},
@@ -790,7 +769,6 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(P.listen != Q.listen, "proxy.listen", c.listen);
   note(P.api_keys_file != Q.api_keys_file, "proxy.api_keys_file", c.in_place);
   note(P.busy_poll != Q.busy_poll, "proxy.busy_poll", c.in_place);
-  note(P.threads != Q.threads, "proxy.threads", c.listen);
   note(P.queue.max_waiting != Q.queue.max_waiting, "proxy.queue.max_waiting", c.in_place);
   note(P.queue.max_wait != Q.queue.max_wait, "proxy.queue.max_wait", c.in_place);
   note(P.limits.max_header_bytes != Q.limits.max_header_bytes, "proxy.limits.max_header_bytes", c.in_place);

@@ -75,10 +75,6 @@ struct ProxyConfig {
   /// before it sleeps: a reply that comes meanwhile skips a wake-up. nullopt
   /// = auto (busy_poll_for()).
   std::optional<std::chrono::microseconds> busy_poll;
-  /// Threads that serve client connections (HTTP, JSON, tokens to text), the
-  /// supervisor's own io thread among them; the queue and the workers'
-  /// connections stay on that one. nullopt = auto (threads_for()).
-  std::optional<std::uint32_t> threads;
   bool operator==(const ProxyConfig&) const = default;
 };
 
@@ -89,11 +85,6 @@ enum class WorkerEngine { native, exec };
 /// with 8 or more cores and none on a smaller one (where the spin would take
 /// the CPU the worker and the clients need).
 std::chrono::microseconds busy_poll_for(const ProxyConfig& proxy);
-/// The proxy's connection threads: the configured number, or for auto one per
-/// 2 cores up to 8 on a machine with 8 or more cores, 1 on a smaller one
-/// (there the hand-over between threads costs wake-ups that busy_poll would
-/// save, and more threads take the CPU the worker and the clients need).
-std::uint32_t threads_for(const ProxyConfig& proxy);
 
 struct Device {
   enum class Kind { automatic, cpu, cuda };
@@ -185,7 +176,7 @@ struct ConfigChanges {
   bool model = false;             // model.path: new weights, every worker restarts
   bool worker_settings = false;   // what a running worker was started with → drain + restart each
   bool worker_count = false;      // only start or stop the difference
-  bool listen = false;            // proxy.listen, proxy.threads: at the proxy's next start
+  bool listen = false;            // proxy.listen: rebind
   bool in_place = false;          // the rest (queue, limits, keys, headroom, restart, model.name)
 
   bool any() const { return !keys.empty(); }

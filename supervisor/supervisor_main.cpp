@@ -61,8 +61,7 @@ int main(int argc, char** argv) {
       return out;
     });
     sup.on_reload([&](const ds4::Config&, const ds4::Config& after, const ds4::ConfigChanges& changes) {
-      for (const char* key : {"proxy.listen", "proxy.threads"})
-        if (changes.changed(key)) ds4::log::warn(std::string(key) + " changed: it applies at the next start, ignoring");
+      if (changes.listen) ds4::log::warn("proxy.listen changed: it applies at the next start, ignoring");
       try {
         proxy.apply(after.proxy);
       } catch (const ds4::Error& e) {

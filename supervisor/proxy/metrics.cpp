@@ -15,7 +15,6 @@ int64_t now_s() {
 }  // namespace
 
 void Metrics::add_tokens_out(int64_t n) {
-  std::lock_guard lock(m_);
   tokens_out_ += n;
   const int64_t s = now_s();
   if (per_second_.empty() || per_second_.back().first != s) per_second_.emplace_back(s, 0);
@@ -24,7 +23,6 @@ void Metrics::add_tokens_out(int64_t n) {
 }
 
 std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const Scheduler& sched) const {
-  std::lock_guard lock(m_);
   std::ostringstream o;
   auto head = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,23 +16,14 @@
 
 namespace ds4::proxy {
 
-/// Counted from every connection thread (guarded); rendered on the core
-/// thread, which owns the scheduler.
 class Metrics {
  public:
-  void count(int status) {
-    std::lock_guard lock(m_);
-    ++by_status_[status];
-  }
-  void add_tokens_in(int64_t n) {
-    std::lock_guard lock(m_);
-    tokens_in_ += n;
-  }
+  void count(int status) { ++by_status_[status]; }
+  void add_tokens_in(int64_t n) { tokens_in_ += n; }
   void add_tokens_out(int64_t n);
   std::string render(const std::vector<sup::WorkerInfo>& workers, const Scheduler& sched) const;
 
  private:
-  mutable std::mutex m_;
   std::map<int, int64_t> by_status_;
   int64_t tokens_in_ = 0;
   int64_t tokens_out_ = 0;

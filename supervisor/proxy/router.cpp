@@ -77,24 +77,11 @@ Response models(const RouteContext& ctx) {
 
 }  // namespace
 
-namespace {
-/// The target without its query and trailing slashes.
-std::string_view route_path(const HttpRequest& req) {
+Route route(const HttpRequest& req, const RouteContext& ctx) {
+  Route out;
   std::string_view target(req.target().data(), req.target().size());
   if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
   while (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
-  return target;
-}
-}  // namespace
-
-bool routes_on_core(const HttpRequest& req) {
-  const std::string_view target = route_path(req);
-  return target == "/health" || target == "/metrics";
-}
-
-Route route(const HttpRequest& req, const RouteContext& ctx) {
-  Route out;
-  const std::string_view target = route_path(req);
   const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
   const bool post = req.method() == http::verb::post;
 

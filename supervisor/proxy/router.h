@@ -60,10 +60,6 @@ std::variant<EngineRequest, ApiError> forward_request(const HttpRequest& req);
 
 Route route(const HttpRequest& req, const RouteContext& ctx);
 
-/// True for the requests whose answer reads the workers' and the queue's
-/// live state (/health, /metrics): route() needs ctx.workers and ctx.metrics.
-bool routes_on_core(const HttpRequest& req);
-
 /// DESIGN.md's state names (also in the supervisor; kept here so the proxy
 /// library stands alone).
 const char* worker_state_name(sup::WorkerState s);

@@ -287,7 +287,16 @@ void Scheduler::on_event(const std::shared_ptr<Job>& job, proto::Event&& e) {
     ++counters_.tokens_out;
     const bool more = job->sink && job->sink->on_token(e.token);
     if (more || job->state != Job::State::running) return;
-    return complete(job);
+    // The answer is complete before the worker knows: stop it, estimate its timings.
+    auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+    job->timings.prompt_n += int64_t(job->gen.prompt.size() + job->gen.generated.size()) - job->call_tokens;
+    job->timings.prompt_ms += ms(job->first_token - job->call_started);
+    job->timings.predicted_n += job->call_tokens;
+    job->timings.predicted_ms += ms(job->last_token - job->first_token);
+    leave_worker(job);
+    finish(job, {true, "stop", job->timings, {}});
+    pump();
+    return;
   }
   if (e.kind == K::done) {
     job->timings.prompt_n += e.timings.prompt_n;
@@ -309,29 +318,6 @@ void Scheduler::on_event(const std::shared_ptr<Job>& job, proto::Event&& e) {
   else
     finish(job, {false, "", job->timings, {ErrorKind::internal, "worker " + std::to_string(job->worker) + ": " + e.message}});
   pump();
-}
-
-// The answer is complete before the worker knows: stop it, estimate its timings.
-void Scheduler::complete(const std::shared_ptr<Job>& job) {
-  if (job->call_tokens > 0) {
-    auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-    job->timings.prompt_n += int64_t(job->gen.prompt.size() + job->gen.generated.size()) - job->call_tokens;
-    job->timings.prompt_ms += ms(job->first_token - job->call_started);
-    job->timings.predicted_n += job->call_tokens;
-    job->timings.predicted_ms += ms(job->last_token - job->first_token);
-  }
-  leave_worker(job);
-  finish(job, {true, "stop", job->timings, {}});
-  pump();
-}
-
-void Scheduler::stop(const std::shared_ptr<Job>& job) {
-  if (job->state == Job::State::running) return complete(job);
-  if (job->state != Job::State::queued) return;  // done already
-  // Moved back to the queue (its worker died) after the answer was complete.
-  queue_.erase(std::remove(queue_.begin(), queue_.end(), job), queue_.end());
-  finish(job, {true, "stop", job->timings, {}});
-  notify_positions(false);
 }
 
 void Scheduler::on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered) {

@@ -59,7 +59,6 @@ class JobSink {
 struct Job {
   proto::GenerateRequest gen;  // prompt, every token generated so far, limits, sampling
   JobSink* sink = nullptr;
-  std::shared_ptr<JobSink> sink_owner;  // a sink the job keeps (one that hands events to another thread)
   /// Exec engines (workers.engine: exec): the client's request, forwarded as
   /// it came to a worker's HTTP port instead of tokens to its socket.
   std::shared_ptr<const EngineRequest> forward;
@@ -130,10 +129,6 @@ class Scheduler {
   /// The client went away: the job leaves the queue or its worker connection
   /// is closed (the worker stops). The sink hears nothing more.
   void cancel(const std::shared_ptr<Job>& job);
-  /// The sink has its whole answer (a stop string, end of turn), found after
-  /// its on_token returned: as if on_token had returned false then. The job
-  /// ends ("stop") wherever it is; the sink hears on_done.
-  void stop(const std::shared_ptr<Job>& job);
 
   void set_options(const SchedulerOptions& o) { opt_ = o; }
   const SchedulerOptions& options() const { return opt_; }
@@ -157,7 +152,6 @@ class Scheduler {
   void pump();
   void start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
   void on_event(const std::shared_ptr<Job>& job, proto::Event&& e);
-  void complete(const std::shared_ptr<Job>& job);
   void start_forward(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
   void on_engine_broken(const std::shared_ptr<Job>& job, const std::string& why, bool replay);
   void on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered);

@@ -13,59 +13,17 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-/// The job's events, from the core thread to a session on another: each is
-/// posted to the session's thread and dropped there when the session is gone
-/// or has moved on to another job.
-class FrontSink final : public JobSink {
- public:
-  FrontSink(std::weak_ptr<Session> s, asio::any_io_executor ex, uint64_t exchange)
-      : session_(std::move(s)), ex_(std::move(ex)), exchange_(exchange) {}
-
-  void on_waiting(int64_t position) override {
-    deliver([position](Session& s) { s.on_waiting(position); });
-  }
-  bool on_token(const proto::TokenEvent& e) override {
-    deliver([e](Session& s) { s.front_token(e); });
-    return true;  // the session says stop() when its answer is complete
-  }
-  void on_done(const JobResult& r) override {
-    deliver([r](Session& s) { s.on_done(r); });
-  }
-  void on_engine_head(int status, const std::string& content_type, bool streaming) override {
-    deliver([status, content_type, streaming](Session& s) { s.on_engine_head(status, content_type, streaming); });
-  }
-  void on_engine_data(std::string_view bytes) override {
-    deliver([bytes = std::string(bytes)](Session& s) { s.on_engine_data(bytes); });
-  }
-
- private:
-  template <class F>
-  void deliver(F fn) {
-    asio::post(ex_, [w = session_, n = exchange_, fn = std::move(fn)] {
-      auto s = w.lock();
-      if (s && s->exchange_ == n && s->phase_ != Session::Phase::closed) fn(*s);
-    });
-  }
-
-  std::weak_ptr<Session> session_;
-  asio::any_io_executor ex_;
-  uint64_t exchange_;
-};
-
-Session::Session(Core& core, Front& front, tcp::socket sock)
-    : core_(core), front_(front), on_core_(front.core()), core_alive_(core.alive), cfg_(core.config()),
-      sock_(std::move(sock)), timer_(sock_.get_executor()) {
-  ++front_.connections;
-}
+Session::Session(Core& core, tcp::socket sock)
+    : core_(core), core_alive_(core.alive), sock_(std::move(sock)), timer_(core.io) {}
 
 Session::~Session() {
   if (core_alive_.expired()) return;
-  cancel_job();  // nothing may call back into a dead session
-  core_.remove_session(this);
-  --front_.connections;
+  if (job_) core_.scheduler.cancel(job_);  // nothing may call back into a dead session
+  core_.sessions.erase(this);
 }
 
 void Session::start(bool reject) {
+  core_.sessions[this] = weak_from_this();
   boost::system::error_code ignored;
   sock_.non_blocking(true, ignored);  // write() sends at once what the socket takes
   if (reject) {
@@ -82,68 +40,19 @@ void Session::start(bool reject) {
 void Session::close() {
   if (phase_ == Phase::closed) return;
   phase_ = Phase::closed;
-  cancel_job();
+  if (job_ && !core_alive_.expired()) core_.scheduler.cancel(job_);
+  job_.reset();
   timer_.cancel();
   boost::system::error_code ignored;
   sock_.shutdown(tcp::socket::shutdown_both, ignored);
   sock_.close(ignored);
 }
 
-void Session::close_on_its_thread() {
-  asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->close(); });
-}
-
-// ---- the scheduler, on the core thread ----
-
-void Session::submit_job() {
-  if (on_core_) {
-    job_->sink = this;
-    if (!core_.scheduler.submit(job_)) on_rejected();
-    return;
-  }
-  auto sink = std::make_shared<FrontSink>(weak_from_this(), sock_.get_executor(), exchange_);
-  job_->sink = sink.get();
-  job_->sink_owner = std::move(sink);
-  asio::post(core_.io, [core = &core_, alive = core_alive_, job = job_, w = weak_from_this(), ex = sock_.get_executor(),
-                        n = exchange_] {
-    if (alive.expired() || core->scheduler.submit(job)) return;
-    asio::post(ex, [w, n] {
-      auto s = w.lock();
-      if (s && s->exchange_ == n && s->phase_ != Phase::closed) s->on_rejected();
-    });
-  });
-}
-
-void Session::cancel_job() {
-  if (!job_) return;
-  std::shared_ptr<Job> job = std::move(job_);
-  if (core_alive_.expired()) return;
-  if (on_core_) return core_.scheduler.cancel(job);
-  asio::post(core_.io, [core = &core_, alive = core_alive_, job = std::move(job)] {
-    if (!alive.expired()) core->scheduler.cancel(job);
-  });
-}
-
-void Session::stop_job() {
-  if (!job_ || core_alive_.expired()) return;
-  asio::post(core_.io, [core = &core_, alive = core_alive_, job = job_] {
-    if (!alive.expired()) core->scheduler.stop(job);
-  });
-}
-
-void Session::on_rejected() {
-  job_.reset();
-  respond_error({ErrorKind::unavailable,
-                 "the queue is full (" + std::to_string(cfg_->queue.max_waiting) +
-                     " requests waiting, proxy.queue.max_waiting); retry later", 2});
-}
-
 // ---- reading a request ----
 
 void Session::do_read_header() {
   phase_ = Phase::header;
-  cfg_ = core_.config();
-  const LimitsConfig& lim = cfg_->limits;
+  const LimitsConfig& lim = core_.cfg.limits;
   parser_.emplace();
   parser_->header_limit(uint32_t(std::min<Bytes>(lim.max_header_bytes, UINT32_MAX)));
   parser_->body_limit(lim.max_body_bytes);
@@ -169,22 +78,22 @@ void Session::on_header(const boost::system::error_code& ec) {
     return close();
   if (ec == http::error::header_limit)
     return respond_error({ErrorKind::too_large, "the request headers are larger than " +
-                                                    format_size(cfg_->limits.max_header_bytes) +
+                                                    format_size(core_.cfg.limits.max_header_bytes) +
                                                     " (proxy.limits.max_header_bytes)"});
   if (ec == http::error::body_limit)  // Content-Length over the limit, seen with the headers
     return respond_error({ErrorKind::too_large, "the request body is larger than " +
-                                                    format_size(cfg_->limits.max_body_bytes) +
+                                                    format_size(core_.cfg.limits.max_body_bytes) +
                                                     " (proxy.limits.max_body_bytes)"});
   if (ec) return respond_error(bad_request("malformed HTTP request: " + ec.message()));
   auto& req = parser_->get();
-  if (auto len = parser_->content_length(); len && *len > cfg_->limits.max_body_bytes)
+  if (auto len = parser_->content_length(); len && *len > core_.cfg.limits.max_body_bytes)
     return respond_error({ErrorKind::too_large, "the request body has " + std::to_string(*len) +
-                                                    " bytes, more than " + format_size(cfg_->limits.max_body_bytes) +
+                                                    " bytes, more than " + format_size(core_.cfg.limits.max_body_bytes) +
                                                     " (proxy.limits.max_body_bytes)"});
   auto expect = req.find(http::field::expect);
   if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) write("HTTP/1.1 100 Continue\r\n\r\n");
   phase_ = Phase::body;
-  arm(cfg_->limits.request_timeout);
+  arm(core_.cfg.limits.request_timeout);
   if (!parser_->is_done() && buf_.size() > 0) {  // the body came with the header
     boost::system::error_code ec;
     parser_->eager(true);
@@ -202,7 +111,7 @@ void Session::on_body(const boost::system::error_code& ec) {
   phase_ = Phase::busy;
   if (ec == http::error::body_limit)
     return respond_error({ErrorKind::too_large, "the request body is larger than " +
-                                                    format_size(cfg_->limits.max_body_bytes) +
+                                                    format_size(core_.cfg.limits.max_body_bytes) +
                                                     " (proxy.limits.max_body_bytes)"});
   if (ec) return close();
   handle();
@@ -211,23 +120,7 @@ void Session::on_body(const boost::system::error_code& ec) {
 void Session::handle() {
   const HttpRequest& req = parser_->get();
   keep_alive_ = req.keep_alive() && !core_.stopping;
-  const std::shared_ptr<const ApiKeys> keys = core_.keys();
-  if (on_core_ || !routes_on_core(req)) return routed(route(req, core_.route_context(*cfg_, *keys, on_core_)));
-  // /health, /metrics: the workers' and the queue's state live on the core thread.
-  asio::post(core_.io, [core = &core_, alive = core_alive_, w = weak_from_this(), ex = sock_.get_executor(),
-                        req = std::make_shared<HttpRequest>(req), cfg = cfg_, keys] {
-    if (alive.expired()) return;
-    auto r = std::make_shared<Route>(route(*req, core->route_context(*cfg, *keys, true)));
-    asio::post(ex, [w, r] {
-      auto s = w.lock();
-      if (s && s->phase_ != Phase::closed) s->routed(std::move(*r));
-    });
-  });
-  watch();  // meanwhile: the read that notices a client gone (and holds the session)
-}
-
-void Session::routed(Route r) {
-  const HttpRequest& req = parser_->get();
+  Route r = route(req, core_.route_context());
   api_ = r.api;
   if (r.response) {
     if (req.method() == http::verb::head) r.response->body.clear();
@@ -245,17 +138,20 @@ void Session::start_job(Plan plan) {
   head_sent_ = false;
   text_.emplace(plan_->stop);
   pending_tokens_.clear();
-  tokens_seen_ = 0;
-  stopped_ = false;
-  ++exchange_;
   const char* prefix = plan_->endpoint == Endpoint::messages ? "msg_" : plan_->endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-";
   responder_ = make_responder(*plan_, core_.model.tokenizer(), core_.new_id(prefix), int64_t(std::time(nullptr)));
   job_ = std::make_shared<Job>();
   job_->gen = plan_->gen;
+  job_->sink = this;
   core_.metrics.add_tokens_in(int64_t(plan_->gen.prompt.size()));
-  submit_job();
-  if (exchange_done_) return;  // refused, or finished already (nothing could ever serve it)
-  if (stream_ && on_core_) send_head();  // off the core thread: with the first event
+  if (!core_.scheduler.submit(job_)) {
+    job_.reset();
+    return respond_error({ErrorKind::unavailable,
+                          "the queue is full (" + std::to_string(core_.cfg.queue.max_waiting) +
+                              " requests waiting, proxy.queue.max_waiting); retry later", 2});
+  }
+  if (exchange_done_) return;  // finished already (nothing could ever serve it)
+  if (stream_) send_head();
   watch();
 }
 
@@ -268,12 +164,15 @@ void Session::start_forward(EngineRequest f) {
   engine_status_ = 0;
   engine_type_.clear();
   engine_body_.clear();
-  tokens_seen_ = 0;
-  stopped_ = false;
-  ++exchange_;
   job_ = std::make_shared<Job>();
   job_->forward = std::make_shared<const EngineRequest>(std::move(f));
-  submit_job();
+  job_->sink = this;
+  if (!core_.scheduler.submit(job_)) {
+    job_.reset();
+    return respond_error({ErrorKind::unavailable,
+                          "the queue is full (" + std::to_string(core_.cfg.queue.max_waiting) +
+                              " requests waiting, proxy.queue.max_waiting); retry later", 2});
+  }
   if (exchange_done_) return;
   watch();
 }
@@ -320,17 +219,8 @@ void Session::on_waiting(int64_t position) {
   chunk(waiting_comment(position));
 }
 
-void Session::front_token(const proto::TokenEvent& e) {
-  if (stopped_ || exchange_done_ || !job_) return;
-  if (stream_) send_head();
-  if (on_token(e)) return;
-  stopped_ = true;
-  stop_job();
-}
-
 bool Session::on_token(const proto::TokenEvent& e) {
   const Tokenizer& tok = core_.model.tokenizer();
-  ++tokens_seen_;
   if (tok.is_eog(e.token)) return false;
   core_.metrics.add_tokens_out(1);
   if (plan_->logprobs) pending_tokens_.push_back({e.token, e.logprob, e.top});
@@ -345,7 +235,7 @@ bool Session::on_token(const proto::TokenEvent& e) {
 
 void Session::on_done(const JobResult& r) {
   if (forwarding_) return end_forward(r);
-  job_.reset();
+  std::shared_ptr<Job> job = std::move(job_);
   if (!r.ok) {
     if (head_sent_) {
       core_.metrics.count(status_of(r.error.kind));
@@ -366,8 +256,8 @@ void Session::on_done(const JobResult& r) {
              : r.reason == "length"    ? FinishReason::length
                                        : FinishReason::stop;
   f.stop_sequence = text_->matched();
-  f.prompt_tokens = int64_t(plan_->gen.prompt.size());
-  f.completion_tokens = tokens_seen_;
+  f.prompt_tokens = int64_t(job->gen.prompt.size());
+  f.completion_tokens = int64_t(job->gen.generated.size());
   f.timings = r.timings;
   if (!stream_) {
     Response resp;
@@ -451,7 +341,7 @@ void Session::after_exchange() {
   if (!keep_alive_) return linger_close();
   if (watching_) {  // the pending read delivers the next request
     phase_ = Phase::idle;
-    arm(cfg_->limits.header_timeout);
+    arm(core_.cfg.limits.header_timeout);
     // A request pipelined behind this one is in the buffer already: end the
     // read (it owns the buffer's free space), its handler parses the request.
     if (buf_.size() > 0) {
@@ -474,7 +364,10 @@ void Session::after_exchange() {
 // answer before the client reads it: send FIN, drain for a moment, then close.
 void Session::linger_close() {
   phase_ = Phase::closed;
-  cancel_job();
+  if (job_) {
+    core_.scheduler.cancel(job_);
+    job_.reset();
+  }
   boost::system::error_code ignored;
   sock_.shutdown(tcp::socket::shutdown_send, ignored);
   timer_.expires_after(std::chrono::seconds(2));
@@ -505,7 +398,7 @@ void Session::drain() {
 // an error or EOF means the client went away.
 void Session::watch() {
   if (watching_ || phase_ == Phase::closed) return;
-  if (buf_.size() >= cfg_->limits.max_header_bytes) return;  // pipelined too far ahead: stop reading
+  if (buf_.size() >= core_.cfg.limits.max_header_bytes) return;  // pipelined too far ahead: stop reading
   watching_ = true;
   sock_.async_read_some(buf_.prepare(4096), [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
     self->watching_ = false;
@@ -546,10 +439,11 @@ void Session::wait_deadline() {
 void Session::on_deadline() {
   if (phase_ == Phase::closed) return;
   if (phase_ == Phase::busy && !exchange_done_ && !head_sent_ && job_) {
-    cancel_job();
+    core_.scheduler.cancel(job_);
+    job_.reset();
     keep_alive_ = false;
     return respond_error({ErrorKind::timeout, "the request took longer than " +
-                                                  format_duration(cfg_->limits.request_timeout) +
+                                                  format_duration(core_.cfg.limits.request_timeout) +
                                                   " (proxy.limits.request_timeout)"});
   }
   close();  // slow headers or body, an idle keep-alive connection, or a stream past its time

@@ -4,13 +4,6 @@
 /// runs a job and streams or sends its answer; keep-alive between requests.
 /// While a job runs the connection is still read, so that a client that goes
 /// away is noticed at once and its job cancelled.
-///
-/// A session runs on its connection thread (core.h). On the core thread it
-/// calls the scheduler and hears its job directly, as its JobSink. On another
-/// one, its calls to the scheduler are posted to the core thread, and a
-/// FrontSink there posts the job's events back; a stop string found on this
-/// side reaches the scheduler as a stop() a moment later (tokens that come
-/// meanwhile are dropped), and a stream's head goes out with its first event.
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
 
@@ -29,15 +22,11 @@ namespace ds4::proxy {
 
 class Session : public std::enable_shared_from_this<Session>, public JobSink {
  public:
-  /// `sock` belongs to front.io.
-  Session(Core& core, Front& front, boost::asio::ip::tcp::socket sock);
+  Session(Core& core, boost::asio::ip::tcp::socket sock);
   ~Session() override;
-  /// `reject`: too many connections, answer 503 and close. On its thread.
+  /// `reject`: too many connections, answer 503 and close.
   void start(bool reject);
-  /// On its thread (or on any once the connection threads are joined).
   void close();
-  /// close() from any thread.
-  void close_on_its_thread();
 
  private:
   enum class Phase { header, body, busy, idle, closed };
@@ -46,15 +35,7 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void on_header(const boost::system::error_code& ec);
   void on_body(const boost::system::error_code& ec);
   void handle();
-  void routed(Route r);
   void start_job(Plan plan);
-  /// The job to the scheduler; cancelled; its answer complete (a stop string
-  /// found off the core thread).
-  void submit_job();
-  void cancel_job();
-  void stop_job();
-  void on_rejected();
-  void front_token(const proto::TokenEvent& e);
   void start_forward(EngineRequest f);
   void respond(const Response& r);                  // a whole answer; ends the exchange
   void respond_error(const ApiError& e) { respond(error_response(api_, e)); }
@@ -79,13 +60,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void on_engine_data(std::string_view bytes) override;
   void end_forward(const JobResult& r);
 
-  friend class FrontSink;
-
   Core& core_;
-  Front& front_;
-  const bool on_core_;  // front_ is the core thread's
   std::weak_ptr<bool> core_alive_;
-  std::shared_ptr<const ProxyConfig> cfg_;  // the config in force when the exchange began
   boost::asio::ip::tcp::socket sock_;
   boost::asio::steady_timer timer_;
   boost::beast::flat_buffer buf_;
@@ -108,9 +84,6 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   std::vector<TokenInfo> pending_tokens_;
   bool stream_ = false;
   bool head_sent_ = false;
-  uint64_t exchange_ = 0;      // jobs started: a FrontSink's events for an older one are dropped
-  int64_t tokens_seen_ = 0;    // tokens of the job's answer (end of turn included)
-  bool stopped_ = false;       // the answer is complete (off the core thread: later tokens are dropped)
   // A forwarded exchange (exec engines): the engine's answer when it is not
   // a stream, kept until it ends.
   bool forwarding_ = false;

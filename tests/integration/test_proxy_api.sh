@@ -15,8 +15,6 @@ model:
   name: stories
 proxy:
   listen: 127.0.0.1:0
-  threads: 3                # connections take turns over 3 threads: most answers cross from the queue's
-                            # thread to another (proxy.threads)
   api_keys_file: $T/keys
   limits:
     max_body_bytes: 1MiB

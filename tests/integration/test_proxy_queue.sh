@@ -14,7 +14,6 @@ model:
   path: $MODEL
 proxy:
   listen: 127.0.0.1:0
-  threads: 2                # connections take turns over 2 threads: the queue's and another
   queue:
     max_waiting: 4
     max_wait: 60s

@@ -75,8 +75,6 @@ model:
   name: stories
 proxy:
   listen: 127.0.0.1:0
-  threads: 3                # connections take turns over 3 threads: most answers cross from the queue's
-                            # thread to another (proxy.threads)
 workers:
   backend: process
   slots: 256                # x context 256: 40 MiB of KV; x 2048: 320 MiB

@@ -59,7 +59,6 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.proxy.listen.is_loopback());
     CHECK(c.proxy.api_keys_file.empty());
     CHECK_FALSE(c.proxy.busy_poll);
-    CHECK_FALSE(c.proxy.threads);
     CHECK(c.proxy.queue.max_waiting == 256);
     CHECK(c.proxy.queue.max_wait == 10min);
     CHECK(c.proxy.limits.max_header_bytes == 64 * 1024);
@@ -102,7 +101,6 @@ proxy:
   listen: "[::1]:9000"
   api_keys_file: /dev/null
   busy_poll: 250us
-  threads: 3
   queue:
     max_waiting: 10
     max_wait: 90s
@@ -147,7 +145,6 @@ gpu:
   CHECK(c.proxy.listen.str() == "[::1]:9000");
   CHECK(c.proxy.api_keys_file == "/dev/null");
   CHECK(c.proxy.busy_poll == 250us);
-  CHECK(c.proxy.threads == 3u);
   CHECK(c.proxy.queue.max_waiting == 10);
   CHECK(c.proxy.queue.max_wait == 90s);
   CHECK(c.proxy.limits.max_header_bytes == 8192);
@@ -470,32 +467,6 @@ TEST_CASE("config: proxy.busy_poll") {
   CHECK(ds4::busy_poll_for(p) == 40us);
   p.busy_poll.reset();
   CHECK(ds4::busy_poll_for(p) == (std::thread::hardware_concurrency() >= 8 ? 100us : 0us));
-}
-
-TEST_CASE("config: proxy.threads") {
-  const auto threads = [](const char* v) { return parse(std::string("proxy:\n  threads: ") + v + "\n").proxy.threads; };
-  CHECK(threads("1") == 1u);
-  CHECK(threads("64") == 64u);
-  CHECK_FALSE(threads("auto"));
-  CHECK(errors("proxy:\n  threads: 0\n") == "config/ds4.yaml:2:12: proxy.threads: 0 is out of range (1 to 64)");
-  CHECK(errors("proxy:\n  threads: 65\n") == "config/ds4.yaml:2:12: proxy.threads: 65 is out of range (1 to 64)");
-  CHECK(errors("proxy:\n  threads: many\n") == "config/ds4.yaml:2:12: proxy.threads: expected a whole number, got 'many'");
-
-  // Set: as set. Auto: one per 2 cores up to 8 with 8 cores or more, else 1.
-  ds4::ProxyConfig p;
-  p.threads = 5;
-  CHECK(ds4::threads_for(p) == 5u);
-  p.threads.reset();
-  const unsigned cores = std::thread::hardware_concurrency();
-  CHECK(ds4::threads_for(p) == (cores < 8 ? 1u : std::min(8u, cores / 2)));
-
-  // A change applies at the proxy's next start, as a new listen address does.
-  ds4::Config a, b;
-  b.proxy.threads = 2;
-  const ds4::ConfigChanges c = ds4::diff(a, b);
-  CHECK(c.listen);
-  CHECK_FALSE(c.in_place);
-  CHECK(c.changed("proxy.threads"));
 }
 
 TEST_CASE("config: edit distance") {
