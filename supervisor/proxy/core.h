@@ -9,6 +9,8 @@
 #include <memory>
 #include <random>
 
+#include <boost/asio/thread_pool.hpp>
+
 #include "shared/config.h"
 #include "supervisor/proxy/api_keys.h"
 #include "supervisor/proxy/metrics.h"
@@ -27,12 +29,18 @@ struct Core {
   ProxyConfig cfg;
   ModelText model;
   sup::WorkerRegistry& registry;
-  ApiKeys keys;
+  /// Replaced, never changed, at a reload: a request planned on the planner
+  /// keeps the keys it started with.
+  std::shared_ptr<const ApiKeys> keys;
   Scheduler scheduler;
   Metrics metrics;
   boost::asio::ip::tcp::acceptor acceptor;
   std::map<Session*, std::weak_ptr<Session>> sessions;
   std::function<std::string()> metrics_extra;
+  /// Where the requests with long bodies are parsed and tokenized (route()),
+  /// so that the io thread goes on with everyone else's answers meanwhile
+  /// (a prompt of 100k tokens takes about 0.2 s).
+  boost::asio::thread_pool planner{2};
   std::mt19937_64 rng;
   uint64_t next_id = 1;
   bool stopping = false;

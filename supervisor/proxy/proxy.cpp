@@ -20,7 +20,7 @@ SchedulerOptions scheduler_options(const ProxyConfig& cfg) {
 }
 
 Core::Core(asio::io_context& io_, const ProxyConfig& c, ModelText m, sup::WorkerRegistry& reg)
-    : io(io_), cfg(c), model(std::move(m)), registry(reg), keys(c.api_keys_file),
+    : io(io_), cfg(c), model(std::move(m)), registry(reg), keys(std::make_shared<const ApiKeys>(c.api_keys_file)),
       scheduler(io_, reg, scheduler_options(c)), acceptor(io_), rng(std::random_device{}()) {}
 
 RouteContext Core::route_context() {
@@ -28,7 +28,7 @@ RouteContext Core::route_context() {
   limits.max_tokens_per_request = cfg.limits.max_tokens_per_request;
   limits.context = scheduler.max_context();
   limits.random_seed = rng();
-  RouteContext ctx{model, keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
+  RouteContext ctx{model, *keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
                    stopping};
   for (const auto& w : scheduler.workers())
     if (w.http_port > 0) ctx.forward = true;
@@ -76,6 +76,8 @@ Proxy::Proxy(asio::io_context& io, const ProxyConfig& config, ModelText model, s
     : core_(std::make_unique<Core>(io, config, std::move(model), registry)) {}
 
 Proxy::~Proxy() {
+  core_->planner.stop();  // what is planned there comes back to a proxy that is gone: dropped
+  core_->planner.join();
   boost::system::error_code ignored;
   core_->acceptor.close(ignored);
   close_sessions(*core_);
@@ -83,8 +85,8 @@ Proxy::~Proxy() {
 
 void Proxy::start() {
   Core& c = *core_;
-  c.keys.reload();
-  if (!c.cfg.listen.is_loopback() && !c.keys.enabled() && !c.cfg.limits.allow_insecure_bind)
+  reload_keys();
+  if (!c.cfg.listen.is_loopback() && !c.keys->enabled() && !c.cfg.limits.allow_insecure_bind)
     throw Error("proxy.listen " + c.cfg.listen.str() +
                 " is not a loopback address and proxy.api_keys_file is empty: set api keys, or "
                 "proxy.limits.allow_insecure_bind: true to serve without them");
@@ -107,7 +109,11 @@ tcp::endpoint Proxy::endpoint() const {
   return core_->acceptor.local_endpoint(ec);
 }
 
-void Proxy::reload_keys() { core_->keys.reload(); }
+void Proxy::reload_keys() {
+  auto keys = std::make_shared<ApiKeys>(core_->cfg.api_keys_file);
+  keys->reload();  // throws: the keys before stay
+  core_->keys = std::move(keys);
+}
 
 void Proxy::apply(const ProxyConfig& config) {
   Core& c = *core_;
@@ -116,11 +122,7 @@ void Proxy::apply(const ProxyConfig& config) {
   c.cfg = config;
   c.cfg.listen = listen;  // rebinding is the caller's (a new Proxy)
   c.scheduler.set_options(scheduler_options(config));
-  if (keys_changed) {
-    ApiKeys keys(config.api_keys_file);
-    keys.reload();
-    c.keys = std::move(keys);
-  }
+  if (keys_changed) reload_keys();
 }
 
 void Proxy::stop(Duration deadline, std::function<void()> done) {

@@ -8,7 +8,9 @@
 ///   ... SIGHUP: proxy.reload_keys(); reload: proxy.apply(new_config.proxy);
 ///   ... SIGTERM: proxy.stop(deadline, [&] { sd_notify(0, "STOPPING=1"); ... });
 ///
-/// Single-threaded: every call on the io_context's thread.
+/// Every call on the io_context's thread, which runs the whole proxy, except
+/// that requests with long bodies are parsed and tokenized on the proxy's
+/// planner threads (core.h).
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
 

@@ -117,13 +117,41 @@ void Session::on_body(const boost::system::error_code& ec) {
   handle();
 }
 
+// A body this long is parsed and tokenized on the planner's threads.
+constexpr size_t kPlanAsideBytes = 16 * 1024;
+
 void Session::handle() {
   const HttpRequest& req = parser_->get();
   keep_alive_ = req.keep_alive() && !core_.stopping;
-  Route r = route(req, core_.route_context());
+  const RouteContext ctx = core_.route_context();
+  if (req.body().size() >= kPlanAsideBytes) return plan_aside(ctx);
+  routed(route(req, ctx), req.method() == http::verb::head);
+}
+
+// route() on the planner: the request and the keys go along (the session may
+// end meanwhile, the keys be reloaded); what comes back is dropped when the
+// session or the proxy is gone by then.
+void Session::plan_aside(const RouteContext& ctx) {
+  auto req = std::make_shared<HttpRequest>(std::move(parser_->get()));
+  const bool head = req->method() == http::verb::head;
+  RouteContext aside = ctx;
+  aside.workers = nullptr;  // read only for /health and /metrics, which come with no body
+  aside.metrics = nullptr;
+  asio::post(core_.planner, [req, aside, keys = core_.keys, io = &core_.io, w = weak_from_this(), alive = core_alive_,
+                             head]() mutable {
+    auto r = std::make_shared<Route>(route(*req, aside));
+    asio::post(*io, [w, alive, r, head] {
+      auto s = w.lock();
+      if (s && !alive.expired() && s->phase_ != Phase::closed) s->routed(std::move(*r), head);
+    });
+  });
+  watch();  // meanwhile: the read that notices a client gone, and holds the session
+}
+
+void Session::routed(Route r, bool head) {
   api_ = r.api;
   if (r.response) {
-    if (req.method() == http::verb::head) r.response->body.clear();
+    if (head) r.response->body.clear();
     return respond(*r.response);
   }
   if (r.forward) return start_forward(std::move(*r.forward));

@@ -35,6 +35,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void on_header(const boost::system::error_code& ec);
   void on_body(const boost::system::error_code& ec);
   void handle();
+  void plan_aside(const RouteContext& ctx);
+  void routed(Route r, bool head);
   void start_job(Plan plan);
   void start_forward(EngineRequest f);
   void respond(const Response& r);                  // a whole answer; ends the exchange

@@ -101,6 +101,35 @@ check "prompt over the context: 400 naming context and prompt length" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"$long\",\"max_tokens\":4}')\" = 400 ] && jq -e '.error.message | test(\"prompt has [0-9]+ tokens but the context is 256\")' $T/b >/dev/null"
 check "absurd max_tokens: clamped, answered" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"Once\",\"max_tokens\":99999999999}')\" = 200 ] && jq -e '.usage.completion_tokens > 0' $T/b >/dev/null"
+# Bodies of 16 KiB or more are parsed and tokenized off the io thread (the
+# planner): the same answers, errors and keys as short ones.
+check "a long body (a request padded to 40 KB): the same answer as without the padding, streamed or not" \
+  python3 - "$U" <<'PY'
+import json, sys, urllib.request, urllib.error
+u = sys.argv[1]
+def post(body, key="sk-test-1"):
+    req = urllib.request.Request(u + "/v1/completions", body.encode(), {"Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+for stream in (False, True):
+    short = json.dumps({"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "stream": stream})
+    padded = "{" + " " * 40000 + short[1:]
+    s1, a = post(short)
+    s2, b = post(padded)
+    assert s1 == s2 == 200, (s1, s2, b[:200])
+    text = lambda t: json.loads(t)["choices"][0]["text"] if not stream else "".join(
+        json.loads(l[6:])["choices"][0]["text"] for l in t.split("\n") if l.startswith("data: {"))
+    assert text(a) == text(b) and text(a), (a[:200], b[:200])
+bad = post("{" + " " * 40000 + '"prompt": 5}')
+assert bad[0] == 400 and "prompt" in json.loads(bad[1])["error"]["message"], bad
+assert post("{" + " " * 40000 + '"prompt": "x"}', key="nope")[0] == 401
+long = json.dumps({"prompt": "Once upon a time there was a cat. " * 600, "max_tokens": 4})
+s, b = post(long)
+assert s == 400 and "but the context is 256" in json.loads(b)["error"]["message"], (s, b[:200])
+PY
 # A slowloris client: headers trickle in; the header timeout (2 s) closes it.
 start=$(date +%s)
 ( printf 'POST /v1/completions HTTP/1.1\r\nHost: x\r\n'; for i in $(seq 8); do printf 'X-Slow: %d\r\n' "$i"; sleep 1; done ) |
