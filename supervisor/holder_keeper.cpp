@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "shared/child_signals.h"
 #include "shared/error.h"
 #include "shared/log.h"
 
@@ -70,18 +71,18 @@ void HolderKeeper::spawn() {
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
   const pid_t parent = ::getpid();
+  ChildSignals signals;  // a stop right after the start must not run our handlers in the child
   const pid_t pid = ::fork();
   if (pid < 0) {
     last_exit_ = std::string("fork failed: ") + std::strerror(errno);
     return;
   }
   if (pid == 0) {
+    ChildSignals::reset_in_child();
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ChildSignals::unblock_all_in_child();
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }

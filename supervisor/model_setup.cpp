@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "shared/child_signals.h"
 #include "shared/error.h"
 #include "shared/gguf_writer.h"
 #include "shared/log.h"
@@ -48,7 +49,15 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
   const std::string mkmodel = bin_dir + "/ds4-mkmodel";
   if (access(mkmodel.c_str(), X_OK) != 0)
     throw Error("cannot make a synthetic model: no executable " + mkmodel + " beside ds4-supervisor");
-  const pid_t pid = fork();
+  pid_t pid = -1;
+  {
+    ChildSignals signals;
+    pid = fork();
+    if (pid == 0) {
+      ChildSignals::reset_in_child();
+      signals.unblock_in_child();
+    }
+  }
   if (pid < 0) throw Error("cannot make a synthetic model: fork failed");
   if (pid == 0) {
     // Its progress output is not wanted on ours.

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <vector>
 
+#include "shared/child_signals.h"
 #include "shared/error.h"
 #include "shared/files.h"
 #include "shared/log.h"
@@ -205,6 +206,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   if (!c->cgroup.empty()) procs_fd = ::open((c->cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
   const pid_t parent = ::getpid();
 
+  ChildSignals signals;  // a stop right after the start must not run our handlers in the child
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int e = errno;
@@ -216,6 +218,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   if (pid == 0) {
     // Child. Own process group: a Ctrl-C meant for the supervisor does not
     // reach it (the supervisor stops it); dies with the supervisor.
+    ChildSignals::reset_in_child();
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
@@ -229,9 +232,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
       [[maybe_unused]] const ssize_t n = ::write(fd, "1000", 4);
       ::close(fd);
     }
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ChildSignals::unblock_all_in_child();
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }

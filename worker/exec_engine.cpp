@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 
+#include "shared/child_signals.h"
 #include "shared/control_block.h"
 #include "shared/error.h"
 #include "shared/log.h"
@@ -69,9 +70,11 @@ pid_t spawn(const std::vector<std::string>& args, const sigset_t& old_mask) {
   }
   envp.push_back(nullptr);
   const pid_t parent = ::getpid();
+  ChildSignals signals;  // a signal before the exec must not run this process's handlers in the child
   const pid_t pid = ::fork();
   if (pid < 0) throw Error(std::string("cannot fork for the engine: ") + std::strerror(errno));
   if (pid == 0) {
+    ChildSignals::reset_in_child();
     // The server must not outlive this process (a SIGKILL from the supervisor
     // for a hang reaches only us under the process backend).
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
