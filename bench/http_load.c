@@ -1,13 +1,17 @@
 /* A small closed-loop load client for bench/proxy_overhead.sh.
  *
- *   http_load PORT CONCURRENCY COUNT BODY_FILE
+ *   http_load PORT CONCURRENCY COUNT BODY_FILE [THREADS]
  *   http_load unix:SOCKET CONCURRENCY COUNT FIELDS_FILE
  *
  * Opens CONCURRENCY keep-alive connections to 127.0.0.1:PORT (TCP_NODELAY)
  * and sends COUNT requests `POST /v1/completions` with the body from
- * BODY_FILE, one at a time per connection, from one thread (poll loop). A
+ * BODY_FILE, one at a time per connection, from THREADS threads (default 1),
+ * each a poll loop over its share of the connections and the requests. A
  * request's time runs from its send to the last byte of its answer; nothing
- * else happens inside it. Prints one line per answer:
+ * else happens inside it. One thread handles the answers that come together
+ * one after another, and the last one's time holds the others' reads and
+ * sends (about 6 us each): more threads take that out of the figures.
+ * Prints one line per answer:
  *   LATENCY_MS PROMPT_MS PREDICTED_MS
  * (the last two from the answer's "timings"). Written in C so that the
  * client's own cost, which the bench charges to ds4, stays in microseconds.
@@ -22,6 +26,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,14 +137,80 @@ static int worker_load(const char *path, int conc, int count, const char *fields
   return 0;
 }
 
+/* One thread's share: connections [first, first + conc), `count` requests. */
+struct share {
+  int port, first, conc, count;
+  const char *req;
+  int req_len;
+  double *out;  /* 3 per answer */
+  int failed;
+};
+
+static struct conn conns[MAX_CONN];
+
+static void *http_share(void *arg) {
+  struct share *s = arg;
+  struct pollfd pfd[MAX_CONN];
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((unsigned short)s->port)};
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int sent = 0, done = 0;
+  for (int i = 0; i < s->conc; i++) {
+    struct conn *c = &conns[s->first + i];
+    c->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (c->fd < 0) die("socket");
+    const int one = 1;
+    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(c->fd, (struct sockaddr *)&addr, sizeof addr) != 0) die("connect");
+    pfd[i].fd = c->fd;
+    pfd[i].events = POLLIN;
+  }
+  for (int i = 0; i < s->conc && sent < s->count; i++, sent++) {
+    struct conn *c = &conns[s->first + i];
+    c->t0 = now_ms();
+    if (write(c->fd, s->req, (size_t)s->req_len) != s->req_len) die("write");
+  }
+  while (done < s->count) {
+    if (poll(pfd, (nfds_t)s->conc, -1) < 0) die("poll");
+    for (int i = 0; i < s->conc; i++) {
+      if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      struct conn *c = &conns[s->first + i];
+      const ssize_t n = read(c->fd, c->buf + c->len, sizeof c->buf - c->len);
+      if (n <= 0) {
+        fprintf(stderr, "http_load: the server closed a connection\n");
+        s->failed = 1;
+        return NULL;
+      }
+      c->len += (size_t)n;
+      const size_t whole = complete(c);
+      if (!whole) continue;
+      const double t = now_ms() - c->t0;
+      const char *b = memmem(c->buf, whole, "\r\n\r\n", 4) + 4;
+      const size_t bn = whole - (size_t)(b - c->buf);
+      s->out[3 * done] = t;
+      s->out[3 * done + 1] = timing(b, bn, "\"prompt_ms\":");
+      s->out[3 * done + 2] = timing(b, bn, "\"predicted_ms\":");
+      done++;
+      memmove(c->buf, c->buf + whole, c->len - whole);
+      c->len -= whole;
+      if (sent < s->count) {
+        sent++;
+        c->t0 = now_ms();
+        if (write(c->fd, s->req, (size_t)s->req_len) != s->req_len) die("write");
+      }
+    }
+  }
+  return NULL;
+}
+
 int main(int argc, char **argv) {
-  if (argc != 5) {
-    fprintf(stderr, "usage: http_load PORT|unix:SOCKET CONCURRENCY COUNT BODY_FILE\n");
+  if (argc != 5 && argc != 6) {
+    fprintf(stderr, "usage: http_load PORT|unix:SOCKET CONCURRENCY COUNT BODY_FILE [THREADS]\n");
     return 2;
   }
   const int port = atoi(argv[1]), conc = atoi(argv[2]), count = atoi(argv[3]);
-  if (conc < 1 || conc > MAX_CONN || count < 1) {
-    fprintf(stderr, "http_load: bad concurrency or count\n");
+  const int threads = argc == 6 ? atoi(argv[5]) : 1;
+  if (conc < 1 || conc > MAX_CONN || count < 1 || threads < 1 || threads > conc) {
+    fprintf(stderr, "http_load: bad concurrency, count or threads\n");
     return 2;
   }
   FILE *f = fopen(argv[4], "rb");
@@ -154,56 +225,30 @@ int main(int argc, char **argv) {
                                "Content-Length: %zu\r\n\r\n%.*s",
                                body_len, (int)body_len, body);
 
-  static struct conn conns[MAX_CONN];
-  static struct pollfd pfd[MAX_CONN];
-  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  int sent = 0, done = 0;
-  for (int i = 0; i < conc; i++) {
-    struct conn *c = &conns[i];
-    c->fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (c->fd < 0) die("socket");
-    const int one = 1;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(c->fd, (struct sockaddr *)&addr, sizeof addr) != 0) die("connect");
-    pfd[i].fd = c->fd;
-    pfd[i].events = POLLIN;
-  }
   double *out = malloc(sizeof(double) * 3 * (size_t)count);
+  struct share shares[MAX_CONN];
+  pthread_t tids[MAX_CONN];
   if (!out) die("malloc");
-  for (int i = 0; i < conc && sent < count; i++, sent++) {
-    conns[i].t0 = now_ms();
-    if (write(conns[i].fd, req, (size_t)req_len) != req_len) die("write");
+  for (int t = 0, first = 0, given = 0; t < threads; t++) {
+    struct share *s = &shares[t];
+    s->port = port;
+    s->first = first;
+    s->conc = conc / threads + (t < conc % threads);
+    s->count = count / threads + (t < count % threads);
+    s->req = req;
+    s->req_len = req_len;
+    s->out = out + 3 * given;
+    s->failed = 0;
+    first += s->conc;
+    given += s->count;
+    if (pthread_create(&tids[t], NULL, http_share, s) != 0) die("pthread_create");
   }
-  while (done < count) {
-    if (poll(pfd, (nfds_t)conc, -1) < 0) die("poll");
-    for (int i = 0; i < conc; i++) {
-      if (!(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      struct conn *c = &conns[i];
-      const ssize_t n = read(c->fd, c->buf + c->len, sizeof c->buf - c->len);
-      if (n <= 0) {
-        fprintf(stderr, "http_load: the server closed a connection\n");
-        return 1;
-      }
-      c->len += (size_t)n;
-      const size_t whole = complete(c);
-      if (!whole) continue;
-      const double t = now_ms() - c->t0;
-      const char *b = memmem(c->buf, whole, "\r\n\r\n", 4) + 4;
-      const size_t bn = whole - (size_t)(b - c->buf);
-      out[3 * done] = t;
-      out[3 * done + 1] = timing(b, bn, "\"prompt_ms\":");
-      out[3 * done + 2] = timing(b, bn, "\"predicted_ms\":");
-      done++;
-      memmove(c->buf, c->buf + whole, c->len - whole);
-      c->len -= whole;
-      if (sent < count) {
-        sent++;
-        c->t0 = now_ms();
-        if (write(c->fd, req, (size_t)req_len) != req_len) die("write");
-      }
-    }
+  int failed = 0;
+  for (int t = 0; t < threads; t++) {
+    pthread_join(tids[t], NULL);
+    failed |= shares[t].failed;
   }
+  if (failed) return 1;
   print(out, count);
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a long prompt does to everyone else's answers: 4 clients stream answers
-# (stories260K, greedy) while another sends, one after another, prompts of
-# about 100k tokens (430 KB of text; each is tokenized in the proxy, then
+# (stories260K, greedy, context 131072, max_tokens_per_request 262144) while
+# another sends, one after another, prompts of about 240k tokens (840 KB of
+# text: short enough by its length alone to be tokenized in the proxy, then
 # refused: over the context). Reports the largest pause between two chunks of
 # any stream, and how long each long prompt took, for two builds (A, B: bin
 # folders with ds4-supervisor and ds4-worker) in alternating rounds in one
@@ -22,7 +23,7 @@ import json, os, signal, statistics, subprocess, sys, threading, time, urllib.re
 
 rounds, builds, model, tmp, device = int(sys.argv[1]), {"A": sys.argv[2], "B": sys.argv[3]}, sys.argv[4], sys.argv[5], sys.argv[6]
 port = 18191
-long_prompt = json.dumps({"prompt": "Once upon a time there was a little girl. " * 10000, "max_tokens": 1}).encode()
+long_prompt = json.dumps({"prompt": "Once upon a time there was a little girl. " * 20000, "max_tokens": 1}).encode()
 
 def serve(name):
     run = f"{tmp}/run-{name}"
@@ -30,7 +31,8 @@ def serve(name):
     cfg = f"{tmp}/ds4.yaml"
     with open(cfg, "w") as f:
         f.write(f"model:\n  path: {model}\n  name: stories\nproxy:\n  listen: 127.0.0.1:{port}\n"
-                f"workers:\n  backend: process\n  slots: 8\n  device: {device}\n  threads: 1\n  context:\n    ladder: [512]\n")
+                f"  limits:\n    max_tokens_per_request: 262144\n"
+                f"workers:\n  backend: process\n  slots: 4\n  device: {device}\n  threads: 1\n  context:\n    ladder: [131072]\n")
     env = dict(os.environ, XDG_RUNTIME_DIR=run)
     p = subprocess.Popen([f"{builds[name]}/ds4-supervisor", "--config", cfg], env=env,
                          stdout=open(f"{tmp}/sup-{name}.log", "w"), stderr=subprocess.STDOUT)

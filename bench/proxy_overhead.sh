@@ -24,7 +24,9 @@
 # worker; and the same of nginx's worker process in the runs through it.
 # Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE
 # (the workers' device: auto, cpu, cuda), DS4_BUSY_POLL (proxy.busy_poll: auto,
-# off, 100us), NGINX (an nginx binary, for a machine
+# off, 100us), DS4_CLIENT_THREADS (the client's threads for runs (a) and (b),
+# default 1: one thread works through a step's 32 answers one by one, which
+# counts in ds4's figure and cancels out of nginx's), NGINX (an nginx binary, for a machine
 # without the Debian package and without apt), CC (cc).
 #   bench/proxy_overhead.sh [REQUESTS=2000]
 set -euo pipefail
@@ -85,7 +87,7 @@ http {
   }
 }
 CONF
-"${CC:-cc}" -O2 -o "$dir/http_load" bench/http_load.c
+"${CC:-cc}" -O2 -pthread -o "$dir/http_load" bench/http_load.c
 printf '%s' '{"model":"stories","prompt":"Once upon a time","max_tokens":1,"temperature":0}' >"$dir/body.json"
 # The same request in the worker protocol: "Once upon a time" with BOS, as the proxy tokenizes it.
 printf '%s' '{"prompt":[1,403,407,261,378],"max_tokens":1,"temperature":0}' >"$dir/fields.json"
@@ -109,13 +111,14 @@ for port in sys.argv[1:]:
             time.sleep(0.1)
 PY
 python3 - "$n" "$port_a" "$port_b" "$dir/http_load" "$dir/body.json" "$sup" "$ngx" "$dir/fields.json" \
-  "unix:$XDG_RUNTIME_DIR/ds4/worker-0.sock" <<'PY'
+  "unix:$XDG_RUNTIME_DIR/ds4/worker-0.sock" "${DS4_CLIENT_THREADS:-1}" <<'PY'
 # bench/http_load.c drives the connections (one thread, keep-alive,
 # TCP_NODELAY; a request's time runs from its send to the last byte of its
 # answer). Runs (a), (b) and (c) alternate in 4 rounds so all see the same conditions.
 import os, subprocess, sys
 n, port_a, port_b, load, body = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 sup, ngx, fields, engine = int(sys.argv[6]), int(sys.argv[7]), sys.argv[8], sys.argv[9]
+client_threads = int(sys.argv[10])
 # The worker: the child that serves (a GPU worker's weights holder is another).
 worker = next(int(p) for p in open(f"/proc/{sup}/task/{sup}/children").read().split()
               if b"serve" in open(f"/proc/{p}/cmdline", "rb").read().split(b"\0"))
@@ -142,7 +145,10 @@ def add(total, before, after):
         t[1] += v[1] - b[1]
 
 def run(port, conc, count, request=body):
-    out = subprocess.run([load, port, str(conc), str(count), request], check=True, capture_output=True, text=True).stdout
+    args = [load, port, str(conc), str(count), request]
+    if not port.startswith("unix:"):
+        args.append(str(min(conc, client_threads)))
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     rows = [tuple(map(float, line.split())) for line in out.splitlines()]
     if any(r[1] < 0 or r[2] < 0 for r in rows):
         raise SystemExit("bench: an answer without timings")

@@ -194,8 +194,10 @@ void Tokenizer::build_tables() {
   user_defined_.clear();
   eog_.clear();
 
+  max_token_bytes_ = 4;
   for (int32_t id = 0; id < n; ++id) {
     const std::string& text = tokens_[size_t(id)];
+    max_token_bytes_ = std::max(max_token_bytes_, text.size());
     // A repeated text maps to its last id, as in llama.cpp.
     const uint64_t h = text_hash(text);
     for (size_t i = size_t(h) & (size - 1);; i = (i + 1) & (size - 1)) {

@@ -35,6 +35,10 @@ class Tokenizer {
   bool add_bos() const;          // tokenizer.ggml.add_bos_token, default true for SPM
   bool is_eog(int32_t token) const;  // eos / eot
   bool valid(int32_t token) const { return token >= 0 && token < n_vocab(); }
+  /// The most bytes of text one token stands for (at least 4: an unknown
+  /// character becomes one token). A text of B bytes has at least
+  /// B / max_token_bytes() tokens, known without encoding it.
+  size_t max_token_bytes() const { return max_token_bytes_; }
 
  private:
   void build_tables();
@@ -58,6 +62,7 @@ class Tokenizer {
   int32_t byte_tokens_[256];           // byte → <0xNN> token (or unk)
   int32_t bos_ = 1, eos_ = 2, unk_ = 0, eot_ = -1;
   bool add_bos_ = true, add_space_prefix_ = true;
+  size_t max_token_bytes_ = 4;
 };
 
 }  // namespace ds4

@@ -93,12 +93,31 @@ std::vector<std::string> stop_strings(const json& body, const char* key) {
   return out;
 }
 
+// The limit a prompt must stay under, and what to say when it does not.
+void check_prompt_length(int64_t n_prompt, const PlanLimits& limits, const char* or_more) {
+  if (limits.context > 0 && n_prompt >= limits.context)
+    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens" + or_more + " but the context is " +
+                std::to_string(limits.context) + " tokens: shorten the prompt");
+  if (n_prompt >= limits.max_tokens_per_request)
+    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens" + or_more + ", more than the limit of " +
+                std::to_string(limits.max_tokens_per_request) + " tokens per request");
+}
+
+// The prompt's tokens. A text too long for the limits by its length alone
+// (no token stands for more than max_token_bytes() of it) is refused without
+// encoding it: a 16 MB body would take seconds of a thread.
+std::vector<int32_t> encode_prompt(const ModelText& model, std::string_view text, const PlanLimits& limits) {
+  check_prompt_length(int64_t(text.size() / model.tokenizer().max_token_bytes()), limits, " or more");
+  return model.encode(text, true);
+}
+
 // Completions' prompt: a string, one string in an array, or token ids.
-std::vector<int32_t> completion_prompt(const json& body, const ModelText& model) {
+std::vector<int32_t> completion_prompt(const json& body, const ModelText& model, const PlanLimits& limits) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) throw Error("'prompt' is required");
-  if (it->is_string()) return model.encode(it->get<std::string>(), true);
-  if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) return model.encode((*it)[0].get<std::string>(), true);
+  if (it->is_string()) return encode_prompt(model, it->get_ref<const std::string&>(), limits);
+  if (it->is_array() && it->size() == 1 && (*it)[0].is_string())
+    return encode_prompt(model, (*it)[0].get_ref<const std::string&>(), limits);
   if (it->is_array() && !it->empty() && (*it)[0].is_number()) {
     std::vector<int32_t> toks;
     for (const json& t : *it) {
@@ -113,13 +132,7 @@ std::vector<int32_t> completion_prompt(const json& body, const ModelText& model)
 
 void check_prompt(const std::vector<int32_t>& prompt, const PlanLimits& limits) {
   if (prompt.empty()) throw Error("the prompt has no tokens");
-  const int64_t n_prompt = int64_t(prompt.size());
-  if (limits.context > 0 && n_prompt >= limits.context)
-    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens but the context is " +
-                std::to_string(limits.context) + " tokens: shorten the prompt");
-  if (n_prompt >= limits.max_tokens_per_request)
-    throw Error("the prompt has " + std::to_string(n_prompt) + " tokens, more than the limit of " +
-                std::to_string(limits.max_tokens_per_request) + " tokens per request");
+  check_prompt_length(int64_t(prompt.size()), limits, "");
 }
 
 // Tokens to generate: as asked, at most what fits after the prompt.
@@ -151,9 +164,9 @@ Plan parse(Endpoint endpoint, const json& body, const ModelText& model, const Pl
 
   // Prompt.
   if (endpoint == Endpoint::completion) {
-    p.gen.prompt = completion_prompt(body, model);
+    p.gen.prompt = completion_prompt(body, model, limits);
   } else {
-    p.gen.prompt = model.encode(render_chat(model.family(), chat_messages(body, "messages", anthropic)), true);
+    p.gen.prompt = encode_prompt(model, render_chat(model.family(), chat_messages(body, "messages", anthropic)), limits);
   }
   check_prompt(p.gen.prompt, limits);
 
@@ -434,7 +447,7 @@ std::optional<Plan> common_plan(Endpoint endpoint, CommonFields& f, const ModelT
   p.model = f.model ? std::move(*f.model) : model.name();
   p.stream = f.stream.value_or(false);
   if (endpoint == Endpoint::completion) {
-    p.gen.prompt = model.encode(*f.prompt, true);
+    p.gen.prompt = encode_prompt(model, *f.prompt, limits);
   } else {
     std::vector<ChatMessage> messages;
     if (f.system) messages.push_back({"system", std::move(*f.system)});
@@ -443,7 +456,7 @@ std::optional<Plan> common_plan(Endpoint endpoint, CommonFields& f, const ModelT
       if (!role) return std::nullopt;
       messages.push_back({std::move(*role), std::move(m.content)});
     }
-    p.gen.prompt = model.encode(render_chat(model.family(), messages), true);
+    p.gen.prompt = encode_prompt(model, render_chat(model.family(), messages), limits);
   }
   check_prompt(p.gen.prompt, limits);
   p.gen.max_tokens = answer_length(f.max_completion_tokens ? f.max_completion_tokens : f.max_tokens,

@@ -129,6 +129,38 @@ TEST_CASE("requests: a prompt longer than the context is 400 naming both lengths
   CHECK(m.find("the prompt has ") != std::string::npos);
 }
 
+TEST_CASE("requests: a prompt too long by its length alone is refused without encoding it, with a bound") {
+  const size_t per_token = stories().tokenizer().max_token_bytes();
+  CHECK(per_token >= 4);
+  // No token stands for more bytes than that: the bound holds for real text.
+  const std::string sample = "Once upon a time there was a little girl named Lily. She liked to play <0x41> \xe2\x96\x81.";
+  CHECK(stories().encode(sample, false).size() >= sample.size() / per_token);
+
+  Ctx c;
+  c.context = 256;
+  for (const char* ep : {"/v1/completions", "/v1/chat/completions", "/v1/messages"}) {
+    std::string text;
+    while (text.size() < 256 * per_token + 100) text += "Once upon a time there was a cat. ";
+    const std::string body = std::string(ep) == "/v1/completions"
+                                 ? json{{"prompt", text}, {"max_tokens", 4}}.dump()
+                                 : json{{"messages", {{{"role", "user"}, {"content", text}}}}, {"max_tokens", 4}}.dump();
+    Route r = route(post(ep, body), c.get());
+    REQUIRE(r.response);
+    CHECK(r.response->status == 400);
+    const std::string m = body_of(r)["error"]["message"];
+    CHECK_MESSAGE(m.find("tokens or more but the context is 256 tokens") != std::string::npos, m);
+  }
+  // Under the bound, the exact count (the text is encoded).
+  std::string text;
+  while (text.size() < 2000) text += "Once upon a time there was a cat. ";
+  REQUIRE(text.size() / per_token < 256);
+  Route r = route(post("/v1/completions", json{{"prompt", text}}.dump()), c.get());
+  REQUIRE(r.response);
+  const std::string m = body_of(r)["error"]["message"];
+  CHECK_MESSAGE(m.find(" tokens but the context is 256 tokens") != std::string::npos, m);
+  CHECK(m.find("or more") == std::string::npos);
+}
+
 TEST_CASE("requests: sampling, limits, stops and seeds are carried into the plan") {
   Ctx c;
   Route r = route(post("/v1/chat/completions",
