@@ -41,6 +41,7 @@ struct Core {
   /// so that the io thread goes on with everyone else's answers meanwhile
   /// (a prompt of 100k tokens takes about 0.2 s).
   boost::asio::thread_pool planner{2};
+  int64_t planning = 0;  // requests on the planner (a stop waits for them as for running jobs)
   std::mt19937_64 rng;
   uint64_t next_id = 1;
   bool stopping = false;

@@ -135,7 +135,8 @@ void Proxy::stop(Duration deadline, std::function<void()> done) {
   auto poll = std::make_shared<std::function<void()>>();
   *poll = [this, until, timer, poll, done = std::move(done)]() mutable {
     Core& c = *core_;
-    if ((c.scheduler.waiting() == 0 && c.scheduler.running() == 0) || std::chrono::steady_clock::now() >= until) {
+    if ((c.scheduler.waiting() == 0 && c.scheduler.running() == 0 && c.planning == 0) ||
+        std::chrono::steady_clock::now() >= until) {
       close_sessions(c);
       auto d = std::move(done);
       *poll = nullptr;  // breaks the cycle

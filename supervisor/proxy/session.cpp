@@ -137,12 +137,15 @@ void Session::plan_aside(const RouteContext& ctx) {
   RouteContext aside = ctx;
   aside.workers = nullptr;  // read only for /health and /metrics, which come with no body
   aside.metrics = nullptr;
-  asio::post(core_.planner, [req, aside, keys = core_.keys, io = &core_.io, w = weak_from_this(), alive = core_alive_,
+  ++core_.planning;
+  asio::post(core_.planner, [req, aside, keys = core_.keys, core = &core_, w = weak_from_this(), alive = core_alive_,
                              head]() mutable {
     auto r = std::make_shared<Route>(route(*req, aside));
-    asio::post(*io, [w, alive, r, head] {
+    asio::post(core->io, [core, w, alive, r, head] {
+      if (alive.expired()) return;
+      --core->planning;
       auto s = w.lock();
-      if (s && !alive.expired() && s->phase_ != Phase::closed) s->routed(std::move(*r), head);
+      if (s && s->phase_ != Phase::closed) s->routed(std::move(*r), head);
     });
   });
   watch();  // meanwhile: the read that notices a client gone, and holds the session
