@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -485,6 +486,35 @@ TEST_CASE("cuda: work done while the GPU computes a step (set_during_step) leave
     CHECK(out[i] == cpu_out[i]);
   }
   MESSAGE("during-step calls: " << calls);  // how many depends on how fast the GPU is
+}
+
+TEST_CASE("cuda: a step launched kernel by kernel reads between its layers, not only at its end") {
+  // A step not replayed from a graph (here: traced, and a prefill longer
+  // than a graph takes) keeps the worker's thread launching for most of the
+  // step; the requests that come meanwhile must be read between the layers.
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  auto gpu = make_cuda_backend(f.model, 0);
+  gpu->reserve({128, 1, 32});
+  std::vector<std::string> order;  // "l_out N" and "read", as they happen
+  gpu->set_trace([&](std::string_view name, int layer, const float*, int64_t, int64_t, int64_t) {
+    if (name == "l_out") order.push_back("l_out " + std::to_string(layer));
+  });
+  gpu->set_during_step([&] { order.push_back("read"); });
+  const std::vector<int32_t> toks = f.tok.encode("Lily found a shiny stone in the garden and ran home to show", true);
+  REQUIRE(toks.size() > 8);
+  std::vector<BatchToken> prefill;
+  for (size_t p = 0; p < toks.size(); ++p) prefill.push_back({toks[p], 0, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  gpu->forward(prefill);
+  const int layers = int(f.model.hp().n_layers);
+  REQUIRE(layers > 1);
+  for (int l = 0; l + 1 < layers; ++l) {
+    CAPTURE(l);
+    const auto at = std::find(order.begin(), order.end(), "l_out " + std::to_string(l));
+    const auto next = std::find(order.begin(), order.end(), "l_out " + std::to_string(l + 1));
+    REQUIRE(at < next);
+    CHECK(std::find(at, next, "read") != next);
+  }
 }
 
 TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log-probability") {

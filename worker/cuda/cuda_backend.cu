@@ -98,7 +98,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::WeightImage> image_from_holder(const CudaWeightsOptions& o, std::string& why);
   void bind_weights();
   /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
-  void enqueue(int T, int rows);
+  /// Queues a step on the stream. `reads`: between the layers the worker
+  /// reads its socket (not while a graph is captured).
+  void enqueue(int T, int rows, bool reads);
   void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
   __half* k_cache(int layer) const {
     return kv_.as<__half>() + int64_t(layer) * shape_.slots * shape_.ctx * hp_.kv_dim();
@@ -130,6 +132,8 @@ class CudaBackend final : public Backend {
 
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
   bool use_graphs_ = true;
+  int graph_tokens_ = cuda::kMaxGemvTokens;  // steps of up to this many tokens are captured (DS4_CUDA_GRAPH_TOKENS)
+  bool step_reads_ = true;  // DS4_CUDA_STEP_READS=0: no reads between the layers of a launched step
   TraceFn trace_;
 };
 
@@ -143,6 +147,8 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   if (hp_.n_rot % 2 != 0 || hp_.n_heads % hp_.n_kv_heads != 0)
     throw Error("CUDA backend: unsupported head layout");
   if (const char* g = std::getenv("DS4_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
+  if (const char* g = std::getenv("DS4_CUDA_GRAPH_TOKENS")) graph_tokens_ = std::max(1, std::atoi(g));
+  if (const char* r = std::getenv("DS4_CUDA_STEP_READS")) step_reads_ = std::strcmp(r, "0") != 0;
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DS4_BLAS_CHECK(cublasCreate(&blas_));
   DS4_BLAS_CHECK(cublasSetStream(blas_, stream_));
@@ -313,7 +319,7 @@ void CudaBackend::trace(std::string_view name, int layer, const float* dev, int6
   trace_(name, layer, host.data(), rows, cols, ld);
 }
 
-void CudaBackend::enqueue(int T, int rows) {
+void CudaBackend::enqueue(int T, int rows, bool reads) {
   const BatchToken* batch = tokens_dev_.as<BatchToken>();
   const int64_t ld_dim = pad8(hp_.dim), ld_q = pad8(hp_.q_dim()), ld_kv = pad8(hp_.kv_dim()), ld_ff = pad8(hp_.ff);
   float *x = f(sc_.x), *xb = f(sc_.xb), *q = f(sc_.q), *k = f(sc_.k), *v = f(sc_.v), *att = f(sc_.att);
@@ -357,6 +363,11 @@ void CudaBackend::enqueue(int T, int rows) {
       cuda::matmul(&down, 1, hb, ld_ff, T, gemm_, s);
     }
     trace("l_out", layer, x, T, hp_.dim, ld_dim);
+    // A step launched kernel by kernel (prefill, or more tokens than a
+    // graph takes) keeps this thread busy for most of its time: the requests
+    // that come meanwhile are read here, as the CPU backend reads them
+    // between its layers, so that their timings start when they arrive.
+    if (reads) during_step();
   }
   if (rows == 0) return;
   cuda::gather_logit_rows(x, ld_dim, batch, T, xl, s);
@@ -405,15 +416,15 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
   }
   std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
   rows_ = 0;  // until the step is done
-  if (!use_graphs_ || trace_ || T > cuda::kMaxGemvTokens) {
-    enqueue(T, rows);
+  if (!use_graphs_ || trace_ || T > graph_tokens_) {
+    enqueue(T, rows, step_reads_);
   } else {
     cudaGraphExec_t& exec = graphs_[{T, rows}];
     if (!exec) {
       cudaGraph_t graph = nullptr;
       DS4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
-        enqueue(T, rows);
+        enqueue(T, rows, false);
       } catch (...) {
         cudaStreamEndCapture(stream_, &graph);
         if (graph) cudaGraphDestroy(graph);
