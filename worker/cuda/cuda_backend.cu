@@ -98,9 +98,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::WeightImage> image_from_holder(const CudaWeightsOptions& o, std::string& why);
   void bind_weights();
   /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
-  /// Queues a step on the stream. `reads`: between the layers the worker
-  /// reads its socket (not while a graph is captured).
-  void enqueue(int T, int rows, bool reads);
+  /// Queues a step on the stream. `reads`: how many times a layer the worker
+  /// reads its socket meanwhile (0 while a graph is captured).
+  void enqueue(int T, int rows, int reads);
   void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
   __half* k_cache(int layer) const {
     return kv_.as<__half>() + int64_t(layer) * shape_.slots * shape_.ctx * hp_.kv_dim();
@@ -133,7 +133,7 @@ class CudaBackend final : public Backend {
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
   bool use_graphs_ = true;
   int graph_tokens_ = cuda::kMaxGemvTokens;  // steps of up to this many tokens are captured (DS4_CUDA_GRAPH_TOKENS)
-  bool step_reads_ = true;  // DS4_CUDA_STEP_READS=0: no reads between the layers of a launched step
+  int step_reads_ = 2;  // reads a layer in a launched step: after the attention and after the layer (DS4_CUDA_STEP_READS)
   TraceFn trace_;
 };
 
@@ -148,7 +148,7 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
     throw Error("CUDA backend: unsupported head layout");
   if (const char* g = std::getenv("DS4_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
   if (const char* g = std::getenv("DS4_CUDA_GRAPH_TOKENS")) graph_tokens_ = std::max(1, std::atoi(g));
-  if (const char* r = std::getenv("DS4_CUDA_STEP_READS")) step_reads_ = std::strcmp(r, "0") != 0;
+  if (const char* r = std::getenv("DS4_CUDA_STEP_READS")) step_reads_ = std::clamp(std::atoi(r), 0, 2);
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DS4_BLAS_CHECK(cublasCreate(&blas_));
   DS4_BLAS_CHECK(cublasSetStream(blas_, stream_));
@@ -319,7 +319,7 @@ void CudaBackend::trace(std::string_view name, int layer, const float* dev, int6
   trace_(name, layer, host.data(), rows, cols, ld);
 }
 
-void CudaBackend::enqueue(int T, int rows, bool reads) {
+void CudaBackend::enqueue(int T, int rows, int reads) {
   const BatchToken* batch = tokens_dev_.as<BatchToken>();
   const int64_t ld_dim = pad8(hp_.dim), ld_q = pad8(hp_.q_dim()), ld_kv = pad8(hp_.kv_dim()), ld_ff = pad8(hp_.ff);
   float *x = f(sc_.x), *xb = f(sc_.xb), *q = f(sc_.q), *k = f(sc_.k), *v = f(sc_.v), *att = f(sc_.att);
@@ -350,6 +350,7 @@ void CudaBackend::enqueue(int T, int rows, bool reads) {
     cuda::attention(q, ld_q, k_cache(layer), v_cache(layer), batch, T, aa, f(sc_.attn), att, ld_q, s);
     const cuda::Product wo{&L.wo, x, ld_dim, true};  // x += wo . att
     cuda::matmul(&wo, 1, att, ld_q, T, gemm_, s);
+    if (reads >= 2) during_step();
     // Feed-forward block (SwiGLU).
     const cuda::RmsNorm ffn_norm{static_cast<const float*>(L.ffn_norm.data), hp_.norm_eps, xb};
     cuda::matmul_swiglu(L.w_gate, L.w_up, x, ld_dim, T, hb, hb2, ld_ff, gemm_, s, false, &ffn_norm);
@@ -367,7 +368,7 @@ void CudaBackend::enqueue(int T, int rows, bool reads) {
     // graph takes) keeps this thread busy for most of its time: the requests
     // that come meanwhile are read here, as the CPU backend reads them
     // between its layers, so that their timings start when they arrive.
-    if (reads) during_step();
+    if (reads >= 1) during_step();
   }
   if (rows == 0) return;
   cuda::gather_logit_rows(x, ld_dim, batch, T, xl, s);
@@ -424,7 +425,7 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
       cudaGraph_t graph = nullptr;
       DS4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
-        enqueue(T, rows, false);
+        enqueue(T, rows, 0);
       } catch (...) {
         cudaStreamEndCapture(stream_, &graph);
         if (graph) cudaGraphDestroy(graph);
