@@ -132,7 +132,13 @@ class CudaBackend final : public Backend {
 
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
   bool use_graphs_ = true;
-  int graph_tokens_ = cuda::kMaxGemvTokens;  // steps of up to this many tokens are captured (DS4_CUDA_GRAPH_TOKENS)
+  // Steps of up to graph_tokens_ tokens are captured once per (tokens, logit
+  // rows) and replayed: a step launched kernel by kernel keeps the thread
+  // launching longer than a small model's GPU computes it. At most
+  // kMaxGraphs shapes (a decode step of n slots is (n, n); prefill chunks
+  // add others); past that a new shape is launched.
+  static constexpr size_t kMaxGraphs = 256;
+  int graph_tokens_ = cuda::kMaxGemvTokens;  // DS4_CUDA_GRAPH_TOKENS (see NOTES.md: 64 halves c=32 latency, but captures cost p99)
   int step_reads_ = 2;  // reads a layer in a launched step: after the attention and after the layer (DS4_CUDA_STEP_READS)
   TraceFn trace_;
 };
@@ -417,7 +423,9 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
   }
   std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
   rows_ = 0;  // until the step is done
-  if (!use_graphs_ || trace_ || T > graph_tokens_) {
+  const bool replay = use_graphs_ && !trace_ && T <= graph_tokens_ &&
+                      (graphs_.size() < kMaxGraphs || graphs_.count({T, rows}) > 0);
+  if (!replay) {
     enqueue(T, rows, step_reads_);
   } else {
     cudaGraphExec_t& exec = graphs_[{T, rows}];
