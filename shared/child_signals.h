@@ -10,7 +10,8 @@
 ///   if (pid == 0) {
 ///     guard.reset_in_child();        // handlers back to default, still blocked
 ///     ...                            // setup
-///     guard.unblock_in_child();      // the mask before the guard (or none)
+///     guard.unblock_in_child();      // the mask the parent's thread had, or
+///     // ChildSignals::unblock_all_in_child() for a child that starts with none
 ///     ::execve(...);
 ///   }
 ///   // the guard's end: this thread's mask as it was

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "shared/error.h"
+#include "shared/fd_passing.h"
 #include "shared/files.h"
 
 namespace ds4::store {
@@ -68,32 +69,20 @@ UniqueFd fetch_segment_fd(const std::string& socket_path, std::string_view handl
 
   // The answer: one line, and with "OK" one descriptor.
   char buf[512];
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   std::string line;
-  UniqueFd got;
+  int fd = -1;
   while (line.find('\n') == std::string::npos && line.size() < sizeof buf) {
-    iovec iov{buf, sizeof buf};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t n = recv_with_fd(sock.get(), buf, sizeof buf, fd);
     if (n < 0) {
-      if (timed_out(errno)) throw Error(what + ": no answer within " + std::to_string(timeout.count()) + " ms");
-      throw Error(what + ": recvmsg: " + std::strerror(errno));
-    }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        got = UniqueFd(fd);
-      }
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      if (timed_out(err)) throw Error(what + ": no answer within " + std::to_string(timeout.count()) + " ms");
+      throw Error(what + ": recvmsg: " + std::strerror(err));
     }
     if (n == 0) break;
     line.append(buf, size_t(n));
   }
+  UniqueFd got(fd);
   line = line.substr(0, line.find('\n'));
   if (line.starts_with(kErr)) throw Error(what + ": " + line.substr(kErr.size()));
   if (line + "\n" != kOk || !got) {
@@ -120,23 +109,7 @@ std::string send_segment_fd(int sock, int fd) {
   // to the weights through it even if the seals were missing.
   const UniqueFd ro(::open(("/proc/self/fd/" + std::to_string(fd)).c_str(), O_RDONLY | O_CLOEXEC));
   if (!ro) return std::string("cannot reopen the segment read-only: ") + std::strerror(errno);
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec iov{const_cast<char*>(kOk.data()), kOk.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  const int rofd = ro.get();
-  std::memcpy(CMSG_DATA(c), &rofd, sizeof rofd);
-  ssize_t n;
-  do {
-    n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = send_with_fd(sock, kOk, ro.get(), MSG_DONTWAIT);
   if (n != ssize_t(kOk.size())) return std::string("sendmsg: ") + std::strerror(n < 0 ? errno : EPIPE);
   return {};
 }

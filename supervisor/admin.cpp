@@ -58,38 +58,19 @@ class AdminSession : public std::enable_shared_from_this<AdminSession> {
 }  // namespace
 
 AdminServer::AdminServer(asio::io_context& io, std::string path, AdminHandler handler)
-    : acceptor_(io), path_(std::move(path)), handler_(std::move(handler)) {
-  ::unlink(path_.c_str());
-  try {
-    acceptor_.open();
-    // Created 0600 from the start: no window in which others could connect.
-    const mode_t old = ::umask(0177);
-    boost::system::error_code ec;
-    acceptor_.bind(local::endpoint(path_), ec);
-    ::umask(old);
-    if (ec) throw boost::system::system_error(ec);
-    acceptor_.listen();
-  } catch (const boost::system::system_error& e) {
-    throw Error("cannot listen on the admin socket " + path_ + ": " + e.code().message());
-  }
-  ::chmod(path_.c_str(), 0600);
+    : listener_(io, std::move(path), "admin"), handler_(std::move(handler)) {
   do_accept();
 }
 
-AdminServer::~AdminServer() { close(); }
+AdminServer::~AdminServer() = default;
 
-void AdminServer::close() {
-  if (!acceptor_.is_open()) return;
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
-  ::unlink(path_.c_str());
-}
+void AdminServer::close() { listener_.close(); }
 
 void AdminServer::do_accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec, local::socket s) {
+  listener_.acceptor().async_accept([this](boost::system::error_code ec, local::socket s) {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) std::make_shared<AdminSession>(std::move(s), handler_)->start();
-    if (acceptor_.is_open()) do_accept();
+    if (listener_.is_open()) do_accept();
   });
 }
 

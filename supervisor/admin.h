@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "supervisor/asio.h"
+#include "supervisor/private_listener.h"
 
 namespace ds4::sup {
 
@@ -31,8 +32,7 @@ class AdminServer {
 
  private:
   void do_accept();
-  asio::local::stream_protocol::acceptor acceptor_;
-  std::string path_;
+  PrivateListener listener_;
   AdminHandler handler_;
 };
 

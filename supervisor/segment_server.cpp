@@ -62,37 +62,19 @@ class SegmentSession : public std::enable_shared_from_this<SegmentSession> {
 
 SegmentServer::SegmentServer(asio::io_context& io, std::string path, const MemfdSegments& segments,
                              Duration request_timeout)
-    : io_(io), acceptor_(io), path_(std::move(path)), segments_(segments), request_timeout_(request_timeout) {
-  ::unlink(path_.c_str());
-  try {
-    acceptor_.open();
-    // Created 0600 from the start: no window in which others could connect.
-    const mode_t old = ::umask(0177);
-    boost::system::error_code ec;
-    acceptor_.bind(local::endpoint(path_), ec);
-    ::umask(old);
-    if (ec) throw boost::system::system_error(ec);
-    acceptor_.listen();
-  } catch (const boost::system::system_error& e) {
-    throw Error("cannot listen on the segment socket " + path_ + ": " + e.code().message());
-  }
+    : io_(io), listener_(io, std::move(path), "segment"), segments_(segments), request_timeout_(request_timeout) {
   do_accept();
 }
 
-SegmentServer::~SegmentServer() { close(); }
+SegmentServer::~SegmentServer() = default;
 
-void SegmentServer::close() {
-  if (!acceptor_.is_open()) return;
-  boost::system::error_code ignored;
-  acceptor_.close(ignored);
-  ::unlink(path_.c_str());
-}
+void SegmentServer::close() { listener_.close(); }
 
 void SegmentServer::do_accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec, local::socket s) {
+  listener_.acceptor().async_accept([this](boost::system::error_code ec, local::socket s) {
     if (ec == asio::error::operation_aborted) return;
     if (!ec) std::make_shared<SegmentSession>(io_, std::move(s), segments_)->start(request_timeout_);
-    if (acceptor_.is_open()) do_accept();
+    if (listener_.is_open()) do_accept();
   });
 }
 

@@ -10,6 +10,7 @@
 #include "supervisor/asio.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
+#include "supervisor/private_listener.h"
 
 namespace ds4::sup {
 
@@ -22,13 +23,12 @@ class SegmentServer {
   SegmentServer(const SegmentServer&) = delete;
   SegmentServer& operator=(const SegmentServer&) = delete;
   void close();
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return listener_.path(); }
 
  private:
   void do_accept();
   asio::io_context& io_;
-  asio::local::stream_protocol::acceptor acceptor_;
-  std::string path_;
+  PrivateListener listener_;
   const MemfdSegments& segments_;
   Duration request_timeout_;
 };

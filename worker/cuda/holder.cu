@@ -15,6 +15,7 @@
 #include <cstring>
 #include <utility>
 
+#include "shared/fd_passing.h"
 #include "shared/log.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/weights.cuh"
@@ -79,20 +80,8 @@ int connect_unix(const std::string& path, int timeout_ms) {
 }
 
 /// Sends `line` with `fd` attached to its first byte.
-bool send_with_fd(int sock, const std::string& line, int fd) {
-  iovec iov{const_cast<char*>(line.data()), line.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+bool send_line_with_fd(int sock, const std::string& line, int fd) {
+  ssize_t n = send_with_fd(sock, line, fd);
   if (n < 0) return false;
   // The rest (a description is a few hundred bytes, so rarely any) without the fd.
   for (size_t done = size_t(n); done < line.size(); done += size_t(n)) {
@@ -118,25 +107,10 @@ HolderOffer ask_holder(const std::string& socket_path, int timeout_ms) {
   Fd image;
   char buf[4096];
   while (line.find('\n') == std::string::npos) {
-    iovec iov{buf, sizeof buf};
-    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(sock.get(), &msg, MSG_CMSG_CLOEXEC);
+    int fd = image.release();  // the first descriptor stays; later ones are closed
+    const ssize_t n = recv_with_fd(sock.get(), buf, sizeof buf, fd);
+    image.reset(fd);
     if (n < 0) throw Error("no answer from the holder at " + socket_path + ": " + errno_text());
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
-        if (image.get() < 0) image.reset(fd);
-        else ::close(fd);  // only the first counts
-      }
-    }
     if (n == 0) break;
     line.append(buf, size_t(n));
     if (line.size() > kMaxLine) throw Error("the holder at " + socket_path + " sent more than 64 KiB");
@@ -274,7 +248,7 @@ void CudaHolder::Impl::answer(int client) {
   cuda::set_timeouts(client, 1000);
   // A client that left first (EPIPE, ECONNRESET: a probe, a worker killed
   // while asking) is no news.
-  if (!cuda::send_with_fd(client, desc, image_fd.get()) && errno != EPIPE && errno != ECONNRESET)
+  if (!cuda::send_line_with_fd(client, desc, image_fd.get()) && errno != EPIPE && errno != ECONNRESET)
     log::warn("holder: cannot answer a client on " + socket_path + ": " + cuda::errno_text() + ", ignoring");
 }
 
