@@ -72,9 +72,9 @@ class Backend {
   virtual std::optional<TokenLogprob> greedy(int32_t row) const { (void)row; return std::nullopt; }
   virtual void set_trace(TraceFn fn) { (void)fn; }
   /// Runs on the thread that calls forward(), while the step computes:
-  /// between layers (CPU; CUDA steps launched kernel by kernel), while
-  /// waiting for the device (CUDA). The worker
-  /// takes its socket's requests there, so their timings start on arrival.
+  /// between layers (CPU, and CUDA steps launched kernel by kernel) and
+  /// while waiting for the device (CUDA). The worker takes its socket's
+  /// requests there, so their timings start on arrival.
   void set_during_step(std::function<void()> fn) { during_step_ = std::move(fn); }
   /// True when reserve() allocates the KV cache and scratch in an
   /// accelerator's own memory rather than the host's.

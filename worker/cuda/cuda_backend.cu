@@ -98,8 +98,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::WeightImage> image_from_holder(const CudaWeightsOptions& o, std::string& why);
   void bind_weights();
   /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
-  /// Queues a step on the stream. `reads`: how many times a layer the worker
-  /// reads its socket meanwhile (0 while a graph is captured).
+  /// `reads`: how many times a layer the worker reads its socket meanwhile
+  /// (0 while a graph is captured).
   void enqueue(int T, int rows, int reads);
   void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
   __half* k_cache(int layer) const {
