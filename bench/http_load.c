@@ -13,7 +13,10 @@
  * sends (about 6 us each): more threads take that out of the figures.
  * Prints one line per answer:
  *   LATENCY_MS PROMPT_MS PREDICTED_MS
- * (the last two from the answer's "timings"). Written in C so that the
+ * (the last two from the answer's "timings"); with HTTP_LOAD_TRACE=1 three
+ * more: the send and the answer's end (CLOCK_MONOTONIC ns) and the
+ * connection's local port, for bench/trace_report.py to find the request in
+ * the proxy's DS4_TRACE records. Written in C so that the
  * client's own cost, which the bench charges to ds4, stays in microseconds.
  *
  * With unix:SOCKET it is the engine alone: it speaks the worker protocol
@@ -42,6 +45,7 @@ struct conn {
   char buf[BUF];
   size_t len;
   double t0;
+  int port;  /* local */
 };
 
 static double now_ms(void) {
@@ -71,8 +75,15 @@ static double timing(const char *body, size_t n, const char *key) {
   return p ? strtod(p + strlen(key), NULL) : -1;
 }
 
+/* HTTP_LOAD_TRACE=1: per answer, send and end (ns) and the local port. */
+static double *traced;
+
 static void print(const double *out, int count) {
-  for (int i = 0; i < count; i++) printf("%.4f %.4f %.4f\n", out[3 * i], out[3 * i + 1], out[3 * i + 2]);
+  for (int i = 0; i < count; i++) {
+    printf("%.4f %.4f %.4f", out[3 * i], out[3 * i + 1], out[3 * i + 2]);
+    if (traced) printf(" %.0f %.0f %.0f", traced[3 * i], traced[3 * i + 1], traced[3 * i + 2]);
+    printf("\n");
+  }
 }
 
 /* The engine alone: generate requests with ids on one worker connection. */
@@ -143,6 +154,7 @@ struct share {
   const char *req;
   int req_len;
   double *out;  /* 3 per answer */
+  double *traced;  /* 3 per answer, or NULL */
   int failed;
 };
 
@@ -161,6 +173,10 @@ static void *http_share(void *arg) {
     const int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (connect(c->fd, (struct sockaddr *)&addr, sizeof addr) != 0) die("connect");
+    struct sockaddr_in local;
+    socklen_t local_len = sizeof local;
+    if (getsockname(c->fd, (struct sockaddr *)&local, &local_len) != 0) die("getsockname");
+    c->port = ntohs(local.sin_port);
     pfd[i].fd = c->fd;
     pfd[i].events = POLLIN;
   }
@@ -187,6 +203,11 @@ static void *http_share(void *arg) {
       const char *b = memmem(c->buf, whole, "\r\n\r\n", 4) + 4;
       const size_t bn = whole - (size_t)(b - c->buf);
       s->out[3 * done] = t;
+      if (s->traced) {
+        s->traced[3 * done] = c->t0 * 1e6;
+        s->traced[3 * done + 1] = (c->t0 + t) * 1e6;
+        s->traced[3 * done + 2] = c->port;
+      }
       s->out[3 * done + 1] = timing(b, bn, "\"prompt_ms\":");
       s->out[3 * done + 2] = timing(b, bn, "\"predicted_ms\":");
       done++;
@@ -226,6 +247,10 @@ int main(int argc, char **argv) {
                                body_len, (int)body_len, body);
 
   double *out = malloc(sizeof(double) * 3 * (size_t)count);
+  if (getenv("HTTP_LOAD_TRACE") && strcmp(getenv("HTTP_LOAD_TRACE"), "1") == 0) {
+    traced = malloc(sizeof(double) * 3 * (size_t)count);
+    if (!traced) die("malloc");
+  }
   struct share shares[MAX_CONN];
   pthread_t tids[MAX_CONN];
   if (!out) die("malloc");
@@ -238,6 +263,7 @@ int main(int argc, char **argv) {
     s->req = req;
     s->req_len = req_len;
     s->out = out + 3 * given;
+    s->traced = traced ? traced + 3 * given : NULL;
     s->failed = 0;
     first += s->conc;
     given += s->count;

@@ -14,6 +14,7 @@
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/protocol.h"
+#include "shared/request_trace.h"
 #include "worker/engine.h"
 #include "worker/memory_plan.h"
 
@@ -94,9 +95,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// The step ended: its lines go out, the requests that ended are done.
   void end_step() {
     touched_ = false;
+    const int64_t ended = trace::on() ? trace::now_ns() : 0;
     send(step_, false);
     step_.clear();
     if (step_ends_.empty()) return;
+    if (ended) {
+      const int64_t sent = trace::now_ns();
+      for (const auto& s : step_ends_) {
+        trace::mark(trace::Stage::worker_step_end, s->id(), ended, int32_t(step_ends_.size()));
+        trace::mark(trace::Stage::worker_sent, s->id(), sent);
+      }
+    }
     for (const auto& s : step_ends_) {
       if (s == serial_) serial_.reset();
       else if (auto it = tagged_.find(s->id()); it != tagged_.end() && it->second == s) tagged_.erase(it);
@@ -176,6 +185,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.sampling = {g.sampling.temperature, g.sampling.top_k, g.sampling.top_p, g.sampling.min_p, g.sampling.seed};
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
+    trace::mark(trace::Stage::worker_read, id);
     auto sink = std::make_shared<Sink>(st_, weak_from_this(), id);
     sink->engine_id = st_.engine.submit(std::move(r), sink);
     if (id) tagged_[id] = std::move(sink);
@@ -300,6 +310,7 @@ void report_device_memory(const Backend& backend, control::Writer* record) {
 }  // namespace
 
 void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
+  trace::open(("worker-" + std::to_string(opts.id) + "-" + std::to_string(getpid())).c_str());
   const HParams& hp = lm.model.hp();
   const std::unique_ptr<control::Writer> record = open_control(opts);
   const MemoryPlan plan = backend.plan(opts.shape);

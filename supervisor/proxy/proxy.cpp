@@ -2,6 +2,7 @@
 
 #include "shared/error.h"
 #include "shared/log.h"
+#include "shared/request_trace.h"
 #include "supervisor/proxy/core.h"
 #include "supervisor/proxy/session.h"
 
@@ -73,7 +74,9 @@ void close_sessions(Core& core) {
 }
 
 Proxy::Proxy(asio::io_context& io, const ProxyConfig& config, ModelText model, sup::WorkerRegistry& registry)
-    : core_(std::make_unique<Core>(io, config, std::move(model), registry)) {}
+    : core_(std::make_unique<Core>(io, config, std::move(model), registry)) {
+  trace::open("proxy");
+}
 
 Proxy::~Proxy() {
   core_->planner.stop();  // what is planned there comes back to a proxy that is gone: dropped

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shared/log.h"
+#include "shared/request_trace.h"
 
 namespace ds4::proxy {
 
@@ -217,7 +218,13 @@ void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w)
         if (alive.expired()) return;
         if (auto j = wj.lock()) on_broken(j, why, answered);
       }};
+  const int64_t dispatch = trace::on() ? trace::now_ns() : 0;
   job->call = pool_.call({w.id, w.generation, w.socket_path}, job->gen, std::move(h));
+  if (dispatch) {
+    trace::mark(trace::Stage::proxy_received, job->call->id(), job->trace_received, job->trace_port);
+    trace::mark(trace::Stage::proxy_dispatch, job->call->id(), dispatch, w.id);
+    trace::mark(trace::Stage::proxy_sent, job->call->id());
+  }
 }
 
 void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w) {

@@ -63,6 +63,10 @@ struct Job {
   /// it came to a worker's HTTP port instead of tokens to its socket.
   std::shared_ptr<const EngineRequest> forward;
 
+  // For DS4_TRACE (shared/request_trace.h): when the proxy had the request, and the client's port.
+  int64_t trace_received = 0;
+  int trace_port = 0;
+
   // Kept by the scheduler.
   enum class State { fresh, queued, running, done } state = State::fresh;
   uint64_t seq = 0;          // submission order

@@ -5,6 +5,7 @@
 #include <boost/beast/http/read.hpp>
 
 #include "shared/log.h"
+#include "shared/request_trace.h"
 
 namespace ds4::proxy {
 
@@ -34,6 +35,7 @@ void Session::start(bool reject) {
     return;
   }
   sock_.set_option(tcp::no_delay(true), ignored);
+  if (trace::on()) trace_port_ = sock_.remote_endpoint(ignored).port();
   do_read_header();
 }
 
@@ -121,6 +123,7 @@ void Session::on_body(const boost::system::error_code& ec) {
 constexpr size_t kPlanAsideBytes = 16 * 1024;
 
 void Session::handle() {
+  if (trace::on()) trace_received_ = trace::now_ns();
   const HttpRequest& req = parser_->get();
   keep_alive_ = req.keep_alive() && !core_.stopping;
   const RouteContext ctx = core_.route_context();
@@ -174,6 +177,8 @@ void Session::start_job(Plan plan) {
   job_ = std::make_shared<Job>();
   job_->gen = plan_->gen;
   job_->sink = this;
+  job_->trace_received = trace_received_;
+  job_->trace_port = trace_port_;
   core_.metrics.add_tokens_in(int64_t(plan_->gen.prompt.size()));
   if (!core_.scheduler.submit(job_)) {
     job_.reset();

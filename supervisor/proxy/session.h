@@ -74,6 +74,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   bool watching_ = false;
   bool keep_alive_ = true;
   std::chrono::steady_clock::time_point deadline_;  // of the limit in force
+  int64_t trace_received_ = 0;  // DS4_TRACE: when the request was all read
+  int trace_port_ = 0;          // DS4_TRACE: the client's port
   bool timer_waiting_ = false;
 
   // The exchange in progress.

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "shared/error.h"
+#include "shared/request_trace.h"
 
 namespace ds4::proxy {
 
@@ -98,6 +99,8 @@ class WorkerLink : public std::enable_shared_from_this<WorkerLink> {
     if (!sock_.is_open()) return;  // closed by the pool or its last call
     if (ec) return lost(ec == asio::error::eof ? "the worker closed the connection" : ec.message());
     auto self = shared_from_this();  // a handler may drop every other reference
+    const int64_t read_at = trace::on() ? trace::now_ns() : 0;
+    int32_t place = 0;
     buf_.append(in_, n);
     size_t from = 0;
     for (size_t nl; (nl = buf_.find('\n', from)) != std::string::npos; from = nl + 1) {
@@ -110,7 +113,14 @@ class WorkerLink : public std::enable_shared_from_this<WorkerLink> {
       if (e.id == 0)  // the worker refused a line (it then closes), or broke the protocol
         return lost(e.kind == proto::Event::Kind::error ? "the worker refused a request: " + e.message
                                                         : "the worker sent an event without a request id");
-      deliver(std::move(e));
+      if (!read_at) {
+        deliver(std::move(e));
+      } else {
+        const int64_t id = e.id;
+        trace::mark(trace::Stage::proxy_line, id, read_at, place++);
+        deliver(std::move(e));
+        trace::mark(trace::Stage::proxy_handled, id);
+      }
       if (!sock_.is_open()) return;
     }
     buf_.erase(0, from);

@@ -48,6 +48,8 @@ class WorkerCall : public std::enable_shared_from_this<WorkerCall> {
   ~WorkerCall();
   /// Tells the worker to stop it; no callback runs after this.
   void cancel();
+  /// Its request id on its connection to the worker.
+  int64_t id() const { return id_; }
 
  private:
   friend class WorkerLink;
