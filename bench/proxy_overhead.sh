@@ -96,20 +96,7 @@ sup=$!
 "$nginx" -e "$dir/nginx-error.log" -c "$dir/nginx.conf" >"$dir/nginx.log" 2>&1 &
 ngx=$!
 trap 'kill $sup $ngx 2>/dev/null; wait $sup $ngx 2>/dev/null; rm -rf "$dir"' EXIT
-python3 - "$port_a" "$port_b" <<'PY' || { cat "$dir/sup.log" "$dir/nginx-error.log" >&2; exit 1; }
-# Both servers healthy (a GPU worker may take a while to start), at most 120 s.
-import sys, time, urllib.request
-deadline = time.monotonic() + 120
-for port in sys.argv[1:]:
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-            break
-        except Exception as e:
-            if time.monotonic() > deadline:
-                sys.exit(f"bench: port {port} not healthy after 120 s: {e}")
-            time.sleep(0.1)
-PY
+python3 bench/wait_healthy.py "$port_a" "$port_b" || { cat "$dir/sup.log" "$dir/nginx-error.log" >&2; exit 1; }
 python3 - "$n" "$port_a" "$port_b" "$dir/http_load" "$dir/body.json" "$sup" "$ngx" "$dir/fields.json" \
   "unix:$XDG_RUNTIME_DIR/ds4/worker-0.sock" "${DS4_CLIENT_THREADS:-1}" <<'PY'
 # bench/http_load.c drives the connections (one thread, keep-alive,

@@ -42,18 +42,7 @@ printf '%s' '{"model":"stories","prompt":"Once upon a time","max_tokens":1,"temp
 DS4_TRACE=$out/trace "$bin/ds4-supervisor" --config "$dir/ds4.yaml" >"$dir/sup.log" 2>&1 &
 sup=$!
 trap 'kill $sup 2>/dev/null || true; wait $sup 2>/dev/null || true; rm -rf "$dir"' EXIT
-python3 - "$port" <<'PY' || { cat "$dir/sup.log" >&2; exit 1; }
-import sys, time, urllib.request
-deadline = time.monotonic() + 120
-while True:
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read()
-        break
-    except Exception as e:
-        if time.monotonic() > deadline:
-            sys.exit(f"bench: not healthy after 120 s: {e}")
-        time.sleep(0.1)
-PY
+python3 bench/wait_healthy.py "$port" || { cat "$dir/sup.log" >&2; exit 1; }
 "$dir/http_load" "$port" "$conc" "$((4 * conc))" "$dir/body.json" >/dev/null  # warm-up: traced, not reported
 HTTP_LOAD_TRACE=1 "$dir/http_load" "$port" "$conc" "$n" "$dir/body.json" >"$out/client"
 kill "$sup"
