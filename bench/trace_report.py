@@ -16,7 +16,7 @@ import struct
 import sys
 
 HEADER, RECORD = 64, struct.Struct("<qqii")
-RECEIVED, DISPATCH, SENT, LINE, HANDLED, WREAD, WSTEP, WSENT = range(1, 9)
+RECEIVED, DISPATCH, LINE, HANDLED, WREAD, WSTEP = 1, 2, 4, 5, 6, 7  # shared/request_trace.h's Stage
 
 
 def load(path):
@@ -49,10 +49,10 @@ def main(argv):
         workers[wid] = recs
     rows = {}  # id -> stage -> ns (the last of each; the answer's last line)
     for rid, st in proxy.items():
-        if not all(s in st for s in (RECEIVED, DISPATCH, SENT, LINE, HANDLED)) or len(st[DISPATCH]) != 1:
+        if not all(s in st for s in (RECEIVED, DISPATCH, LINE, HANDLED)) or len(st[DISPATCH]) != 1:
             continue
         w = workers.get(st[DISPATCH][0][1])
-        if not w or rid not in w or not all(s in w[rid] for s in (WREAD, WSTEP, WSENT)):
+        if not w or rid not in w or not all(s in w[rid] for s in (WREAD, WSTEP)):
             continue
         row = {s: v[-1][0] for s, v in st.items()}
         row.update({s: v[-1][0] for s, v in w[rid].items()})

@@ -16,12 +16,10 @@ namespace ds4::trace {
 enum class Stage : int32_t {
   proxy_received = 1,  // the proxy has the whole HTTP request; extra: the client's port
   proxy_dispatch = 2,  // the scheduler starts the call to a worker; extra: the worker's id
-  proxy_sent = 3,      // the request line was handed to the worker's socket
   proxy_line = 4,      // the proxy read a line of the worker for it; extra: its place in that read
   proxy_handled = 5,   // ...and handled it (for the last line: the answer was sent)
   worker_read = 6,     // the worker read the request (its timings start)
   worker_step_end = 7, // the step that ended it is over; extra: requests ended in that step
-  worker_sent = 8,     // the worker's lines of that step were handed to its socket
 };
 
 /// One record as written: 24 bytes, little-endian, after a 64-byte header

@@ -99,13 +99,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     send(step_, false);
     step_.clear();
     if (step_ends_.empty()) return;
-    if (ended) {
-      const int64_t sent = trace::now_ns();
-      for (const auto& s : step_ends_) {
-        trace::mark(trace::Stage::worker_step_end, s->id(), ended, int32_t(step_ends_.size()));
-        trace::mark(trace::Stage::worker_sent, s->id(), sent);
-      }
-    }
+    if (ended)
+      for (const auto& s : step_ends_) trace::mark(trace::Stage::worker_step_end, s->id(), ended, int32_t(step_ends_.size()));
     for (const auto& s : step_ends_) {
       if (s == serial_) serial_.reset();
       else if (auto it = tagged_.find(s->id()); it != tagged_.end() && it->second == s) tagged_.erase(it);

@@ -223,7 +223,6 @@ void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w)
   if (dispatch) {
     trace::mark(trace::Stage::proxy_received, job->call->id(), job->trace_received, job->trace_port);
     trace::mark(trace::Stage::proxy_dispatch, job->call->id(), dispatch, w.id);
-    trace::mark(trace::Stage::proxy_sent, job->call->id());
   }
 }
 

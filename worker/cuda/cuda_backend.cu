@@ -423,12 +423,13 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
   }
   std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
   rows_ = 0;  // until the step is done
+  auto captured = graphs_.find({T, rows});
   const bool replay = use_graphs_ && !trace_ && T <= graph_tokens_ &&
-                      (graphs_.size() < kMaxGraphs || graphs_.count({T, rows}) > 0);
+                      (captured != graphs_.end() || graphs_.size() < kMaxGraphs);
   if (!replay) {
     enqueue(T, rows, step_reads_);
   } else {
-    cudaGraphExec_t& exec = graphs_[{T, rows}];
+    cudaGraphExec_t& exec = captured != graphs_.end() ? captured->second : graphs_[{T, rows}];
     if (!exec) {
       cudaGraph_t graph = nullptr;
       DS4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
