@@ -579,6 +579,8 @@ LoadResult load(const std::string& gguf_path, const LoadOptions& opts) {
       return r;
     }
     if (s.found == Found::loading) {
+      if (opts.stop.stop_requested())
+        throw LoadCancelled(segment_label(name) + ": stopped waiting for another process that is loading it");
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(segment_label(name) + ": another process is still loading it after " +
                     std::to_string(opts.wait_timeout.count() / 1000) + " s; giving up");

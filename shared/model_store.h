@@ -234,7 +234,8 @@ struct LoadOptions {
   /// and what the cgroup's memory.max leaves).
   std::optional<uint64_t> assume_available_memory;
   /// Once a stop is requested, a load in progress stops (within one copy
-  /// chunk) with LoadCancelled and removes what it wrote.
+  /// chunk) with LoadCancelled and removes what it wrote; so does a wait for
+  /// another process's load.
   std::stop_token stop;
 };
 

@@ -55,7 +55,7 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
     pid = fork();
     if (pid == 0) {
       ChildSignals::reset_in_child();
-      signals.unblock_in_child();
+      ChildSignals::unblock_all_in_child();  // not our mask: it blocks SIGTERM during the start
     }
   }
   if (pid < 0) throw Error("cannot make a synthetic model: fork failed");

@@ -18,6 +18,7 @@
 #include "supervisor/process_backend.h"
 #include "supervisor/segment_server.h"
 #include "supervisor/segment_sweeper.h"
+#include "supervisor/start_signals.h"
 #include "supervisor/systemd_backend.h"
 #include "supervisor/worker_health.h"
 #include "supervisor/worker_manager.h"
@@ -117,6 +118,9 @@ void Supervisor::set_proxy_stats(const ProxyStatsSource* stats) {
 }
 
 void Supervisor::prepare() {
+  // Until run() handles them, SIGTERM and SIGINT stop the model load instead
+  // of ending the process in the middle of it (start_signals.h).
+  StartSignals signals;
   config_ = load_config(opts_.config_path);
   if (!config_.file_found)
     log::warn("config file " + opts_.config_path + " not found; running on the defaults");
@@ -125,7 +129,12 @@ void Supervisor::prepare() {
   // Memfd segments a previous run of ours left in systemd's fd store.
   memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
   memfds_->recover();
-  model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_);
+  try {
+    model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_, signals.token());
+  } catch (const store::LoadCancelled&) {
+    sd_notify(0, "STOPPING=1\nSTATUS=stopped during the model load");
+    throw;
+  }
   if (!model_.file_only)
     log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) + ", " +
                   backing_text(model_, *memfds_) + (model_.reused ? ", reused" : ", loaded") + ")",
@@ -224,6 +233,7 @@ void Supervisor::maybe_ready() {
 int Supervisor::run() {
   if (!manager_) prepare();
   wait_signals();
+  StartSignals::unblock();  // one that came after the model load reaches shutdown() now
   manager_->start();
   run_busy_polling(io_, [this] { return busy_poll_for(config_.proxy); });
   return exit_status_;

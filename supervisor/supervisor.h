@@ -61,6 +61,9 @@ class Supervisor {
   /// synthetic model if there is none; a memfd one that systemd's fd store
   /// gave back is reused), computes the ladder's memory plans, picks the
   /// worker backend and opens the admin and segment sockets. Throws ds4::Error.
+  /// Call it before starting any thread: SIGTERM and SIGINT stay blocked from
+  /// here until run() handles them; one during the model load stops it and
+  /// removes what it wrote, with store::LoadCancelled (start_signals.h).
   void prepare();
   /// Starts (or adopts) the workers, tells systemd READY=1 once one serves,
   /// and runs until SIGTERM/SIGINT (SIGHUP reloads). Returns the exit status.

@@ -17,7 +17,8 @@ static const char* kUsage =
     "  Loads the model into shared memory, runs the workers (systemd user units,\n"
     "  or child processes without a user manager) and keeps them at the largest\n"
     "  context that memory allows. Default config: config/ds4.yaml.\n"
-    "  SIGHUP re-reads the config; SIGTERM stops the workers and exits.\n";
+    "  SIGHUP re-reads the config; SIGTERM stops the workers and exits (during the\n"
+    "  model load: stops the load and removes what it wrote).\n";
 
 int main(int argc, char** argv) {
   ds4::log::set_identifier("ds4-supervisor");
@@ -88,6 +89,10 @@ int main(int argc, char** argv) {
       proxy.stop(sup.config().proxy.limits.request_timeout, nullptr);
     });
     return sup.run();
+  } catch (const ds4::store::LoadCancelled& e) {
+    // SIGTERM or SIGINT before the model was loaded: a stop, not a failure.
+    ds4::log::info(std::string("stopped during the model load: ") + e.what() + "; nothing of it is kept");
+    return 0;
   } catch (const ds4::Error& e) {
     ds4::log::error(std::string("ds4-supervisor: ") + e.what());
     return 1;

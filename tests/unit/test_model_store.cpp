@@ -262,6 +262,14 @@ TEST_CASE("store: a segment another live process is loading is waited for") {
         std::string::npos);
   opts.wait_timeout = std::chrono::milliseconds(150);
   CHECK_THROWS_WITH_AS(load(kStories, opts), doctest::Contains("another process is still loading it"), Error);
+  // A stop (the supervisor stopped during its start) ends the wait at once.
+  std::stop_source stop;
+  stop.request_stop();
+  LoadOptions stopping = opts;
+  stopping.stop = stop.get_token();
+  stopping.wait_timeout = std::chrono::minutes(1);
+  CHECK_THROWS_WITH_AS(load(kStories, stopping), doctest::Contains("stopped waiting for another process"),
+                       LoadCancelled);
   // The loader finishes: the waiter then finds it ready.
   raw.header->state.store(uint32_t(SegmentState::ready), std::memory_order_release);
   ::flock(raw.fd, LOCK_UN);
