@@ -24,7 +24,7 @@
 # worker; and the same of nginx's worker process in the runs through it.
 # Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE
 # (the workers' device: auto, cpu, cuda), DS4_BUSY_POLL (proxy.busy_poll: auto,
-# off, 100us), DS4_CLIENT_THREADS (the client's threads for runs (a) and (b),
+# off, 100us), DS4_WORKER_BUSY_POLL (workers.busy_poll, the same), DS4_CLIENT_THREADS (the client's threads for runs (a) and (b),
 # default 1: one thread works through a step's 32 answers one by one, which
 # counts in ds4's figure and cancels out of nginx's), NGINX (an nginx binary, for a machine
 # without the Debian package and without apt), CC (cc).
@@ -55,6 +55,7 @@ workers:
   backend: process
   slots: 32                 # every request of the c=32 round has a slot: none waits in the proxy's queue
   device: ${DS4_DEVICE:-auto}
+  busy_poll: ${DS4_WORKER_BUSY_POLL:-auto}
   threads: 1                # the client, nginx, the proxy and the worker share this box's cores; a
                             # compute pool spinning on all of them would be measured as everyone's latency
   context:

@@ -7,7 +7,8 @@
 # The ninth session found with it that a CUDA worker did not read its socket while
 # it launched a step (supervisor/proxy/NOTES.md).
 # Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE (the
-# worker's device: auto, cpu, cuda), DS4_TRACE_DIR (keep the records there; else a
+# worker's device: auto, cpu, cuda), DS4_BUSY_POLL and DS4_WORKER_BUSY_POLL (proxy.busy_poll and
+# workers.busy_poll: auto, off, 100us), DS4_TRACE_DIR (keep the records there; else a
 # temporary folder, removed), CC (cc). Extra arguments go to trace_report.py (--check N).
 #   bench/proxy_trace.sh [CONCURRENCY=32] [REQUESTS=4000] [--check N]
 set -euo pipefail
@@ -29,10 +30,12 @@ model:
   name: stories
 proxy:
   listen: 127.0.0.1:$port
+  busy_poll: ${DS4_BUSY_POLL:-auto}
 workers:
   backend: process
   slots: 32
   device: ${DS4_DEVICE:-auto}
+  busy_poll: ${DS4_WORKER_BUSY_POLL:-auto}
   threads: 1
   context:
     ladder: [512]

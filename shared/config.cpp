@@ -119,8 +119,8 @@ std::string format_size(Bytes bytes) {
   return std::to_string(bytes) + "B";
 }
 
-std::chrono::microseconds busy_poll_for(const ProxyConfig& proxy) {
-  if (proxy.busy_poll) return *proxy.busy_poll;
+std::chrono::microseconds busy_poll_for(const std::optional<std::chrono::microseconds>& setting) {
+  if (setting) return *setting;
   static const unsigned cores = std::thread::hardware_concurrency();
   return std::chrono::microseconds(cores >= 8 ? 100 : 0);
 }
@@ -578,6 +578,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
         {"device", [&](const Entry& x) { read_device(r, x, W.device); }},
         {"slots", [&](const Entry& x) { r.integer(x, W.slots, 1, 4096); }},
         {"threads", [&](const Entry& x) { r.integer(x, W.threads, 0, 4096); }},
+        {"busy_poll", [&](const Entry& x) { r.busy_poll(x, W.busy_poll); }},
         {"context", [&](const Entry& x) {
           r.mapping(x.value, x.mark, x.path, {{"ladder", [&](const Entry& l) { read_ladder(r, l, W.ladder); }}});
         }},
@@ -787,6 +788,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(V.device != W.device, "workers.device", c.worker_settings);
   note(V.slots != W.slots, "workers.slots", c.worker_settings);
   note(V.threads != W.threads, "workers.threads", c.worker_settings);
+  note(V.busy_poll != W.busy_poll, "workers.busy_poll", c.worker_settings);
   note(V.ladder != W.ladder, "workers.context.ladder", c.worker_settings);
   note(V.memory_max != W.memory_max, "workers.memory_max", c.worker_settings);
   note(V.reserve != W.reserve, "workers.reserve", c.in_place);  // policy only

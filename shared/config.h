@@ -81,10 +81,10 @@ struct ProxyConfig {
 enum class WorkerBackend { automatic, systemd, process };
 enum class WorkerEngine { native, exec };
 
-/// The proxy's busy poll: the configured one, or for auto 100us on a machine
-/// with 8 or more cores and none on a smaller one (where the spin would take
-/// the CPU the worker and the clients need).
-std::chrono::microseconds busy_poll_for(const ProxyConfig& proxy);
+/// A busy poll (proxy.busy_poll, workers.busy_poll): the configured one, or
+/// for auto 100us on a machine with 8 or more cores and none on a smaller one
+/// (where the spin would take the CPU the worker and the clients need).
+std::chrono::microseconds busy_poll_for(const std::optional<std::chrono::microseconds>& setting);
 
 struct Device {
   enum class Kind { automatic, cpu, cuda };
@@ -100,6 +100,10 @@ struct WorkersConfig {
   Device device;
   std::uint32_t slots = 2;    // concurrent sequences per worker
   std::uint32_t threads = 0;  // CPU threads; 0 = all cores
+  /// How long a worker's thread keeps polling its sockets once idle, before
+  /// it sleeps: the next request then skips a wake-up. nullopt = auto
+  /// (busy_poll_for()).
+  std::optional<std::chrono::microseconds> busy_poll;
   std::vector<std::uint32_t> ladder = {8192, 4096, 2048};  // tokens per slot, descending
   Bytes memory_max = 0;       // systemd MemoryMax= per worker; 0 = none
   Bytes reserve = Bytes(1) << 30;  // kept free when choosing a rung

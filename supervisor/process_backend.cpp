@@ -178,7 +178,8 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   std::vector<std::string> args = {opts_.worker_binary, "serve", "--id", std::to_string(spec.id),
                                    "--segment", spec.segment, "--socket", spec.socket_path,
                                    "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),
-                                   "--device", spec.device, "--threads", std::to_string(spec.threads)};
+                                   "--device", spec.device, "--threads", std::to_string(spec.threads),
+                                   "--busy-poll-us", std::to_string(spec.busy_poll.count())};
   if (!spec.exec_command.empty())  // workers.engine: exec: the external server as the worker
     args = {opts_.worker_binary, "engine", "--id", std::to_string(spec.id), "--port", std::to_string(spec.port),
             "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),

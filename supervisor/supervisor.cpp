@@ -76,6 +76,7 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
   s.gpu_workers = workers_on_gpu(c.workers.device);
   s.gpu_weights = c.gpu.weights == GpuWeights::host_mapped ? "host-mapped" : "auto";
   s.threads = c.workers.threads;
+  s.busy_poll = busy_poll_for(c.workers.busy_poll);
   s.memory_max = c.workers.memory_max;
   s.segment = m.segment;
   s.control = control;
@@ -235,7 +236,7 @@ int Supervisor::run() {
   wait_signals();
   StartSignals::unblock();  // one that came after the model load reaches shutdown() now
   manager_->start();
-  run_busy_polling(io_, [this] { return busy_poll_for(config_.proxy); });
+  run_busy_polling(io_, [this] { return busy_poll_for(config_.proxy.busy_poll); });
   return exit_status_;
 }
 
@@ -366,7 +367,8 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
     }
     ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
-                             ch.changed("workers.threads") || ch.changed("workers.memory_max") ||
+                             ch.changed("workers.threads") || ch.changed("workers.busy_poll") ||
+                             ch.changed("workers.memory_max") ||
                              ch.changed("workers.engine") || ch.changed("gpu.weights");
     const Config before = config_;
     config_ = next;

@@ -23,6 +23,7 @@ struct LaunchSpec {
   std::string device = "auto";
   std::string gpu_weights = "auto";  // DS4_GPU_WEIGHTS: auto (the holder's, else a copy) | host-mapped
   uint32_t threads = 0;
+  std::chrono::microseconds busy_poll{0};  // workers.busy_poll, resolved
   Bytes memory_max = 0;     // 0 = no limit
   std::string control;      // the control block's name (DS4_CONTROL); "" = none
   // workers.engine: exec — the worker runs this server (ds4-worker engine).

@@ -174,6 +174,7 @@ void WorkerManager::launch(int id, uint32_t context) {
   spec.device = s_.device;
   spec.gpu_weights = s_.gpu_weights;
   spec.threads = s_.threads;
+  spec.busy_poll = s_.busy_poll;
   spec.memory_max = s_.memory_max;
   spec.control = s_.control;
   if (!s_.exec_command.empty()) {

@@ -5,6 +5,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -274,7 +275,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     return cmd_engine(e);
   }
   Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch", "control",
-                      "gpu-weights", "holder-socket", "segment-socket"}, {});
+                      "gpu-weights", "holder-socket", "segment-socket", "busy-poll-us"}, {});
   ServeOptions o;
   o.id = int(a.integer("id", 0, 0, 1 << 20));
   o.socket_path = a.required("socket");
@@ -283,6 +284,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.shape.max_batch = a.integer("batch", 256, 1, 8192);
   o.threads = int(a.integer("threads", 0, 0, 1024));
   o.device = a.str("device", "auto");
+  // workers.busy_poll: on the command line, or for ds4-worker@.service in its environment file.
+  int64_t busy_poll_us = 0;
+  if (const char* v = std::getenv("DS4_BUSY_POLL_US"); v && *v) busy_poll_us = std::clamp<int64_t>(std::atoll(v), 0, 10000);
+  o.busy_poll = std::chrono::microseconds(a.integer("busy-poll-us", busy_poll_us, 0, 10000));
   // The supervisor names its control block on the command line or, for
   // ds4-worker@.service, in the unit's environment file.
   const char* control_env = std::getenv("DS4_CONTROL");

@@ -90,7 +90,7 @@ int run(int argc, char** argv) {
       io.stop();
     });
   });
-  ds4::sup::run_busy_polling(io, [&cfg] { return ds4::busy_poll_for(cfg.proxy); });
+  ds4::sup::run_busy_polling(io, [&cfg] { return ds4::busy_poll_for(cfg.proxy.busy_poll); });
   return 0;
 }
 

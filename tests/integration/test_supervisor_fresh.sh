@@ -36,6 +36,12 @@ import socket, sys
 s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
 s.sendall(b"{\"op\":\"info\"}\n"); print(s.makefile().readline().strip())' "$wsock" 2>&1)
 [[ $info == *'"ev":"info"'* ]] && pass "the worker answers on $wsock" || fail "worker info: $info"
+# workers.busy_poll: auto (the shipped value): the worker polls 100 us before
+# it sleeps on a machine of 8 or more cores, not on a smaller one.
+want=$(( $(getconf _NPROCESSORS_ONLN) >= 8 ? 100 : 0 ))
+args=$(tr '\0' ' ' <"/proc/$(sup_get 'w[0]["pid"]')/cmdline" 2>/dev/null)
+[[ $args == *"--busy-poll-us $want "* ]] && pass "workers.busy_poll auto: the worker polls ${want} us" \
+  || fail "workers.busy_poll auto: expected --busy-poll-us $want in: $args"
 segment=$(sup_get 's["model"]["segment"]')
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"

@@ -40,6 +40,7 @@ workers:
   device: $1
   slots: ${DS4_OOM_SLOTS:-256}
   threads: 1
+  busy_poll: 50us            # reaches the unit's process through its environment file
   context:
     ladder: [2048, 256]      # x 256 slots: 320 MiB of KV at 2048, 40 MiB at 256
   memory_max: ${DS4_OOM_MEMORY_MAX:-150MiB}
@@ -69,6 +70,9 @@ fi
 [[ $(sup_get 'w[0]["restarts"]') == 1 ]] && pass "status: restarts 1" || fail "status: restarts $(sup_get 'w[0]["restarts"]')"
 pid=$(sup_get 'w[0]["pid"]')
 [[ $pid == $(systemctl --user show -P MainPID $unit) ]] && pass "status pid $pid is the unit's MainPID" || fail "pid $pid vs MainPID $(systemctl --user show -P MainPID $unit)"
+tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'DS4_BUSY_POLL_US=50' \
+  && pass "workers.busy_poll 50us reaches the unit's process (DS4_BUSY_POLL_US=50)" \
+  || fail "no DS4_BUSY_POLL_US=50 in the worker's environment"
 [[ $(sup_get '" ".join(w[0]["args"])') == *"--context 256"* ]] && pass "the unit's process runs --context 256 (/proc)" || fail "args: $(sup_get 'w[0]["args"]')"
 dropin=$XDG_RUNTIME_DIR/systemd/user/$unit.d/50-ds4-memory.conf
 want=$(sed -n 's/^MemoryMax=//p' "$dropin" 2>/dev/null)

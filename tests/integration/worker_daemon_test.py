@@ -240,6 +240,37 @@ check(not os.path.exists(a.sock), "the socket is removed on stop")
 check("stopping on signal" in a.output(), "the worker logs that it stops")
 b2.stop()
 
+# workers.busy_poll: an idle worker polls its sockets for --busy-poll-us (or
+# DS4_BUSY_POLL_US, from ds4-worker@.service's environment file) before it
+# sleeps, so the next request skips its wake-up. Twenty requests 30 ms apart:
+# a worker that polls 10 ms after each spends about 200 ms of CPU on them, one
+# that sleeps about a millisecond.
+def cpu_ms(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def cpu_for_requests(d):
+    before = cpu_ms(d.proc.pid)
+    for _ in range(20):
+        request(d.sock, {"op": "generate", "prompt": ONCE, "max_tokens": 1, "temperature": 0})
+        time.sleep(0.03)
+    return cpu_ms(d.proc.pid) - before
+
+
+sleeper = Daemon(seg, context=256, slots=1)
+poller = Daemon(seg, context=256, slots=1, extra=("--busy-poll-us", "10000"))
+os.environ["DS4_BUSY_POLL_US"] = "10000"
+poller_env = Daemon(seg, context=256, slots=1)
+del os.environ["DS4_BUSY_POLL_US"]
+slept, polled, polled_env = (cpu_for_requests(d) for d in (sleeper, poller, poller_env))
+check(slept < 50 and polled >= 60 and polled > 3 * slept,
+      f"--busy-poll-us 10000: the idle worker polls ({polled:.0f} ms of CPU for 20 requests, {slept:.0f} ms without)")
+check(polled_env >= 60 and polled_env > 3 * slept,
+      f"DS4_BUSY_POLL_US=10000 does the same ({polled_env:.0f} ms of CPU)")
+for d in (sleeper, poller, poller_env):
+    d.stop()
+
 # A plan that cannot fit fails fast with the figures, and exit status 75: the
 # supervisor's cue to go one rung down instead of counting a crash.
 p = run(os.path.join(BIN, "ds4-worker"), "serve", "--segment", seg, "--socket", "/tmp/ds4-nofit.sock",

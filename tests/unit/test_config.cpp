@@ -244,7 +244,7 @@ TEST_CASE("config: wrong types") {
   CHECK(errors("workers:\n  slots: [1, 2]\n") ==
         "config/ds4.yaml:2:10: workers.slots: expected a whole number, got a list");
   CHECK(errors("workers: 3\n") ==
-        "config/ds4.yaml:1:10: workers: expected a mapping with keys backend, count, device, slots, threads, "
+        "config/ds4.yaml:1:10: workers: expected a mapping with keys backend, count, device, slots, threads, busy_poll, "
         "context, memory_max, reserve, engine, exec, got '3'");
   CHECK(errors("- a\n- b\n") ==
         "config/ds4.yaml:1:1: expected a mapping with keys model, proxy, workers, headroom, restart, gpu, got a list");
@@ -464,9 +464,23 @@ TEST_CASE("config: proxy.busy_poll") {
   // Set: as set. Auto: 100us with 8 or more cores, none on fewer.
   ds4::ProxyConfig p;
   p.busy_poll = 40us;
-  CHECK(ds4::busy_poll_for(p) == 40us);
+  CHECK(ds4::busy_poll_for(p.busy_poll) == 40us);
   p.busy_poll.reset();
-  CHECK(ds4::busy_poll_for(p) == (std::thread::hardware_concurrency() >= 8 ? 100us : 0us));
+  CHECK(ds4::busy_poll_for(p.busy_poll) == (std::thread::hardware_concurrency() >= 8 ? 100us : 0us));
+}
+
+TEST_CASE("config: workers.busy_poll reads as proxy.busy_poll, and a change restarts the workers") {
+  CHECK(parse("workers:\n  busy_poll: 50us\n").workers.busy_poll == 50us);
+  CHECK(parse("workers:\n  busy_poll: off\n").workers.busy_poll == 0us);
+  CHECK_FALSE(parse("workers:\n  busy_poll: auto\n").workers.busy_poll);
+  CHECK(errors("workers:\n  busy_poll: 1s\n") ==
+        "config/ds4.yaml:2:14: workers.busy_poll: expected auto, off or a duration up to 10ms like 100us, got '1s'");
+  const ds4::Config a = parse("model: {path: /m/a.gguf}\n");
+  ds4::Config b = a;
+  b.workers.busy_poll = 0us;
+  const auto d = ds4::diff(a, b);
+  CHECK(d.keys == std::vector<std::string>{"workers.busy_poll"});
+  CHECK(d.worker_settings);
 }
 
 TEST_CASE("config: edit distance") {
