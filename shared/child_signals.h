@@ -12,6 +12,7 @@
 ///     ...                            // setup
 ///     guard.unblock_in_child();      // the mask the parent's thread had, or
 ///     // ChildSignals::unblock_all_in_child() for a child that starts with none
+///     close_on_exec_in_child();      // and none of the parent's descriptors
 ///     ::execve(...);
 ///   }
 ///   // the guard's end: this thread's mask as it was
@@ -38,5 +39,12 @@ class ChildSignals {
  private:
   sigset_t old_;
 };
+
+/// In the child: every descriptor above stderr closes at the exec. Asio and
+/// others open theirs without O_CLOEXEC, so a worker would otherwise keep the
+/// proxy's listening socket (still taking connections in its backlog after
+/// the supervisor closed it, and holding the port against a new supervisor),
+/// clients' connections and the parent's pipes. Async-signal-safe.
+void close_on_exec_in_child();
 
 }  // namespace ds4

@@ -83,6 +83,7 @@ void HolderKeeper::spawn() {
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
     ChildSignals::unblock_all_in_child();
+    close_on_exec_in_child();
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }

@@ -62,6 +62,7 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
   if (pid == 0) {
     // Its progress output is not wanted on ours.
     std::freopen("/dev/null", "w", stdout);
+    close_on_exec_in_child();
     execl(mkmodel.c_str(), mkmodel.c_str(), "--out", out.c_str(), "--vocab-from", vocab.c_str(), "--preset",
           "stories-like", "--name", "ds4-synthetic-random-weights", static_cast<char*>(nullptr));
     _exit(127);

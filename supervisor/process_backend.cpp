@@ -234,6 +234,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
       ::close(fd);
     }
     ChildSignals::unblock_all_in_child();
+    close_on_exec_in_child();
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }

@@ -80,6 +80,7 @@ pid_t spawn(const std::vector<std::string>& args, const sigset_t& old_mask) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);
     ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    close_on_exec_in_child();
     ::execvpe(argv[0], argv.data(), envp.data());
     std::fprintf(stderr, "ds4-worker engine: cannot run %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);

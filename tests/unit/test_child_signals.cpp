@@ -1,14 +1,17 @@
 // A signal that reaches a forked child before its exec runs the default
 // action there, never the parent's handler (which, for Asio's, would tell the
-// parent it got the signal itself).
+// parent it got the signal itself); and the exec'd child keeps none of the
+// parent's descriptors.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <optional>
+#include <string>
 
 #include "shared/child_signals.h"
 
@@ -83,4 +86,31 @@ TEST_CASE("child signals: the guard restores the parent thread's mask") {
   ::pthread_sigmask(SIG_SETMASK, nullptr, &after);
   CHECK(sigismember(&before, SIGTERM) == sigismember(&after, SIGTERM));
   CHECK(sigismember(&before, SIGUSR1) == sigismember(&after, SIGUSR1));
+}
+
+// The exec'd child sees none of the parent's descriptors above stderr (a
+// listening socket, a pipe), only what it opens itself; without the call it
+// would see them.
+TEST_CASE("child: close_on_exec_in_child leaves the exec'd program no inherited descriptor") {
+  for (const bool closing : {false, true}) {
+    CAPTURE(closing);
+    int p[2];
+    REQUIRE(::pipe(p) == 0);  // no O_CLOEXEC, as Asio's descriptors
+    const std::string test = "test -e /proc/self/fd/" + std::to_string(p[0]);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      if (closing) ds4::close_on_exec_in_child();
+      ::execl("/bin/sh", "sh", "-c", test.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == (closing ? 1 : 0));  // test -e: 0 = the descriptor is there
+    ::close(p[0]);
+    ::close(p[1]);
+    // The parent's descriptors are untouched.
+    CHECK(::fcntl(STDERR_FILENO, F_GETFD) >= 0);
+  }
 }
