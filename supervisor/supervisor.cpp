@@ -245,21 +245,41 @@ void Supervisor::wait_signals() {
   signals_->async_wait([this](boost::system::error_code ec, int sig) {
     if (ec) return;
     if (sig == SIGHUP) {
-      reload();
+      if (!stopping_) reload();
       wait_signals();
       return;
     }
     shutdown(sig);
+    if (!stopping_workers_) wait_signals();  // a second signal cuts the drain short
   });
 }
 
 void Supervisor::shutdown(int sig) {
-  if (stopping_) return;
+  if (stopping_) {
+    log::info("stopping on signal " + std::to_string(sig) + " again: not waiting for the requests in flight");
+    return stop_workers();
+  }
   stopping_ = true;
-  sd_notify(0, "STOPPING=1\nSTATUS=stopping workers");
-  log::info("stopping on signal " + std::to_string(sig) + ": stopping the workers");
-  for (auto& fn : stop_listeners_) fn();
   loader_.request_stop();  // a reload's model load in progress ends now, not when it is done
+  const Duration deadline = config_.restart.drain_deadline;
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping: finishing the requests in flight");
+  log::info("stopping on signal " + std::to_string(sig) + ": finishing the requests in flight (at most " +
+            format_duration(deadline) + ", restart.drain_deadline), then stopping the workers");
+  // The workers keep serving (and are restarted if they fail) until every
+  // listener has finished what it had.
+  auto left = std::make_shared<size_t>(stop_listeners_.size());
+  if (*left == 0) return stop_workers();
+  for (auto& fn : stop_listeners_)
+    fn(deadline, [this, left] {
+      if (--*left == 0) stop_workers();
+    });
+}
+
+void Supervisor::stop_workers() {
+  if (stopping_workers_) return;
+  stopping_workers_ = true;
+  sd_notify(0, "STATUS=stopping the workers");
+  log::info("stopping the workers");
   sweeper_->stop();
   manager_->stop([this] {
     log::info("all workers stopped");

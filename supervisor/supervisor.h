@@ -12,7 +12,8 @@
 ///   sup.set_proxy_stats(&proxy);            // queue length in status, idle checks for drains
 ///   sup.on_reload([&](const Config& before, const Config& after, const ConfigChanges& c) {
 ///     proxy.apply(after, c); });            // after a valid reload was applied
-///   sup.on_stop([&] { proxy.stop_accepting(); });  // SIGTERM: before workers stop
+///   sup.on_stop([&](Duration deadline, std::function<void()> done) {
+///     proxy.stop(deadline, done); });       // SIGTERM: the requests in flight end first
 ///   return sup.run();                       // workers start; READY=1; until SIGTERM
 ///
 /// The registry (WorkerRegistry) tells the proxy which workers are ready, on
@@ -78,7 +79,12 @@ class Supervisor {
   void set_proxy_stats(const ProxyStatsSource* stats);
   using ReloadFn = std::function<void(const Config& before, const Config& after, const ConfigChanges& changes)>;
   void on_reload(ReloadFn fn) { reload_listeners_.push_back(std::move(fn)); }
-  void on_stop(std::function<void()> fn) { stop_listeners_.push_back(std::move(fn)); }
+  /// SIGTERM or SIGINT: each listener is told to stop taking work and to
+  /// finish what it has within `deadline` (restart.drain_deadline), and
+  /// calls `done` then; the workers are stopped once every listener is done,
+  /// or at once on a second signal.
+  using StopFn = std::function<void(Duration deadline, std::function<void()> done)>;
+  void on_stop(StopFn fn) { stop_listeners_.push_back(std::move(fn)); }
   /// READY=1 waits until `gate` returns true as well (checked on every worker change).
   void set_ready_gate(std::function<bool()> gate) { ready_gate_ = std::move(gate); }
 
@@ -113,7 +119,10 @@ class Supervisor {
   /// blocking (it runs once the holder answers or gave up), else waiting.
   void start_holder(std::function<void()> settled = nullptr);
   void maybe_ready();
+  /// The first stop signal: the listeners drain, then stop_workers(). A
+  /// second one: stop_workers() now.
   void shutdown(int signal);
+  void stop_workers();
   void stop_segment_server();
   void wait_signals();
 
@@ -139,10 +148,11 @@ class Supervisor {
   std::unique_ptr<asio::signal_set> signals_;
   const ProxyStatsSource* stats_ = nullptr;
   std::vector<ReloadFn> reload_listeners_;
-  std::vector<std::function<void()>> stop_listeners_;
+  std::vector<StopFn> stop_listeners_;
   std::function<bool()> ready_gate_;
   bool ready_sent_ = false;
   bool stopping_ = false;
+  bool stopping_workers_ = false;
   int exit_status_ = 0;
   bool reloading_ = false;  // a reload's new model loads on loader_, or its holder copies the weights
   std::jthread loader_;   // last: stopped and joined before the rest goes

@@ -17,8 +17,10 @@ static const char* kUsage =
     "  Loads the model into shared memory, runs the workers (systemd user units,\n"
     "  or child processes without a user manager) and keeps them at the largest\n"
     "  context that memory allows. Default config: config/ds4.yaml.\n"
-    "  SIGHUP re-reads the config; SIGTERM stops the workers and exits (during the\n"
-    "  model load: stops the load and removes what it wrote).\n";
+    "  SIGHUP re-reads the config. SIGTERM (or SIGINT) answers the requests in\n"
+    "  flight (at most restart.drain_deadline; a second signal: at once), then\n"
+    "  stops the workers and exits; during the model load it stops the load and\n"
+    "  removes what it wrote.\n";
 
 int main(int argc, char** argv) {
   ds4::log::set_identifier("ds4-supervisor");
@@ -83,10 +85,11 @@ int main(int argc, char** argv) {
       });
     };
     wait_hup();
-    // SIGTERM: no new connections or requests; the supervisor then stops the workers.
-    sup.on_stop([&] {
+    // SIGTERM: no new connections or requests; those in flight (queued ones
+    // too) are answered, within the deadline; then the workers stop.
+    sup.on_stop([&](ds4::Duration deadline, std::function<void()> done) {
       hup.cancel();
-      proxy.stop(sup.config().proxy.limits.request_timeout, nullptr);
+      proxy.stop(deadline, std::move(done));
     });
     return sup.run();
   } catch (const ds4::store::LoadCancelled& e) {
