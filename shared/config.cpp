@@ -651,7 +651,15 @@ void check_exec_command(Reader& r, const WorkersConfig& w) {
   if (!has_port) r.error_at(key, key + ": needs {port}, where the supervisor reaches the server");
 }
 
-void check(Reader& r, Config& c, Bytes mem_total) {
+void check(Reader& r, Config& c, const LoadOptions& options) {
+  const Bytes mem_total = options.mem_total ? options.mem_total : read_mem_total();
+  // A path that names nothing is a mistake, not a wish for the synthetic
+  // model (that is an empty path): it would serve random weights.
+  std::error_code ec;
+  if (options.model_file_must_exist && !c.model.path.empty() && !fs::is_regular_file(c.model.path, ec))
+    r.error_at("model.path", "model.path: " + c.model.path.string() +
+                                 (fs::exists(c.model.path, ec) ? " is not a file" : ": no such file") +
+                                 " (leave it empty to serve a small synthetic model with random weights)");
   const auto& W = c.workers;
   if (mem_total > 0) {
     if (W.reserve >= mem_total)
@@ -722,7 +730,7 @@ Config parse_config(const std::string& yaml, const fs::path& file, const LoadOpt
   } catch (const YAML::Exception& e) {  // yaml-cpp surprises (aliases, odd nodes): still name the place
     r.error(e.mark, e.msg);
   }
-  check(r, c, options.mem_total ? options.mem_total : read_mem_total());
+  check(r, c, options);
   if (!r.errors.empty()) {
     std::string all;
     for (const auto& line : r.errors) all += (all.empty() ? "" : "\n") + line;

@@ -162,6 +162,9 @@ struct LoadOptions {
   /// The machine's memory for checks such as reserve < MemTotal;
   /// 0 = read MemTotal from /proc/meminfo.
   Bytes mem_total = 0;
+  /// model.path, when set, must name a file (the supervisor's loads; a
+  /// test's config may name one that is not there).
+  bool model_file_must_exist = false;
 };
 
 /// Reads and validates `file`. A missing file gives the defaults (file_found

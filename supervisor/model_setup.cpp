@@ -102,8 +102,8 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
   ModelInfo m;
   m.path = config.model.path.string();
   m.name = config.model.name;
-  if (m.path.empty() || !fs::exists(m.path)) {
-    const std::string why = m.path.empty() ? "no model.path is configured" : "model file " + m.path + " does not exist";
+  if (m.path.empty()) {
+    const std::string why = "no model.path is configured";
     m.path = make_synthetic_model(runtime_dir, bin_dir);
     m.synthetic = true;
     if (m.name.empty()) m.name = "ds4-synthetic";

@@ -122,7 +122,7 @@ void Supervisor::prepare() {
   // Until run() handles them, SIGTERM and SIGINT stop the model load instead
   // of ending the process in the middle of it (start_signals.h).
   StartSignals signals;
-  config_ = load_config(opts_.config_path);
+  config_ = load_config(opts_.config_path, {.model_file_must_exist = true});
   if (!config_.file_found)
     log::warn("config file " + opts_.config_path + " not found; running on the defaults");
   runtime_dir_ = runtime_dir();
@@ -304,7 +304,7 @@ bool Supervisor::reload(std::string* error) {
   }
   Config next;
   try {
-    next = load_config(opts_.config_path);
+    next = load_config(opts_.config_path, {.model_file_must_exist = true});
   } catch (const Error& e) {
     log::error(std::string("reload refused, keeping the running config: ") + e.what(),
                {{"DS4_EVENT", "reload_failed"}});

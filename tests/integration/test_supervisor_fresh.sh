@@ -3,7 +3,8 @@
 # config (no model configured) and no systemd user manager makes a synthetic
 # model (saying loudly that its weights are random), runs the worker as a
 # child process, and answers `ds4ctl status`; the admin socket is the
-# owner's only. Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+# owner's only; a model.path that names no file is an error, not random weights.
+# Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
@@ -48,4 +49,10 @@ sup_stop
 # The synthetic model lives in this test's folder: its segment goes with it.
 [[ -n $segment ]] && "$DS4_BIN/ds4-worker" unload --segment "$segment" >/dev/null
 [[ ! -e $sock ]] && pass "admin socket removed on exit" || fail "admin socket left behind"
+# A model.path that names no file is an error where it is written, not a
+# model with random weights served in its place.
+printf 'model:\n  path: %s\n' "$SUP_DIR/no-such-model.gguf" >"$SUP_DIR/typo.yaml"
+out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/typo.yaml" 2>&1); rc=$?
+[[ $rc == 1 && $out == *"typo.yaml:2:9: model.path: $SUP_DIR/no-such-model.gguf: no such file"* && $out != *"RANDOM WEIGHTS"* ]] \
+  && pass "a model.path that names no file: exit 1 with file:line:column" || fail "a missing model file: exit $rc: $out"
 sup_finish 30

@@ -483,6 +483,30 @@ TEST_CASE("config: workers.busy_poll reads as proxy.busy_poll, and a change rest
   CHECK(d.worker_settings);
 }
 
+TEST_CASE("config: the supervisor's model.path must name a file") {
+  TempDir dir;
+  const fs::path real = dir.path / "m.gguf";
+  std::ofstream(real) << "GGUF";
+  const auto load = [&](const std::string& yaml) {
+    try {
+      ds4::parse_config(yaml, "config/ds4.yaml", {.mem_total = 64 * GiB, .model_file_must_exist = true});
+    } catch (const ds4::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(load("model:\n  path: " + real.string() + "\n") == "");
+  CHECK(load("model:\n  path: \"\"\n") == "");  // empty: the synthetic model
+  // A typo is an error where it is written, not random weights served.
+  CHECK(load("workers:\n  slots: 2\nmodel:\n  path: " + (dir.path / "typo.gguf").string() + "\n") ==
+        "config/ds4.yaml:4:9: model.path: " + (dir.path / "typo.gguf").string() +
+            ": no such file (leave it empty to serve a small synthetic model with random weights)");
+  CHECK(load("model:\n  path: " + dir.path.string() + "\n").find("model.path: " + dir.path.string() + " is not a file") !=
+        std::string::npos);
+  // Without the option (a test's config), the path need not exist.
+  CHECK(errors("model:\n  path: /no/such/m.gguf\n") == "");
+}
+
 TEST_CASE("config: edit distance") {
   CHECK(ds4::edit_distance("", "") == 0);
   CHECK(ds4::edit_distance("ladder", "ladder") == 0);
