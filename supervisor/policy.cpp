@@ -384,16 +384,18 @@ void WorkerPolicy::reset_headroom_timers(TimePoint now) {
   if (low_since_) low_since_ = now;
 }
 
-Step WorkerPolicy::request_drain(TimePoint now) {
+Step WorkerPolicy::request_drain(TimePoint now, const std::string& why) {
   Step s;
   if (state_ == WorkerState::backoff) {
     state_ = WorkerState::stopped;
     backoff_until_.reset();
+    s.decisions.push_back(decision("stop", rung_, rung_, why + ": it stays stopped (it was waiting to start again)"));
     return s;
   }
   if (state_ != WorkerState::ready && state_ != WorkerState::starting) return s;
   after_ = After::stay_stopped;
   state_ = WorkerState::draining;
+  s.decisions.push_back(decision("stop", rung_, rung_, why + ": draining, then it stays stopped"));
   s.actions.push_back({Action::Kind::drain, 0});
   return s;
 }
@@ -446,6 +448,7 @@ Step WorkerPolicy::request_stop(TimePoint now) {
   }
   stopping_ = true;
   state_ = WorkerState::draining;
+  s.decisions.push_back(decision("stop", rung_, rung_, "the supervisor is stopping"));
   s.actions.push_back({Action::Kind::stop, 0});
   return s;
 }

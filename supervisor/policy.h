@@ -135,11 +135,13 @@ class WorkerPolicy {
   Step on_timer(TimePoint now);
 
   /// Admin: drain and keep stopped / restart at the current rung / a rung.
-  Step request_drain(TimePoint now);
+  /// A drain of a running worker is a `stop` decision, with `why`.
+  Step request_drain(TimePoint now, const std::string& why = "drain requested by an administrator");
   Step request_restart(TimePoint now);
   /// Throws ds4::Error when `context` is not on the ladder.
   Step request_context(TimePoint now, uint32_t context);
-  /// Supervisor stopping: stop the worker, no restart.
+  /// Supervisor stopping: stop the worker, no restart (a `stop` decision
+  /// when it runs).
   Step request_stop(TimePoint now);
   /// A new config (reload). Returns the actions to apply it (drain+restart
   /// when the ladder changed such that the current context is gone).

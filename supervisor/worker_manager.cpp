@@ -118,9 +118,8 @@ void WorkerManager::start_worker(int id) {
   apply(id, slot(id).policy->start(now(), r));
 }
 
-void WorkerManager::apply(int id, Step step) {
-  Slot& sl = slot(id);
-  for (const auto& d : step.decisions) {
+void WorkerManager::record(Slot& sl, const std::vector<Decision>& decisions) {
+  for (const auto& d : decisions) {
     log_decision(d);
     ++sl.decisions[d.event];
     EventRecord e;
@@ -130,6 +129,11 @@ void WorkerManager::apply(int id, Step step) {
     events_.push_back(std::move(e));
     while (events_.size() > s_.events_kept) events_.pop_front();
   }
+}
+
+void WorkerManager::apply(int id, Step step) {
+  Slot& sl = slot(id);
+  record(sl, step.decisions);
   for (const auto& a : step.actions) {
     switch (a.kind) {
       case Action::Kind::start:
@@ -389,7 +393,7 @@ void WorkerManager::stop(std::function<void()> done) {
   health_timer_.cancel();
   for (auto& [id, sl] : slots_) {
     sl.timer->cancel();
-    sl.policy->request_stop(now());
+    record(sl, sl.policy->request_stop(now()).decisions);
     if (sl.running) backend_.stop(id);
   }
   notify();  // draining now: the proxy sends them nothing more
@@ -416,7 +420,8 @@ void WorkerManager::reconfigure(ManagerSettings settings, bool restart_all) {
   }
   // Fewer workers: drain and stop the extra ones, then forget them once stopped.
   for (auto& [id, sl] : slots_)
-    if (uint32_t(id) >= s_.count) apply(id, sl.policy->request_drain(now()));
+    if (uint32_t(id) >= s_.count)
+      apply(id, sl.policy->request_drain(now(), "workers.count is now " + std::to_string(s_.count)));
   for (uint32_t i = old_count; i < s_.count; ++i) {
     if (slots_.count(int(i))) {
       apply(int(i), slots_[int(i)].policy->request_restart(now()));

@@ -112,6 +112,8 @@ class WorkerManager : public WorkerRegistry {
 
   Slot& slot(int id);
   void start_worker(int id);
+  /// Logs the decisions (journal, events, counters by event).
+  void record(Slot& sl, const std::vector<Decision>& decisions);
   void apply(int id, Step step);
   void launch(int id, uint32_t context);
   void arm_timer(int id);

@@ -135,4 +135,7 @@ sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
 state=$(systemctl --user is-active $unit)
 [[ $state == inactive ]] && pass "the supervisor stopped its worker unit" || fail "unit is $state after the supervisor stopped"
+stop_entry=$(journalctl "${after[@]}" DS4_EVENT=stop DS4_WORKER=0 -o cat 2>/dev/null | tail -1)
+[[ $stop_entry == *"the supervisor is stopping"* ]] && pass "journal: DS4_EVENT=stop: $stop_entry" \
+  || fail "no DS4_EVENT=stop entry for the worker's stop (got '$stop_entry')"
 sup_finish

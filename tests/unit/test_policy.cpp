@@ -325,6 +325,9 @@ TEST_CASE("policy: admin drain, restart and context") {
   f.p.on_ready(f.t, 100);
   Step s = f.p.request_drain(f.t);
   CHECK(has(s, Action::Kind::drain));
+  REQUIRE(s.decisions.size() == 1);  // journalctl DS4_EVENT=stop finds it
+  CHECK(s.decisions[0].event == "stop");
+  CHECK(s.decisions[0].reason.find("drain requested by an administrator") != std::string::npos);
   CHECK(f.p.state() == WorkerState::draining);
   CHECK(has(f.p.on_drained(f.t), Action::Kind::stop));
   CHECK(f.p.on_exit(f.t, ExitKind::clean, "").actions.empty());
@@ -349,8 +352,12 @@ TEST_CASE("policy: stop, adopt and reconfigure") {
   CHECK(f.p.context() == 4096);
   Step s = f.p.request_stop(f.t);
   CHECK(has(s, Action::Kind::stop));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "stop");
+  CHECK(s.decisions[0].reason == "the supervisor is stopping");
   CHECK(f.p.on_exit(f.t, ExitKind::clean, "").actions.empty());
   CHECK(f.p.state() == WorkerState::stopped);
+  CHECK(f.p.request_stop(f.t).decisions.empty());  // stopped already: nothing to decide
 
   Fixture g;
   g.p.start(g.t, g.mem(1000));
