@@ -18,13 +18,7 @@ model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 sup_init || exit $?
 unset DBUS_SESSION_BUS_ADDRESS
-segments=()
-cleanup() {
-  local s
-  sup_cleanup
-  for s in "${segments[@]}"; do [[ -n $s ]] && rm -f "/dev/shm/$s"; done
-}
-trap cleanup EXIT
+trap sup_cleanup EXIT
 
 big=$SUP_DIR/big.gguf
 if ! "$DS4_BIN/ds4-mkmodel" --out "$big" --vocab-from "$model" --preset 1b --type q8_0 >/dev/null 2>&1; then
@@ -53,7 +47,7 @@ sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start"; sup_finish; 
 sup_wait 60 'w[0]["state"] == "ready"' || fail "no ready worker: $(sup_status | tr -d '\n' | cut -c1-300)"
 url=$(sup_proxy_url)
 s1=$(sup_get 's["model"]["segment"]')
-segments+=("$s1")
+SUP_SEGMENTS+=("$s1")
 pid=$(sup_get 'w[0]["pid"]')
 
 sup_health_poll_start "$url"
@@ -74,7 +68,7 @@ fi
 if sup_wait 120 's["model"]["segment"] != "'"$s1"'" and w[0]["state"] == "ready" and w[0]["pid"] != '"$pid"; then
   t1=${EPOCHREALTIME/[.,]/}
   s2=$(sup_get 's["model"]["segment"]')
-  segments+=("$s2")
+  SUP_SEGMENTS+=("$s2")
   pass "reload to a 1 GB model: served from $s2 $(((t1 - t0) / 1000)) ms after SIGHUP"
 else
   t1=${EPOCHREALTIME/[.,]/}
@@ -134,5 +128,5 @@ else
 fi
 after_shm=$(ls /dev/shm | grep '^ds4-model-' | sort)
 new_shm=$(comm -13 <(echo "$before_shm") <(echo "$after_shm"))
-[[ -z $new_shm ]] && pass "no half-written segment left in /dev/shm" || { fail "left in /dev/shm: $new_shm"; segments+=($new_shm); }
+[[ -z $new_shm ]] && pass "no half-written segment left in /dev/shm" || { fail "left in /dev/shm: $new_shm"; SUP_SEGMENTS+=($new_shm); }
 sup_finish 40

@@ -10,21 +10,12 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-vocab=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $vocab ]] || { echo "SKIP: no $vocab"; exit 77; }
-[[ -x $DS4_BIN/ds4-mkmodel ]] || { echo "SKIP: no $DS4_BIN/ds4-mkmodel"; exit 77; }
 sup_init || exit $?
 unset DBUS_SESSION_BUS_ADDRESS
-segment=
-cleanup() {
-  sup_cleanup
-  [[ -n $segment ]] && rm -f "/dev/shm/$segment"
-}
-trap cleanup EXIT
+trap sup_cleanup EXIT
 
 model=$SUP_DIR/m207.gguf
-"$DS4_BIN/ds4-mkmodel" --out "$model" --vocab-from "$vocab" --preset 207m --type q8_0 >/dev/null 2>&1 \
-  || { echo "SKIP: ds4-mkmodel could not write $model (disk space?)"; exit 77; }
+sup_synthetic_model "$model" --preset 207m --type q8_0
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
   path: $model
@@ -94,7 +85,7 @@ PY
 # --- 1. one SIGTERM: the answer in flight ends whole, then the supervisor exits 0 ---
 sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start"; sup_finish; }
 sup_wait 60 'w[0]["state"] == "ready"' || fail "no ready worker: $(sup_status | tr -d '\n' | cut -c1-300)"
-segment=$(sup_get 's["model"]["segment"]')
+SUP_SEGMENTS+=("$(sup_get 's["model"]["segment"]')")
 url=$(sup_proxy_url)
 out=$(stream_through_stop "$url" "$SUP_PID" 1)
 echo "  $out"

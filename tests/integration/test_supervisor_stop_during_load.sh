@@ -10,25 +10,14 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-vocab=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $vocab ]] || { echo "SKIP: no $vocab"; exit 77; }
-[[ -x $DS4_BIN/ds4-mkmodel ]] || { echo "SKIP: no $DS4_BIN/ds4-mkmodel"; exit 77; }
 [[ -d /dev/shm && -w /dev/shm ]] || { echo "SKIP: no writable /dev/shm"; exit 77; }
 sup_init || exit $?
 unset DBUS_SESSION_BUS_ADDRESS
-
-segments=()
 : >"$SUP_DIR/sup.log"
-cleanup() {
-  local s
-  sup_cleanup
-  for s in "${segments[@]}"; do [[ -n $s ]] && rm -f "/dev/shm/$s"; done
-}
-trap cleanup EXIT
+trap sup_cleanup EXIT
 
 model=$SUP_DIR/big.gguf
-"$DS4_BIN/ds4-mkmodel" --out "$model" --vocab-from "$vocab" --preset 207m --type f32 >/dev/null 2>&1 \
-  || { echo "SKIP: ds4-mkmodel could not write $model (disk space?)"; exit 77; }
+sup_synthetic_model "$model" --preset 207m --type f32
 need=$(($(stat -c %s "$model") + (64 << 20)))
 (($(df -B1 --output=avail /dev/shm | tail -1) > need)) || { echo "SKIP: /dev/shm has no room for $model"; exit 77; }
 cat >"$SUP_DIR/ds4.yaml" <<YAML
@@ -108,7 +97,7 @@ for sig in TERM INT; do
     fail "SIG$sig: could not signal the supervisor mid-load"
     sup_finish
   fi
-  segments+=("$segment")
+  SUP_SEGMENTS+=("$segment")
   sent=${EPOCHREALTIME/[.,]/}
   wait_exit 5
   took=$(((${EPOCHREALTIME/[.,]/} - sent) / 1000))
@@ -123,7 +112,7 @@ done
 
 # The next start loads the model afresh (nothing half-written to rebuild) and serves.
 sup_start "$SUP_DIR/ds4.yaml" || { fail "the supervisor did not start again"; sup_finish; }
-segments+=("$(sup_get 's["model"]["segment"]')")
+SUP_SEGMENTS+=("$(sup_get 's["model"]["segment"]')")
 url=$(sup_proxy_url)
 code=000
 for _ in $(seq 300); do
@@ -135,8 +124,8 @@ done
 grep -q 'rebuilt model segment' "$SUP_DIR/sup.log" \
   && fail "the next start found a half-written segment: $(grep -m1 'rebuilt model segment' "$SUP_DIR/sup.log" | cut -c1-200)" \
   || pass "the next start found nothing half-written"
-grep -q "model big in segment ${segments[-1]} .*, loaded)" "$SUP_DIR/sup.log" \
-  && pass "the next start loaded ${segments[-1]}" || fail "the next start did not log loading ${segments[-1]}"
+grep -q "model big in segment ${SUP_SEGMENTS[-1]} .*, loaded)" "$SUP_DIR/sup.log" \
+  && pass "the next start loaded ${SUP_SEGMENTS[-1]}" || fail "the next start did not log loading ${SUP_SEGMENTS[-1]}"
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM once serving: exit status 0" || fail "SIGTERM once serving: exit status $SUP_RC"
 sup_finish 30

@@ -7,6 +7,8 @@
 #   sup_wait 30 'w[0]["state"] == "ready"'   # a Python expression on status:
 #                                       #   s = the status JSON, w = s["workers"]
 #   sup_stop                            # SIGTERM, bounded wait
+#   sup_synthetic_model FILE ARGS...    # ds4-mkmodel FILE (skips the test when it cannot)
+#   SUP_SEGMENTS+=(NAME)                # a model segment sup_cleanup removes from /dev/shm
 # Every wait is bounded. Requires python3 (for JSON).
 
 sup_log() { echo "[supervisor_env] $*" >&2; }
@@ -21,6 +23,7 @@ sup_init() {
   command -v python3 >/dev/null || { echo "SKIP: python3 is needed to read JSON"; return 77; }
   SUP_DIR=$(mktemp -d /tmp/ds4-sup-test.XXXXXX) || return 1
   SUP_PID=
+  SUP_SEGMENTS=()
   # A private runtime dir unless the caller (systemd harness) set one.
   if [[ -z ${XDG_RUNTIME_DIR:-} || ${SUP_PRIVATE_RUNTIME:-1} == 1 ]]; then
     export XDG_RUNTIME_DIR=$SUP_DIR/run
@@ -168,5 +171,19 @@ sup_stop() {
 
 sup_cleanup() {
   sup_stop
+  local s
+  for s in "${SUP_SEGMENTS[@]:-}"; do [[ -n $s ]] && rm -f "/dev/shm/$s"; done
   [[ -n ${SUP_DIR:-} && ${SUP_KEEP:-0} != 1 ]] && rm -rf "$SUP_DIR"
+}
+
+# sup_synthetic_model FILE ARGS...: a synthetic model with stories260K's
+# vocabulary (ds4-mkmodel --preset, --type, ...) written to FILE; the test is
+# skipped (exit 77, reason printed) when that cannot be done here.
+sup_synthetic_model() {
+  local out=$1 vocab=$DS4_MODELS/stories260K.gguf
+  shift
+  [[ -f $vocab ]] || { echo "SKIP: no $vocab"; exit 77; }
+  [[ -x $DS4_BIN/ds4-mkmodel ]] || { echo "SKIP: no $DS4_BIN/ds4-mkmodel"; exit 77; }
+  "$DS4_BIN/ds4-mkmodel" --out "$out" --vocab-from "$vocab" "$@" >/dev/null 2>&1 \
+    || { echo "SKIP: ds4-mkmodel could not write $out (disk space?)"; exit 77; }
 }
