@@ -14,6 +14,7 @@
 
 #include "shared/child_signals.h"
 #include "shared/error.h"
+#include "shared/fd_passing.h"
 #include "shared/log.h"
 
 namespace ds4::sup {
@@ -41,6 +42,40 @@ std::string describe_exit(int status) {
 }
 
 }  // namespace
+
+std::optional<GpuMemory> ask_holder_memory(const std::string& socket, std::chrono::milliseconds timeout) {
+  sockaddr_un addr{};
+  if (socket.size() >= sizeof(addr.sun_path)) return std::nullopt;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::nullopt;
+  timeval tv{};
+  tv.tv_sec = timeout.count() / 1000;
+  tv.tv_usec = (timeout.count() % 1000) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  std::string line;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const auto until = Clock::now() + timeout;
+    char buf[4096];
+    while (line.find('\n') == std::string::npos && line.size() < 64 * 1024 && Clock::now() < until) {
+      int image = -1;
+      const ssize_t n = recv_with_fd(fd, buf, sizeof buf, image);
+      if (image >= 0) ::close(image);  // the weights' descriptor: not ours to keep
+      if (n <= 0) break;
+      line.append(buf, size_t(n));
+    }
+  }
+  ::close(fd);
+  const size_t nl = line.find('\n');
+  if (nl == std::string::npos) return std::nullopt;
+  const nlohmann::json d = nlohmann::json::parse(line.substr(0, nl), nullptr, false);
+  if (!d.is_object() || !d.contains("device_free") || !d["device_free"].is_number_unsigned() ||
+      !d.contains("device_total") || !d["device_total"].is_number_unsigned())
+    return std::nullopt;
+  return GpuMemory{d["device_free"].get<uint64_t>(), d["device_total"].get<uint64_t>()};
+}
 
 bool nvidia_driver_present() {
   std::error_code ec;
@@ -230,6 +265,11 @@ void HolderKeeper::stop() {
   last_exit_ = describe_exit(st);
   pid_ = -1;
   ready_ = false;
+}
+
+std::optional<GpuMemory> HolderKeeper::device_memory() const {
+  if (!ready_ || pid_ <= 0) return std::nullopt;
+  return ask_holder_memory(s_.socket, std::chrono::milliseconds(500));
 }
 
 nlohmann::json HolderKeeper::status() const {

@@ -12,9 +12,12 @@
 /// copies the weights itself.
 
 #include "supervisor/asio.h"
+#include "supervisor/policy.h"
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 namespace ds4::sup {
@@ -30,6 +33,12 @@ struct HolderSettings {
 
 /// Whether this machine has an NVIDIA driver at all (for `device: auto`).
 bool nvidia_driver_present();
+
+/// Asks the holder on `socket` for its GPU's memory: its answer to any
+/// client (worker/cuda/holder.cuh) carries `device_free` and `device_total`;
+/// the weights' descriptor that comes with it is closed at once. nullopt when
+/// nobody answers within `timeout`, or the answer has no such figures.
+std::optional<GpuMemory> ask_holder_memory(const std::string& socket, std::chrono::milliseconds timeout);
 
 class HolderKeeper {
  public:
@@ -53,6 +62,10 @@ class HolderKeeper {
   void stop();
   nlohmann::json status() const;
   int device() const { return s_.device; }
+  /// The free memory of the holder's GPU now, with the weights on it: what a
+  /// GPU worker's first start goes by, before any worker reports a figure of
+  /// its own. nullopt when the holder is not ready (or cannot say).
+  std::optional<GpuMemory> device_memory() const;
 
  private:
   void spawn();

@@ -62,8 +62,9 @@ namespace {
 // for a worker on a GPU, that device's free memory. A GPU worker's plan takes
 // next to nothing of host memory, so a smaller one would free none there:
 // host readings (MemAvailable, PSI) do not move it, and the GPU's do.
-// On a GPU whose free memory is not known yet (no worker reported it), there
-// is nothing to go by: not low, not ample, and a start takes the largest rung.
+// On a GPU whose free memory is not known yet (no worker reported it, and no
+// weights holder said), there is nothing to go by: not low, not ample, and a
+// start takes the largest rung.
 bool on_gpu(const Readings& r) { return r.on_gpu || r.gpu_free; }
 bool room_known(const Readings& r) { return !on_gpu(r) || r.gpu_free; }
 Bytes room(const Readings& r) { return r.gpu_free ? *r.gpu_free : r.available; }

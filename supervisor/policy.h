@@ -61,11 +61,18 @@ struct PolicyConfig {
 struct Readings {
   Bytes available = 0;                // MemAvailable
   double psi_some_avg10 = 0;          // % of time some task stalled on memory
-  std::optional<Bytes> gpu_free;      // the worker's GPU (its control block record); for
-                                      // status: the tightest GPU any worker reports
+  std::optional<Bytes> gpu_free;      // the worker's GPU (its control block record, or
+                                      // before its first start the weights holder's);
+                                      // for status: the tightest GPU any worker reports
   std::optional<Bytes> gpu_total;     // that device's size
   bool on_gpu = false;                // the worker's plan lives on a GPU, even when
                                       // gpu_free is not known yet (its first start)
+};
+
+/// A GPU's memory, as one who has a context on it (its weights holder) sees it.
+struct GpuMemory {
+  Bytes free = 0;
+  Bytes total = 0;
 };
 
 /// What the supervisor sees of a running worker's liveness.

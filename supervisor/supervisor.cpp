@@ -160,6 +160,10 @@ void Supervisor::prepare() {
                                              manager_settings(config_, model_, runtime_dir_, health_->name()));
   manager_->set_proxy_stats(stats_);
   manager_->set_health_source(health_.get());
+  // A GPU worker's first start goes by the free memory the holder sees.
+  manager_->set_gpu_memory_source([this]() -> std::optional<GpuMemory> {
+    return holder_ ? holder_->device_memory() : std::nullopt;
+  });
   manager_->on_change([this] { maybe_ready(); });
   sweeper_->watch(*manager_);  // an old model's segment goes once its last worker has
   admin_ = std::make_unique<AdminServer>(io_, runtime_dir_ + "/admin.sock",

@@ -103,12 +103,20 @@ void WorkerManager::start() {
 
 void WorkerManager::start_worker(int id) {
   // Room for this one: what others still starting will take is not free yet.
-  // On a GPU: the free memory the workers running there report (none known
-  // before the first one runs: the policy then starts at the largest rung).
+  // On a GPU: the free memory the workers running there report; before the
+  // first one runs, what the weights holder sees (with the weights already
+  // on the GPU); with neither, the policy starts at the largest rung.
   Readings r = memory_.read();
   add_gpu_figures(r);
   r.on_gpu = s_.gpu_workers;
-  if (!r.on_gpu) r.gpu_free.reset();
+  if (!r.on_gpu) {
+    r.gpu_free.reset();
+  } else if (!r.gpu_free && gpu_memory_) {
+    if (const std::optional<GpuMemory> g = gpu_memory_()) {
+      r.gpu_free = g->free;
+      r.gpu_total = g->total;
+    }
+  }
   for (const auto& [oid, o] : slots_)
     if (oid != id && o.policy && o.policy->state() == WorkerState::starting) {
       const Bytes own = o.policy->own_bytes(o.policy->rung());

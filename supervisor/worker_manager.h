@@ -77,6 +77,10 @@ class WorkerManager : public WorkerRegistry {
   /// Heartbeats and socket probes (policy.hang_timeout > 0); null = none.
   /// Also the source of the GPU figures in last_readings(). Set before start().
   void set_health_source(HealthSource* health) { health_ = health; }
+  /// Where a GPU worker's start finds the GPU's free memory when no worker
+  /// reports it yet (the weights holder: supervisor/holder_keeper.h). Without
+  /// one, or when it cannot say, such a start takes the largest rung.
+  void set_gpu_memory_source(std::function<std::optional<GpuMemory>()> source) { gpu_memory_ = std::move(source); }
   const std::deque<EventRecord>& events() const { return events_; }
   /// The last memory reading, with the GPU figures of the workers' records now.
   Readings last_readings() const;
@@ -147,6 +151,7 @@ class WorkerManager : public WorkerRegistry {
   asio::steady_timer sampler_;
   asio::steady_timer health_timer_;
   HealthSource* health_ = nullptr;
+  std::function<std::optional<GpuMemory>()> gpu_memory_;
   Readings last_;
   bool stopping_ = false;
   std::function<void()> stopped_;

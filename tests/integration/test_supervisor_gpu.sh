@@ -9,7 +9,10 @@
 # worker reading the weights in place, and a reload back brings a holder
 # again (the proxy answering all the while it starts); a reload to
 # model.backing: memfd gives the holder the memfd; a clean stop takes the holder down too. The time from SIGKILL to ready is printed, not asserted
-# (bench/cuda_holder.sh measures it).
+# (bench/cuda_holder.sh measures it). The first start goes by the GPU's free
+# memory as the holder sees it: on a GPU another process has nearly filled, a
+# fresh supervisor starts its worker at the rung that fits, without a failed
+# start.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,8 +72,9 @@ fi
 first=$(sup_events | python3 -c '
 import json, sys
 print(next((e["reason"] for e in json.load(sys.stdin)["events"] if e["event"] == "start"), ""))')
-[[ $first == *"on a GPU whose free memory is not known yet: the largest rung"* ]] \
-  && pass "first start on the GPU, not by host memory: $first" || fail "first start: '$first'"
+[[ $first == *"largest rung that fits: needs "*" free on the GPU − "* ]] \
+  && pass "first start by the GPU's free memory (the holder's figure), not by host memory: $first" \
+  || fail "first start: '$first'"
 grep -q 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker maps the holder's weights" \
   || fail "no worker on the holder's weights in the log: $(grep -i 'weights\|cuda' "$SUP_DIR/sup.log" | tail -5)"
 url=$(sup_proxy_url)
@@ -199,4 +203,62 @@ hpid=$(sup_get 's["holder"]["pid"]')
 sup_stop
 [[ $SUP_RC == 0 ]] && pass "SIGTERM: clean exit" || fail "supervisor exit status $SUP_RC"
 kill -0 "$hpid" 2>/dev/null && fail "holder $hpid still running after the supervisor stopped" || pass "holder stopped with the supervisor"
+
+# A fresh start on a GPU that another process has nearly filled: the first
+# start already takes the rung that fits the GPU's free memory (the holder's
+# figure), instead of trying the largest and failing (exit 75) first. The
+# largest rung, 16M tokens x 2 slots, needs tens of GB whatever the model.
+if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  rm -f "$SUP_DIR/hog"
+  python3 - "$SUP_DIR/hog" <<'PY' &
+import sys, time, torch
+free, _ = torch.cuda.mem_get_info()
+hog = torch.empty(max(free - 4 * 2**30, 0), dtype=torch.uint8, device="cuda")
+open(sys.argv[1], "w").write(f"{hog.numel() >> 20} MiB")
+time.sleep(300)
+PY
+  hog=$!
+  for _ in $(seq 1 600); do [[ -s $SUP_DIR/hog ]] && break; kill -0 $hog 2>/dev/null || break; sleep 0.1; done
+  if [[ -s $SUP_DIR/hog ]]; then
+    cat >"$SUP_DIR/full.yaml" <<YAML
+model:
+  path: $model
+proxy:
+  listen: 127.0.0.1:0
+workers:
+  backend: process
+  device: cuda:0
+  slots: 2
+  context:
+    ladder: [16777216, 256]
+  reserve: 64MiB
+headroom:
+  min_available: 256MiB
+  step_up_after: 0
+gpu:
+  weights: device
+YAML
+    if ! sup_start "$SUP_DIR/full.yaml"; then
+      fail "supervisor did not start on the nearly full GPU"
+    elif sup_wait 120 'w[0]["state"] == "ready"'; then
+      [[ $(sup_get 'w[0]["context"]') == 256 && $(sup_get 'w[0]["restarts"]') == 0 ]] \
+        && pass "another process holds $(cat "$SUP_DIR/hog") of the GPU: the worker's first start is at 256, no failed start" \
+        || fail "on the nearly full GPU: context $(sup_get 'w[0]["context"]'), restarts $(sup_get 'w[0]["restarts"]')"
+      decisions=$(sup_events | python3 -c '
+import json, sys
+print(" | ".join(e["event"] + ": " + e["reason"] for e in json.load(sys.stdin)["events"]))')
+      [[ $decisions == "start: largest rung that fits: needs "*" free on the GPU − 64.0 MiB reserve" ]] \
+        && pass "one decision, by the GPU's free memory: $decisions" || fail "decisions: '$decisions'"
+      [[ $(complete "$(sup_proxy_url)") == "$before" ]] && pass "same greedy answer at 256" || fail "no answer at 256"
+    else
+      fail "worker not ready on the nearly full GPU: $(sup_status | tr -d '\n' | cut -c1-600)"
+    fi
+    sup_stop
+  else
+    fail "the process taking GPU memory did not start"
+  fi
+  kill $hog 2>/dev/null; wait $hog 2>/dev/null
+else
+  echo "skip - no PyTorch with CUDA here to fill the GPU: the first start on a nearly full GPU did not run"
+fi
 sup_finish

@@ -3,7 +3,10 @@
 // (tests/integration/test_supervisor_gpu.sh runs it on one).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,8 +14,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "shared/error.h"
+#include "shared/fd_passing.h"
 #include "supervisor/holder_keeper.h"
 
 using namespace ds4::sup;
@@ -171,4 +176,113 @@ TEST_CASE("holder keeper: change_segment replaces the holder without blocking; t
   CHECK(k.status()["state"] == "ready");
   CHECK(k.status()["pid"].get<int>() != old_pid);
   k.stop();
+}
+
+namespace {
+
+/// A holder's socket in this process: answers `answers` clients with `line`
+/// and a pipe's descriptor attached, as the real holder sends its weights'.
+struct LineHolder {
+  std::string dir, socket;
+  int listener = -1;
+  std::thread thread;
+  LineHolder(std::string line, int answers) {
+    char tmpl[] = "/tmp/ds4-holder-line.XXXXXX";
+    REQUIRE(mkdtemp(tmpl));
+    dir = tmpl;
+    socket = dir + "/holder.sock";
+    listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, socket.c_str());
+    REQUIRE(::bind(listener, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listener, 4) == 0);
+    thread = std::thread([this, line, answers] {
+      for (int i = 0; i < answers; ++i) {
+        const int c = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) return;
+        int p[2];
+        if (::pipe2(p, O_CLOEXEC) == 0) {
+          ds4::send_with_fd(c, line, p[0]);
+          ::close(p[0]);
+          ::close(p[1]);
+        }
+        ::close(c);
+      }
+    });
+  }
+  /// Until it has answered its clients (and closed what it sent).
+  void wait() {
+    if (thread.joinable()) thread.join();
+  }
+  ~LineHolder() {
+    ::shutdown(listener, SHUT_RDWR);
+    wait();
+    ::close(listener);
+    fs::remove_all(dir);
+  }
+};
+
+int open_fds() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("holder keeper: the holder's answer gives its GPU's free memory; its descriptor is not kept") {
+  SUBCASE("figures") {
+    LineHolder h(R"({"ev":"weights","device_free":123456789,"device_total":987654321,"pid":1})" "\n", 1);
+    const int before = open_fds();
+    const auto m = ask_holder_memory(h.socket, std::chrono::milliseconds(1000));
+    h.wait();  // its own ends of the pipe and the connection are closed too
+    REQUIRE(m);
+    CHECK(m->free == 123456789u);
+    CHECK(m->total == 987654321u);
+    CHECK(open_fds() == before);  // the weights' descriptor that came along is closed
+  }
+  SUBCASE("a holder that cannot say (an older one, or CUDA failed): none") {
+    LineHolder h(R"({"ev":"weights","pid":1})" "\n", 1);
+    CHECK_FALSE(ask_holder_memory(h.socket, std::chrono::milliseconds(1000)));
+  }
+  SUBCASE("not JSON, or wrong types: none") {
+    LineHolder h("{\"device_free\":\"lots\",\"device_total\":1}\nnot json\n", 1);
+    CHECK_FALSE(ask_holder_memory(h.socket, std::chrono::milliseconds(1000)));
+  }
+  SUBCASE("nobody there: none, at once") {
+    CHECK_FALSE(ask_holder_memory("/tmp/ds4-no-such-holder.sock", std::chrono::milliseconds(1000)));
+  }
+  SUBCASE("a holder that never answers: none, within the timeout") {
+    LineHolder h("", 0);  // listens, never accepts
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_FALSE(ask_holder_memory(h.socket, std::chrono::milliseconds(200)));
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  }
+}
+
+TEST_CASE("holder keeper: device_memory asks the holder once it is ready") {
+  // A stand-in holder that answers every client with its figures.
+  FakeHolder f(0, "#!/usr/bin/env python3\n"
+                  "import os, socket, sys\n"
+                  "path = sys.argv[sys.argv.index('--socket') + 1]\n"
+                  "s = socket.socket(socket.AF_UNIX)\n"
+                  "s.bind(path)\n"
+                  "s.listen(8)\n"
+                  "while True:\n"
+                  "    c, _ = s.accept()\n"
+                  "    try: c.sendall(b'{\"ev\":\"weights\",\"device_free\":5000,\"device_total\":8000}\\n')\n"
+                  "    except OSError: pass  # the keeper's readiness probe does not read\n"
+                  "    c.close()\n");
+  asio::io_context io;
+  HolderKeeper k(io, f.settings);
+  CHECK_FALSE(k.device_memory());  // not started: nobody to ask
+  k.start();
+  REQUIRE(k.status()["state"] == "ready");
+  const auto m = k.device_memory();
+  REQUIRE(m);
+  CHECK(m->free == 5000u);
+  CHECK(m->total == 8000u);
+  k.stop();
+  CHECK_FALSE(k.device_memory());
 }

@@ -117,6 +117,73 @@ TEST_CASE("manager: start, OOM one rung down, status and registry") {
   CHECK(m.events()[1].decision.event == "oom");
 }
 
+TEST_CASE("manager: a GPU worker's first start goes by the free memory the weights holder sees") {
+  asio::io_context io;
+  FakeBackend be;
+  FakeMemory mem;
+  mem.available = 64 * 1024 * MiB;  // the host's memory plays no part for a GPU worker
+  ManagerSettings s = settings(2);
+  s.gpu_workers = true;
+  int asked = 0;
+  SUBCASE("the holder says: the largest rung that fits, the second worker counting the first's plan") {
+    WorkerManager m(io, be, mem, s);
+    m.set_gpu_memory_source([&]() -> std::optional<GpuMemory> {
+      ++asked;
+      return GpuMemory{1200 * MiB, 8192 * MiB};  // 2048 (1000) fits with the 100 reserve; two do not
+    });
+    m.start();
+    REQUIRE(be.starts.size() == 2);
+    CHECK(asked == 2);
+    CHECK(be.starts[0].context == 2048);
+    CHECK(be.starts[1].context == 256);
+    REQUIRE(m.events().size() == 2);
+    CHECK(m.events()[0].decision.reason.find("largest rung that fits: needs 1000") != std::string::npos);
+    CHECK(m.events()[0].decision.reason.find("free on the GPU") != std::string::npos);
+    CHECK(m.events()[1].decision.reason.find("no rung fits") == std::string::npos);
+  }
+  SUBCASE("the holder says too little for the largest rung: the first start is already one lower") {
+    ManagerSettings one = settings(1);
+    one.gpu_workers = true;
+    WorkerManager g(io, be, mem, one);
+    g.set_gpu_memory_source([&]() -> std::optional<GpuMemory> { return GpuMemory{600 * MiB, 8192 * MiB}; });
+    g.start();
+    REQUIRE(be.starts.size() == 1);
+    CHECK(be.starts[0].context == 256);
+  }
+  SUBCASE("nobody can say (no holder, or it does not answer): the largest rung, as before") {
+    WorkerManager m(io, be, mem, s);
+    m.set_gpu_memory_source([&]() -> std::optional<GpuMemory> { ++asked; return std::nullopt; });
+    m.start();
+    REQUIRE(be.starts.size() == 2);
+    CHECK(asked == 2);
+    CHECK(be.starts[0].context == 2048);
+    CHECK(be.starts[1].context == 2048);
+    CHECK(m.events()[0].decision.reason.find("not known yet") != std::string::npos);
+  }
+  SUBCASE("a worker that reports its GPU's memory is what counts; the holder is not asked") {
+    FakeHealth health;
+    health.io = &io;
+    s.control = "/ds4-control-test";
+    WorkerManager m(io, be, mem, s);
+    m.set_health_source(&health);
+    m.set_gpu_memory_source([&]() -> std::optional<GpuMemory> { ++asked; return GpuMemory{8192 * MiB, 8192 * MiB}; });
+    // Worker 0 runs already (a restarted supervisor adopts it) and reports
+    // its GPU; worker 1 starts.
+    be.running = {AdoptedWorker{0, 42, 2048, "/run/test/worker-0.sock", 0}};
+    control::Snapshot rec;
+    rec.pid = 42;
+    rec.heartbeat_ns = health.clock_ns;
+    rec.gpu_free = 700ull * MiB;  // room for a 256 worker only
+    rec.gpu_total = 8192ull * MiB;
+    health.records[0] = rec;
+    m.start();
+    REQUIRE(be.starts.size() == 1);
+    CHECK(be.starts[0].id == 1);
+    CHECK(asked == 0);
+    CHECK(be.starts[0].context == 256);
+  }
+}
+
 TEST_CASE("manager: a second worker starting counts the first one's plan as taken") {
   asio::io_context io;
   FakeBackend be;

@@ -173,7 +173,7 @@ struct CudaHolder::Impl {
   cuda::ImageLayout layout;
   std::unique_ptr<cuda::VmmAllocation> image;
   cuda::Fd image_fd, listener, stop_event;
-  std::string desc;  // one line, sent to every client
+  nlohmann::json desc;  // sent to every client, with the device's free memory of the moment
 
   void answer(int client);
 };
@@ -213,9 +213,7 @@ CudaHolder::CudaHolder(const Model& model, int device, const std::string& socket
                           {"bytes", m.image->size()},
                           {"image_bytes", m.layout.total},
                           {"layout_hash", cuda::hex64(m.layout.hash)},
-                          {"pid", int64_t(getpid())}}
-               .dump() +
-           "\n";
+                          {"pid", int64_t(getpid())}};
 
   // The socket's folder (the runtime dir's ds4/), private to the user.
   if (const size_t slash = socket_path.rfind('/'); slash != std::string::npos && slash > 0)
@@ -246,9 +244,19 @@ std::string CudaHolder::status() const {
 
 void CudaHolder::Impl::answer(int client) {
   cuda::set_timeouts(client, 1000);
+  // The device's memory as it is now: the supervisor asks before it starts a
+  // worker that has no figure of its own yet, to pick the rung that fits.
+  nlohmann::json d = desc;
+  size_t free = 0, total = 0;
+  if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free, &total) == cudaSuccess) {
+    d["device_free"] = uint64_t(free);
+    d["device_total"] = uint64_t(total);
+  } else {
+    cudaGetLastError();  // not sticky: the offer itself does not depend on it
+  }
   // A client that left first (EPIPE, ECONNRESET: a probe, a worker killed
   // while asking) is no news.
-  if (!cuda::send_line_with_fd(client, desc, image_fd.get()) && errno != EPIPE && errno != ECONNRESET)
+  if (!cuda::send_line_with_fd(client, d.dump() + "\n", image_fd.get()) && errno != EPIPE && errno != ECONNRESET)
     log::warn("holder: cannot answer a client on " + socket_path + ": " + cuda::errno_text() + ", ignoring");
 }
 

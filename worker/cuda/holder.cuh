@@ -7,7 +7,9 @@
 // Description: {"ev":"weights", "version": kImageLayoutVersion,
 //   "model_key": ..., "segment": ..., "device_uuid": 32 hex digits,
 //   "bytes": allocation size, "image_bytes": layout total,
-//   "layout_hash": 16 hex digits, "pid": holder pid}
+//   "layout_hash": 16 hex digits, "pid": holder pid,
+//   "device_free", "device_total": the device's memory when it answered,
+//   bytes (absent when CUDA could not say)}
 
 #include <string>
 
