@@ -6,6 +6,8 @@
 
 #ifdef DS4_HAVE_CUDA
 
+#include <cuda_runtime.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -514,6 +516,83 @@ TEST_CASE("cuda: a step launched kernel by kernel reads between its layers, not 
     const auto next = std::find(order.begin(), order.end(), "l_out " + std::to_string(l + 1));
     REQUIRE(at < next);
     CHECK(std::find(at, next, "read") != next);
+  }
+}
+
+namespace {
+
+/// What the process writes to stderr while `f` runs (the backend's warnings).
+template <class F>
+std::string stderr_of(F&& f) {
+  char path[] = "/tmp/ds4-stderr.XXXXXX";
+  const int tmp = mkstemp(path);
+  REQUIRE(tmp >= 0);
+  ::unlink(path);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(tmp, 2);
+  f();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string out(size_t(::lseek(tmp, 0, SEEK_END)), '\0');
+  if (::pread(tmp, out.data(), out.size(), 0) != ssize_t(out.size())) out.clear();
+  ::close(tmp);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: on a full GPU a step that would need a new graph runs without one, with the same tokens") {
+  // A worker's plan (KV cache, scratch) is reserved at start; a CUDA graph's
+  // instantiation takes device memory outside it. Once the GPU has none, a
+  // step of a shape not captured yet must launch kernel by kernel, not fail.
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  const std::vector<std::string> prompts{"Once upon a time", "Lily and Ben went"};
+  std::vector<std::vector<int32_t>> cpu_out;
+  {
+    auto cpu = make_cpu_backend(f.model, 2);
+    for (const auto& p : prompts) cpu_out.push_back(generate(*cpu, {256, 1, 64}, {p}, 40)[0]);
+  }
+  auto gpu = make_cuda_backend(f.model, 0);
+  const EngineShape shape{256, 2, 64};
+  gpu->reserve(shape);
+  // Take every byte the device still gives, down to 4 KiB pieces.
+  std::vector<void*> taken;
+  size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  for (size_t piece = free; piece >= 4096;) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, piece) == cudaSuccess) {
+      taken.push_back(p);
+    } else {
+      cudaGetLastError();
+      piece /= 2;
+    }
+  }
+  cudaMemGetInfo(&free, &total);
+  std::vector<std::shared_ptr<Collect>> sinks;
+  const std::string said = stderr_of([&] {
+    Engine engine(*gpu, f.model.hp(), f.tok.eos(), shape);
+    for (const auto& p : prompts) {
+      GenerateRequest r;
+      r.prompt = f.tok.encode(p, true);
+      r.max_tokens = 40;
+      r.sampling.temperature = 0;
+      r.ignore_eos = true;
+      sinks.push_back(std::make_shared<Collect>());
+      engine.submit(r, sinks.back());
+    }
+    engine.run_until_idle();
+  });
+  for (void* p : taken) cudaFree(p);
+  MESSAGE("device memory left while it ran: " << free / 1024 << " KiB; the backend said: " << said);
+  CHECK(said.find("no device memory left for another CUDA graph") != std::string::npos);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(prompts[i]);
+    CHECK(sinks[i]->error == "");
+    CHECK(sinks[i]->tokens == cpu_out[i]);
   }
 }
 

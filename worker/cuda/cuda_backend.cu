@@ -101,6 +101,10 @@ class CudaBackend final : public Backend {
   /// `reads`: how many times a layer the worker reads its socket meanwhile
   /// (0 while a graph is captured).
   void enqueue(int T, int rows, int reads);
+  /// Launches the step of (T, rows) as its graph, captured now if it is new.
+  /// False, with nothing launched, when the GPU has no memory for the graph.
+  bool launch_graph(int T, int rows);
+  void no_room_for_graphs(int T, int rows);
   void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
   __half* k_cache(int layer) const {
     return kv_.as<__half>() + int64_t(layer) * shape_.slots * shape_.ctx * hp_.kv_dim();
@@ -138,6 +142,11 @@ class CudaBackend final : public Backend {
   // kMaxGraphs shapes (a decode step of n slots is (n, n); prefill chunks
   // add others); past that a new shape is launched.
   static constexpr size_t kMaxGraphs = 256;
+  // A graph's instantiation takes device memory outside the plan (reserve()
+  // does not count it). When the GPU has none left for one, steps of shapes
+  // not captured yet launch kernel by kernel from then on: the worker keeps
+  // serving rather than failing a step for an optimisation.
+  bool graphs_full_ = false;
   int graph_tokens_ = cuda::kMaxGemvTokens;  // DS4_CUDA_GRAPH_TOKENS (see NOTES.md: 64 halves c=32 latency, but captures cost p99)
   int step_reads_ = 2;  // reads a layer in a launched step: after the attention and after the layer (DS4_CUDA_STEP_READS)
   TraceFn trace_;
@@ -408,6 +417,51 @@ std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
   return TokenLogprob{p.token, p.logprob};
 }
 
+
+bool CudaBackend::launch_graph(int T, int rows) {
+  cudaGraphExec_t& exec = graphs_[{T, rows}];
+  if (!exec) {
+    cudaGraph_t graph = nullptr;
+    DS4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      enqueue(T, rows, 0);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      graphs_.erase({T, rows});
+      throw;
+    }
+    DS4_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      graphs_.erase({T, rows});
+      if (e != cudaErrorMemoryAllocation) DS4_CUDA_CHECK(e);
+      cudaGetLastError();  // not sticky: the device is fine, only full
+      no_room_for_graphs(T, rows);
+      return false;
+    }
+  }
+  const cudaError_t e = cudaGraphLaunch(exec, stream_);
+  if (e == cudaErrorMemoryAllocation) {  // its first launch uploads it
+    cudaGetLastError();
+    cudaGraphExecDestroy(exec);
+    graphs_.erase({T, rows});
+    no_room_for_graphs(T, rows);
+    return false;
+  }
+  DS4_CUDA_CHECK(e);
+  return true;
+}
+
+void CudaBackend::no_room_for_graphs(int T, int rows) {
+  graphs_full_ = true;
+  log::warn("cuda:" + std::to_string(device_) + ": no device memory left for another CUDA graph (a step of " +
+                std::to_string(T) + " tokens, " + std::to_string(rows) + " logit rows): steps not captured yet " +
+                "launch kernel by kernel from now on",
+            {{"DS4_GRAPHS", std::to_string(graphs_.size())}});
+}
+
 void CudaBackend::forward(std::span<const BatchToken> batch) {
   const int T = int(batch.size());
   if (T == 0) return;
@@ -425,32 +479,8 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
   rows_ = 0;  // until the step is done
   auto captured = graphs_.find({T, rows});
   const bool replay = use_graphs_ && !trace_ && T <= graph_tokens_ &&
-                      (captured != graphs_.end() || graphs_.size() < kMaxGraphs);
-  if (!replay) {
-    enqueue(T, rows, step_reads_);
-  } else {
-    cudaGraphExec_t& exec = captured != graphs_.end() ? captured->second : graphs_[{T, rows}];
-    if (!exec) {
-      cudaGraph_t graph = nullptr;
-      DS4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      try {
-        enqueue(T, rows, 0);
-      } catch (...) {
-        cudaStreamEndCapture(stream_, &graph);
-        if (graph) cudaGraphDestroy(graph);
-        graphs_.erase({T, rows});
-        throw;
-      }
-      DS4_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-      cudaGraphDestroy(graph);
-      if (e != cudaSuccess) {
-        graphs_.erase({T, rows});
-        DS4_CUDA_CHECK(e);
-      }
-    }
-    DS4_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-  }
+                      (captured != graphs_.end() || (graphs_.size() < kMaxGraphs && !graphs_full_));
+  if (!replay || !launch_graph(T, rows)) enqueue(T, rows, step_reads_);
   // The pinned batch is rewritten by the next step and the picks are read
   // after this returns: wait for the step.
   for (;;) {
