@@ -989,6 +989,22 @@ Segment Segment::attach_fd(int fd, const std::string& name) {
 const std::string& Segment::name() const { return impl_->name; }
 Backing Segment::backing() const { return impl_->backing; }
 Identity Segment::identity() const { return header_identity(*impl_->header); }
+
+std::optional<std::string> Segment::identity_mismatch() const {
+  const SegmentHeader& h = *impl_->header;
+  const auto* base = static_cast<const uint8_t*>(impl_->region.addr);
+  if (fnv1a(base + h.blob_offset, size_t(h.blob_bytes)) != h.header_hash)
+    return "the GGUF header it keeps does not hash to the identity it records (corrupt)";
+  const std::string_view named = base_name(impl_->name);
+  constexpr std::string_view kPrefix = "ds4-model-";
+  const bool loader_name = named.size() == kPrefix.size() + 16 && named.starts_with(kPrefix) &&
+                           named.substr(kPrefix.size()).find_first_not_of("0123456789abcdef") == std::string_view::npos;
+  const Identity id = identity();
+  if (loader_name && segment_name(id) != named)
+    return "it holds " + id.path + " (" + std::to_string(id.size) + " bytes, mtime " + std::to_string(id.mtime_ns) +
+           " ns), whose segment is " + segment_name(id) + ", not " + std::string(named);
+  return std::nullopt;
+}
 uint64_t Segment::bytes() const { return impl_->header->total_bytes; }
 uint64_t Segment::weight_bytes() const { return impl_->header->data_bytes; }
 const gguf::File& Segment::metadata() const { return impl_->metadata; }

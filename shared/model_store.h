@@ -194,6 +194,13 @@ class Segment {
   const std::string& name() const;
   Backing backing() const;
   Identity identity() const;
+  /// Whether it holds the model its header names: the GGUF header it keeps
+  /// hashes to the recorded header hash, and a segment named as the loader
+  /// names them ("ds4-model-<16 hex digits>", a memfd's too) has the name
+  /// that identity gives. nullopt when it does; else why not. Other names
+  /// (tests give their own) are not checked. A worker refuses a segment that
+  /// fails this (DESIGN.md: magic, layout version and model identity).
+  std::optional<std::string> identity_mismatch() const;
   uint64_t bytes() const;          // whole segment
   uint64_t weight_bytes() const;   // the tensor data region (tensors and their alignment padding)
   /// Metadata parsed from the header blob (tensor_data() of it is not usable:

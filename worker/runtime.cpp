@@ -1,11 +1,16 @@
 #include "worker/runtime.h"
 
+#include "shared/error.h"
 #include "shared/segment_socket.h"
 
 namespace ds4 {
 
 std::unique_ptr<const LoadedModel> attach_model(const std::string& handle, const std::string& segment_socket) {
-  return bind_model(store::open_segment(handle, segment_socket));
+  store::Segment seg = store::open_segment(handle, segment_socket);
+  if (const auto why = seg.identity_mismatch())
+    throw Error("model segment " + handle + " is not the model it names: " + *why +
+                "; the supervisor rebuilds it when it loads the model (restart it, or remove the segment)");
+  return bind_model(std::move(seg));
 }
 
 std::unique_ptr<const LoadedModel> bind_model(store::Segment seg) {

@@ -19,7 +19,9 @@ struct LoadedModel {
 
 /// Attaches a ready segment read-only and binds the model in it: a named one,
 /// or a memfd one ("memfd:<name>") whose descriptor the supervisor serves on
-/// `segment_socket` (shared/segment_socket.h).
+/// `segment_socket` (shared/segment_socket.h). Besides the segment's own
+/// checks (magic, layout version, state) it must hold the model it names
+/// (Segment::identity_mismatch); ds4::Error says what is wrong otherwise.
 std::unique_ptr<const LoadedModel> attach_model(const std::string& handle, const std::string& segment_socket);
 /// Binds the model in an attached segment.
 std::unique_ptr<const LoadedModel> bind_model(store::Segment segment);

@@ -28,6 +28,7 @@
 #include "shared/gguf_writer.h"
 #include "shared/model_store.h"
 #include "shared/progress.h"
+#include "worker/runtime.h"
 
 using namespace ds4;
 using namespace ds4::store;
@@ -712,4 +713,56 @@ TEST_CASE("store: fd_mapped_by_some_process finds a memfd's mappings") {
   CHECK_FALSE(fd_mapped_by_some_process()(r.fd->get()));
   const Segment seg = Segment::attach_fd(r.fd->get(), r.name);
   CHECK(fd_mapped_by_some_process()(r.fd->get()));
+}
+
+TEST_CASE("store: a worker refuses a segment that is not the model it names") {
+  SUBCASE("the loader's own segment holds the model its name says") {
+    // A copy of the model at a path of this test's own: the name the loader
+    // gives it (segment_name of its identity) is no real segment's.
+    const std::string copy = temp_path("identity.gguf");
+    std::filesystem::copy_file(kStories, copy, std::filesystem::copy_options::overwrite_existing);
+    SegmentGuard g(segment_name(identify(copy)));
+    LoadOptions opts;
+    const LoadResult r = load(copy, opts);
+    CHECK(r.name == g.name);
+    std::filesystem::remove(copy);
+    const Segment seg = Segment::attach(r.name);
+    CHECK(seg.identity_mismatch() == std::nullopt);
+    CHECK(attach_model(r.name, "")->model.hp().n_vocab > 0);
+  }
+  SUBCASE("a loader-style name that another model's identity does not give") {
+    char name[32];
+    std::snprintf(name, sizeof name, "ds4-model-%016llx", 0xd5400000000ull + unsigned(::getpid()));
+    SegmentGuard g(name);
+    LoadOptions opts;
+    opts.name = g.name;
+    load(kStories, opts);
+    const auto why = Segment::attach(g.name).identity_mismatch();
+    REQUIRE(why);
+    const Identity id = identify(kStories);
+    CHECK(*why == "it holds " + id.path + " (" + std::to_string(id.size) + " bytes, mtime " +
+                      std::to_string(id.mtime_ns) + " ns), whose segment is " + segment_name(id) + ", not " + g.name);
+    CHECK_THROWS_WITH(attach_model(g.name, ""),
+                      doctest::Contains(doctest::String(("model segment " + g.name + " is not the model it names: it holds").c_str())));
+  }
+  SUBCASE("a GGUF header that does not hash to the recorded identity") {
+    SegmentGuard g(test_name("identity"));
+    LoadOptions opts;
+    opts.name = g.name;
+    load(kStories, opts);
+    {
+      RawSegment raw(g.name);
+      raw.header->header_hash ^= 1;
+    }
+    CHECK(Segment::attach(g.name).identity_mismatch() ==
+          std::optional<std::string>("the GGUF header it keeps does not hash to the identity it records (corrupt)"));
+    CHECK_THROWS_WITH(attach_model(g.name, ""), doctest::Contains("is not the model it names: the GGUF header"));
+  }
+  SUBCASE("test names are not checked against the identity") {
+    SegmentGuard g(test_name("named"));
+    LoadOptions opts;
+    opts.name = g.name;
+    load(kStories, opts);
+    CHECK(Segment::attach(g.name).identity_mismatch() == std::nullopt);
+  }
 }
