@@ -194,12 +194,13 @@ class Segment {
   const std::string& name() const;
   Backing backing() const;
   Identity identity() const;
-  /// Whether it holds the model its header names: the GGUF header it keeps
-  /// hashes to the recorded header hash, and a segment named as the loader
-  /// names them ("ds4-model-<16 hex digits>", a memfd's too) has the name
-  /// that identity gives. nullopt when it does; else why not. Other names
-  /// (tests give their own) are not checked. A worker refuses a segment that
-  /// fails this (DESIGN.md: magic, layout version and model identity).
+  /// Whether it holds the model its name says: a segment named as the loader
+  /// names them ("ds4-model-<16 hex digits>", a memfd's too) must have the
+  /// name its header's identity (path, size, mtime, header hash) gives.
+  /// nullopt when it does; else why not. Other names (tests give their own)
+  /// are not checked. A worker refuses a segment that fails this (DESIGN.md:
+  /// magic, layout version and model identity). It costs a few hashed bytes,
+  /// not a pass over the GGUF header: a worker's restart stays milliseconds.
   std::optional<std::string> identity_mismatch() const;
   uint64_t bytes() const;          // whole segment
   uint64_t weight_bytes() const;   // the tensor data region (tensors and their alignment padding)
