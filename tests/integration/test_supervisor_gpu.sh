@@ -43,6 +43,38 @@ except urllib.error.HTTPError as e:
 PY
 }
 unset DBUS_SESSION_BUS_ADDRESS
+# Another process (PyTorch) takes the GPU's free memory but $2 bytes, or with
+# $2 = all every MiB it can get, and holds it for 5 minutes; it writes what it
+# took to $1 once it has it. $HOG is its pid; false when it did not get there.
+gpu_take() {
+  local out=$1
+  rm -f "$out"
+  python3 - "$out" "$2" <<'PY' &
+import sys, time, torch
+out, leave = sys.argv[1], sys.argv[2]
+free = torch.cuda.mem_get_info()[0]
+if leave == "all":
+    blocks, size = [], free
+    while size >= 2**20:
+        try:
+            blocks.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        except RuntimeError:
+            size //= 2
+    left = torch.cuda.mem_get_info()[0]
+    open(out, "w").write(f"{sum(b.numel() for b in blocks) >> 20} MiB more, {left >> 10} KiB left")
+else:
+    hog = torch.empty(max(free - int(leave), 0), dtype=torch.uint8, device="cuda")
+    open(out, "w").write(f"{hog.numel() >> 20} MiB")
+time.sleep(300)
+PY
+  HOG=$!
+  for _ in $(seq 1 600); do
+    [[ -s $out ]] && return 0
+    kill -0 $HOG 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
 
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
@@ -111,16 +143,8 @@ again=$(complete "$url")
 # Another process takes all but 1.5 GiB of the GPU's memory: below min_available
 # (2 GiB) on the GPU while the host has plenty.
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  python3 - "$SUP_DIR/hog" <<'PY' &
-import sys, time, torch
-free, _ = torch.cuda.mem_get_info()
-hog = torch.empty(max(free - 3 * 2**29, 0), dtype=torch.uint8, device="cuda")
-open(sys.argv[1], "w").write(f"{hog.numel() >> 20} MiB")
-time.sleep(300)
-PY
-  hog=$!
-  for _ in $(seq 1 600); do [[ -s $SUP_DIR/hog ]] && break; kill -0 $hog 2>/dev/null || break; sleep 0.1; done
-  if [[ -s $SUP_DIR/hog ]]; then
+  if gpu_take "$SUP_DIR/hog" $((3 * 2 ** 29)); then
+    hog=$HOG
     if sup_wait 60 'w[0]["context"] == 256 and w[0]["state"] == "ready"'; then
       pass "another process took $(cat "$SUP_DIR/hog") of the GPU: the worker went one rung lower, ready at 256"
     else
@@ -139,7 +163,7 @@ print(next((e["reason"] for e in json.load(sys.stdin)["events"] if e["event"] ==
       fail "no step up with the GPU's memory back: $(sup_status | tr -d '\n' | cut -c1-600)"
     fi
   else
-    fail "the process taking GPU memory did not start"; kill $hog 2>/dev/null
+    fail "the process taking GPU memory did not start"; kill $HOG 2>/dev/null
   fi
 else
   echo "skip - no PyTorch with CUDA here to take the GPU's memory: the GPU headroom check did not run"
@@ -210,16 +234,8 @@ kill -0 "$hpid" 2>/dev/null && fail "holder $hpid still running after the superv
 # figure), instead of trying the largest and failing (exit 75) first. The
 # largest rung, 16M tokens x 2 slots, needs tens of GB whatever the model.
 if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  rm -f "$SUP_DIR/hog"
-  python3 - "$SUP_DIR/hog" <<'PY' &
-import sys, time, torch
-free, _ = torch.cuda.mem_get_info()
-hog = torch.empty(max(free - 4 * 2**30, 0), dtype=torch.uint8, device="cuda")
-open(sys.argv[1], "w").write(f"{hog.numel() >> 20} MiB")
-time.sleep(300)
-PY
-  hog=$!
-  for _ in $(seq 1 600); do [[ -s $SUP_DIR/hog ]] && break; kill -0 $hog 2>/dev/null || break; sleep 0.1; done
+  gpu_take "$SUP_DIR/hog" $((4 * 2 ** 30))
+  hog=$HOG
   if [[ -s $SUP_DIR/hog ]]; then
     cat >"$SUP_DIR/full.yaml" <<YAML
 model:
@@ -257,20 +273,8 @@ print(" | ".join(e["event"] + ": " + e["reason"] for e in json.load(sys.stdin)["
       # plan: where none is left it launches that step kernel by kernel
       # instead of failing it (and dying).
       pid=$(sup_get 'w[0]["pid"]')
-      python3 - "$SUP_DIR/fill" <<'PY' &
-import sys, time, torch
-blocks, size = [], torch.cuda.mem_get_info()[0]
-while size >= 2**20:
-    try:
-        blocks.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-    except RuntimeError:
-        size //= 2
-left = torch.cuda.mem_get_info()[0]
-open(sys.argv[1], "w").write(f"{sum(b.numel() for b in blocks) >> 20} MiB more, {left >> 10} KiB left")
-time.sleep(300)
-PY
-      fill=$!
-      for _ in $(seq 1 600); do [[ -s $SUP_DIR/fill ]] && break; kill -0 $fill 2>/dev/null || break; sleep 0.1; done
+      gpu_take "$SUP_DIR/fill" all || fail "the process filling the GPU did not get there"
+      fill=$HOG
       both=$(python3 - "$(sup_proxy_url)/v1/completions" "$model_name" <<'PY'
 import json, sys, threading, urllib.request
 out = [None, None]
