@@ -417,7 +417,6 @@ std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
   return TokenLogprob{p.token, p.logprob};
 }
 
-
 bool CudaBackend::launch_graph(int T, int rows) {
   cudaGraphExec_t& exec = graphs_[{T, rows}];
   if (!exec) {
