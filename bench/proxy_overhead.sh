@@ -22,6 +22,9 @@
 # wake-ups (voluntary context switches) of each proxy and worker thread that
 # ran (busiest first): the supervisor process holds the proxy, its child the
 # worker; and the same of nginx's worker process in the runs through it.
+# Last, two verdict lines: the issue's goal (ds4 added at or below nginx
+# added) at each concurrency and percentile, and the same with ds4's figure
+# measured over the engine alone.
 # Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE
 # (the workers' device: auto, cpu, cuda), DS4_BUSY_POLL (proxy.busy_poll: auto,
 # off, 100us), DS4_WORKER_BUSY_POLL (workers.busy_poll, the same), DS4_CLIENT_THREADS (the client's threads for runs (a) and (b),
@@ -146,6 +149,7 @@ def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
 
+goal = []  # (what, ds4's figure, nginx's figure)
 for conc in (1, 32):
     run(port_a, conc, 4 * conc)  # warm-up
     run(port_b, conc, 4 * conc)
@@ -171,9 +175,16 @@ for conc in (1, 32):
         print(f"concurrency {conc:2d} p{p}: latency direct {pct(la, p):.3f} ms, via nginx {pct(lb, p):.3f} ms, "
               f"engine alone {pct(lc, p):.3f} ms; ds4 added {d:.3f} ms, nginx added {g:.3f} ms; "
               f"ds4 added over the engine {e:.3f} ms")
+        goal.append((f"c={conc} p{p}", d, e, g))
     for proc, u in (("proxy", use), ("worker", use), ("nginx", use_b)):
         mine = sorted((v for k, v in u.items() if k[0] == proc and (v[0] > 0 or v[1] > 0)), key=lambda v: -v[0])
         cpu = sum(v[0] for v in mine) / len(la) / 1e3
         print(f"concurrency {conc:2d} {proc}: CPU {cpu:.1f} us per request; by thread (CPU us, wake-ups) "
               + " ".join(f"({v[0] / len(la) / 1e3:.1f}, {v[1] / len(la):.2f})" for v in mine))
+# The issue's goal (ds4 added at or below nginx added), and the same with ds4's
+# figure measured the way nginx's is (over the engine alone).
+print("goal, ds4 added <= nginx added: " + "; ".join(
+    f"{w} {'met' if d <= g else 'not met'} ({d:.3f} vs {g:.3f})" for w, d, e, g in goal))
+print("over the engine alone <= nginx added: " + "; ".join(
+    f"{w} {'yes' if e <= g else 'no'} ({e:.3f} vs {g:.3f})" for w, d, e, g in goal))
 PY
