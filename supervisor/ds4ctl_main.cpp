@@ -55,7 +55,15 @@ void print_status(const nlohmann::json& s) {
                   std::to_string(w.value("in_flight", int64_t(0)));
   std::printf("queue     %lld waiting, %lld in flight%s%s\n", (long long)s["queue"].value("waiting", int64_t(0)),
               (long long)s["queue"].value("in_flight", int64_t(0)), per_worker.c_str(), per_worker.empty() ? "" : ")");
-  std::printf("backend   %s\n\n", s.value("backend", "").c_str());
+  std::printf("backend   %s\n", s.value("backend", "").c_str());
+  if (s.contains("holder") && s["holder"].is_object()) {  // GPU weights held across worker restarts
+    const auto& g = s["holder"];
+    std::string pid = g.contains("pid") && g["pid"].is_number() ? ", pid " + std::to_string(g["pid"].get<int64_t>()) : "";
+    std::string last = g.contains("last_exit") && g["last_exit"].is_string() ? ", last exit: " + g["last_exit"].get<std::string>() : "";
+    std::printf("holder    %s on %s%s, restarts %lld%s\n", g.value("state", "").c_str(), g.value("device", "").c_str(),
+                pid.c_str(), (long long)g.value("restarts", int64_t(0)), last.c_str());
+  }
+  std::printf("\n");
   std::printf("%-3s %-22s %-10s %-8s %-8s %-5s %-8s %-4s %s\n", "ID", "UNIT", "STATE", "PID", "CONTEXT", "SLOTS",
               "RESTARTS", "OOM", "HEARTBEAT");
   for (const auto& w : s["workers"]) {

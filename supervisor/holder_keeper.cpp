@@ -37,7 +37,10 @@ bool socket_answers(const std::string& path) {
 
 std::string describe_exit(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("killed by ") + ::strsignal(WTERMSIG(status));
+  if (WIFSIGNALED(status)) {  // as the workers' exits say it
+    const char* name = sigabbrev_np(WTERMSIG(status));
+    return std::string("killed by signal ") + (name ? std::string(name) : std::to_string(WTERMSIG(status)));
+  }
   return "stopped";
 }
 

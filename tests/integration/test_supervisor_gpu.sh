@@ -108,6 +108,9 @@ print(next((e["reason"] for e in json.load(sys.stdin)["events"] if e["event"] ==
 [[ $first == *"largest rung that fits: needs "*" free on the GPU − "* ]] \
   && pass "first start by the GPU's free memory (the holder's figure), not by host memory: $first" \
   || fail "first start: '$first'"
+line=$("$DS4_BIN/ds4ctl" status | grep '^holder')
+[[ $line == "holder    ready on cuda:0, pid $(sup_get 's["holder"]["pid"]'), restarts 0" ]] \
+  && pass "ds4ctl status shows it: $line" || fail "ds4ctl status, holder line: '$line'"
 grep -q 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker maps the holder's weights" \
   || fail "no worker on the holder's weights in the log: $(grep -i 'weights\|cuda' "$SUP_DIR/sup.log" | tail -5)"
 url=$(sup_proxy_url)
@@ -133,7 +136,10 @@ after=$(complete "$url")
 hpid=$(sup_get 's["holder"]["pid"]')
 kill -KILL "$hpid"
 if sup_wait 60 's["holder"]["state"] == "ready" and s["holder"]["pid"] not in (None, '"$hpid"') and s["holder"]["restarts"] == 1'; then
-  pass "killed holder restarted: pid $hpid -> $(sup_get 's["holder"]["pid"]')"
+  line=$("$DS4_BIN/ds4ctl" status | grep '^holder')
+  [[ $line == *", restarts 1, last exit: killed by signal KILL" ]] \
+    && pass "killed holder restarted: pid $hpid -> $(sup_get 's["holder"]["pid"]'); ds4ctl status: $line" \
+    || fail "ds4ctl status after the holder's restart: '$line'"
 else
   fail "holder not restarted: $(sup_get 's["holder"]')"
 fi
