@@ -23,16 +23,33 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool socket_answers(const std::string& path) {
+/// A connection to the holder's socket, its reads and writes bounded by
+/// `timeout` (0: unbounded); -1 when nobody listens there.
+int connect_holder(const std::string& path, std::chrono::milliseconds timeout = {}) {
   sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return false;
+  if (path.size() >= sizeof(addr.sun_path)) return -1;
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
-  ::close(fd);
-  return ok;
+  if (fd < 0) return -1;
+  if (timeout.count() > 0) {
+    timeval tv{};
+    tv.tv_sec = timeout.count() / 1000;
+    tv.tv_usec = (timeout.count() % 1000) * 1000;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool socket_answers(const std::string& path) {
+  const int fd = connect_holder(path);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
 }
 
 std::string describe_exit(int status) {
@@ -47,28 +64,17 @@ std::string describe_exit(int status) {
 }  // namespace
 
 std::optional<GpuMemory> ask_holder_memory(const std::string& socket, std::chrono::milliseconds timeout) {
-  sockaddr_un addr{};
-  if (socket.size() >= sizeof(addr.sun_path)) return std::nullopt;
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = connect_holder(socket, timeout);
   if (fd < 0) return std::nullopt;
-  timeval tv{};
-  tv.tv_sec = timeout.count() / 1000;
-  tv.tv_usec = (timeout.count() % 1000) * 1000;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   std::string line;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const auto until = Clock::now() + timeout;
-    char buf[4096];
-    while (line.find('\n') == std::string::npos && line.size() < 64 * 1024 && Clock::now() < until) {
-      int image = -1;
-      const ssize_t n = recv_with_fd(fd, buf, sizeof buf, image);
-      if (image >= 0) ::close(image);  // the weights' descriptor: not ours to keep
-      if (n <= 0) break;
-      line.append(buf, size_t(n));
-    }
+  const auto until = Clock::now() + timeout;
+  char buf[4096];
+  while (line.find('\n') == std::string::npos && line.size() < 64 * 1024 && Clock::now() < until) {
+    int image = -1;
+    const ssize_t n = recv_with_fd(fd, buf, sizeof buf, image);
+    if (image >= 0) ::close(image);  // the weights' descriptor: not ours to keep
+    if (n <= 0) break;
+    line.append(buf, size_t(n));
   }
   ::close(fd);
   const size_t nl = line.find('\n');

@@ -389,11 +389,12 @@ struct Collect : RequestSink {
   }
 };
 
-/// Greedy continuations of all prompts, run together on one engine.
+/// Greedy continuations of all prompts, run together on one engine
+/// (`reserved`: b.reserve(shape) was already called).
 std::vector<std::vector<int32_t>> generate(Backend& b, const EngineShape& shape, const std::vector<std::string>& prompts,
-                                           int n) {
+                                           int n, bool reserved = false) {
   Fixture& f = fixture();
-  b.reserve(shape);
+  if (!reserved) b.reserve(shape);
   Engine engine(b, f.model.hp(), f.tok.eos(), shape);
   std::vector<std::shared_ptr<Collect>> sinks;
   for (const auto& p : prompts) {
@@ -411,6 +412,14 @@ std::vector<std::vector<int32_t>> generate(Backend& b, const EngineShape& shape,
     CHECK(s->error == "");
     out.push_back(s->tokens);
   }
+  return out;
+}
+
+/// The CPU backend's greedy continuation of each prompt, alone: the reference.
+std::vector<std::vector<int32_t>> cpu_greedy(const std::vector<std::string>& prompts, int ctx, int n) {
+  auto cpu = make_cpu_backend(fixture().model, 2);
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& p : prompts) out.push_back(generate(*cpu, {ctx, 1, 64}, {p}, n)[0]);
   return out;
 }
 
@@ -449,11 +458,7 @@ TEST_CASE("cuda: stories260K greedy tokens are identical to the CPU backend's, a
   Fixture& f = fixture();
   const std::vector<std::string> prompts{"Once upon a time", "The cat sat on the mat and", "Lily and Ben went",
                                          "One day, a big red ball"};
-  std::vector<std::vector<int32_t>> cpu_out;
-  {
-    auto cpu = make_cpu_backend(f.model, 2);
-    for (const auto& p : prompts) cpu_out.push_back(generate(*cpu, {512, 1, 64}, {p}, 100)[0]);
-  }
+  const auto cpu_out = cpu_greedy(prompts, 512, 100);
   auto gpu = make_cuda_backend(f.model, 0);
   for (size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(prompts[i]);
@@ -471,11 +476,7 @@ TEST_CASE("cuda: work done while the GPU computes a step (set_during_step) leave
   if (!have_gpu()) return;
   Fixture& f = fixture();
   const std::vector<std::string> prompts{"Once upon a time", "Lily and Ben went"};
-  std::vector<std::vector<int32_t>> cpu_out;
-  {
-    auto cpu = make_cpu_backend(f.model, 2);
-    for (const auto& p : prompts) cpu_out.push_back(generate(*cpu, {512, 1, 64}, {p}, 100)[0]);
-  }
+  const auto cpu_out = cpu_greedy(prompts, 512, 100);
   auto gpu = make_cuda_backend(f.model, 0);
   int calls = 0;
   gpu->set_during_step([&] {
@@ -550,11 +551,7 @@ TEST_CASE("cuda: on a full GPU a step that would need a new graph runs without o
   if (!have_gpu()) return;
   Fixture& f = fixture();
   const std::vector<std::string> prompts{"Once upon a time", "Lily and Ben went"};
-  std::vector<std::vector<int32_t>> cpu_out;
-  {
-    auto cpu = make_cpu_backend(f.model, 2);
-    for (const auto& p : prompts) cpu_out.push_back(generate(*cpu, {256, 1, 64}, {p}, 40)[0]);
-  }
+  const auto cpu_out = cpu_greedy(prompts, 256, 40);
   auto gpu = make_cuda_backend(f.model, 0);
   const EngineShape shape{256, 2, 64};
   gpu->reserve(shape);
@@ -572,27 +569,14 @@ TEST_CASE("cuda: on a full GPU a step that would need a new graph runs without o
     }
   }
   cudaMemGetInfo(&free, &total);
-  std::vector<std::shared_ptr<Collect>> sinks;
-  const std::string said = stderr_of([&] {
-    Engine engine(*gpu, f.model.hp(), f.tok.eos(), shape);
-    for (const auto& p : prompts) {
-      GenerateRequest r;
-      r.prompt = f.tok.encode(p, true);
-      r.max_tokens = 40;
-      r.sampling.temperature = 0;
-      r.ignore_eos = true;
-      sinks.push_back(std::make_shared<Collect>());
-      engine.submit(r, sinks.back());
-    }
-    engine.run_until_idle();
-  });
+  std::vector<std::vector<int32_t>> out;
+  const std::string said = stderr_of([&] { out = generate(*gpu, shape, prompts, 40, true); });
   for (void* p : taken) cudaFree(p);
   MESSAGE("device memory left while it ran: " << free / 1024 << " KiB; the backend said: " << said);
   CHECK(said.find("no device memory left for another CUDA graph") != std::string::npos);
   for (size_t i = 0; i < prompts.size(); ++i) {
     CAPTURE(prompts[i]);
-    CHECK(sinks[i]->error == "");
-    CHECK(sinks[i]->tokens == cpu_out[i]);
+    CHECK(out[i] == cpu_out[i]);
   }
 }
 

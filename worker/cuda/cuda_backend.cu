@@ -102,7 +102,9 @@ class CudaBackend final : public Backend {
   /// (0 while a graph is captured).
   void enqueue(int T, int rows, int reads);
   /// Launches the step of (T, rows) as its graph, captured now if it is new.
-  /// False, with nothing launched, when the GPU has no memory for the graph.
+  /// False, with nothing launched, for a new shape past kMaxGraphs or when
+  /// the GPU has no memory for the graph: the step is then launched kernel
+  /// by kernel.
   bool launch_graph(int T, int rows);
   void no_room_for_graphs(int T, int rows);
   void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
@@ -418,7 +420,12 @@ std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
 }
 
 bool CudaBackend::launch_graph(int T, int rows) {
-  cudaGraphExec_t& exec = graphs_[{T, rows}];
+  auto it = graphs_.find({T, rows});
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs || graphs_full_) return false;  // a new shape: launched
+    it = graphs_.emplace(std::make_pair(T, rows), nullptr).first;
+  }
+  cudaGraphExec_t& exec = it->second;
   if (!exec) {
     cudaGraph_t graph = nullptr;
     DS4_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -476,10 +483,7 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
   }
   std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
   rows_ = 0;  // until the step is done
-  auto captured = graphs_.find({T, rows});
-  const bool replay = use_graphs_ && !trace_ && T <= graph_tokens_ &&
-                      (captured != graphs_.end() || (graphs_.size() < kMaxGraphs && !graphs_full_));
-  if (!replay || !launch_graph(T, rows)) enqueue(T, rows, step_reads_);
+  if (!use_graphs_ || trace_ || T > graph_tokens_ || !launch_graph(T, rows)) enqueue(T, rows, step_reads_);
   // The pinned batch is rewritten by the next step and the picks are read
   // after this returns: wait for the step.
   for (;;) {
