@@ -1,6 +1,7 @@
 #include "shared/config.h"
 
 #include <arpa/inet.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -722,7 +723,9 @@ Config parse_config(const std::string& yaml, const fs::path& file, const LoadOpt
     const std::string where = e.mark.is_null()
                                   ? name
                                   : name + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1);
-    throw Error(where + ": YAML syntax error: " + e.msg);
+    // yaml-cpp says "bad file" when its parser stops at its depth limit.
+    const bool too_deep = dynamic_cast<const YAML::DeepRecursion*>(&e) != nullptr;
+    throw Error(where + ": YAML syntax error: " + (too_deep ? "nested too deeply (more than 2000 levels)" : e.msg));
   }
   Reader r(name, base);
   try {

@@ -97,10 +97,10 @@ int main(int argc, char** argv) {
     ds4::log::info(std::string("stopped during the model load: ") + e.what() + "; nothing of it is kept");
     return 0;
   } catch (const ds4::Error& e) {
-    ds4::log::error(std::string("ds4-supervisor: ") + e.what());
+    ds4::log::error(e.what());
     return 1;
   } catch (const std::exception& e) {
-    ds4::log::error(std::string("ds4-supervisor: unexpected error: ") + e.what());
+    ds4::log::error(std::string("unexpected error: ") + e.what());
     return 1;
   }
 }

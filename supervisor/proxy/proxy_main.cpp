@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
-    ds4::log::error(std::string("ds4-proxy: ") + e.what());
+    ds4::log::error(e.what());
     return 1;
   }
 }

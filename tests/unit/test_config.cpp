@@ -367,6 +367,10 @@ TEST_CASE("config: YAML syntax errors carry their line and column") {
   CHECK(errors("workers:\n  count: 1\n bad: 2\n") == "config/ds4.yaml:3:2: YAML syntax error: end of map not found");
   CHECK(errors("model:\n  path: a: b\n") == "config/ds4.yaml:2:10: YAML syntax error: illegal map value");
   CHECK(errors("model: {path: \"a.gguf\"\n") != "");
+  // yaml-cpp's own words for its depth limit are "bad file".
+  const std::string deep = errors("model:\n  path: " + std::string(5000, '[') + "\n");
+  CHECK(deep.starts_with("config/ds4.yaml:"));
+  CHECK(deep.ends_with(": YAML syntax error: nested too deeply (more than 2000 levels)"));
 }
 
 TEST_CASE("config: all errors are reported together, in file order") {
