@@ -561,6 +561,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
             {"max_body_bytes", [&](const Entry& x) { r.size(x, L.max_body_bytes); }},
             {"request_timeout", [&](const Entry& x) { r.duration(x, L.request_timeout); }},
             {"header_timeout", [&](const Entry& x) { r.duration(x, L.header_timeout); }},
+            {"body_timeout", [&](const Entry& x) { r.duration(x, L.body_timeout); }},
             {"max_connections", [&](const Entry& x) { r.integer(x, L.max_connections, 1, 1000000); }},
             {"max_tokens_per_request", [&](const Entry& x) { r.integer(x, L.max_tokens_per_request, 1, 1 << 30); }},
             {"allow_insecure_bind", [&](const Entry& x) { r.boolean(x, L.allow_insecure_bind); }},
@@ -687,6 +688,7 @@ void check(Reader& r, Config& c, const LoadOptions& options) {
   check_positive(r, "proxy.queue.max_wait", P.queue.max_wait);
   check_positive(r, "proxy.limits.request_timeout", P.limits.request_timeout);
   check_positive(r, "proxy.limits.header_timeout", P.limits.header_timeout);
+  check_positive(r, "proxy.limits.body_timeout", P.limits.body_timeout);
   if (P.limits.max_header_bytes < 1024)
     r.error_at("proxy.limits.max_header_bytes", "proxy.limits.max_header_bytes: at least 1KiB");
   if (P.limits.max_body_bytes < 1024)
@@ -787,6 +789,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(P.limits.max_body_bytes != Q.limits.max_body_bytes, "proxy.limits.max_body_bytes", c.in_place);
   note(P.limits.request_timeout != Q.limits.request_timeout, "proxy.limits.request_timeout", c.in_place);
   note(P.limits.header_timeout != Q.limits.header_timeout, "proxy.limits.header_timeout", c.in_place);
+  note(P.limits.body_timeout != Q.limits.body_timeout, "proxy.limits.body_timeout", c.in_place);
   note(P.limits.max_connections != Q.limits.max_connections, "proxy.limits.max_connections", c.in_place);
   note(P.limits.max_tokens_per_request != Q.limits.max_tokens_per_request, "proxy.limits.max_tokens_per_request",
        c.in_place);

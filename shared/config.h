@@ -60,6 +60,7 @@ struct LimitsConfig {
   Bytes max_body_bytes = 16 * 1024 * 1024;        // more → 413
   Duration request_timeout = std::chrono::minutes(30);  // whole request, queueing included
   Duration header_timeout = std::chrono::seconds(30);   // to receive the headers
+  Duration body_timeout = std::chrono::seconds(30);     // to receive the body, once the headers are in
   std::uint32_t max_connections = 512;
   std::uint32_t max_tokens_per_request = 32768;   // prompt + generated
   bool allow_insecure_bind = false;  // serve a non-loopback address without api keys

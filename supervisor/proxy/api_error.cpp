@@ -9,6 +9,8 @@ int status_of(ErrorKind k) {
     case ErrorKind::bad_request: return 400;
     case ErrorKind::unauthorized: return 401;
     case ErrorKind::not_found: return 404;
+    case ErrorKind::method_not_allowed: return 405;
+    case ErrorKind::request_timeout: return 408;
     case ErrorKind::too_large: return 413;
     case ErrorKind::unavailable: return 503;
     case ErrorKind::timeout: return 504;
@@ -25,6 +27,8 @@ std::pair<const char*, const char*> openai_type(ErrorKind k) {
     case ErrorKind::bad_request: return {"invalid_request_error", "invalid_request"};
     case ErrorKind::unauthorized: return {"authentication_error", "invalid_api_key"};
     case ErrorKind::not_found: return {"not_found_error", "not_found"};
+    case ErrorKind::method_not_allowed: return {"invalid_request_error", "method_not_allowed"};
+    case ErrorKind::request_timeout: return {"invalid_request_error", "request_timeout"};
     case ErrorKind::too_large: return {"invalid_request_error", "request_too_large"};
     case ErrorKind::unavailable: return {"unavailable_error", "queue_full"};
     case ErrorKind::timeout: return {"timeout_error", "timeout"};
@@ -38,6 +42,8 @@ const char* anthropic_type(ErrorKind k) {
     case ErrorKind::bad_request: return "invalid_request_error";
     case ErrorKind::unauthorized: return "authentication_error";
     case ErrorKind::not_found: return "not_found_error";
+    case ErrorKind::method_not_allowed: return "invalid_request_error";
+    case ErrorKind::request_timeout: return "invalid_request_error";
     case ErrorKind::too_large: return "request_too_large";
     case ErrorKind::unavailable: return "overloaded_error";
     case ErrorKind::timeout: return "timeout_error";

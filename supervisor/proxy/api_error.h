@@ -12,7 +12,9 @@ enum class Api { openai, anthropic };
 enum class ErrorKind {
   bad_request,     // 400
   unauthorized,    // 401
-  not_found,       // 404
+  not_found,           // 404
+  method_not_allowed,  // 405 (the router adds Allow)
+  request_timeout,     // 408: the client did not send its request in time
   too_large,       // 413
   unavailable,     // 503 (Retry-After)
   timeout,         // 504

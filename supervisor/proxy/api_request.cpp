@@ -497,8 +497,9 @@ std::optional<Plan> parse_common_request(Endpoint endpoint, std::string_view tex
 std::variant<Plan, ApiError> parse_request(Endpoint endpoint, std::string_view text, const ModelText& model,
                                            const PlanLimits& limits) {
   if (std::optional<Plan> p = parse_common_request(endpoint, text, model, limits)) return std::move(*p);
-  json body = json::parse(text, nullptr, false);
-  if (body.is_discarded()) return bad_request("the request body is not valid JSON");
+  auto parsed = parse_body(text);
+  if (auto* why = std::get_if<std::string>(&parsed)) return bad_request("the request body is not valid JSON: " + *why);
+  json& body = std::get<json>(parsed);
   if (!body.is_object()) return bad_request("the request body must be a JSON object");
   if (depth_of(body, 0) > kMaxDepth)
     return bad_request("the request body nests deeper than " + std::to_string(kMaxDepth) + " levels");

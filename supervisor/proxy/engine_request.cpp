@@ -2,6 +2,7 @@
 // so that the request fuzzer links it without the rest of the proxy.
 #include <nlohmann/json.hpp>
 
+#include "supervisor/proxy/json_util.h"
 #include "supervisor/proxy/router.h"
 
 namespace ds4::proxy {
@@ -38,8 +39,9 @@ std::variant<EngineRequest, ApiError> forward_request(const HttpRequest& req) {
   constexpr int kMaxDepth = 64;
   if (nests_deeper(req.body(), kMaxDepth))
     return bad_request("the request body nests deeper than " + std::to_string(kMaxDepth) + " levels");
-  json body = json::parse(req.body(), nullptr, false);
-  if (body.is_discarded()) return bad_request("the request body is not valid JSON");
+  auto parsed = parse_body(req.body());
+  if (auto* why = std::get_if<std::string>(&parsed)) return bad_request("the request body is not valid JSON: " + *why);
+  json& body = std::get<json>(parsed);
   if (!body.is_object()) return bad_request("the body must be a JSON object");
   EngineRequest f;
   if (auto s = body.find("stream"); s != body.end() && !s->is_null()) {

@@ -144,6 +144,17 @@ const json* field(const json& obj, const char* name) {
 std::string got(const json& v) { return std::string(v.type_name()); }
 }  // namespace
 
+std::variant<json, std::string> parse_body(std::string_view text) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    std::string why = e.what();  // "[json.exception.parse_error.101] parse error at ..."
+    if (auto p = why.find("] "); why.starts_with("[json.exception") && p != std::string::npos) why.erase(0, p + 2);
+    if (why.size() > 200) why = why.substr(0, 200) + "...";  // a cut character becomes U+FFFD in the answer
+    return why;
+  }
+}
+
 std::optional<bool> opt_bool(const json& obj, const char* name) {
   const json* v = field(obj, name);
   if (!v) return std::nullopt;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -53,6 +54,13 @@ size_t utf8_length(std::string_view s);
 
 /// Appends `s` as a JSON string (quoted, escaped) to `out`.
 void put_json_string(std::string& out, std::string_view s);
+
+/// A request body as JSON, or why it cannot be read as JSON: nlohmann's
+/// reason with its place ("parse error at line 1, column 9: ..."), for
+/// malformed text and for what it refuses in well-formed text too (a number
+/// past a double, a lone UTF-16 surrogate in an escape). At most ~200 bytes
+/// of the reason: it may quote the client's text.
+std::variant<json, std::string> parse_body(std::string_view text);
 
 /// Readers for optional request fields: nullopt when absent or null; throw
 /// ds4::Error("'name' must be ...") on a wrong type or range.

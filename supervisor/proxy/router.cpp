@@ -22,7 +22,7 @@ Response error_response(Api api, const ApiError& e) {
   Response r;
   r.status = status_of(e.kind);
   r.body = error_body(api, e);
-  if (e.kind == ErrorKind::unavailable || e.kind == ErrorKind::timeout)
+  if (e.kind == ErrorKind::unavailable || e.kind == ErrorKind::timeout)  // not request_timeout: the client was slow
     r.headers.emplace_back("Retry-After", std::to_string(e.retry_after_s > 0 ? e.retry_after_s : 1));
   if (e.kind == ErrorKind::unauthorized && api == Api::openai) r.headers.emplace_back("WWW-Authenticate", "Bearer");
   return r;
@@ -31,16 +31,34 @@ Response error_response(Api api, const ApiError& e) {
 std::string serialize(const Response& r, bool keep_alive) {
   std::string out = "HTTP/1.1 " + std::to_string(r.status) + " " +
                     std::string(http::obsolete_reason(http::int_to_status(unsigned(r.status)))) + "\r\n";
-  out += "Content-Type: " + r.content_type + "\r\n";
-  out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+  if (r.status != 204) {  // No Content: no body, so neither its type nor its length (RFC 9110)
+    out += "Content-Type: " + r.content_type + "\r\n";
+    out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
+  }
   out += keep_alive ? "Connection: keep-alive\r\n" : "Connection: close\r\n";
   for (auto& [k, v] : r.headers) out += k + ": " + v + "\r\n";
   out += "\r\n";
-  out += r.body;
+  if (!r.head_only && r.status != 204) out += r.body;
   return out;
 }
 
 namespace {
+
+// The target without its query and trailing slashes.
+std::string_view path_of(std::string_view target) {
+  if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  while (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
+  return target;
+}
+
+// The methods a path answers (its Allow header); empty for no such path.
+std::string_view methods_of(std::string_view path) {
+  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models") return "GET, HEAD, OPTIONS";
+  if (path == "/v1/chat/completions" || path == "/chat/completions" || path == "/v1/completions" ||
+      path == "/completions" || path == "/v1/messages")
+    return "POST, OPTIONS";
+  return {};
+}
 
 Response json_response(int status, const json& j) {
   Response r;
@@ -77,16 +95,37 @@ Response models(const RouteContext& ctx) {
 
 }  // namespace
 
+Api api_of(std::string_view target) {
+  return path_of(target) == "/v1/messages" ? Api::anthropic : Api::openai;
+}
+
 Route route(const HttpRequest& req, const RouteContext& ctx) {
   Route out;
-  std::string_view target(req.target().data(), req.target().size());
-  if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
-  while (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
-  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
-  const bool post = req.method() == http::verb::post;
+  const std::string_view target = path_of(std::string_view(req.target().data(), req.target().size()));
+  out.api = api_of(target);
+  const std::string_view allowed = methods_of(target);
+  if (allowed.empty()) {
+    out.response = error_response(out.api, {ErrorKind::not_found, "no route for " + std::string(req.method_string()) +
+                                                                      " " + std::string(target)});
+    return out;
+  }
+  if (req.method() == http::verb::options) {
+    Response r;
+    r.status = 204;
+    r.headers.emplace_back("Allow", std::string(allowed));
+    return out.response = std::move(r), out;
+  }
+  const bool reads = allowed.starts_with("GET");
+  if (reads ? req.method() != http::verb::get && req.method() != http::verb::head : req.method() != http::verb::post) {
+    out.response = error_response(out.api, {ErrorKind::method_not_allowed,
+                                            std::string(req.method_string()) + " " + std::string(target) +
+                                                " is not served: use " + (reads ? "GET" : "POST")});
+    out.response->headers.emplace_back("Allow", std::string(allowed));
+    return out;
+  }
 
-  if (target == "/health" && get) return out.response = health(ctx), out;
-  if (target == "/metrics" && get) {
+  if (target == "/health") return out.response = health(ctx), out;
+  if (target == "/metrics") {
     Response r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.body = ctx.metrics ? ctx.metrics() : "";
@@ -94,17 +133,10 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     return out;
   }
 
-  std::optional<Endpoint> ep;
-  if (target == "/v1/chat/completions" || target == "/chat/completions") ep = Endpoint::chat;
-  else if (target == "/v1/completions" || target == "/completions") ep = Endpoint::completion;
-  else if (target == "/v1/messages") ep = Endpoint::messages;
-  out.api = ep == Endpoint::messages ? Api::anthropic : Api::openai;
   const bool models_path = target == "/v1/models" || target == "/models";
-  if (!ep && !models_path) {
-    out.response = error_response(out.api, {ErrorKind::not_found, "no route for " + std::string(req.method_string()) +
-                                                                      " " + std::string(target)});
-    return out;
-  }
+  const Endpoint ep = target.ends_with("/chat/completions") ? Endpoint::chat
+                      : target.ends_with("/completions")    ? Endpoint::completion
+                                                            : Endpoint::messages;
 
   auto header = [&](http::field f) {
     auto it = req.find(f);
@@ -119,15 +151,7 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     return out;
   }
 
-  if (models_path) {
-    if (!get) out.response = error_response(out.api, {ErrorKind::not_found, "use GET " + std::string(target)});
-    else out.response = models(ctx);
-    return out;
-  }
-  if (!post) {
-    out.response = error_response(out.api, {ErrorKind::not_found, "use POST " + std::string(target)});
-    return out;
-  }
+  if (models_path) return out.response = models(ctx), out;
   if (ctx.stopping) {
     out.response = error_response(out.api, {ErrorKind::unavailable, "the server is shutting down", 5});
     return out;
@@ -138,7 +162,7 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     else out.forward = std::move(std::get<EngineRequest>(f));
     return out;
   }
-  auto plan = parse_request(*ep, req.body(), ctx.model, ctx.limits);
+  auto plan = parse_request(ep, req.body(), ctx.model, ctx.limits);
   if (auto* e = std::get_if<ApiError>(&plan)) out.response = error_response(out.api, *e);
   else out.plan = std::move(std::get<Plan>(plan));
   return out;

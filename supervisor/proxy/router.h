@@ -29,13 +29,19 @@ struct Response {
   std::string content_type = "application/json";
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;  // extra, e.g. Retry-After
+  bool head_only = false;  // a HEAD request's answer: the headers of the GET, no body
 };
 
 /// An error answer in `api`'s shape (503 gets Retry-After).
 Response error_response(Api api, const ApiError& e);
 
-/// The bytes of a whole response with Content-Length.
+/// The bytes of a whole response with Content-Length (none on a 204).
 std::string serialize(const Response& r, bool keep_alive);
+
+/// The protocol whose error shape a path's answers take: Anthropic's for
+/// /v1/messages, OpenAI's for every other path. Known from the request line
+/// alone, so errors found before routing (a body too large) use it too.
+Api api_of(std::string_view target);
 
 struct RouteContext {
   const ModelText& model;

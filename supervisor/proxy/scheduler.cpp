@@ -56,7 +56,7 @@ Scheduler::~Scheduler() {
   }
 }
 
-bool Scheduler::submit(const std::shared_ptr<Job>& job) {
+bool Scheduler::submit(std::shared_ptr<Job> job) {
   if (queue_.size() >= opt_.max_waiting) {
     ++counters_.rejected_full;
     return false;

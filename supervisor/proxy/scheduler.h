@@ -128,8 +128,10 @@ class Scheduler {
   ~Scheduler();
 
   /// Queues `job` (its gen and sink set). False when the queue is full
-  /// (the caller answers 503); the sink hears nothing then.
-  bool submit(const std::shared_ptr<Job>& job);
+  /// (the caller answers 503); the sink hears nothing then. The job may end
+  /// within the call (nothing to generate, a prompt no context holds), and
+  /// its sink may drop the caller's reference then: `job` is taken by value.
+  bool submit(std::shared_ptr<Job> job);
   /// The client went away: the job leaves the queue or its worker connection
   /// is closed (the worker stops). The sink hears nothing more.
   void cancel(const std::shared_ptr<Job>& job);

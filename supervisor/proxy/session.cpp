@@ -78,6 +78,9 @@ void Session::on_header(const boost::system::error_code& ec) {
   if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == asio::error::operation_aborted ||
       ec == asio::error::connection_reset)
     return close();
+  // The path decides the error shape; a header too large or malformed has none.
+  const auto target = parser_->get().target();
+  api_ = !ec || ec == http::error::body_limit ? api_of(std::string_view(target.data(), target.size())) : Api::openai;
   if (ec == http::error::header_limit)
     return respond_error({ErrorKind::too_large, "the request headers are larger than " +
                                                     format_size(core_.cfg.limits.max_header_bytes) +
@@ -95,7 +98,7 @@ void Session::on_header(const boost::system::error_code& ec) {
   auto expect = req.find(http::field::expect);
   if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) write("HTTP/1.1 100 Continue\r\n\r\n");
   phase_ = Phase::body;
-  arm(core_.cfg.limits.request_timeout);
+  arm(core_.cfg.limits.body_timeout);
   if (!parser_->is_done() && buf_.size() > 0) {  // the body came with the header
     boost::system::error_code ec;
     parser_->eager(true);
@@ -109,13 +112,17 @@ void Session::on_header(const boost::system::error_code& ec) {
 }
 
 void Session::on_body(const boost::system::error_code& ec) {
-  if (phase_ == Phase::closed) return;
+  if (phase_ != Phase::body) return;  // closed, or the body's time ran out (on_deadline answered)
   phase_ = Phase::busy;
   if (ec == http::error::body_limit)
     return respond_error({ErrorKind::too_large, "the request body is larger than " +
                                                     format_size(core_.cfg.limits.max_body_bytes) +
                                                     " (proxy.limits.max_body_bytes)"});
-  if (ec) return close();
+  if (ec == http::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset ||
+      ec == asio::error::operation_aborted)
+    return close();  // the client went away mid-body: nobody to answer
+  if (ec) return respond_error(bad_request("malformed HTTP request body: " + ec.message()));
+  arm(core_.cfg.limits.request_timeout);
   handle();
 }
 
@@ -157,7 +164,7 @@ void Session::plan_aside(const RouteContext& ctx) {
 void Session::routed(Route r, bool head) {
   api_ = r.api;
   if (r.response) {
-    if (head) r.response->body.clear();
+    r.response->head_only = head;
     return respond(*r.response);
   }
   if (r.forward) return start_forward(std::move(*r.forward));
@@ -474,6 +481,14 @@ void Session::wait_deadline() {
 
 void Session::on_deadline() {
   if (phase_ == Phase::closed) return;
+  if (phase_ == Phase::body) {  // headers in, body late: answer 408 and stop reading it
+    boost::system::error_code ignored;
+    sock_.cancel(ignored);  // the body's read ends (on_body ignores it) before drain() reads again
+    phase_ = Phase::busy;
+    return respond_error({ErrorKind::request_timeout, "the request body did not arrive within " +
+                                                          format_duration(core_.cfg.limits.body_timeout) +
+                                                          " (proxy.limits.body_timeout)"});
+  }
   if (phase_ == Phase::busy && !exchange_done_ && !head_sent_ && job_) {
     core_.scheduler.cancel(job_);
     job_.reset();

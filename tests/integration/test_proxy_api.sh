@@ -2,7 +2,8 @@
 # The proxy's APIs with a real worker on stories260K: the official openai and
 # @anthropic-ai/sdk clients (tests/js/proxy_clients.mjs), raw SSE framing with
 # curl, and the error cases: malformed JSON, wrong types, huge bodies and
-# headers, bad keys, unknown paths, prompts over the context, absurd max_tokens.
+# headers, bad keys, unknown paths, prompts over the context, absurd max_tokens,
+# max_tokens 0, a body that never ends, malformed chunked bodies, other methods.
 # Exit 0 = pass, 1 = fail, 77 = skipped (reason printed).
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/proxy_env.sh"
@@ -20,6 +21,7 @@ proxy:
     max_body_bytes: 1MiB
     max_header_bytes: 16KiB
     header_timeout: 2s
+    body_timeout: 2s
 EOC
 start_worker 0 256 2 && wait_worker 0 || exit 1
 start_proxy "$T/cfg.yaml" "$T/w0.sock" || exit 1
@@ -101,6 +103,46 @@ check "prompt over the context: 400 naming context and prompt length" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"$long\",\"max_tokens\":4}')\" = 400 ] && jq -e '.error.message | test(\"prompt has [0-9]+ tokens but the context is 256\")' $T/b >/dev/null"
 check "absurd max_tokens: clamped, answered" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"Once\",\"max_tokens\":99999999999}')\" = 200 ] && jq -e '.usage.completion_tokens > 0' $T/b >/dev/null"
+# max_tokens 0 ended the job inside the queue's submit, whose caller then let
+# go of it: the proxy crashed on the next line (eleventh session's sweep).
+check "max_tokens 0: 200 with no text and the prompt counted, streamed or not; the proxy lives" \
+  bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"Once\",\"max_tokens\":0}')\" = 200 ] &&
+    jq -e '.choices[0].text == \"\" and .usage.completion_tokens == 0 and .usage.prompt_tokens > 0' $T/b >/dev/null &&
+    curl -sN --max-time 30 -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_completion_tokens\":0,\"stream\":true}' | tail -c 20 | grep -q 'data: \[DONE\]' &&
+    kill -0 \$(cat $T/proxy.pid)"
+# HTTP-level answers: a body that stops coming, a malformed chunked body, a
+# body too large on Anthropic's path, other methods, HEAD.
+check "HTTP: a late body gets 408 after body_timeout; a bad chunk 400; 413 in Anthropic's shape on /v1/messages; 405 with Allow; HEAD's length" \
+  python3 - "${U#http://}" <<'PY'
+import json, socket, sys, time
+host, port = sys.argv[1].rsplit(":", 1)
+def exchange(raw, wait=10):
+    s = socket.create_connection((host, int(port)), timeout=wait)
+    s.sendall(raw)
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+key = b"Authorization: Bearer sk-test-1\r\n"
+start = time.monotonic()
+status, h, body = exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + key + b"Content-Length: 100\r\n\r\n{\"prompt\":")
+took = time.monotonic() - start
+assert status == 408 and "body_timeout" in json.loads(body)["error"]["message"], (status, body)
+assert 1.5 < took < 6, took
+status, h, body = exchange(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + key +
+                           b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+assert status == 400 and json.loads(body)["error"]["message"].startswith("malformed HTTP request body"), (status, body)
+status, h, body = exchange(b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: sk-test-1\r\nContent-Length: 99999999\r\n\r\n")
+assert status == 413 and json.loads(body)["type"] == "error", (status, body)
+status, h, body = exchange(b"PUT /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + key + b"\r\n")
+assert status == 405 and h.get("allow") == "GET, HEAD, OPTIONS", (status, h)
+_, get_h, get_body = exchange(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + key + b"\r\n")
+status, h, body = exchange(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + key + b"\r\n")
+assert status == 200 and body == b"" and int(h["content-length"]) == len(get_body) > 0, (status, h, body)
+PY
 # Bodies of 16 KiB or more are parsed and tokenized off the io thread (the
 # planner): the same answers, errors and keys as short ones.
 check "a long body (a request padded to 40 KB): the same answer as without the padding, streamed or not" \

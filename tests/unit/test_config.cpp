@@ -65,6 +65,7 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.proxy.limits.max_body_bytes == 16 * MiB);
     CHECK(c.proxy.limits.request_timeout == 30min);
     CHECK(c.proxy.limits.header_timeout == 30s);
+    CHECK(c.proxy.limits.body_timeout == 30s);
     CHECK(c.proxy.limits.max_connections == 512);
     CHECK(c.proxy.limits.max_tokens_per_request == 32768);
     CHECK_FALSE(c.proxy.limits.allow_insecure_bind);
@@ -109,6 +110,7 @@ proxy:
     max_body_bytes: 1MB
     request_timeout: 1h
     header_timeout: 500ms
+    body_timeout: 2s
     max_connections: 64
     max_tokens_per_request: 4096
     allow_insecure_bind: true
@@ -151,6 +153,7 @@ gpu:
   CHECK(c.proxy.limits.max_body_bytes == 1000000);
   CHECK(c.proxy.limits.request_timeout == 1h);
   CHECK(c.proxy.limits.header_timeout == 500ms);
+  CHECK(c.proxy.limits.body_timeout == 2s);
   CHECK(c.proxy.limits.max_connections == 64);
   CHECK(c.proxy.limits.max_tokens_per_request == 4096);
   CHECK(c.proxy.limits.allow_insecure_bind);

@@ -71,6 +71,56 @@ TEST_CASE("router: health, models, metrics, unknown paths") {
   CHECK(body_of(r)["error"]["type"] == "not_found_error");
 }
 
+TEST_CASE("router: a known path with another method is 405 with Allow; OPTIONS says what is allowed; HEAD's length") {
+  Ctx c;
+  c.workers.push_back({});
+  c.workers[0].state = ds4::sup::WorkerState::ready;
+  auto allow = [](const Response& r) {
+    for (auto& [k, v] : r.headers)
+      if (k == "Allow") return v;
+    return std::string();
+  };
+  HttpRequest req{http::verb::put, "/v1/models", 11};
+  Route r = route(req, c.get());
+  CHECK(r.response->status == 405);
+  CHECK(allow(*r.response) == "GET, HEAD, OPTIONS");
+  CHECK(body_of(r)["error"]["message"] == "PUT /v1/models is not served: use GET");
+  req = {http::verb::get, "/v1/chat/completions", 11};
+  r = route(req, c.get());
+  CHECK(r.response->status == 405);
+  CHECK(allow(*r.response) == "POST, OPTIONS");
+  req = {http::verb::delete_, "/v1/messages", 11};
+  r = route(req, c.get());
+  CHECK(r.response->status == 405);
+  CHECK(body_of(r)["type"] == "error");  // Anthropic's shape on Anthropic's path
+  req = {http::verb::post, "/health", 11};
+  CHECK(route(req, c.get()).response->status == 405);
+
+  req = {http::verb::options, "/v1/completions/", 11};
+  r = route(req, c.get());
+  CHECK(r.response->status == 204);
+  CHECK(allow(*r.response) == "POST, OPTIONS");
+  const std::string no_content = serialize(*r.response, true);
+  CHECK(no_content.find("Content-Length") == std::string::npos);
+  CHECK(no_content.ends_with("\r\n\r\n"));
+  req = {http::verb::options, "/nope", 11};
+  CHECK(route(req, c.get()).response->status == 404);
+
+  // HEAD: GET's headers, Content-Length included, and no body.
+  req = {http::verb::head, "/health", 11};
+  r = route(req, c.get());
+  REQUIRE(r.response->status == 200);
+  Response head = *r.response;
+  head.head_only = true;
+  const std::string bytes = serialize(head, true);
+  CHECK(bytes.find("Content-Length: " + std::to_string(r.response->body.size()) + "\r\n") != std::string::npos);
+  CHECK(bytes.ends_with("\r\n\r\n"));
+
+  CHECK(api_of("/v1/messages?beta=true") == Api::anthropic);
+  CHECK(api_of("/v1/messages/") == Api::anthropic);
+  CHECK(api_of("/v1/chat/completions") == Api::openai);
+}
+
 TEST_CASE("router: keys by Bearer or x-api-key; errors in each protocol's shape") {
   Ctx c;
   c.keys.set({"sk-good"});
@@ -99,7 +149,13 @@ TEST_CASE("requests: malformed and mistyped bodies are 400 naming the field") {
     json b = body_of(r);
     return target == "/v1/messages" ? b["error"]["message"].get<std::string>() : b["error"]["message"].get<std::string>();
   };
-  CHECK(err("/v1/chat/completions", "{not json").find("not valid JSON") != std::string::npos);
+  CHECK(err("/v1/chat/completions", "{not json").starts_with("the request body is not valid JSON: parse error at line 1, column 3: "));
+  // Well-formed, but what nlohmann refuses: the reason, not a bare "not valid".
+  CHECK(err("/v1/completions", R"({"prompt":"x","max_tokens":1e400})").find("number overflow parsing '1e400'") !=
+        std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":"\ud800"})").find("surrogate") != std::string::npos);
+  const std::string long_bad = "{\"prompt\":\"" + std::string(100000, 'a') + "\\x\"}";
+  CHECK(err("/v1/completions", long_bad).size() < 300);  // the reason quotes the client's text: cut
   CHECK(err("/v1/chat/completions", "[1,2]").find("JSON object") != std::string::npos);
   CHECK(err("/v1/chat/completions", R"({"messages":"hi"})").find("'messages'") != std::string::npos);
   CHECK(err("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"temperature":"hot"})")

@@ -97,6 +97,33 @@ TEST_CASE("queue: a prompt that no worker's context can hold ends with a 400") {
   CHECK(a.done->error.message.find("context is 3") != std::string::npos);
 }
 
+TEST_CASE("queue: a job that ends within submit may be dropped by its sink (the session does)") {
+  // max_tokens 0: nothing to generate, so the job ends before submit returns.
+  // The session's sink lets go of the job in on_done; submit must not touch
+  // it through the caller's reference afterwards (it did: a segfault).
+  struct DroppingSink : RecordingSink {
+    std::shared_ptr<Job> owned;
+    void on_done(const JobResult& r) override {
+      RecordingSink::on_done(r);
+      owned.reset();
+    }
+  };
+  boost::asio::io_context io;
+  FakeRegistry reg;
+  reg.list.push_back({.id = 0, .state = WorkerState::ready, .socket_path = "/nonexistent", .context = 512, .slots = 1});
+  Scheduler s(io, reg, {});
+  DroppingSink a;
+  a.owned = job(a);
+  a.owned->gen.max_tokens = 0;
+  std::weak_ptr<Job> gone = a.owned;
+  CHECK(s.submit(a.owned));
+  REQUIRE(a.done.has_value());
+  CHECK(a.done->ok);
+  CHECK(a.done->reason == "length");
+  CHECK(gone.expired());
+  CHECK(s.waiting() == 0);
+}
+
 TEST_CASE("dispatch: a worker that refuses connections is retried with backoff, the job keeps waiting") {
   boost::asio::io_context io;
   FakeRegistry reg;
