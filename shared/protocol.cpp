@@ -54,6 +54,22 @@ std::vector<int32_t> tokens(const json& j, const char* key) {
   return out;
 }
 
+// [[token, bias], ...]: biases in [-100, 100], as OpenAI allows.
+std::vector<std::pair<int32_t, float>> logit_bias(const json& v) {
+  if (!v.is_array()) throw Error("'logit_bias' must be an array of [token, bias] pairs");
+  if (v.size() > kMaxLogitBias)
+    throw Error("'logit_bias' has " + std::to_string(v.size()) + " entries, more than " + std::to_string(kMaxLogitBias));
+  std::vector<std::pair<int32_t, float>> out;
+  out.reserve(v.size());
+  for (const json& e : v) {
+    if (!e.is_array() || e.size() != 2) throw Error("'logit_bias' holds " + e.dump() + ", not a [token, bias] pair");
+    const json pair = {{"token", e[0]}, {"bias", e[1]}};
+    out.emplace_back(number<int32_t>(pair, "token", 0, std::numeric_limits<int32_t>::max()),
+                     number<float>(pair, "bias", -100.f, 100.f));
+  }
+  return out;
+}
+
 Request general_request(std::string_view line) {
   json j = json::parse(line, nullptr, false);
   if (j.is_discarded()) throw Error("request is not valid JSON");
@@ -85,6 +101,9 @@ Request general_request(std::string_view line) {
     if (j.contains("min_p")) g.sampling.min_p = number<float>(j, "min_p", 0.f, 1.f);
     if (j.contains("seed")) g.sampling.seed = number<uint64_t>(j, "seed", 0, std::numeric_limits<uint64_t>::max());
     if (j.contains("logprobs")) g.logprobs = number<int32_t>(j, "logprobs", 0, 20);
+    if (j.contains("frequency_penalty")) g.sampling.frequency_penalty = number<float>(j, "frequency_penalty", -2.f, 2.f);
+    if (j.contains("presence_penalty")) g.sampling.presence_penalty = number<float>(j, "presence_penalty", -2.f, 2.f);
+    if (j.contains("logit_bias")) g.sampling.logit_bias = logit_bias(j["logit_bias"]);
     if (j.contains("ignore_eos")) {
       if (!j["ignore_eos"].is_boolean()) throw Error("'ignore_eos' must be true or false");
       g.ignore_eos = j["ignore_eos"].get<bool>();
@@ -326,8 +345,28 @@ std::string to_line(const GenerateRequest& g, int64_t id) {
   put(s, g.sampling.seed);
   s += R"(,"logprobs":)";
   put(s, int64_t(g.logprobs));
-  s += g.ignore_eos ? R"(,"ignore_eos":true})" : R"(,"ignore_eos":false})";
-  s += '\n';
+  s += g.ignore_eos ? R"(,"ignore_eos":true)" : R"(,"ignore_eos":false)";
+  // Rare options: only when set (the fast reader then leaves the line to the general one).
+  if (g.sampling.frequency_penalty != 0) {
+    s += R"(,"frequency_penalty":)";
+    put_real(s, g.sampling.frequency_penalty);
+  }
+  if (g.sampling.presence_penalty != 0) {
+    s += R"(,"presence_penalty":)";
+    put_real(s, g.sampling.presence_penalty);
+  }
+  if (!g.sampling.logit_bias.empty()) {
+    s += R"(,"logit_bias":[)";
+    for (size_t i = 0; i < g.sampling.logit_bias.size(); ++i) {
+      s += i ? ",[" : "[";
+      put(s, int64_t(g.sampling.logit_bias[i].first));
+      s += ',';
+      put_real(s, g.sampling.logit_bias[i].second);
+      s += ']';
+    }
+    s += ']';
+  }
+  s += "}\n";
   return s;
 }
 

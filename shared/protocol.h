@@ -4,7 +4,8 @@
 ///
 ///   client → worker   {"op":"generate","id":7,"prompt":[1,403,...],"generated":[432,...],
 ///                      "max_tokens":64,"temperature":0,"top_k":40,"top_p":0.95,
-///                      "min_p":0.05,"seed":7,"logprobs":0,"ignore_eos":false}
+///                      "min_p":0.05,"seed":7,"logprobs":0,"ignore_eos":false
+///                      [,"frequency_penalty":0.5,"presence_penalty":0.5,"logit_bias":[[13,-100],...]]}
 ///   worker → client   {"ev":"token","i":0,"id":7,"lp":-0.01,"t":432,"top":[[432,-0.01],...]}   (one per token)
 ///                     {"ev":"done","id":7,"reason":"stop|length|context|cancelled","timings":{...}}
 ///                  or {"ev":"error","id":7,"message":"..."}
@@ -32,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +43,7 @@ namespace ds4::proto {
 /// Hard limits on what one request may carry.
 inline constexpr size_t kMaxLineBytes = 32u << 20;
 inline constexpr size_t kMaxTokens = 1u << 22;
+inline constexpr size_t kMaxLogitBias = 1024;  // entries of a request's logit_bias
 
 struct Sampling {
   float temperature = 0.8f;
@@ -48,6 +51,9 @@ struct Sampling {
   float top_p = 0.95f;
   float min_p = 0.05f;
   uint64_t seed = 0;
+  float frequency_penalty = 0;  // OpenAI's, over the generated tokens; sent only when not 0
+  float presence_penalty = 0;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias); sent only when not empty
   bool operator==(const Sampling&) const = default;
 };
 

@@ -52,6 +52,9 @@ std::string Engine::validate(const GenerateRequest& r) const {
         return "token " + std::to_string(t) + " is out of range [0, " + std::to_string(hp_.n_vocab) + ")";
   if (r.max_tokens < 0) return "max_tokens must not be negative";
   if (r.n_probs < 0 || r.n_probs > 20) return "logprobs must be between 0 and 20";
+  for (const auto& [t, bias] : r.sampling.logit_bias)
+    if (t < 0 || t >= hp_.n_vocab)
+      return "logit_bias: token " + std::to_string(t) + " is out of range [0, " + std::to_string(hp_.n_vocab) + ")";
   return "";
 }
 
@@ -203,12 +206,17 @@ bool Engine::step() {
     // backend then sends back one token instead of the whole row).
     Sampled out;
     std::optional<TokenLogprob> picked;
-    if (a.req.sampling.temperature <= 0.0f && a.req.n_probs == 0) picked = backend_.greedy(int32_t(row));
+    const SamplingParams& sp = a.req.sampling;
+    if (sp.temperature <= 0.0f && a.req.n_probs == 0 && !sp.adjusts()) picked = backend_.greedy(int32_t(row));
     if (picked) {
       out.token = picked->token;
       out.logprob = picked->logprob;
     } else {
-      out = sample(backend_.logits(int32_t(row)), a.req.sampling, uint64_t(index), a.req.n_probs, sample_scratch_);
+      std::span<const float> logits = backend_.logits(int32_t(row));
+      if (sp.adjusts())
+        logits = adjust_logits(logits, sp, std::span<const int32_t>(a.seq).subspan(a.req.prompt.size()),
+                               adjusted_, counts_);
+      out = sample(logits, sp, uint64_t(index), a.req.n_probs, sample_scratch_);
     }
     if (!a.sampled_once) {
       a.sampled_once = true;

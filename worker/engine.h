@@ -96,6 +96,8 @@ class Engine {
   EngineShape shape_;
   std::vector<Slot> slots_;
   std::vector<float> sample_scratch_;
+  std::vector<float> adjusted_;  // a row's logits after logit_bias and penalties
+  std::vector<int32_t> counts_;  // per token: times generated (penalties)
   std::function<void()> step_end_;
 
   mutable std::mutex mu_;

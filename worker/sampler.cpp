@@ -95,6 +95,26 @@ void keep_min_p(std::vector<Candidate>& c, float min_p) {
 
 }  // namespace
 
+std::span<const float> adjust_logits(std::span<const float> logits, const SamplingParams& p,
+                                     std::span<const int32_t> generated, std::vector<float>& out,
+                                     std::vector<int32_t>& counts) {
+  const size_t n_vocab = logits.size();
+  out.assign(logits.begin(), logits.end());
+  for (const auto& [token, bias] : p.logit_bias)
+    if (token >= 0 && size_t(token) < n_vocab) out[size_t(token)] += bias;
+  if (p.frequency_penalty != 0 || p.presence_penalty != 0) {
+    counts.assign(n_vocab, 0);
+    for (int32_t t : generated)
+      if (t >= 0 && size_t(t) < n_vocab) ++counts[size_t(t)];
+    for (int32_t t : generated) {
+      if (t < 0 || size_t(t) >= n_vocab || counts[size_t(t)] == 0) continue;
+      out[size_t(t)] -= float(counts[size_t(t)]) * p.frequency_penalty + p.presence_penalty;
+      counts[size_t(t)] = 0;  // once per distinct token
+    }
+  }
+  return out;
+}
+
 Sampled sample(std::span<const float> logits, const SamplingParams& p, uint64_t n, int n_top,
                std::vector<float>& scratch) {
   if (logits.empty()) throw Error("sample: no logits (empty vocabulary)");

@@ -1,12 +1,15 @@
 #pragma once
 /// Token sampling: greedy, temperature, top-k, top-p, min-p, applied in
-/// llama.cpp's default order (top-k → top-p → min-p → temperature → draw).
+/// llama.cpp's default order (top-k → top-p → min-p → temperature → draw),
+/// after OpenAI's logit adjustments (logit_bias, frequency and presence
+/// penalties), which adjust_logits applies to a copy of the logits.
 /// Randomness is counter-based: the draw for the token at output index `n` of a
 /// request depends only on (seed, n), so a request resumed on another worker
 /// from its prompt plus already generated tokens continues identically.
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace ds4 {
@@ -17,6 +20,11 @@ struct SamplingParams {
   float top_p = 0.95f;       // >= 1: off
   float min_p = 0.05f;       // <= 0: off
   uint64_t seed = 0;
+  float frequency_penalty = 0;  // subtracted from a token's logit once per time it was generated
+  float presence_penalty = 0;   // subtracted once from the logit of every token generated before
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, added to its logit)
+  /// Whether the logits need adjust_logits before sampling.
+  bool adjusts() const { return frequency_penalty != 0 || presence_penalty != 0 || !logit_bias.empty(); }
 };
 
 struct TokenLogprob {
@@ -29,6 +37,15 @@ struct Sampled {
   float logprob = 0;
   std::vector<TokenLogprob> top;  // the `n_top` most likely, best first
 };
+
+/// `logits` as `p` adjusts them, written to `out`: each bias added, and for a
+/// token generated c > 0 times so far (`generated`: the answer's tokens, not
+/// the prompt's), c × frequency_penalty + presence_penalty subtracted, as
+/// OpenAI defines them. Token ids outside the vocabulary are ignored (the
+/// engine refuses them first). `counts` is scratch.
+std::span<const float> adjust_logits(std::span<const float> logits, const SamplingParams& p,
+                                     std::span<const int32_t> generated, std::vector<float>& out,
+                                     std::vector<int32_t>& counts);
 
 /// Picks the token at output index `n` from `logits` (n_vocab floats).
 /// Greedy ties go to the lowest token id. `scratch` avoids allocation per call.

@@ -178,7 +178,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.prompt = std::move(g.prompt);
     r.generated = std::move(g.generated);
     r.max_tokens = g.max_tokens;
-    r.sampling = {g.sampling.temperature, g.sampling.top_k, g.sampling.top_p, g.sampling.min_p, g.sampling.seed};
+    r.sampling = {g.sampling.temperature, g.sampling.top_k,
+                  g.sampling.top_p,       g.sampling.min_p,
+                  g.sampling.seed,        g.sampling.frequency_penalty,
+                  g.sampling.presence_penalty, std::move(g.sampling.logit_bias)};
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
     trace::mark(trace::Stage::worker_read, id);

@@ -1,5 +1,6 @@
 #include "supervisor/proxy/api_request.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "shared/error.h"
@@ -66,6 +67,68 @@ std::vector<ChatMessage> chat_messages(const json& body, const char* key, bool a
     out.push_back({std::move(*r), m.contains("content") ? content_text(m["content"], where) : std::string()});
   }
   return out;
+}
+
+// OpenAI's logit_bias: {"token id": bias}, biases in [-100, 100], ids in the
+// vocabulary. Sorted by token.
+std::vector<std::pair<int32_t, float>> logit_bias(const json& body, int32_t n_vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return out;
+  if (!it->is_object()) throw Error("'logit_bias' must be an object of token ids to biases");
+  if (it->size() > proto::kMaxLogitBias)
+    throw Error("'logit_bias' has " + std::to_string(it->size()) + " entries, more than " +
+                std::to_string(proto::kMaxLogitBias));
+  for (const auto& [key, bias] : it->items()) {
+    int64_t token = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), token);
+    if (ec != std::errc() || end != key.data() + key.size() || key.empty() || token < 0 || token >= n_vocab)
+      throw Error("'logit_bias' key '" + key + "' is not a token id of this model (0 to " +
+                  std::to_string(n_vocab - 1) + ")");
+    if (!bias.is_number() || !(bias.get<double>() >= -100 && bias.get<double>() <= 100))
+      throw Error("'logit_bias' value for token " + key + " must be a number from -100 to 100");
+    out.emplace_back(int32_t(token), bias.get<float>());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Fields whose meaning this server cannot honour get a 400 naming them,
+// rather than an answer that quietly ignores them. Their "off" values pass.
+void refuse_unsupported(const json& body, Endpoint endpoint) {
+  const bool anthropic = endpoint == Endpoint::messages;
+  auto given = [&](const char* key) -> const json* {
+    auto it = body.find(key);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+  };
+  auto empty_list = [](const json* v) { return v->is_array() && v->empty(); };
+  auto one_of = [](const json* v, std::initializer_list<const char*> words) {
+    for (const char* w : words)
+      if (*v == w) return true;
+    return false;
+  };
+  if (const json* t = given("tools"); t && !empty_list(t))
+    throw Error("'tools': tool calls are not supported by this server (the model answers in text)");
+  if (const json* c = given("tool_choice"))
+    if (!one_of(c, {"none", "auto"}) && !(anthropic && c->is_object() && c->contains("type") && one_of(&(*c)["type"], {"none", "auto"})))
+      throw Error("'tool_choice': tool calls are not supported by this server");
+  if (anthropic) {
+    if (const json* t = given("thinking"); t && !(t->is_object() && t->contains("type") && (*t)["type"] == "disabled"))
+      throw Error("'thinking': extended thinking is not supported by this server");
+    return;
+  }
+  if (const json* f = given("functions"); f && !empty_list(f))
+    throw Error("'functions': function calls are not supported by this server (the model answers in text)");
+  if (const json* f = given("function_call"); f && !one_of(f, {"none", "auto"}))
+    throw Error("'function_call': function calls are not supported by this server");
+  if (const json* r = given("response_format"); r && !(r->is_object() && r->contains("type") && (*r)["type"] == "text"))
+    throw Error("'response_format': only {\"type\": \"text\"} is served; JSON modes (json_object, json_schema) are not supported");
+  if (const json* r = given("repeat_penalty"); r && *r != 1 && *r != 1.0)
+    throw Error("'repeat_penalty' is not supported: use 'frequency_penalty' or 'presence_penalty'");
+  if (endpoint == Endpoint::completion) {
+    if (const json* b = given("best_of"); b && *b != 1) throw Error("'best_of' must be 1: one completion per request");
+    if (const json* s = given("suffix"); s && *s != "") throw Error("'suffix' (insertion) is not supported");
+  }
 }
 
 void check_stops(const std::vector<std::string>& stops, const char* key) {
@@ -185,6 +248,12 @@ Plan parse(Endpoint endpoint, const json& body, const ModelText& model, const Pl
   s.min_p = float(opt_number(body, "min_p", 0, 1).value_or(s.min_p));
   if (auto seed = opt_int(body, "seed", INT64_MIN, INT64_MAX)) s.seed = uint64_t(*seed);
   else s.seed = limits.random_seed;
+  if (!anthropic) {  // OpenAI's logit adjustments, over the answer's tokens
+    s.frequency_penalty = float(opt_number(body, "frequency_penalty", -2, 2).value_or(0));
+    s.presence_penalty = float(opt_number(body, "presence_penalty", -2, 2).value_or(0));
+    s.logit_bias = logit_bias(body, model.tokenizer().n_vocab());
+  }
+  refuse_unsupported(body, endpoint);
 
   p.stop = stop_strings(body, anthropic ? "stop_sequences" : "stop");
 

@@ -110,6 +110,28 @@ check "max_tokens 0: 200 with no text and the prompt counted, streamed or not; t
     jq -e '.choices[0].text == \"\" and .usage.completion_tokens == 0 and .usage.prompt_tokens > 0' $T/b >/dev/null &&
     curl -sN --max-time 30 -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_completion_tokens\":0,\"stream\":true}' | tail -c 20 | grep -q 'data: \[DONE\]' &&
     kill -0 \$(cat $T/proxy.pid)"
+check "logit_bias is served (+100 on one token: the answer is that token, five times); tools are refused by name" \
+  python3 - "$U" <<'PY'
+import json, sys, urllib.request, urllib.error
+u = sys.argv[1]
+def post(path, body):
+    req = urllib.request.Request(u + path, json.dumps(body).encode(), {"Authorization": "Bearer sk-test-1"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+base = {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}
+s, plain = post("/v1/completions", base)
+s2, forced = post("/v1/completions", dict(base, logit_bias={"300": 100}))
+assert s == s2 == 200, (s, s2)
+text = forced["choices"][0]["text"]
+piece = text[: len(text) // 5]
+assert piece and text == piece * 5 and text != plain["choices"][0]["text"], (text, plain)
+s, e = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                     "tools": [{"type": "function", "function": {"name": "f"}}]})
+assert s == 400 and "'tools'" in e["error"]["message"], (s, e)
+PY
 # HTTP-level answers: a body that stops coming, a malformed chunked body, a
 # body too large on Anthropic's path, other methods, HEAD.
 check "HTTP: a late body gets 408 after body_timeout; a bad chunk 400; 413 in Anthropic's shape on /v1/messages; 405 with Allow; HEAD's length" \

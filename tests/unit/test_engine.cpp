@@ -332,6 +332,48 @@ TEST_CASE("engine: a request resumed from its generated tokens continues exactly
   }
 }
 
+TEST_CASE("engine: logit_bias and penalties change greedy answers as asked, and resume exactly") {
+  Fixture& f = fixture();
+  Rig rig({256, 1, 64});
+  const std::vector<int32_t> prompt = f.tok.encode("Once upon a time", true);
+  const auto plain = rig.run(greedy(prompt, 24));
+  REQUIRE(plain->tokens.size() == 24);
+  // A bias of -100 on the first greedy token: it never comes.
+  GenerateRequest r = greedy(prompt, 24);
+  const int32_t banned = plain->tokens[0];
+  r.sampling.logit_bias = {{banned, -100.f}};
+  const auto biased = rig.run(r);
+  CHECK(std::count(biased->tokens.begin(), biased->tokens.end(), banned) == 0);
+  // +100 on one token: greedy picks it every time.
+  r.sampling.logit_bias = {{42, 100.f}};
+  const auto forced = rig.run(r);
+  CHECK(forced->tokens == std::vector<int32_t>(24, 42));
+  // Strong penalties: fewer repeated tokens in the answer than greedy's.
+  r = greedy(prompt, 60);
+  const auto longer = rig.run(r);
+  r.sampling.presence_penalty = 2.0f;
+  r.sampling.frequency_penalty = 2.0f;
+  const auto varied = rig.run(r);
+  REQUIRE(varied->tokens.size() == 60);
+  auto distinct = [](std::vector<int32_t> t) {
+    std::sort(t.begin(), t.end());
+    return std::unique(t.begin(), t.end()) - t.begin();
+  };
+  MESSAGE("distinct tokens in 60: greedy " << distinct(longer->tokens) << ", penalized " << distinct(varied->tokens));
+  CHECK(distinct(varied->tokens) > distinct(longer->tokens));
+  // Resumed on another worker from 9 tokens: the penalties count them, so it goes on the same.
+  Rig other({256, 1, 64});
+  r.generated.assign(varied->tokens.begin(), varied->tokens.begin() + 9);
+  const auto rest = other.run(r);
+  CHECK(rest->tokens == std::vector<int32_t>(varied->tokens.begin() + 9, varied->tokens.end()));
+  // A bias on a token outside the vocabulary is refused.
+  r.generated.clear();
+  r.sampling.logit_bias = {{5000, 1.f}};
+  const auto bad = rig.run(r);
+  CHECK(bad->reason == Finish::error);
+  CHECK(bad->error.find("logit_bias: token 5000 is out of range") != std::string::npos);
+}
+
 TEST_CASE("engine: bad requests finish with a clear error and the engine keeps serving") {
   Fixture& f = fixture();
   Rig rig({32, 1, 16});

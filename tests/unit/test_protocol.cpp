@@ -15,7 +15,11 @@ TEST_CASE("protocol: a generate request line reads back as the same request") {
   g.prompt = {1, 403, 407, 261, 378};
   g.generated = {432, 7};
   g.max_tokens = 48;
-  g.sampling = {0.95f, 40, 0.9f, 0.05f, 18446744073709551615ull};
+  g.sampling.temperature = 0.95f;
+  g.sampling.top_k = 40;
+  g.sampling.top_p = 0.9f;
+  g.sampling.min_p = 0.05f;
+  g.sampling.seed = 18446744073709551615ull;
   g.logprobs = 3;
   g.ignore_eos = true;
   const std::string line = to_line(g);
@@ -33,6 +37,30 @@ TEST_CASE("protocol: a generate request line reads back as the same request") {
   CHECK(r.generate.sampling.seed == 18446744073709551615ull);
   CHECK(r.generate.logprobs == 3);
   CHECK(r.generate.ignore_eos);
+}
+
+TEST_CASE("protocol: penalties and logit_bias travel only when set, and read back") {
+  GenerateRequest g;
+  g.prompt = {1, 2};
+  CHECK(to_line(g).find("penalty") == std::string::npos);  // the common line stays as it was
+  CHECK(to_line(g).find("logit_bias") == std::string::npos);
+  g.sampling.frequency_penalty = 0.5f;
+  g.sampling.presence_penalty = -1.25f;
+  g.sampling.logit_bias = {{13, -100.f}, {400, 2.5f}};
+  const std::string line = to_line(g, 9);
+  CHECK_NOTHROW(json::parse(line));
+  const Request r = parse_request(line);
+  CHECK(r.id == 9);
+  CHECK(r.generate == g);
+  auto bad = [&](const std::string& from, const std::string& to) {
+    std::string l = line;
+    REQUIRE(l.find(from) != std::string::npos);
+    return l.replace(l.find(from), from.size(), to);
+  };
+  CHECK_THROWS_WITH_AS(parse_request(bad("0.5", "2.5")), doctest::Contains("frequency_penalty"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(bad("[13,-100]", "[13,-101]")), doctest::Contains("bias"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(bad("[13,-100]", "[-3,1]")), doctest::Contains("token"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(bad("[13,-100]", "[13]")), doctest::Contains("[token, bias] pair"), ds4::Error);
 }
 
 TEST_CASE("protocol: a request line in another form, or out of range, reads as the general parser says") {

@@ -246,6 +246,54 @@ TEST_CASE("requests: sampling, limits, stops and seeds are carried into the plan
   CHECK(r.plan->gen.max_tokens == 512 - int(r.plan->gen.prompt.size()));  // clamped to the context
 }
 
+TEST_CASE("requests: OpenAI's penalties and logit_bias reach the plan; what cannot be honoured is refused by name") {
+  Ctx c;
+  Route r = route(post("/v1/completions", R"({"prompt":"Once","frequency_penalty":0.5,"presence_penalty":-1,
+                                              "logit_bias":{"400":-100,"13":2.5}})"),
+                  c.get());
+  REQUIRE(r.plan);
+  CHECK(r.plan->gen.sampling.frequency_penalty == 0.5f);
+  CHECK(r.plan->gen.sampling.presence_penalty == -1.f);
+  CHECK(r.plan->gen.sampling.logit_bias == std::vector<std::pair<int32_t, float>>{{13, 2.5f}, {400, -100.f}});
+  auto err = [&](const std::string& target, const std::string& body) {
+    Route e = route(post(target, body), c.get());
+    REQUIRE(e.response);
+    CHECK(e.response->status == 400);
+    return body_of(e)["error"]["message"].get<std::string>();
+  };
+  const std::string chat = R"({"messages":[{"role":"user","content":"hi"}],)";
+  const std::string msgs = R"({"max_tokens":4,"messages":[{"role":"user","content":"hi"}],)";
+  CHECK(err("/v1/completions", R"({"prompt":"x","frequency_penalty":2.5})").find("'frequency_penalty'") != std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":"x","logit_bias":{"abc":1}})").find("'logit_bias' key 'abc' is not a token id") !=
+        std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":"x","logit_bias":{"512":1}})").find("0 to 511") != std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":"x","logit_bias":{"5":101}})").find("-100 to 100") != std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":"x","logit_bias":[1]})").find("must be an object") != std::string::npos);
+  CHECK(err("/v1/chat/completions", chat + R"("tools":[{"type":"function","function":{"name":"f"}}]})")
+            .starts_with("'tools': tool calls are not supported"));
+  CHECK(err("/v1/chat/completions", chat + R"("tool_choice":"required"})").find("'tool_choice'") != std::string::npos);
+  CHECK(err("/v1/chat/completions", chat + R"("functions":[{"name":"f"}]})").find("'functions'") != std::string::npos);
+  CHECK(err("/v1/chat/completions", chat + R"("response_format":{"type":"json_object"}})").find("JSON modes") !=
+        std::string::npos);
+  CHECK(err("/v1/chat/completions", chat + R"("repeat_penalty":1.1})").find("'repeat_penalty'") != std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":"x","best_of":3})").find("'best_of' must be 1") != std::string::npos);
+  CHECK(err("/v1/completions", R"({"prompt":"x","suffix":"end"})").find("'suffix'") != std::string::npos);
+  CHECK(err("/v1/messages", msgs + R"("tools":[{"name":"f","input_schema":{}}]})").find("'tools'") != std::string::npos);
+  CHECK(err("/v1/messages", msgs + R"("thinking":{"type":"enabled","budget_tokens":1024}})").find("'thinking'") !=
+        std::string::npos);
+  CHECK(err("/v1/messages", msgs + R"("tool_choice":{"type":"any"}})").find("'tool_choice'") != std::string::npos);
+  // Their "off" values are served.
+  for (const std::string& off : {std::string(R"("tools":[],"tool_choice":"none")"), std::string(R"("tool_choice":"auto")"),
+                                 std::string(R"("response_format":{"type":"text"})"), std::string(R"("repeat_penalty":1)"),
+                                 std::string(R"("functions":null,"function_call":"none")")}) {
+    CAPTURE(off);
+    CHECK(route(post("/v1/chat/completions", chat + off + "}"), c.get()).plan.has_value());
+  }
+  CHECK(route(post("/v1/completions", R"({"prompt":"x","best_of":1,"suffix":""})"), c.get()).plan.has_value());
+  CHECK(route(post("/v1/messages", msgs + R"("thinking":{"type":"disabled"},"tool_choice":{"type":"auto"}})"), c.get())
+            .plan.has_value());
+}
+
 namespace {
 
 void check_same_plan(const Plan& a, const Plan& b) {

@@ -169,6 +169,40 @@ TEST_CASE("sampler: log-probs are the log-softmax of the raw logits") {
   CHECK(big.logprob == doctest::Approx(-std::log(2.0)).epsilon(1e-6));
 }
 
+TEST_CASE("sampler: logit_bias and OpenAI's penalties adjust a copy of the logits") {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f, 0.5f};
+  SamplingParams p = plain(0);
+  std::vector<float> out;
+  std::vector<int32_t> counts;
+  const std::vector<int32_t> generated = {2, 2, 2, 1, 3};
+  // No adjustment asked: the same logits.
+  CHECK_FALSE(p.adjusts());
+  auto a = adjust_logits(logits, p, generated, out, counts);
+  CHECK(std::vector<float>(a.begin(), a.end()) == logits);
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  p.logit_bias = {{0, 10.0f}, {3, -1.0f}};
+  CHECK(p.adjusts());
+  a = adjust_logits(logits, p, generated, out, counts);
+  // token 0: +10 (never generated); 1: once (-0.5 - 0.25); 2: three times (-1.5 - 0.25); 3: -1, once (-0.75).
+  CHECK(a[0] == doctest::Approx(11.0f));
+  CHECK(a[1] == doctest::Approx(1.25f));
+  CHECK(a[2] == doctest::Approx(1.25f));
+  CHECK(a[3] == doctest::Approx(-1.25f));
+  CHECK(logits[2] == 3.0f);  // the backend's row is left alone
+  CHECK(draw(std::vector<float>(a.begin(), a.end()), p, 0) == 0);  // the bias decides greedy
+  // The prompt does not count: an answer with no tokens yet gets the biases alone.
+  a = adjust_logits(logits, p, {}, out, counts);
+  CHECK(a[2] == 3.0f);
+  // Negative penalties favour repeats; ids outside the vocabulary are ignored.
+  p.frequency_penalty = -2.0f;
+  p.presence_penalty = 0;
+  p.logit_bias = {{99, 5.0f}};
+  a = adjust_logits(logits, p, std::vector<int32_t>{3, 3, 77}, out, counts);
+  CHECK(a[3] == doctest::Approx(4.5f));
+  CHECK(a.size() == 4);
+}
+
 TEST_CASE("sampler: no logits is an error") {
   std::vector<float> scratch;
   CHECK_THROWS_AS(sample(std::vector<float>{}, plain(1.0f), 0, 0, scratch), Error);
