@@ -1,5 +1,7 @@
 #include "supervisor/paths.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +26,41 @@ void ensure_private_dir(const std::string& dir) {
   if (!S_ISDIR(st.st_mode)) throw Error(dir + " is not a directory");
   if (st.st_uid != getuid()) throw Error(dir + " belongs to uid " + std::to_string(st.st_uid) + ", not to us");
   if (::chmod(dir.c_str(), 0700) != 0) throw Error("cannot chmod 0700 " + dir + ": " + std::strerror(errno));
+}
+
+RuntimeDirLock::RuntimeDirLock(const std::string& dir) {
+  const std::string path = dir + "/supervisor.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd_ < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK) throw Error("cannot lock " + path + ": " + std::strerror(err));
+    std::string who = n > 0 ? std::string(pid, size_t(n)) : "";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    throw Error("another ds4-supervisor" + (who.empty() ? std::string() : " (pid " + who + ")") + " runs on " + dir +
+                ": stop it first, or start this one with its own XDG_RUNTIME_DIR");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+    // The lock holds without the pid; only the message of a second supervisor loses it.
+  }
+}
+
+RuntimeDirLock& RuntimeDirLock::operator=(RuntimeDirLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+RuntimeDirLock::~RuntimeDirLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string admin_socket_path() { return runtime_dir() + "/admin.sock"; }

@@ -127,6 +127,7 @@ void Supervisor::prepare() {
     log::warn("config file " + opts_.config_path + " not found; running on the defaults");
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
+  runtime_lock_ = RuntimeDirLock(runtime_dir_);
   // Memfd segments a previous run of ours left in systemd's fd store.
   memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
   memfds_->recover();

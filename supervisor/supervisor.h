@@ -32,6 +32,7 @@
 #include "shared/config.h"
 #include "supervisor/asio.h"
 #include "supervisor/model_setup.h"
+#include "supervisor/paths.h"
 #include "supervisor/worker_manager.h"
 #include "supervisor/worker_registry.h"
 
@@ -131,6 +132,7 @@ class Supervisor {
   Config config_;
   ModelInfo model_;
   std::string runtime_dir_;
+  RuntimeDirLock runtime_lock_;  // one supervisor per runtime folder
   std::unique_ptr<MemorySource> memory_;
   std::unique_ptr<UnitBackend> backend_;
   std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes

@@ -3,7 +3,8 @@
 # config (no model configured) and no systemd user manager makes a synthetic
 # model (saying loudly that its weights are random), runs the worker as a
 # child process, and answers `ds4ctl status`; the admin socket is the
-# owner's only; a model.path that names no file is an error, not random weights.
+# owner's only; a second supervisor on the same runtime folder is refused; a
+# model.path that names no file is an error, not random weights.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,6 +31,13 @@ sock=$XDG_RUNTIME_DIR/ds4/admin.sock
 [[ $(stat -c %a "$sock") == 600 && $(stat -c %a "$XDG_RUNTIME_DIR/ds4") == 700 ]] \
   && pass "admin socket 0600 in a 0700 folder" || fail "modes: socket $(stat -c %a "$sock"), dir $(stat -c %a "$XDG_RUNTIME_DIR/ds4")"
 "$DS4_BIN/ds4ctl" status | grep -q 'RANDOM WEIGHTS' && pass "ds4ctl status shows the synthetic model" || fail "ds4ctl status"
+# A second supervisor on the same runtime folder stops before touching the
+# first one's sockets (it used to take them over, then remove them on exit).
+out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config config/ds4.yaml 2>&1); rc=$?
+[[ $rc == 1 && $out == *"another ds4-supervisor (pid $SUP_PID) runs on $XDG_RUNTIME_DIR/ds4"* ]] \
+  && pass "a second supervisor on this runtime folder: exit 1 naming the first" || fail "second supervisor: exit $rc: $out"
+[[ -S $sock ]] && "$DS4_BIN/ds4ctl" status >/dev/null && pass "the first still answers on its admin socket" \
+  || fail "the first supervisor lost its admin socket"
 # The worker serves the token protocol on its socket.
 wsock=$(sup_get 'w[0]["socket"]')
 info=$(python3 -c '
