@@ -310,6 +310,14 @@ bool Supervisor::reload(std::string* error) {
   Config next;
   try {
     next = load_config(opts_.config_path, {.model_file_must_exist = true});
+    // Defaults stand in for a missing file, and a synthetic model with random
+    // weights for a missing model.path: right for a first start, never in
+    // place of a served model.
+    if (!next.file_found && config_.file_found)
+      throw Error(opts_.config_path + ": no such file (moved or deleted?); nothing to reload");
+    if (next.model.path.empty() && !model_.synthetic)
+      throw Error(opts_.config_path + ": no model.path: the served model " + model_.name +
+                  " would give way to one with random weights; set model.path");
   } catch (const Error& e) {
     log::error(std::string("reload refused, keeping the running config: ") + e.what(),
                {{"DS4_EVENT", "reload_failed"}});

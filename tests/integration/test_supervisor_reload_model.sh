@@ -103,6 +103,20 @@ grep -q 'reload failed while loading the new model, the old one keeps serving' "
   && pass "the served model and its worker are unchanged" || fail "a failed reload changed the served model or its worker"
 [[ $(sup_complete "$url" reload-test | tail -1) == 200 ]] && pass "still answering" || fail "no answer after the failed reload"
 
+# A config that went missing, or lost its model.path, is refused: the
+# defaults (and their random-weights model) are for a first start only.
+mv "$SUP_DIR/ds4.yaml" "$SUP_DIR/ds4.yaml.away"
+out=$("$DS4_BIN/ds4ctl" reload 2>&1); rc=$?
+[[ $rc != 0 && $out == *"ds4.yaml: no such file (moved or deleted?); nothing to reload"* ]] \
+  && pass "reload with the config file gone: refused ($out)" || fail "reload with the config gone: exit $rc: $out"
+: >"$SUP_DIR/ds4.yaml"
+out=$("$DS4_BIN/ds4ctl" reload 2>&1); rc=$?
+[[ $rc != 0 && $out == *"no model.path: the served model reload-test would give way to one with random weights"* ]] \
+  && pass "reload with an empty config: refused" || fail "reload with an empty config: exit $rc: $out"
+mv "$SUP_DIR/ds4.yaml.away" "$SUP_DIR/ds4.yaml"
+[[ $(sup_get 's["model"]["segment"]') == "$s2" && $(sup_get 'w[0]["pid"]') == "$pid" ]] && ! grep -q 'RANDOM WEIGHTS' "$SUP_DIR/sup.log" \
+  && pass "the served model and its worker are unchanged, no random weights" || fail "a refused reload changed the served model"
+
 # A stop while a reload's model loads: the load stops at once and leaves no
 # half-written segment. The model file changed on disk (a new mtime: another
 # identity), so the reload loads it again.
