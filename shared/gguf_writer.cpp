@@ -1,11 +1,13 @@
 #include "shared/gguf_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "shared/error.h"
@@ -295,7 +297,21 @@ std::vector<uint8_t> Writer::to_bytes() const {
   return bytes;
 }
 
-void Writer::write(const std::string& path) const {
+void Writer::write(const std::string& out_path) const {
+  // The file is written beside its target and renamed over it: a symlink is
+  // followed (the rename would replace the link), and only a regular file is
+  // replaced (not /dev/null, a FIFO, a folder).
+  namespace fs = std::filesystem;
+  fs::path target = out_path;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(target)); ++hops) {  // a dangling link too
+    if (hops == 40) throw Error(out_path + ": too many levels of symbolic links");
+    const fs::path next = fs::read_symlink(target);
+    target = next.is_absolute() ? next : target.parent_path() / next;
+  }
+  const std::string path = target.string();
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Error(out_path + " is not a regular file: a model is written to a new file or over a regular one");
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));

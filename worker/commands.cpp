@@ -366,6 +366,10 @@ int cmd_unload(const std::vector<std::string>& argv) {
   const std::string name = a.has("segment") ? a.str("segment") : store::segment_name(store::identify(a.required("model")));
   if (store::is_memfd_handle(name))
     throw Error(name + ": a memfd segment goes away when the supervisor that keeps it lets it go (or stops)");
+  // Only what `load` makes: another program's shared memory, or ds4's control
+  // block, is not this command's to remove.
+  if (!name.starts_with("ds4-model-") || name.find('/') != std::string::npos)
+    throw Error(name + " is not a model segment's name (ds4-model-…, as `ds4-worker load` prints)");
   if (!store::remove(name)) throw Error("no segment named " + name);
   std::cout << "removed " << name << std::endl;
   return 0;

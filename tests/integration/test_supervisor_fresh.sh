@@ -57,6 +57,13 @@ sup_stop
 # The synthetic model lives in this test's folder: its segment goes with it.
 [[ -n $segment ]] && "$DS4_BIN/ds4-worker" unload --segment "$segment" >/dev/null
 [[ ! -e $sock ]] && pass "admin socket removed on exit" || fail "admin socket left behind"
+# `unload` removes model segments only, not whatever else lives in /dev/shm.
+other=/dev/shm/ds4test-notours-$$
+echo keep >"$other"
+out=$("$DS4_BIN/ds4-worker" unload --segment "${other#/dev/shm/}" 2>&1); rc=$?
+[[ $rc != 0 && -f $other && $out == *"is not a model segment's name"* ]] && pass "unload refuses a name that is not a model segment's" \
+  || fail "unload of another program's shared memory: exit $rc, $out"
+rm -f "$other"
 # A model.path that names no file is an error where it is written, not a
 # model with random weights served in its place.
 printf 'model:\n  path: %s\n' "$SUP_DIR/no-such-model.gguf" >"$SUP_DIR/typo.yaml"

@@ -2,6 +2,7 @@
 // the reader must refuse with a message that names the place.
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -212,6 +213,24 @@ TEST_CASE("gguf: writer refuses inconsistent tensors") {
   CHECK_THROWS_WITH_AS(w.add_tensor("t", {4}, GgmlType::F32, std::vector<uint8_t>(16)),
                        doctest::Contains("duplicate tensor 't'"), Error);
   CHECK_THROWS_AS(w.write("/nonexistent-dir/x.gguf"), Error);
+}
+
+TEST_CASE("gguf: the writer replaces only a regular file, and writes through a symlink") {
+  const Writer w = small_writer();
+  // /dev/null was renamed over (a regular file then) when ds4-mkmodel ran as root.
+  CHECK_THROWS_WITH_AS(w.write("/dev/null"), "/dev/null is not a regular file: a model is written to a new file or over a regular one",
+                       Error);
+  CHECK(std::filesystem::is_character_file("/dev/null"));
+  const auto dir = std::filesystem::temp_directory_path() / ("ds4-writer-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "folder");
+  CHECK_THROWS_WITH_AS(w.write((dir / "folder").string()), doctest::Contains("is not a regular file"), Error);
+  REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(w.write((dir / "fifo").string()), doctest::Contains("is not a regular file"), Error);
+  std::filesystem::create_symlink(dir / "real.gguf", dir / "link.gguf");
+  w.write((dir / "link.gguf").string());
+  CHECK(std::filesystem::is_symlink(dir / "link.gguf"));  // still a link, to the model
+  CHECK(File::open((dir / "real.gguf").string()).tensors().size() == 2);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("gguf: version 2 parses, 1 and 4 are refused") {
