@@ -752,6 +752,8 @@ Config load_config(const fs::path& file, const LoadOptions& options) {
     return c;
   }
   if (fs::is_directory(file, ec)) throw Error(file.string() + ": is a folder, not a config file");
+  // Reading a FIFO would wait for a writer, with the stop signals held (start_signals.h).
+  if (!fs::is_regular_file(file, ec)) throw Error(file.string() + ": is not a regular file (a FIFO or a device?)");
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error(file.string() + ": cannot read the config file");
   std::ostringstream text;

@@ -1,6 +1,7 @@
 // config/ds4.yaml loading and validation (shared/config.h).
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -213,6 +214,11 @@ TEST_CASE("config: load_config reads the file, and a missing file gives the defa
 
   CHECK_THROWS_WITH_AS(ds4::load_config(dir.path, {.mem_total = 64 * GiB}),
                        (dir.path.string() + ": is a folder, not a config file").c_str(), ds4::Error);
+  // A FIFO: refused at once (reading it waited for a writer, deaf to SIGTERM).
+  const auto fifo = dir.path / "fifo.yaml";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(ds4::load_config(fifo, {.mem_total = 64 * GiB}),
+                       (fifo.string() + ": is not a regular file (a FIFO or a device?)").c_str(), ds4::Error);
 
   std::ofstream(file) << "workers:\n  slots: 0\n";
   try {

@@ -226,6 +226,8 @@ TEST_CASE("gguf: the writer replaces only a regular file, and writes through a s
   CHECK_THROWS_WITH_AS(w.write((dir / "folder").string()), doctest::Contains("is not a regular file"), Error);
   REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
   CHECK_THROWS_WITH_AS(w.write((dir / "fifo").string()), doctest::Contains("is not a regular file"), Error);
+  // Read as a model: refused at once (opening it waited for a writer).
+  CHECK_THROWS_WITH_AS(File::open((dir / "fifo").string()), ((dir / "fifo").string() + ": not a regular file").c_str(), Error);
   std::filesystem::create_symlink(dir / "real.gguf", dir / "link.gguf");
   w.write((dir / "link.gguf").string());
   CHECK(std::filesystem::is_symlink(dir / "link.gguf"));  // still a link, to the model
