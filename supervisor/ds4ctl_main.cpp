@@ -1,4 +1,6 @@
 // ds4ctl: talks to ds4-supervisor over its admin socket (supervisor/admin.h).
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -25,15 +27,14 @@ const char* kUsage =
     "  reload               re-read the config (like SIGHUP)\n"
     "The supervisor is found at $XDG_RUNTIME_DIR/ds4/admin.sock.\n";
 
+// A whole number from 0 to 2^31 - 1 (as int, 4294967296 was 0: worker 0 drained).
 int parse_int(const std::string& s, const char* what) {
-  try {
-    size_t n = 0;
-    const long v = std::stol(s, &n);
-    if (n != s.size() || v < 0) throw 0;
-    return int(v);
-  } catch (...) {
-    throw ds4::Error(std::string("expected ") + what + ", got '" + s + "'");
-  }
+  int64_t v = -1;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || v < 0 || v > INT32_MAX)
+    throw ds4::Error(std::string("expected ") + what + " (a whole number from 0 to " + std::to_string(INT32_MAX) +
+                     "), got '" + s + "'");
+  return int(v);
 }
 
 void print_status(const nlohmann::json& s) {
@@ -118,6 +119,7 @@ void print_events(const nlohmann::json& a) {
 
 int run(std::vector<std::string> args) {
   std::string socket = ds4::sup::admin_socket_path();
+  if (args.size() == 1 && args[0] == "--socket") throw ds4::Error(std::string("--socket needs a PATH\n") + kUsage);
   if (args.size() >= 2 && args[0] == "--socket") {
     socket = args[1];
     args.erase(args.begin(), args.begin() + 2);
@@ -133,7 +135,8 @@ int run(std::vector<std::string> args) {
     if (args.size() != n + 1) throw ds4::Error("'" + cmd + "' takes " + std::to_string(n) + " argument(s)\n" + kUsage);
   };
   if (cmd == "status" || cmd == "events") {
-    if (args.size() > 2 || (args.size() == 2 && !json)) throw ds4::Error(std::string("usage:\n") + kUsage);
+    if (args.size() > 2 || (args.size() == 2 && !json))
+      throw ds4::Error("'" + cmd + "' takes only --json, not '" + args[1] + "'\n" + kUsage);
   } else if (cmd == "drain" || cmd == "restart") {
     want(1);
     req["worker"] = parse_int(args[1], "a worker id");

@@ -500,7 +500,9 @@ nlohmann::json Supervisor::handle_admin(const nlohmann::json& req) {
   auto worker_id = [&] {
     if (!req.contains("worker") || !req["worker"].is_number_integer())
       throw Error("'" + cmd + "' needs \"worker\": a worker id");
-    return req["worker"].get<int>();
+    const int64_t id = req["worker"].get<int64_t>();  // as int, 2^32 + 1 was worker 1
+    if (id < 0 || id > INT32_MAX) throw Error("no worker " + req["worker"].dump());
+    return int(id);
   };
   if (cmd == "status") {
     nlohmann::json s = status_json();
@@ -530,7 +532,9 @@ nlohmann::json Supervisor::handle_admin(const nlohmann::json& req) {
     const int id = worker_id();
     if (!req.contains("size") || !req["size"].is_number_unsigned())
       throw Error("'context' needs \"size\": a context size on the ladder");
-    manager_->set_context(id, req["size"].get<uint32_t>());
+    const uint64_t size = req["size"].get<uint64_t>();
+    if (size > UINT32_MAX) throw Error("context " + std::to_string(size) + " is not on the ladder");
+    manager_->set_context(id, uint32_t(size));
     return {{"ok", true}};
   }
   if (cmd == "reload") {

@@ -38,6 +38,16 @@ out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config config/ds4.yaml 2>&1); rc=$?
   && pass "a second supervisor on this runtime folder: exit 1 naming the first" || fail "second supervisor: exit $rc: $out"
 [[ -S $sock ]] && "$DS4_BIN/ds4ctl" status >/dev/null && pass "the first still answers on its admin socket" \
   || fail "the first supervisor lost its admin socket"
+# Worker ids past 2^31 are refused, by ds4ctl and by the admin socket (as an
+# int, 4294967296 was worker 0: it drained it).
+out=$("$DS4_BIN/ds4ctl" drain 4294967296 2>&1); rc=$?
+raw=$(python3 -c '
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+s.sendall(b"{\"cmd\":\"drain\",\"worker\":4294967296}\n"); print(s.makefile().readline().strip())' "$sock" 2>&1)
+[[ $rc != 0 && $out == *"expected a worker id"* && $raw == *'"ok":false'* && $raw == *"no worker 4294967296"* ]] \
+  && sup_wait 5 'w[0]["state"] == "ready"' && pass "worker id 2^32: refused by ds4ctl and the supervisor, worker 0 still ready" \
+  || fail "worker id 2^32: ds4ctl exit $rc: $out; admin: $raw; worker 0 $(sup_get 'w[0]["state"]')"
 # The worker serves the token protocol on its socket.
 wsock=$(sup_get 'w[0]["socket"]')
 info=$(python3 -c '
