@@ -515,8 +515,9 @@ void read_ladder(Reader& r, const Entry& e, std::vector<std::uint32_t>& out) {
       ok = false;
       continue;
     }
-    if (v <= 0 || v > 16 * 1024 * 1024) {
-      r.error(rung.mark, where + ": context size " + std::to_string(v) + " must be between 1 and 16777216 tokens");
+    if (v < kMinContext || v > kMaxContext) {
+      r.error(rung.mark, where + ": context size " + std::to_string(v) + " must be between " + std::to_string(kMinContext) +
+                             " and " + std::to_string(kMaxContext) + " tokens");
       ok = false;
       continue;
     }
@@ -718,9 +719,21 @@ Config parse_config(const std::string& yaml, const fs::path& file, const LoadOpt
   Config c;
   c.file = file;
   c.file_found = true;
+  // yaml-cpp reads a NUL as the end of an escape ("unknown escape character"), a column off.
+  if (const size_t nul = yaml.find('\0'); nul != std::string::npos) {
+    const size_t line_start = yaml.rfind('\n', nul) == std::string::npos ? 0 : yaml.rfind('\n', nul) + 1;
+    throw Error(name + ":" + std::to_string(std::count(yaml.begin(), yaml.begin() + std::ptrdiff_t(nul), '\n') + 1) +
+                ":" + std::to_string(nul - line_start + 1) + ": a NUL byte: the config is a text file");
+  }
   YAML::Node root;
   try {
-    root = YAML::Load(yaml);
+    std::vector<YAML::Node> documents = YAML::LoadAll(yaml);
+    if (documents.size() > 1) {  // Load() read the first and dropped the rest without a word
+      const YAML::Mark m = documents[1].Mark();
+      throw Error(name + (m.is_null() ? std::string() : ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1)) +
+                  ": a second YAML document (after '---'): the config is one document");
+    }
+    if (!documents.empty()) root = documents[0];
   } catch (const YAML::Exception& e) {
     const std::string where = e.mark.is_null()
                                   ? name

@@ -26,6 +26,11 @@
 
 namespace ds4 {
 
+/// Context sizes a worker takes (tokens per slot): the ladder's rungs and
+/// ds4-worker's --context.
+inline constexpr std::int64_t kMinContext = 16;
+inline constexpr std::int64_t kMaxContext = 16 * 1024 * 1024;
+
 using Bytes = std::uint64_t;
 using Duration = std::chrono::milliseconds;
 

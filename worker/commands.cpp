@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shared/config.h"
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
@@ -249,7 +250,7 @@ int cmd_engine(const std::vector<std::string>& argv) {
   o.id = int(a.integer("id", 0, 0, 1 << 20));
   o.port = int(a.integer("port", 0, 1, 65535));
   if (!a.has("port")) throw Error("engine: --port is required (where the server answers HTTP)");
-  o.context = a.integer("context", 4096, 16, 1 << 24);
+  o.context = a.integer("context", 4096, kMinContext, kMaxContext);
   o.slots = a.integer("slots", 1, 1, 256);
   o.start_timeout = std::chrono::milliseconds(a.integer("start-timeout", 300000, 100, 86400000));
   const char* control_env = std::getenv("DS4_CONTROL");
@@ -279,7 +280,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   ServeOptions o;
   o.id = int(a.integer("id", 0, 0, 1 << 20));
   o.socket_path = a.required("socket");
-  o.shape.ctx = a.integer("context", 4096, 16, 1 << 24);
+  o.shape.ctx = a.integer("context", 4096, kMinContext, kMaxContext);
   o.shape.slots = a.integer("slots", 1, 1, 256);
   o.shape.max_batch = a.integer("batch", 256, 1, 8192);
   o.threads = int(a.integer("threads", 0, 0, 1024));

@@ -294,9 +294,12 @@ TEST_CASE("config: impossible values") {
           "config/ds4.yaml:3:20: workers.context.ladder[1]: 4096 is not smaller than the rung before it (4096); "
           "the ladder goes from the largest context down");
     CHECK(errors("workers:\n  context:\n    ladder: [4096, 0]\n") ==
-          "config/ds4.yaml:3:20: workers.context.ladder[1]: context size 0 must be between 1 and 16777216 tokens");
+          "config/ds4.yaml:3:20: workers.context.ladder[1]: context size 0 must be between 16 and 16777216 tokens");
+    // Below the worker's smallest context: accepted once, then a crash loop.
+    CHECK(errors("workers:\n  context:\n    ladder: [1]\n") ==
+          "config/ds4.yaml:3:14: workers.context.ladder[0]: context size 1 must be between 16 and 16777216 tokens");
     CHECK(errors("workers:\n  context:\n    ladder: [4096, -5]\n") ==
-          "config/ds4.yaml:3:20: workers.context.ladder[1]: context size -5 must be between 1 and 16777216 tokens");
+          "config/ds4.yaml:3:20: workers.context.ladder[1]: context size -5 must be between 16 and 16777216 tokens");
     CHECK(errors("workers:\n  context:\n    ladder:\n      - 4096\n      - big\n") ==
           "config/ds4.yaml:5:9: workers.context.ladder[1]: expected a whole number, got 'big'");
     CHECK(errors("workers:\n  context:\n    ladder: 4096\n") ==
@@ -376,6 +379,11 @@ TEST_CASE("config: YAML syntax errors carry their line and column") {
   CHECK(errors("workers:\n  count: 1\n bad: 2\n") == "config/ds4.yaml:3:2: YAML syntax error: end of map not found");
   CHECK(errors("model:\n  path: a: b\n") == "config/ds4.yaml:2:10: YAML syntax error: illegal map value");
   CHECK(errors("model: {path: \"a.gguf\"\n") != "");
+  CHECK(errors(std::string("workers:\n  count: 1\0junk\n", 25)) ==
+        "config/ds4.yaml:2:11: a NUL byte: the config is a text file");
+  CHECK(errors("workers:\n  count: 1\n---\nworkers:\n  count: 5\n") ==
+        "config/ds4.yaml:4:1: a second YAML document (after '---'): the config is one document");
+  CHECK(errors("---\nworkers:\n  count: 1\n") == "");  // one document, marked as such
   // yaml-cpp's own words for its depth limit are "bad file".
   const std::string deep = errors("model:\n  path: " + std::string(5000, '[') + "\n");
   CHECK(deep.starts_with("config/ds4.yaml:"));
