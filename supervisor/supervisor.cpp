@@ -52,6 +52,30 @@ nlohmann::json proc_command(int pid) {
   return j;
 }
 
+// What the proxy meets only once the model is loaded, found before it is: a
+// port another process listens on, an api keys file that cannot be read (a
+// large model's load takes minutes to end in these errors otherwise).
+void check_before_load(const Config& c) {
+  const ListenAddress& l = c.proxy.listen;
+  if (l.port != 0) {
+    try {
+      asio::io_context io;
+      asio::ip::tcp::acceptor probe(io);
+      const asio::ip::tcp::endpoint ep(asio::ip::make_address(l.host), l.port);
+      probe.open(ep.protocol());
+      probe.set_option(asio::socket_base::reuse_address(true));  // as the proxy binds it
+      probe.bind(ep);
+    } catch (const boost::system::system_error& e) {
+      throw Error("proxy.listen " + l.str() + ": cannot listen: " + e.code().message());
+    }
+  }
+  const std::filesystem::path& keys = c.proxy.api_keys_file;
+  std::error_code ec;
+  if (!keys.empty() && !std::filesystem::is_regular_file(keys, ec))
+    throw Error("proxy.api_keys_file " + keys.string() + ": " +
+                (std::filesystem::exists(keys, ec) ? "not a regular file" : "no such file"));
+}
+
 // Workers run on a GPU: cuda:N, or auto on a machine with an NVIDIA driver.
 bool workers_on_gpu(const Device& d) {
   return d.kind == Device::Kind::cuda || (d.kind == Device::Kind::automatic && nvidia_driver_present());
@@ -128,6 +152,7 @@ void Supervisor::prepare() {
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
   runtime_lock_ = RuntimeDirLock(runtime_dir_);
+  check_before_load(config_);
   // Memfd segments a previous run of ours left in systemd's fd store.
   memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
   memfds_->recover();

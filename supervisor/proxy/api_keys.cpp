@@ -1,5 +1,6 @@
 #include "supervisor/proxy/api_keys.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "shared/error.h"
@@ -32,6 +33,10 @@ void ApiKeys::reload() {
     keys_.clear();
     return;
   }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file_, ec))  // a folder opens, and reads as no keys
+    throw Error(file_.string() + ": cannot read the api keys file: " +
+                (std::filesystem::exists(file_, ec) ? "not a regular file" : "no such file"));
   std::ifstream in(file_);
   if (!in) throw Error(file_.string() + ": cannot read the api keys file");
   std::vector<std::string> keys;

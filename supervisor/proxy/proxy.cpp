@@ -115,6 +115,9 @@ tcp::endpoint Proxy::endpoint() const {
 void Proxy::reload_keys() {
   auto keys = std::make_shared<ApiKeys>(core_->cfg.api_keys_file);
   keys->reload();  // throws: the keys before stay
+  if (keys->enabled() && keys->size() == 0)
+    log::warn("proxy.api_keys_file " + core_->cfg.api_keys_file.string() +
+              " holds no key: every request is refused (401) until one is added (then SIGHUP)");
   core_->keys = std::move(keys);
 }
 

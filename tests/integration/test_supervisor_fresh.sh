@@ -80,4 +80,22 @@ printf 'model:\n  path: %s\n' "$SUP_DIR/no-such-model.gguf" >"$SUP_DIR/typo.yaml
 out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/typo.yaml" 2>&1); rc=$?
 [[ $rc == 1 && $out == *"typo.yaml:2:9: model.path: $SUP_DIR/no-such-model.gguf: no such file"* && $out != *"RANDOM WEIGHTS"* ]] \
   && pass "a model.path that names no file: exit 1 with file:line:column" || fail "a missing model file: exit $rc: $out"
+# A port another process listens on, or an api keys file that is a folder:
+# said before the model loads (a large model's load took minutes to end so).
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+python3 -c 'import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen()
+time.sleep(30)' "$port" &
+holder=$!
+sleep 0.5
+printf 'model:\n  path: %s\nproxy:\n  listen: 127.0.0.1:%s\n' "$DS4_MODELS/stories260K.gguf" "$port" >"$SUP_DIR/busy.yaml"
+out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/busy.yaml" 2>&1); rc=$?
+kill $holder 2>/dev/null; wait $holder 2>/dev/null
+[[ $rc == 1 && $out == *"proxy.listen 127.0.0.1:$port: cannot listen: Address already in use"* && $out != *"in segment"* ]] \
+  && pass "a port in use: exit 1 before the model loads" || fail "a port in use: exit $rc: $out"
+mkdir -p "$SUP_DIR/keys-folder"
+printf 'model:\n  path: %s\nproxy:\n  listen: 127.0.0.1:0\n  api_keys_file: %s\n' "$DS4_MODELS/stories260K.gguf" "$SUP_DIR/keys-folder" >"$SUP_DIR/keys.yaml"
+out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/keys.yaml" 2>&1); rc=$?
+[[ $rc == 1 && $out == *"proxy.api_keys_file $SUP_DIR/keys-folder: not a regular file"* && $out != *"in segment"* ]] \
+  && pass "an api keys file that is a folder: exit 1 before the model loads" || fail "keys folder: exit $rc: $out"
 sup_finish 30
