@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -312,6 +313,14 @@ void Writer::write(const std::string& out_path) const {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
     throw Error(out_path + " is not a regular file: a model is written to a new file or over a regular one");
+  // Tensors of a mistyped size would fill the disk before failing: check first.
+  uint64_t data = 0;
+  for (const Tensor& t : tensors_) data = align_up(data + t.n_bytes, alignment());
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  struct statvfs vfs {};
+  if (::statvfs(dir.c_str(), &vfs) == 0 && data > uint64_t(vfs.f_bavail) * vfs.f_frsize)
+    throw Error(out_path + ": the model's tensors take " + std::to_string(data / 1000000) + " MB, and " + dir.string() +
+                " has " + std::to_string(uint64_t(vfs.f_bavail) * vfs.f_frsize / 1000000) + " MB free");
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(tmp + ": cannot create: " + std::strerror(errno));

@@ -86,6 +86,13 @@ uint64_t parse_number(std::string_view flag, std::string_view text, uint64_t max
   return v;
 }
 
+// A size of the model: 0 would mean "not given" (the preset's) without a word.
+uint64_t parse_size(std::string_view flag, std::string_view text, uint64_t max) {
+  const uint64_t v = parse_number(flag, text, max);
+  if (v == 0) throw Error(std::string(flag) + ": must be at least 1");
+  return v;
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
   Shape given;  // explicit sizes; 0 = not given
@@ -96,6 +103,10 @@ Options parse_args(int argc, char** argv) {
       o.help = true;
       return o;
     }
+    static constexpr std::string_view kFlags[] = {"--out",    "--vocab-from", "--preset", "--name",  "--seed", "--dim",
+                                                  "--layers", "--ff",         "--heads",  "--kv-heads", "--ctx", "--type"};
+    if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags))
+      throw Error("unknown option '" + std::string(flag) + "' (see --help)");
     if (i + 1 >= argc) throw Error(std::string(flag) + ": missing value (see --help)");
     const std::string_view value = argv[++i];
     if (flag == "--out") o.out = value;
@@ -103,11 +114,11 @@ Options parse_args(int argc, char** argv) {
     else if (flag == "--preset") o.preset = value;
     else if (flag == "--name") o.name = value;
     else if (flag == "--seed") o.seed = parse_number(flag, value, UINT64_MAX);
-    else if (flag == "--dim") given.dim = uint32_t(parse_number(flag, value, 1u << 20));
-    else if (flag == "--layers") given.layers = uint32_t(parse_number(flag, value, 4096));
-    else if (flag == "--ff") given.ff = uint32_t(parse_number(flag, value, 1u << 22));
-    else if (flag == "--heads") given.heads = uint32_t(parse_number(flag, value, 4096));
-    else if (flag == "--kv-heads") given.kv_heads = uint32_t(parse_number(flag, value, 4096));
+    else if (flag == "--dim") given.dim = uint32_t(parse_size(flag, value, 1u << 20));
+    else if (flag == "--layers") given.layers = uint32_t(parse_size(flag, value, 4096));
+    else if (flag == "--ff") given.ff = uint32_t(parse_size(flag, value, 1u << 22));
+    else if (flag == "--heads") given.heads = uint32_t(parse_size(flag, value, 4096));
+    else if (flag == "--kv-heads") given.kv_heads = uint32_t(parse_size(flag, value, 4096));
     else if (flag == "--ctx") {
       given.ctx = uint32_t(parse_number(flag, value, 1u << 24));
       ctx_given = true;

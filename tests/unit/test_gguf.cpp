@@ -228,6 +228,12 @@ TEST_CASE("gguf: the writer replaces only a regular file, and writes through a s
   CHECK_THROWS_WITH_AS(w.write((dir / "fifo").string()), doctest::Contains("is not a regular file"), Error);
   // Read as a model: refused at once (opening it waited for a writer).
   CHECK_THROWS_WITH_AS(File::open((dir / "fifo").string()), ((dir / "fifo").string() + ": not a regular file").c_str(), Error);
+  // More than the disk holds: refused before a byte is written (it used to fill the disk).
+  Writer huge = small_writer();
+  huge.add_tensor_generated("big", {uint64_t(1) << 50}, GgmlType::F32, [](uint8_t*, uint64_t) { FAIL("generated"); });
+  CHECK_THROWS_WITH_AS(huge.write((dir / "huge.gguf").string()), doctest::Contains("MB free"), Error);
+  CHECK(std::filesystem::is_empty(dir / "folder"));
+  CHECK_FALSE(std::filesystem::exists(dir / "huge.gguf"));
   std::filesystem::create_symlink(dir / "real.gguf", dir / "link.gguf");
   w.write((dir / "link.gguf").string());
   CHECK(std::filesystem::is_symlink(dir / "link.gguf"));  // still a link, to the model
