@@ -147,6 +147,9 @@ void Supervisor::prepare() {
   // of ending the process in the middle of it (start_signals.h).
   StartSignals signals;
   config_ = load_config(opts_.config_path, {.model_file_must_exist = true});
+  if (!config_.file_found && opts_.config_given)  // a typo must not run a random-weights model
+    throw Error(opts_.config_path + ": no such config file (copy config/ds4.yaml there and set model.path, or "
+                                    "leave --config out to run on the defaults)");
   if (!config_.file_found)
     log::warn("config file " + opts_.config_path + " not found; running on the defaults");
   runtime_dir_ = runtime_dir();

@@ -50,6 +50,9 @@ class WorkerManager;
 
 struct SupervisorOptions {
   std::string config_path;
+  /// Named on the command line: then it must exist. The default path may
+  /// not (the embedded defaults run).
+  bool config_given = false;
   /// Where ds4-worker and ds4-mkmodel are; empty = beside this executable.
   std::string bin_dir;
 };

@@ -16,7 +16,8 @@ static const char* kUsage =
     "usage: ds4-supervisor [--config FILE]\n"
     "  Loads the model into shared memory, runs the workers (systemd user units,\n"
     "  or child processes without a user manager) and keeps them at the largest\n"
-    "  context that memory allows. Default config: config/ds4.yaml.\n"
+    "  context that memory allows. Default config: config/ds4.yaml (without it:\n"
+    "  the embedded defaults); a --config FILE must exist.\n"
     "  SIGHUP re-reads the config. SIGTERM (or SIGINT) answers the requests in\n"
     "  flight (at most restart.drain_deadline; a second signal: at once), then\n"
     "  stops the workers and exits; during the model load it stops the load and\n"
@@ -34,8 +35,10 @@ int main(int argc, char** argv) {
     }
     if ((a == "--config" || a == "-c") && i + 1 < argc) {
       opts.config_path = argv[++i];
+      opts.config_given = true;
     } else if (a.rfind("--config=", 0) == 0) {
       opts.config_path = a.substr(9);
+      opts.config_given = true;
     } else {
       std::fprintf(stderr, "ds4-supervisor: unknown argument '%s'\n%s", a.c_str(), kUsage);
       return 2;

@@ -80,6 +80,11 @@ printf 'model:\n  path: %s\n' "$SUP_DIR/no-such-model.gguf" >"$SUP_DIR/typo.yaml
 out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/typo.yaml" 2>&1); rc=$?
 [[ $rc == 1 && $out == *"typo.yaml:2:9: model.path: $SUP_DIR/no-such-model.gguf: no such file"* && $out != *"RANDOM WEIGHTS"* ]] \
   && pass "a model.path that names no file: exit 1 with file:line:column" || fail "a missing model file: exit $rc: $out"
+# A --config that names no file is an error; only the default path may be
+# missing (then the embedded defaults run).
+out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/no-such.yaml" 2>&1); rc=$?
+[[ $rc == 1 && $out == *"$SUP_DIR/no-such.yaml: no such config file"* && $out != *"RANDOM WEIGHTS"* ]] \
+  && pass "a --config that names no file: exit 1" || fail "a missing --config file: exit $rc: $out"
 # A port another process listens on, or an api keys file that is a folder:
 # said before the model loads (a large model's load took minutes to end so).
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
