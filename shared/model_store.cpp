@@ -559,6 +559,7 @@ std::string segment_name(const Identity& id) {
 LoadResult load(const std::string& gguf_path, const LoadOptions& opts) {
   const gguf::File file = gguf::File::open(gguf_path);  // validates everything
   refuse_unsupported(file);
+  if (opts.check) opts.check(file);
   const Identity id = identity_of(file, gguf_path);
   const std::string name = opts.name.empty() ? segment_name(id) : opts.name;
   if (opts.backing == BackingChoice::memfd) {

@@ -245,6 +245,11 @@ struct LoadOptions {
   /// chunk) with LoadCancelled and removes what it wrote; so does a wait for
   /// another process's load.
   std::stop_token stop;
+  /// Checks the model before anything is written or reused (the engine's own
+  /// shape checks: the store knows the file format, not the model family);
+  /// throws ds4::Error naming the file. Else a model no worker can run was
+  /// copied whole into memory first, and its segment outlived the refusal.
+  std::function<void(const gguf::File&)> check;
 };
 
 /// A load stopped through LoadOptions::stop.

@@ -14,6 +14,7 @@
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
 #include "worker/backend.h"
+#include "worker/model.h"
 #include "worker/runtime.h"
 
 namespace ds4::sup {
@@ -143,6 +144,7 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
   store::LoadOptions opts;
   opts.backing = want;
   opts.stop = std::move(stop);
+  opts.check = [](const gguf::File& f) { Model::bind_file(f); };  // what every worker would refuse
   opts.progress = store::make_progress_reporter("loading " + fs::path(m.path).filename().string());
   const store::LoadResult r = store::load(m.path, opts);
   m.segment = r.name;

@@ -358,6 +358,7 @@ int cmd_load(const std::vector<std::string>& argv) {
   store::LoadOptions opts;
   opts.force_rebuild = a.has("force");
   opts.progress = store::make_progress_reporter(a.required("model"));
+  opts.check = [](const gguf::File& f) { Model::bind_file(f); };  // what a worker would refuse
   std::cout << store::ensure_loaded(a.required("model"), opts) << std::endl;
   return 0;
 }

@@ -80,6 +80,26 @@ printf 'model:\n  path: %s\n' "$SUP_DIR/no-such-model.gguf" >"$SUP_DIR/typo.yaml
 out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/typo.yaml" 2>&1); rc=$?
 [[ $rc == 1 && $out == *"typo.yaml:2:9: model.path: $SUP_DIR/no-such-model.gguf: no such file"* && $out != *"RANDOM WEIGHTS"* ]] \
   && pass "a model.path that names no file: exit 1 with file:line:column" || fail "a missing model file: exit $rc: $out"
+# A model no worker can run (another architecture) is refused before it is
+# copied into shared memory, naming the file (it was loaded whole, then
+# refused by the worker naming the segment, and the segment stayed).
+python3 - "$DS4_MODELS/stories260K.gguf" "$SUP_DIR/gpt2x.gguf" <<'PY'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+key = b"general.architecture"
+at = data.index(key) + len(key) + 4 + 8  # the value: type (u32), length (u64), then the text
+assert data[at:at + 5] == b"llama"
+data[at:at + 5] = b"gpt2x"
+open(sys.argv[2], "wb").write(data)
+PY
+before_shm=$(ls /dev/shm | grep -c '^ds4-model-')
+printf 'model:\n  path: %s\nproxy:\n  listen: 127.0.0.1:0\n' "$SUP_DIR/gpt2x.gguf" >"$SUP_DIR/gpt2x.yaml"
+out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/gpt2x.yaml" 2>&1); rc=$?
+load_out=$(timeout 30 "$DS4_BIN/ds4-worker" load --model "$SUP_DIR/gpt2x.gguf" 2>&1); load_rc=$?
+[[ $rc == 1 && $out == *"$SUP_DIR/gpt2x.gguf: general.architecture is 'gpt2x'"* && $load_rc == 1 &&
+   $load_out == *"$SUP_DIR/gpt2x.gguf: general.architecture is 'gpt2x'"* && $(ls /dev/shm | grep -c '^ds4-model-') == "$before_shm" ]] \
+  && pass "a model of another architecture: refused naming the file, nothing left in /dev/shm" \
+  || fail "another architecture: supervisor exit $rc: $out; load exit $load_rc: $load_out; segments $before_shm -> $(ls /dev/shm | grep -c '^ds4-model-')"
 # A --config that names no file is an error; only the default path may be
 # missing (then the embedded defaults run).
 out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/no-such.yaml" 2>&1); rc=$?

@@ -451,6 +451,15 @@ TEST_CASE("store: refuses what ds4 cannot load, before touching shared memory") 
                                  "F32, F16, BF16, Q8_0)").c_str(),
                          Error);
   }
+  SUBCASE("a model the caller's check refuses (the engine's shape checks, in the daemons)") {
+    int checked = 0;
+    opts.check = [&](const gguf::File& f) {
+      ++checked;
+      throw Error(f.source() + ": general.architecture is 'gpt2x'");
+    };
+    CHECK_THROWS_WITH_AS(load(kStories, opts), (kStories + ": general.architecture is 'gpt2x'").c_str(), Error);
+    CHECK(checked == 1);
+  }
   SUBCASE("a broken file") {
     const gguf::File stories = gguf::File::open(kStories);  // the bytes below live in its mapping
     const auto head = stories.bytes().first(5000);
