@@ -52,10 +52,22 @@ nlohmann::json proc_command(int pid) {
   return j;
 }
 
+// Whether this build has the CUDA backend (ds4_cuda defines DS4_HAVE_CUDA for
+// everything that links the engine; the workers are of the same build).
+constexpr bool kCudaBuilt =
+#ifdef DS4_HAVE_CUDA
+    true;
+#else
+    false;
+#endif
+
 // What the proxy meets only once the model is loaded, found before it is: a
 // port another process listens on, an api keys file that cannot be read (a
 // large model's load takes minutes to end in these errors otherwise).
 void check_before_load(const Config& c) {
+  if (c.workers.device.kind == Device::Kind::cuda && !kCudaBuilt)  // its workers and holder would crash-loop
+    throw Error("workers.device " + c.workers.device.str() +
+                ": this build has no CUDA backend (configured with -DDS4_CUDA=OFF); use cpu or auto, or a CUDA build");
   const ListenAddress& l = c.proxy.listen;
   if (l.port != 0) {
     try {
@@ -76,9 +88,10 @@ void check_before_load(const Config& c) {
                 (std::filesystem::exists(keys, ec) ? "not a regular file" : "no such file"));
 }
 
-// Workers run on a GPU: cuda:N, or auto on a machine with an NVIDIA driver.
+// Workers run on a GPU: cuda:N, or auto on a machine with an NVIDIA driver
+// (and a build that can use it: else auto workers run on the CPU).
 bool workers_on_gpu(const Device& d) {
-  return d.kind == Device::Kind::cuda || (d.kind == Device::Kind::automatic && nvidia_driver_present());
+  return d.kind == Device::Kind::cuda || (d.kind == Device::Kind::automatic && kCudaBuilt && nvidia_driver_present());
 }
 
 ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std::string& runtime_dir,

@@ -100,6 +100,16 @@ load_out=$(timeout 30 "$DS4_BIN/ds4-worker" load --model "$SUP_DIR/gpt2x.gguf" 2
    $load_out == *"$SUP_DIR/gpt2x.gguf: general.architecture is 'gpt2x'"* && $(ls /dev/shm | grep -c '^ds4-model-') == "$before_shm" ]] \
   && pass "a model of another architecture: refused naming the file, nothing left in /dev/shm" \
   || fail "another architecture: supervisor exit $rc: $out; load exit $load_rc: $load_out; segments $before_shm -> $(ls /dev/shm | grep -c '^ds4-model-')"
+# workers.device cuda on a build without the CUDA backend: said at once (its
+# holder and workers crash-looped, saying only "exited with status 1").
+if "$DS4_BIN/ds4-worker" hold 2>&1 | grep -q "built without the CUDA backend"; then
+  printf 'model:\n  path: %s\nproxy:\n  listen: 127.0.0.1:0\nworkers:\n  device: cuda:0\n' "$DS4_MODELS/stories260K.gguf" >"$SUP_DIR/cuda.yaml"
+  out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/cuda.yaml" 2>&1); rc=$?
+  [[ $rc == 1 && $out == *"workers.device cuda:0: this build has no CUDA backend"* && $out != *"in segment"* ]] \
+    && pass "device cuda:0 on a CPU build: exit 1 before the model loads" || fail "device cuda on a CPU build: exit $rc: $out"
+else
+  echo "skip - device cuda on a CPU build: this is a CUDA build"
+fi
 # A --config that names no file is an error; only the default path may be
 # missing (then the embedded defaults run).
 out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/no-such.yaml" 2>&1); rc=$?
