@@ -322,10 +322,13 @@ class Reader {
     double v = 0;
     std::string_view unit;
     bool fractional = false;
-    if (!split_number(*text, v, unit, fractional) || !unit.empty()) {
+    const std::string_view t = trim(*text);
+    const bool negative = t.starts_with('-');  // split_number reads sizes: no sign
+    if (!split_number(negative ? t.substr(1) : t, v, unit, fractional) || !unit.empty()) {
       error(e.mark, e.path + ": expected a number, got '" + *text + "'");
       return;
     }
+    if (negative) v = -v;
     if (v < min || v > max) {
       error(e.mark, e.path + ": " + *text + " is out of range (" + format_number(min) + " to " + format_number(max) + ")");
       return;

@@ -372,6 +372,11 @@ TEST_CASE("config: impossible values") {
   }
 }
 
+TEST_CASE("config: a negative number is out of range, not 'not a number'") {
+  CHECK(errors("headroom:\n  psi: -5\n") == "config/ds4.yaml:2:8: headroom.psi: -5 is out of range (0 to 100)");
+  CHECK(errors("headroom:\n  psi: -x\n") == "config/ds4.yaml:2:8: headroom.psi: expected a number, got '-x'");
+}
+
 TEST_CASE("config: YAML syntax errors carry their line and column") {
   const std::string e = errors("workers:\n  count: 1\n  slots: [1, 2\n");
   CHECK(e.starts_with("config/ds4.yaml:"));
