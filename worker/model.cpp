@@ -1,5 +1,6 @@
 #include "worker/model.h"
 
+#include <cmath>
 #include <string>
 
 #include "shared/error.h"
@@ -68,6 +69,12 @@ HParams read_hparams(const gguf::File& m) {
   hp.train_ctx = m.get_int(a + "context_length").value_or(2048);
   hp.rope_base = float(m.get_float(a + "rope.freq_base").value_or(10000.0));
   hp.norm_eps = float(m.get_float(a + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  // NaN or a negative value passed, and every answer was <unk>.
+  if (!(hp.norm_eps > 0) || !std::isfinite(hp.norm_eps))
+    throw Error(m.source() + ": " + a + "attention.layer_norm_rms_epsilon = " + std::to_string(hp.norm_eps) +
+                " must be a small positive number (1e-5, 1e-6)");
+  if (!(hp.rope_base > 0) || !std::isfinite(hp.rope_base))
+    throw Error(m.source() + ": " + a + "rope.freq_base = " + std::to_string(hp.rope_base) + " must be positive");
   if (auto toks = m.find("tokenizer.ggml.tokens"); toks && toks->type == gguf::ValueType::ARRAY)
     hp.n_vocab = int64_t(toks->array.size());
   if (hp.n_vocab <= 0) throw Error(m.source() + ": missing metadata key 'tokenizer.ggml.tokens'");

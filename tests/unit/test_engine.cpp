@@ -2,14 +2,19 @@
 // independent double-precision forward pass written here, greedy tokens against
 // llama.cpp's, batching, prefix reuse, resuming, and bad requests.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include <nlohmann/json.hpp>
 
+#include "shared/error.h"
 #include "shared/ggml_types.h"
 #include "shared/gguf.h"
 #include "worker/backend.h"
@@ -372,6 +377,28 @@ TEST_CASE("engine: logit_bias and penalties change greedy answers as asked, and 
   const auto bad = rig.run(r);
   CHECK(bad->reason == Finish::error);
   CHECK(bad->error.find("logit_bias: token 5000 is out of range") != std::string::npos);
+}
+
+TEST_CASE("model: an RMS epsilon that is not a small positive number is refused, naming the key") {
+  // It used to pass, and every answer was <unk>.
+  std::vector<uint8_t> bytes;
+  {
+    std::ifstream in(kModel, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string key = "llama.attention.layer_norm_rms_epsilon";
+  const auto at = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+  REQUIRE(at != bytes.end());
+  const size_t value = size_t(at - bytes.begin()) + key.size() + 4;  // after the key: its type (u32), then the f32
+  const std::string path = std::filesystem::temp_directory_path().string() + "/ds4-eps-" + std::to_string(getpid()) + ".gguf";
+  for (float eps : {std::nanf(""), -1e-5f, 0.0f}) {
+    CAPTURE(eps);
+    std::memcpy(bytes.data() + value, &eps, 4);
+    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+    const gguf::File file = gguf::File::open(path);
+    CHECK_THROWS_WITH_AS(Model::bind_file(file), doctest::Contains((path + ": " + key + " = ").c_str()), Error);
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("engine: bad requests finish with a clear error and the engine keeps serving") {
