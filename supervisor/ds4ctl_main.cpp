@@ -162,9 +162,13 @@ int run(std::vector<std::string> args) {
     print_status(a);
   } else if (cmd == "events") {
     print_events(a);
+  } else if (a.value("loading", false)) {
+    std::printf("ok: the new model loads while the old one serves; the journal says when it is served "
+                "(DS4_EVENT=reload_done) or why not (DS4_EVENT=reload_failed)\n");
   } else {
     std::printf("ok\n");
   }
+  if (a.contains("note") && a["note"].is_string()) std::fprintf(stderr, "ds4ctl: note: %s\n", a["note"].get<std::string>().c_str());
   return 0;
 }
 

@@ -377,6 +377,7 @@ bool Supervisor::reload(std::string* error) {
       }
     } catch (const Error& e) {
       log::warn(std::string("reload: cannot read the model file, keeping the loaded model: ") + e.what());
+      if (error) *error = std::string("cannot read the model file, so the loaded model stays: ") + e.what();
     }
   }
   if (!ch.any()) {
@@ -581,7 +582,10 @@ nlohmann::json Supervisor::handle_admin(const nlohmann::json& req) {
   if (cmd == "reload") {
     std::string err;
     if (!reload(&err)) return {{"ok", false}, {"error", "reload refused, the old config stays:\n" + err}};
-    return {{"ok", true}};
+    nlohmann::json a = {{"ok", true}};
+    if (reloading_) a["loading"] = true;  // the new model loads on its own thread: its end is not known yet
+    if (!err.empty()) a["note"] = err;
+    return a;
   }
   throw Error("unknown command '" + cmd + "' (expected status, events, drain, restart, context or reload)");
 }

@@ -100,6 +100,7 @@ class Supervisor {
   /// that starts or takes the new model copies the weights first, without
   /// blocking either; the workers restart once it answers. Until a reload is
   /// applied, every other reload is refused.
+  /// `error`: why, when refused; a note for the admin when applied with one.
   bool reload(std::string* error = nullptr);
   /// `ds4ctl status --json`.
   nlohmann::json status_json() const;

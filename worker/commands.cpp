@@ -126,7 +126,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   const HParams& hp = lm->model.hp();
   const Tokenizer& tok = lm->tokenizer;
   GenerateRequest req;
-  req.prompt = tok.encode(a.str("prompt"), tok.add_bos() && !a.has("no-bos"));
+  req.prompt = tok.encode(a.required("prompt"), tok.add_bos() && !a.has("no-bos"));
   req.max_tokens = int32_t(a.integer("n-predict", 64, 0, 1 << 20));
   req.sampling.temperature = float(a.real("temp", 0.8, 0, 100));
   req.sampling.seed = uint64_t(a.integer("seed", 0, 0, INT64_MAX));
@@ -137,7 +137,11 @@ int cmd_run(const std::vector<std::string>& argv) {
 
   EngineShape shape;
   const int64_t need = int64_t(req.prompt.size()) + req.max_tokens + 1;
-  shape.ctx = a.integer("ctx", std::max<int64_t>(need, std::min<int64_t>(hp.train_ctx, 4096)), 1, 1 << 24);
+  shape.ctx = a.integer("ctx", std::max<int64_t>(need, std::min<int64_t>(hp.train_ctx, 4096)), kMinContext, kMaxContext);
+  if (int64_t(req.prompt.size()) >= shape.ctx)  // said before the prompt is echoed
+    throw Error("the prompt has " + std::to_string(req.prompt.size()) + " tokens, and a context of " +
+                std::to_string(shape.ctx) + " (--ctx) holds at most " + std::to_string(shape.ctx - 1) +
+                " with room for one more");
   shape.slots = 1;
   shape.max_batch = 512;
   auto backend = make_backend(a.str("device", "auto"), *lm, int(a.integer("threads", 0, 0, 1024)), a);

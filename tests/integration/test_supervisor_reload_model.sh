@@ -94,7 +94,10 @@ grep -q 'loading the new model while the old one serves' "$SUP_DIR/sup.log" && g
 printf 'GGUF but not really' >"$SUP_DIR/broken.gguf"
 pid=$(sup_get 'w[0]["pid"]')
 write_config "$SUP_DIR/broken.gguf"
-kill -HUP "$SUP_PID"
+out=$("$DS4_BIN/ds4ctl" reload 2>&1)
+# Its answer comes before the load ends: it says so, rather than a plain "ok".
+[[ $out == "ok: the new model loads while the old one serves;"*"DS4_EVENT=reload_failed"* ]] \
+  && pass "ds4ctl reload to a new model says it loads in the background" || fail "ds4ctl reload said: $out"
 for _ in $(seq 100); do grep -q 'reload failed while loading the new model' "$SUP_DIR/sup.log" && break; sleep 0.1; done
 grep -q 'reload failed while loading the new model, the old one keeps serving' "$SUP_DIR/sup.log" \
   && pass "a broken model file: $(grep -m1 'reload failed while loading' "$SUP_DIR/sup.log" | cut -c1-160)" \
