@@ -12,6 +12,7 @@ int status_of(ErrorKind k) {
     case ErrorKind::method_not_allowed: return 405;
     case ErrorKind::request_timeout: return 408;
     case ErrorKind::too_large: return 413;
+    case ErrorKind::headers_too_large: return 431;
     case ErrorKind::unavailable: return 503;
     case ErrorKind::timeout: return 504;
     case ErrorKind::internal: return 500;
@@ -30,6 +31,7 @@ std::pair<const char*, const char*> openai_type(ErrorKind k) {
     case ErrorKind::method_not_allowed: return {"invalid_request_error", "method_not_allowed"};
     case ErrorKind::request_timeout: return {"invalid_request_error", "request_timeout"};
     case ErrorKind::too_large: return {"invalid_request_error", "request_too_large"};
+    case ErrorKind::headers_too_large: return {"invalid_request_error", "request_header_fields_too_large"};
     case ErrorKind::unavailable: return {"unavailable_error", "queue_full"};
     case ErrorKind::timeout: return {"timeout_error", "timeout"};
     case ErrorKind::internal: return {"server_error", "internal_error"};
@@ -45,6 +47,7 @@ const char* anthropic_type(ErrorKind k) {
     case ErrorKind::method_not_allowed: return "invalid_request_error";
     case ErrorKind::request_timeout: return "invalid_request_error";
     case ErrorKind::too_large: return "request_too_large";
+    case ErrorKind::headers_too_large: return "request_too_large";
     case ErrorKind::unavailable: return "overloaded_error";
     case ErrorKind::timeout: return "timeout_error";
     case ErrorKind::internal: return "api_error";

@@ -16,6 +16,7 @@ enum class ErrorKind {
   method_not_allowed,  // 405 (the router adds Allow)
   request_timeout,     // 408: the client did not send its request in time
   too_large,       // 413
+  headers_too_large,   // 431
   unavailable,     // 503 (Retry-After)
   timeout,         // 504
   internal,        // 500

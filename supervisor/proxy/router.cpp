@@ -1,5 +1,8 @@
 #include "supervisor/proxy/router.h"
 
+#include <algorithm>
+#include <cctype>
+
 #include "supervisor/proxy/json_util.h"
 
 namespace ds4::proxy {
@@ -44,16 +47,31 @@ std::string serialize(const Response& r, bool keep_alive) {
 
 namespace {
 
-// The target without its query and trailing slashes.
+// The target without its query and trailing slashes; an absolute-form target
+// (http://host/path, which servers must accept: RFC 9112 3.2.2) as its path.
 std::string_view path_of(std::string_view target) {
+  for (std::string_view scheme : {"http://", "https://"})
+    if (target.size() > scheme.size() &&
+        std::equal(scheme.begin(), scheme.end(), target.begin(), [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); })) {
+      const size_t slash = target.find('/', scheme.size());
+      target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+    }
   if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
   while (target.size() > 1 && target.back() == '/') target.remove_suffix(1);
   return target;
 }
 
+// "/v1/models/NAME" (OpenAI's model retrieval): NAME, else empty.
+std::string_view model_of(std::string_view path) {
+  for (std::string_view prefix : {"/v1/models/", "/models/"})
+    if (path.size() > prefix.size() && path.starts_with(prefix)) return path.substr(prefix.size());
+  return {};
+}
+
 // The methods a path answers (its Allow header); empty for no such path.
 std::string_view methods_of(std::string_view path) {
-  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models") return "GET, HEAD, OPTIONS";
+  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models" || !model_of(path).empty())
+    return "GET, HEAD, OPTIONS";
   if (path == "/v1/chat/completions" || path == "/chat/completions" || path == "/v1/completions" ||
       path == "/completions" || path == "/v1/messages")
     return "POST, OPTIONS";
@@ -82,15 +100,19 @@ Response health(const RouteContext& ctx) {
   return r;
 }
 
+json model_object(const RouteContext& ctx) {
+  return {{"id", ctx.model.name()},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "ds4"},
+          {"meta",
+           {{"chat_template", family_name(ctx.model.family())},
+            {"n_vocab", ctx.model.tokenizer().n_vocab()},
+            {"n_ctx", ctx.limits.context}}}};
+}
+
 Response models(const RouteContext& ctx) {
-  return json_response(200, {{"object", "list"},
-                             {"data", json::array({{{"id", ctx.model.name()},
-                                                    {"object", "model"},
-                                                    {"created", 0},
-                                                    {"owned_by", "ds4"},
-                                                    {"meta", {{"chat_template", family_name(ctx.model.family())},
-                                                              {"n_vocab", ctx.model.tokenizer().n_vocab()},
-                                                              {"n_ctx", ctx.limits.context}}}}})}});
+  return json_response(200, {{"object", "list"}, {"data", json::array({model_object(ctx)})}});
 }
 
 }  // namespace
@@ -152,6 +174,12 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
   }
 
   if (models_path) return out.response = models(ctx), out;
+  if (const std::string_view name = model_of(target); !name.empty()) {
+    if (name == ctx.model.name()) return out.response = json_response(200, model_object(ctx)), out;
+    out.response = error_response(out.api, {ErrorKind::not_found, "no model '" + std::string(name) + "' here; this server serves '" +
+                                                                      ctx.model.name() + "'"});
+    return out;
+  }
   if (ctx.stopping) {
     out.response = error_response(out.api, {ErrorKind::unavailable, "the server is shutting down", 5});
     return out;

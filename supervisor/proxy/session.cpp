@@ -81,8 +81,8 @@ void Session::on_header(const boost::system::error_code& ec) {
   // The path decides the error shape; a header too large or malformed has none.
   const auto target = parser_->get().target();
   api_ = !ec || ec == http::error::body_limit ? api_of(std::string_view(target.data(), target.size())) : Api::openai;
-  if (ec == http::error::header_limit)
-    return respond_error({ErrorKind::too_large, "the request headers are larger than " +
+  if (ec == http::error::header_limit)  // a long URL too: the request line is in the limit
+    return respond_error({ErrorKind::headers_too_large, "the request line and headers are larger than " +
                                                     format_size(core_.cfg.limits.max_header_bytes) +
                                                     " (proxy.limits.max_header_bytes)"});
   if (ec == http::error::body_limit)  // Content-Length over the limit, seen with the headers

@@ -97,7 +97,7 @@ head -c 100000000 /dev/zero | tr '\0' 'a' >"$T/huge"
 check "100 MB body: 413" test "$(code "${K[@]}" "$U/v1/completions" --data-binary @"$T/huge")" = 413
 hdrs=()
 for i in $(seq 10000); do hdrs+=(-H "X-Junk-$i: x"); done
-check "10,000 headers: 413" test "$(code "${K[@]}" "${hdrs[@]}" "$U/health" 2>/dev/null)" = 413
+check "10,000 headers: 431" test "$(code "${K[@]}" "${hdrs[@]}" "$U/health" 2>/dev/null)" = 431
 long=$(python3 -c "print('Once upon a time there was a cat. ' * 60)")
 check "prompt over the context: 400 naming context and prompt length" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"$long\",\"max_tokens\":4}')\" = 400 ] && jq -e '.error.message | test(\"prompt has [0-9]+ tokens but the context is 256\")' $T/b >/dev/null"

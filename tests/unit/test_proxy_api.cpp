@@ -116,6 +116,19 @@ TEST_CASE("router: a known path with another method is 405 with Allow; OPTIONS s
   CHECK(bytes.find("Content-Length: " + std::to_string(r.response->body.size()) + "\r\n") != std::string::npos);
   CHECK(bytes.ends_with("\r\n\r\n"));
 
+  // OpenAI's model retrieval; an absolute-form target (RFC 9112) routes by its path.
+  req = {http::verb::get, "/v1/models/stories", 11};
+  r = route(req, c.get());
+  REQUIRE(r.response->status == 200);
+  CHECK(body_of(r)["id"] == "stories");
+  CHECK(body_of(r)["object"] == "model");
+  req = {http::verb::get, "/v1/models/gpt-4", 11};
+  r = route(req, c.get());
+  CHECK(r.response->status == 404);
+  CHECK(body_of(r)["error"]["message"] == "no model 'gpt-4' here; this server serves 'stories'");
+  req = {http::verb::get, "http://127.0.0.1:8080/health?x=1", 11};
+  CHECK(route(req, c.get()).response->status == 200);
+  CHECK(api_of("HTTP://host/v1/messages") == Api::anthropic);
   CHECK(api_of("/v1/messages?beta=true") == Api::anthropic);
   CHECK(api_of("/v1/messages/") == Api::anthropic);
   CHECK(api_of("/v1/chat/completions") == Api::openai);
