@@ -612,6 +612,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
         {"backoff_initial", [&](const Entry& x) { r.duration(x, c.restart.backoff_initial); }},
         {"backoff_max", [&](const Entry& x) { r.duration(x, c.restart.backoff_max); }},
         {"hang_timeout", [&](const Entry& x) { r.duration(x, c.restart.hang_timeout); }},
+        {"start_timeout", [&](const Entry& x) { r.duration(x, c.restart.start_timeout); }},
         {"drain_deadline", [&](const Entry& x) { r.duration(x, c.restart.drain_deadline); }},
       });
     }},
@@ -706,6 +707,9 @@ void check(Reader& r, Config& c, const LoadOptions& options) {
                    " is longer than restart.backoff_max " + format_duration(c.restart.backoff_max));
   // Shorter than a few heartbeats (50 ms apart) or a step of a loaded machine
   // would kill healthy workers.
+  if (c.restart.start_timeout.count() != 0 && c.restart.start_timeout < std::chrono::seconds(1))
+    r.error_at("restart.start_timeout", "restart.start_timeout " + format_duration(c.restart.start_timeout) +
+                                            " is too short: at least 1s, or 0 for no limit");
   if (c.restart.hang_timeout.count() != 0 && c.restart.hang_timeout < std::chrono::milliseconds(500))
     r.error_at("restart.hang_timeout", "restart.hang_timeout " + format_duration(c.restart.hang_timeout) +
                                            " is too short: at least 500ms, or 0 to turn hang detection off");
@@ -835,6 +839,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(a.restart.backoff_initial != b.restart.backoff_initial, "restart.backoff_initial", c.in_place);
   note(a.restart.backoff_max != b.restart.backoff_max, "restart.backoff_max", c.in_place);
   note(a.restart.hang_timeout != b.restart.hang_timeout, "restart.hang_timeout", c.in_place);
+  note(a.restart.start_timeout != b.restart.start_timeout, "restart.start_timeout", c.in_place);
   note(a.restart.drain_deadline != b.restart.drain_deadline, "restart.drain_deadline", c.in_place);
   return c;
 }

@@ -136,6 +136,10 @@ struct RestartConfig {
   /// not answered for this long, is hung: killed and restarted at its
   /// context. 0 = never (at least 500ms otherwise).
   Duration hang_timeout = std::chrono::seconds(30);
+  /// A worker not ready this long after its start is hung there: killed and
+  /// started again at its context (as ds4-worker@.service's TimeoutStartSec,
+  /// for child-process workers too). 0 = never (at least 1s otherwise).
+  Duration start_timeout = std::chrono::minutes(5);
   /// A draining worker still busy after this is stopped anyway (its requests
   /// resume on another worker).
   Duration drain_deadline = std::chrono::seconds(30);

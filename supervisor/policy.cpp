@@ -18,6 +18,7 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   p.backoff_initial = c.restart.backoff_initial;
   p.backoff_max = c.restart.backoff_max;
   p.hang_timeout = c.restart.hang_timeout;
+  p.start_timeout = c.restart.start_timeout;
   return p;
 }
 
@@ -139,6 +140,7 @@ Step WorkerPolicy::start_at(size_t rung, const std::string& event, const std::st
   const size_t from = rung_;
   rung_ = rung;
   state_ = WorkerState::starting;
+  started_at_ = now;
   stopping_ = false;
   hung_ = false;
   after_ = After::nothing;
@@ -269,22 +271,31 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
 }
 
 Step WorkerPolicy::on_health(TimePoint now, const Health& h) {
-  if (state_ != WorkerState::ready || config_.hang_timeout.count() == 0) return {};
-  const bool stale = h.heartbeat_age && *h.heartbeat_age > config_.hang_timeout;
-  const bool mute = h.unanswered > config_.hang_timeout;
-  if (!stale && !mute) return {};
   std::string why;
-  if (stale) why = "no heartbeat for " + format_duration(*h.heartbeat_age);
-  if (mute) why += std::string(why.empty() ? "" : ", ") + "socket unanswered for " + format_duration(h.unanswered);
-  why += " (hang_timeout " + format_duration(config_.hang_timeout) + "): hung; killing pid " + std::to_string(pid_) +
-         ", then restarting at context " + std::to_string(context());
+  if (state_ == WorkerState::starting && config_.start_timeout.count() != 0 && now - started_at_ > config_.start_timeout) {
+    why = "not ready " + format_duration(config_.start_timeout) +
+          " after its start (restart.start_timeout): hung at start; killing it, then starting it again at context " +
+          std::to_string(context());
+  } else {
+    if (state_ != WorkerState::ready || config_.hang_timeout.count() == 0) return {};
+    const bool stale = h.heartbeat_age && *h.heartbeat_age > config_.hang_timeout;
+    const bool mute = h.unanswered > config_.hang_timeout;
+    if (!stale && !mute) return {};
+    if (stale) why = "no heartbeat for " + format_duration(*h.heartbeat_age);
+    if (mute) why += std::string(why.empty() ? "" : ", ") + "socket unanswered for " + format_duration(h.unanswered);
+    why += " (hang_timeout " + format_duration(config_.hang_timeout) + "): hung; killing pid " + std::to_string(pid_) +
+           ", then restarting at context " + std::to_string(context());
+  }
   Step s;
   s.decisions.push_back(decision("hang", rung_, rung_, why));
-  s.decisions.back().figures = {
-      {"DS4_HEARTBEAT_AGE_MS", h.heartbeat_age ? std::to_string(h.heartbeat_age->count()) : std::string("none")},
-      {"DS4_UNANSWERED_MS", std::to_string(h.unanswered.count())},
-      {"DS4_HANG_TIMEOUT_MS", std::to_string(config_.hang_timeout.count())},
-      {"DS4_PID", std::to_string(pid_)}};
+  if (state_ == WorkerState::starting)
+    s.decisions.back().figures = {{"DS4_START_TIMEOUT_MS", std::to_string(config_.start_timeout.count())}};
+  else
+    s.decisions.back().figures = {
+        {"DS4_HEARTBEAT_AGE_MS", h.heartbeat_age ? std::to_string(h.heartbeat_age->count()) : std::string("none")},
+        {"DS4_UNANSWERED_MS", std::to_string(h.unanswered.count())},
+        {"DS4_HANG_TIMEOUT_MS", std::to_string(config_.hang_timeout.count())},
+        {"DS4_PID", std::to_string(pid_)}};
   state_ = WorkerState::restarting;
   stopping_ = true;
   hung_ = true;

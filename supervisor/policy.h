@@ -22,7 +22,8 @@
 ///             in a row waits backoff_initial, doubling, capped at
 ///             backoff_max (state backoff, `degraded`). The count resets
 ///             once a worker stayed ready for backoff_max.
-///   hang      a ready worker whose heartbeat is older than hang_timeout, or
+///   hang      a worker not ready start_timeout after its start, or
+///             a ready worker whose heartbeat is older than hang_timeout, or
 ///             whose socket has not answered for that long: killed
 ///             (SIGKILL), then restarted at the same rung; it counts as a
 ///             failure, so a worker that keeps hanging backs off like a crash.
@@ -52,6 +53,7 @@ struct PolicyConfig {
   Duration backoff_initial{1000};
   Duration backoff_max{60000};
   Duration hang_timeout{0};   // 0 = no hang detection
+  Duration start_timeout{0};  // 0 = a start may take forever
   static PolicyConfig from(const Config& c);
 };
 
@@ -199,6 +201,7 @@ class WorkerPolicy {
   int64_t oom_kills_ = 0;
   int64_t failures_ = 0;
   std::string last_error_;
+  TimePoint started_at_{};  // the last start_at (start_timeout counts from it)
   std::optional<TimePoint> ready_since_;
   std::optional<TimePoint> low_since_;
   std::optional<TimePoint> ample_since_;

@@ -183,7 +183,8 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   if (!spec.exec_command.empty())  // workers.engine: exec: the external server as the worker
     args = {opts_.worker_binary, "engine", "--id", std::to_string(spec.id), "--port", std::to_string(spec.port),
             "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),
-            "--threads", std::to_string(spec.threads), "--model", spec.model_path, "--command", spec.exec_command};
+            "--threads", std::to_string(spec.threads), "--model", spec.model_path, "--command", spec.exec_command,
+            "--start-timeout", std::to_string(exec_start_timeout_ms(spec.start_timeout))};
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);

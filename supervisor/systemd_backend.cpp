@@ -285,6 +285,7 @@ class SystemdBackend : public UnitBackend {
       << "\nDS4_SEGMENT_SOCKET=" << opts_.runtime_dir << "/segments.sock\n";
     if (!s.exec_command.empty())  // `serve` runs the engine then (worker/exec_engine.h)
       o << "DS4_PORT=" << s.port << "\nDS4_MODEL=" << env_quoted(s.model_path)
+        << "\nDS4_START_TIMEOUT_MS=" << exec_start_timeout_ms(s.start_timeout)
         << "\nDS4_EXEC_COMMAND=" << env_quoted(s.exec_command) << "\n";
     write_if_changed(opts_.runtime_dir + "/worker-" + std::to_string(s.id) + ".env", o.str());
   }

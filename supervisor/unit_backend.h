@@ -4,6 +4,9 @@
 /// starts and stops them through this interface and hears back, on the
 /// io_context thread, when one became ready or went away and why.
 
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -30,7 +33,17 @@ struct LaunchSpec {
   std::string exec_command; // the template; "" = the native engine (ds4-worker serve)
   int port = 0;             // where the server answers HTTP (127.0.0.1)
   std::string model_path;   // {model}
+  std::chrono::milliseconds start_timeout{0};  // restart.start_timeout: how long the engine may take to answer; 0 = no limit
 };
+
+/// `ds4-worker engine --start-timeout`'s value for restart.start_timeout: 10 s
+/// longer, so that the supervisor's own timeout decides (a hang at start,
+/// started again at its context) rather than the engine's exit before it
+/// answered (which walks the ladder down); its default of 5 minutes would cut
+/// a longer start_timeout short. 0 (no limit): its largest, a day.
+inline int64_t exec_start_timeout_ms(std::chrono::milliseconds t) {
+  return t.count() == 0 ? 86400000 : std::min<int64_t>(t.count() + 10000, 86400000);
+}
 
 /// A worker that was already running when the supervisor started.
 struct AdoptedWorker {

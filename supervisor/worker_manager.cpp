@@ -192,6 +192,7 @@ void WorkerManager::launch(int id, uint32_t context) {
   if (!s_.exec_command.empty()) {
     spec.exec_command = s_.exec_command;
     spec.model_path = s_.model_path;
+    spec.start_timeout = s_.policy.start_timeout;
     spec.port = sl.port = free_tcp_port();
   }
   sl.running = true;
@@ -305,10 +306,16 @@ std::optional<control::Snapshot> WorkerManager::own_record(int id) const {
 
 void WorkerManager::check_health() {
   const Duration timeout = s_.policy.hang_timeout;
-  if (!health_ || timeout.count() == 0) return;
+  if (!health_) return;
   const TimePoint t = now();
   for (auto& [id, sl] : slots_) {
-    if (sl.policy->state() != WorkerState::ready || sl.pid <= 0) {
+    if (sl.policy->state() == WorkerState::starting) {  // judged by its start time alone (start_timeout)
+      sl.probe_failed_since.reset();
+      Step st = sl.policy->on_health(t, {});
+      if (!st.actions.empty() || !st.decisions.empty()) apply(id, std::move(st));
+      continue;
+    }
+    if (timeout.count() == 0 || sl.policy->state() != WorkerState::ready || sl.pid <= 0) {
       sl.probe_failed_since.reset();
       continue;
     }

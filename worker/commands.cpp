@@ -274,8 +274,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // supervisor's environment file names the engine, and the worker is one.
   if (const char* cmd = std::getenv("DS4_EXEC_COMMAND"); cmd && *cmd) {
     std::vector<std::string> e = argv;
-    for (const char* k : {"DS4_PORT", "DS4_MODEL"})
-      if (const char* v = std::getenv(k); v && *v) e.insert(e.end(), {k[4] == 'P' ? "--port" : "--model", v});
+    for (const auto& [env, flag] : {std::pair{"DS4_PORT", "--port"}, std::pair{"DS4_MODEL", "--model"},
+                                    std::pair{"DS4_START_TIMEOUT_MS", "--start-timeout"}})
+      if (const char* v = std::getenv(env); v && *v) e.insert(e.end(), {flag, v});
     e.insert(e.end(), {"--command", cmd});
     return cmd_engine(e);
   }

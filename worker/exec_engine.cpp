@@ -63,7 +63,7 @@ pid_t spawn(const std::vector<std::string>& args, const sigset_t& old_mask) {
   for (char** e = environ; *e; ++e) {
     const std::string_view v(*e);
     bool ours = false;
-    for (std::string_view k : {"NOTIFY_SOCKET=", "DS4_CONTROL=", "DS4_EXEC_COMMAND=", "DS4_PORT=", "DS4_MODEL=",
+    for (std::string_view k : {"NOTIFY_SOCKET=", "DS4_CONTROL=", "DS4_EXEC_COMMAND=", "DS4_PORT=", "DS4_MODEL=", "DS4_START_TIMEOUT_MS=",
                                "DS4_SEGMENT=", "DS4_SEGMENT_SOCKET=", "DS4_SOCKET=", "LISTEN_FDS=", "LISTEN_PID=", "WATCHDOG_USEC="})
       ours = ours || v.starts_with(k);
     if (!ours) envp.push_back(*e);

@@ -439,6 +439,41 @@ TEST_CASE("policy: a stale heartbeat or a mute socket is a hang: kill, then rest
   CHECK(has(p.on_timer(f.t), Action::Kind::start, 4096));
 }
 
+TEST_CASE("policy: a worker not ready start_timeout after its start is hung there: kill, start again, then back off") {
+  Fixture f;
+  PolicyConfig c = test_config();
+  c.start_timeout = 60s;
+  WorkerPolicy p{1, c, plans()};
+  p.start(f.t, f.mem(600));  // 4096
+  f.advance(60s);
+  CHECK(p.on_health(f.t, {}).actions.empty());  // exactly the timeout: not yet
+  f.advance(1s);
+  Step s = p.on_health(f.t, {});
+  REQUIRE(has(s, Action::Kind::kill));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "hang");
+  CHECK(s.decisions[0].reason.starts_with("not ready 1m after its start (restart.start_timeout): hung at start"));
+  CHECK(p.state() == WorkerState::restarting);
+  s = p.on_exit(f.t, ExitKind::clean, "killed by the supervisor (SIGKILL)");
+  CHECK(has(s, Action::Kind::start, 4096));
+  // A worker that became ready in time is not judged by its start any more.
+  p.on_ready(f.t, 7);
+  f.advance(10min);
+  CHECK(p.on_health(f.t, {}).actions.empty());
+  // Hung at start twice in a row: a backoff, not a loop of starts.
+  f.advance(1s);
+  p.on_exit(f.t, ExitKind::crash, "exited with status 1");  // restarts at once (its first failure)
+  f.advance(61s);
+  REQUIRE(has(p.on_health(f.t, {}), Action::Kind::kill));
+  s = p.on_exit(f.t, ExitKind::clean, "");
+  CHECK(p.state() == WorkerState::backoff);
+  // start_timeout 0: never.
+  Fixture g;
+  g.p.start(g.t, g.mem(1000));
+  g.advance(24h);
+  CHECK(g.p.on_health(g.t, {}).actions.empty());
+}
+
 TEST_CASE("policy: hang detection off (hang_timeout 0), or the worker not ready, never kills") {
   Fixture f;  // test_config(): hang_timeout 0
   f.p.start(f.t, f.mem(1000));
