@@ -48,6 +48,9 @@ s.sendall(b"{\"cmd\":\"drain\",\"worker\":4294967296}\n"); print(s.makefile().re
 [[ $rc != 0 && $out == *"expected a worker id"* && $raw == *'"ok":false'* && $raw == *"no worker 4294967296"* ]] \
   && sup_wait 5 'w[0]["state"] == "ready"' && pass "worker id 2^32: refused by ds4ctl and the supervisor, worker 0 still ready" \
   || fail "worker id 2^32: ds4ctl exit $rc: $out; admin: $raw; worker 0 $(sup_get 'w[0]["state"]')"
+out=$("$DS4_BIN/ds4ctl" status extra 2>&1); rc=$?
+[[ $rc == 1 && $out == "ds4ctl: 'status' takes only --json, not 'extra'"$'\n'"usage: ds4ctl"* ]] \
+  && pass "ds4ctl names a stray argument, with the usage once" || fail "ds4ctl status extra: exit $rc: $out"
 # The worker serves the token protocol on its socket.
 wsock=$(sup_get 'w[0]["socket"]')
 info=$(python3 -c '

@@ -291,4 +291,17 @@ for name, content in cases.items():
 p = run(os.path.join(BIN, "ds4-worker"), "run", "--model", os.path.join(tmp, "missing.gguf"), "-p", "x")
 check(p.returncode == 1 and "missing.gguf" in p.stderr, "missing model file: clear error")
 
+# Command-line slips are named, before any work (twelfth session's sweep).
+worker, mkmodel = os.path.join(BIN, "ds4-worker"), os.path.join(BIN, "ds4-mkmodel")
+p = run(worker, "run", "--model", STORIES, "-n", "2")
+check(p.returncode == 1 and "missing option '--prompt'" in p.stderr and p.stdout == "", "run without -p: refused")
+p2 = run(worker, "run", "--model", STORIES, "-p", "Once upon a time " * 10, "--ctx", "16", "-n", "2")
+check(p2.returncode == 1 and "a context of 16 (--ctx) holds at most 15" in p2.stderr and p2.stdout == "",
+      f"run: a prompt over --ctx is refused before it is echoed ({p2.stderr.strip()[:120]})")
+p = run(mkmodel, "--bogus", "x")
+check(p.returncode == 1 and "unknown option '--bogus'" in p.stderr, "mkmodel: an unknown option is named")
+p = run(mkmodel, "--out", os.path.join(tmp, "m.gguf"), "--vocab-from", STORIES, "--preset", "stories-like", "--dim", "0")
+check(p.returncode == 1 and "--dim: must be at least 1" in p.stderr and not os.path.exists(os.path.join(tmp, "m.gguf")),
+      "mkmodel: --dim 0 is refused, not replaced by the preset's")
+
 finish()
