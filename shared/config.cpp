@@ -688,8 +688,11 @@ void check(Reader& r, Config& c, const LoadOptions& options) {
     r.error_at("proxy.listen", "proxy.listen " + P.listen.str() +
                                    " is reachable from other machines but proxy.api_keys_file is empty: set "
                                    "api_keys_file, or proxy.limits.allow_insecure_bind: true to serve without keys");
+  std::error_code keys_ec;
   if (!P.api_keys_file.empty() && access(P.api_keys_file.c_str(), R_OK) != 0)
     r.error_at("proxy.api_keys_file", "proxy.api_keys_file: cannot read '" + P.api_keys_file.string() + "'");
+  else if (!P.api_keys_file.empty() && fs::is_directory(P.api_keys_file, keys_ec))  // readable, and no keys in it
+    r.error_at("proxy.api_keys_file", "proxy.api_keys_file: '" + P.api_keys_file.string() + "' is a folder, not a file of keys");
   check_positive(r, "proxy.queue.max_wait", P.queue.max_wait);
   check_positive(r, "proxy.limits.request_timeout", P.limits.request_timeout);
   check_positive(r, "proxy.limits.header_timeout", P.limits.header_timeout);

@@ -62,8 +62,9 @@ constexpr bool kCudaBuilt =
 #endif
 
 // What the proxy meets only once the model is loaded, found before it is: a
-// port another process listens on, an api keys file that cannot be read (a
-// large model's load takes minutes to end in these errors otherwise).
+// port another process listens on, a device this build cannot use (a large
+// model's load takes minutes to end in these errors otherwise). The config's
+// own checks (load_config) cover the files it names.
 void check_before_load(const Config& c) {
   if (c.workers.device.kind == Device::Kind::cuda && !kCudaBuilt)  // its workers and holder would crash-loop
     throw Error("workers.device " + c.workers.device.str() +
@@ -81,11 +82,6 @@ void check_before_load(const Config& c) {
       throw Error("proxy.listen " + l.str() + ": cannot listen: " + e.code().message());
     }
   }
-  const std::filesystem::path& keys = c.proxy.api_keys_file;
-  std::error_code ec;
-  if (!keys.empty() && !std::filesystem::is_regular_file(keys, ec))
-    throw Error("proxy.api_keys_file " + keys.string() + ": " +
-                (std::filesystem::exists(keys, ec) ? "not a regular file" : "no such file"));
 }
 
 // Workers run on a GPU: cuda:N, or auto on a machine with an NVIDIA driver

@@ -34,9 +34,8 @@ void ApiKeys::reload() {
     return;
   }
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(file_, ec))  // a folder opens, and reads as no keys
-    throw Error(file_.string() + ": cannot read the api keys file: " +
-                (std::filesystem::exists(file_, ec) ? "not a regular file" : "no such file"));
+  if (std::filesystem::is_directory(file_, ec))  // it opens, and reads as no keys (the config refuses it too)
+    throw Error(file_.string() + ": cannot read the api keys file: it is a folder");
   std::ifstream in(file_);
   if (!in) throw Error(file_.string() + ": cannot read the api keys file");
   std::vector<std::string> keys;

@@ -68,15 +68,23 @@ std::string_view model_of(std::string_view path) {
   return {};
 }
 
-// The methods a path answers (its Allow header); empty for no such path.
-std::string_view methods_of(std::string_view path) {
+// What a path is: the methods it answers (its Allow header; empty: no such
+// path) and, for the generation paths (POST), their endpoint.
+struct PathRoute {
+  std::string_view allow;
+  std::optional<Endpoint> endpoint;
+};
+
+PathRoute route_of(std::string_view path) {
+  if (path == "/v1/chat/completions" || path == "/chat/completions") return {"POST, OPTIONS", Endpoint::chat};
+  if (path == "/v1/completions" || path == "/completions") return {"POST, OPTIONS", Endpoint::completion};
+  if (path == "/v1/messages") return {"POST, OPTIONS", Endpoint::messages};
   if (path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models" || !model_of(path).empty())
-    return "GET, HEAD, OPTIONS";
-  if (path == "/v1/chat/completions" || path == "/chat/completions" || path == "/v1/completions" ||
-      path == "/completions" || path == "/v1/messages")
-    return "POST, OPTIONS";
+    return {"GET, HEAD, OPTIONS", std::nullopt};
   return {};
 }
+
+Api api_for(const PathRoute& r) { return r.endpoint == Endpoint::messages ? Api::anthropic : Api::openai; }
 
 Response json_response(int status, const json& j) {
   Response r;
@@ -117,15 +125,14 @@ Response models(const RouteContext& ctx) {
 
 }  // namespace
 
-Api api_of(std::string_view target) {
-  return path_of(target) == "/v1/messages" ? Api::anthropic : Api::openai;
-}
+Api api_of(std::string_view target) { return api_for(route_of(path_of(target))); }
 
 Route route(const HttpRequest& req, const RouteContext& ctx) {
   Route out;
   const std::string_view target = path_of(std::string_view(req.target().data(), req.target().size()));
-  out.api = api_of(target);
-  const std::string_view allowed = methods_of(target);
+  const PathRoute path = route_of(target);
+  const std::string_view allowed = path.allow;
+  out.api = api_for(path);
   if (allowed.empty()) {
     out.response = error_response(out.api, {ErrorKind::not_found, "no route for " + std::string(req.method_string()) +
                                                                       " " + std::string(target)});
@@ -137,7 +144,7 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     r.headers.emplace_back("Allow", std::string(allowed));
     return out.response = std::move(r), out;
   }
-  const bool reads = allowed.starts_with("GET");
+  const bool reads = !path.endpoint;
   if (reads ? req.method() != http::verb::get && req.method() != http::verb::head : req.method() != http::verb::post) {
     out.response = error_response(out.api, {ErrorKind::method_not_allowed,
                                             std::string(req.method_string()) + " " + std::string(target) +
@@ -155,10 +162,6 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     return out;
   }
 
-  const bool models_path = target == "/v1/models" || target == "/models";
-  const Endpoint ep = target.ends_with("/chat/completions") ? Endpoint::chat
-                      : target.ends_with("/completions")    ? Endpoint::completion
-                                                            : Endpoint::messages;
 
   auto header = [&](http::field f) {
     auto it = req.find(f);
@@ -173,7 +176,7 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     return out;
   }
 
-  if (models_path) return out.response = models(ctx), out;
+  if (target == "/v1/models" || target == "/models") return out.response = models(ctx), out;
   if (const std::string_view name = model_of(target); !name.empty()) {
     if (name == ctx.model.name()) return out.response = json_response(200, model_object(ctx)), out;
     out.response = error_response(out.api, {ErrorKind::not_found, "no model '" + std::string(name) + "' here; this server serves '" +
@@ -190,7 +193,7 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     else out.forward = std::move(std::get<EngineRequest>(f));
     return out;
   }
-  auto plan = parse_request(ep, req.body(), ctx.model, ctx.limits);
+  auto plan = parse_request(*path.endpoint, req.body(), ctx.model, ctx.limits);
   if (auto* e = std::get_if<ApiError>(&plan)) out.response = error_response(out.api, *e);
   else out.plan = std::move(std::get<Plan>(plan));
   return out;

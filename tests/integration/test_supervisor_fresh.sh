@@ -134,6 +134,6 @@ kill $holder 2>/dev/null; wait $holder 2>/dev/null
 mkdir -p "$SUP_DIR/keys-folder"
 printf 'model:\n  path: %s\nproxy:\n  listen: 127.0.0.1:0\n  api_keys_file: %s\n' "$DS4_MODELS/stories260K.gguf" "$SUP_DIR/keys-folder" >"$SUP_DIR/keys.yaml"
 out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config "$SUP_DIR/keys.yaml" 2>&1); rc=$?
-[[ $rc == 1 && $out == *"proxy.api_keys_file $SUP_DIR/keys-folder: not a regular file"* && $out != *"in segment"* ]] \
-  && pass "an api keys file that is a folder: exit 1 before the model loads" || fail "keys folder: exit $rc: $out"
+[[ $rc == 1 && $out == *"keys.yaml:5:18: proxy.api_keys_file: '$SUP_DIR/keys-folder' is a folder, not a file of keys"* && $out != *"in segment"* ]] \
+  && pass "an api keys file that is a folder: exit 1 where it is written, before the model loads" || fail "keys folder: exit $rc: $out"
 sup_finish 30

@@ -344,6 +344,9 @@ TEST_CASE("config: impossible values") {
     CHECK(parse("proxy:\n  listen: localhost:0\n").proxy.listen.str() == "127.0.0.1:0");
     CHECK(errors("proxy:\n  api_keys_file: /nonexistent/keys\n") ==
           "config/ds4.yaml:2:18: proxy.api_keys_file: cannot read '/nonexistent/keys'");
+    // A folder is readable, and holds no key: every request would get 401.
+    CHECK(errors("proxy:\n  api_keys_file: /tmp\n") ==
+          "config/ds4.yaml:2:18: proxy.api_keys_file: '/tmp' is a folder, not a file of keys");
   }
   SUBCASE("engine exec") {
     CHECK(errors("workers:\n  engine: exec\n") ==
