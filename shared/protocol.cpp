@@ -108,6 +108,12 @@ Request general_request(std::string_view line) {
       if (!j["ignore_eos"].is_boolean()) throw Error("'ignore_eos' must be true or false");
       g.ignore_eos = j["ignore_eos"].get<bool>();
     }
+    if (j.contains("grammar")) {
+      if (!j["grammar"].is_string()) throw Error("'grammar' must be a string");
+      g.grammar = j["grammar"].get<std::string>();
+      if (g.grammar.size() > kMaxGrammarBytes)
+        throw Error("'grammar' is " + std::to_string(g.grammar.size()) + " bytes, more than " + std::to_string(kMaxGrammarBytes));
+    }
   } catch (const json::exception& e) {
     throw Error(std::string("bad request: ") + e.what());
   }
@@ -365,6 +371,10 @@ std::string to_line(const GenerateRequest& g, int64_t id) {
       s += ']';
     }
     s += ']';
+  }
+  if (!g.grammar.empty()) {
+    s += R"(,"grammar":)";
+    s += json(g.grammar).dump(-1, ' ', false, json::error_handler_t::replace);
   }
   s += "}\n";
   return s;

@@ -5,7 +5,8 @@
 ///   client → worker   {"op":"generate","id":7,"prompt":[1,403,...],"generated":[432,...],
 ///                      "max_tokens":64,"temperature":0,"top_k":40,"top_p":0.95,
 ///                      "min_p":0.05,"seed":7,"logprobs":0,"ignore_eos":false
-///                      [,"frequency_penalty":0.5,"presence_penalty":0.5,"logit_bias":[[13,-100],...]]}
+///                      [,"frequency_penalty":0.5,"presence_penalty":0.5,"logit_bias":[[13,-100],...],
+///                       "grammar":"root ::= ..."]}
 ///   worker → client   {"ev":"token","i":0,"id":7,"lp":-0.01,"t":432,"top":[[432,-0.01],...]}   (one per token)
 ///                     {"ev":"done","id":7,"reason":"stop|length|context|cancelled","timings":{...}}
 ///                  or {"ev":"error","id":7,"message":"..."}
@@ -44,6 +45,7 @@ namespace ds4::proto {
 inline constexpr size_t kMaxLineBytes = 32u << 20;
 inline constexpr size_t kMaxTokens = 1u << 22;
 inline constexpr size_t kMaxLogitBias = 1024;  // entries of a request's logit_bias
+inline constexpr size_t kMaxGrammarBytes = 1u << 20;  // a request's grammar text
 
 struct Sampling {
   float temperature = 0.8f;
@@ -64,6 +66,10 @@ struct GenerateRequest {
   Sampling sampling;
   int32_t logprobs = 0;
   bool ignore_eos = false;
+  /// A grammar (text/grammar.h) every generated token must keep the answer
+  /// inside; empty: none. Its state is a function of `generated`, so a
+  /// resumed request stays exact. Sent only when not empty.
+  std::string grammar;
   bool operator==(const GenerateRequest&) const = default;
 };
 

@@ -28,7 +28,7 @@
 #include "worker/memory_plan.h"
 #include "worker/runtime.h"
 #include "worker/server.h"
-#include "worker/utf8.h"
+#include "text/utf8.h"
 #ifdef DS4_HAVE_CUDA
 #include "worker/cuda/cuda_backend.h"
 #endif

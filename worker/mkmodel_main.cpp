@@ -23,7 +23,7 @@
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
 #include "shared/progress.h"
-#include "worker/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace ds4 {
 namespace {

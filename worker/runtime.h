@@ -7,7 +7,7 @@
 
 #include "shared/model_store.h"
 #include "worker/model.h"
-#include "worker/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace ds4 {
 

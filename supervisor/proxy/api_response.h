@@ -19,7 +19,7 @@
 #include "shared/protocol.h"
 #include "supervisor/proxy/api_error.h"
 #include "supervisor/proxy/api_request.h"
-#include "worker/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace ds4::proxy {
 

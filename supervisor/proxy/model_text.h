@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "shared/gguf.h"
-#include "supervisor/proxy/chat_template.h"
-#include "worker/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace ds4::proxy {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "worker/utf8.h"
+#include "text/utf8.h"
 
 namespace ds4::proxy {
 

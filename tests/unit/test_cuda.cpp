@@ -29,7 +29,7 @@
 #include "worker/engine.h"
 #include "worker/model.h"
 #include "worker/sampler.h"
-#include "worker/tokenizer.h"
+#include "text/tokenizer.h"
 
 using namespace ds4;
 

@@ -20,7 +20,7 @@
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/model.h"
-#include "worker/tokenizer.h"
+#include "text/tokenizer.h"
 
 using namespace ds4;
 

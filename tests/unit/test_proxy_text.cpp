@@ -8,7 +8,7 @@
 
 #include "shared/error.h"
 #include "supervisor/proxy/api_keys.h"
-#include "supervisor/proxy/chat_template.h"
+#include "text/chat_template.h"
 #include "supervisor/proxy/text_stream.h"
 
 using namespace ds4::proxy;

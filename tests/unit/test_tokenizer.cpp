@@ -13,7 +13,7 @@
 #include "shared/error.h"
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
-#include "worker/tokenizer.h"
+#include "text/tokenizer.h"
 
 using namespace ds4;
 using Tokens = std::vector<int32_t>;

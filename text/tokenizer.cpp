@@ -1,4 +1,4 @@
-#include "worker/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <algorithm>
 #include <cstring>

@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-namespace ds4::proxy {
+namespace ds4 {
 
 enum class ChatFamily { chatml, llama2, llama3, mistral, deepseek };
 const char* family_name(ChatFamily f);
@@ -31,4 +31,4 @@ struct ChatMessage {
 /// The prompt text, ending where the assistant's answer begins.
 std::string render_chat(ChatFamily family, const std::vector<ChatMessage>& messages);
 
-}  // namespace ds4::proxy
+}  // namespace ds4

@@ -1,6 +1,6 @@
-#include "supervisor/proxy/chat_template.h"
+#include "text/chat_template.h"
 
-namespace ds4::proxy {
+namespace ds4 {
 
 const char* family_name(ChatFamily f) {
   switch (f) {
@@ -94,4 +94,4 @@ std::string render_chat(ChatFamily family, const std::vector<ChatMessage>& messa
   return chatml(messages);
 }
 
-}  // namespace ds4::proxy
+}  // namespace ds4
