@@ -11,6 +11,7 @@
 #include "text/chat_template.h"
 #include "supervisor/proxy/text_stream.h"
 
+using namespace ds4;
 using namespace ds4::proxy;
 
 namespace {
