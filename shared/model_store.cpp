@@ -726,7 +726,8 @@ Swept sweep_one(const std::string& name, const InUseFn& in_use, const SweepOptio
   const uid_t me = ::geteuid();
   // A loader holds the lock from right after creating the segment until it is
   // ready, and maps it only once the pages are reserved.
-  const bool keep = !ok || (me != 0 && st.st_uid != me) || loader_lock_held(fd) || changed_within(st, opts.min_age);
+  // Another user's segment is never ours to remove, root's sweeps included.
+  const bool keep = !ok || st.st_uid != me || loader_lock_held(fd) || changed_within(st, opts.min_age);
   ::close(fd);
   if (keep || in_use(name)) return Swept::kept;
   struct stat now {};

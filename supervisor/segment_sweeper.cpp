@@ -8,7 +8,9 @@
 namespace ds4::sup {
 
 SegmentSweeper::SegmentSweeper(asio::io_context& io, SweeperSettings settings)
-    : io_(io), s_(std::move(settings)), timer_(io) {}
+    : io_(io), s_(std::move(settings)), timer_(io) {
+  if (!s_.ledger_path.empty()) ledger_.emplace(s_.ledger_path);
+}
 
 void SegmentSweeper::set_current(const std::string& segment, const store::UniqueFd* fd) {
   if (s_.memfds) {
@@ -24,6 +26,7 @@ void SegmentSweeper::set_current(const std::string& segment, const store::Unique
     held_.reset();
     current_ = segment;
     if (segment.empty()) return request();  // none served (an exec engine reads the file itself)
+    if (ledger_ && !store::is_memfd_handle(segment)) ledger_->add(segment);
     try {
       held_.emplace(fd ? store::Segment::attach_fd(fd->get(), segment) : store::Segment::attach(segment));
     } catch (const Error& e) {
@@ -81,7 +84,7 @@ void SegmentSweeper::sweep() {
   std::vector<std::string> candidates;
   try {
     for (std::string& name : store::list_segments(s_.sweep.prefix))
-      if (name != current_) candidates.push_back(std::move(name));
+      if (name != current_ && (!ledger_ || ledger_->contains(name))) candidates.push_back(std::move(name));
   } catch (const Error& e) {
     log::warn(std::string("cannot look for old model segments: ") + e.what() + ", ignoring");
   }
@@ -144,6 +147,12 @@ void SegmentSweeper::finish(const std::vector<std::string>& candidates, const st
   const auto in_use = [&](const std::string& name) {
     return used.count(name) > 0 || std::find(candidates.begin(), candidates.end(), name) == candidates.end();
   };
+  // Listed but gone (removed by hand, or by this instance before a crash): unlisted.
+  if (ledger_) {
+    const std::vector<std::string> present = store::list_segments(s_.sweep.prefix);
+    for (const std::string& name : std::set<std::string>(ledger_->names()))
+      if (name != current_ && std::find(present.begin(), present.end(), name) == present.end()) ledger_->remove(name);
+  }
   store::SweepResult r;
   try {
     r = store::remove_unused_segments(current_, in_use, s_.sweep);
@@ -152,6 +161,7 @@ void SegmentSweeper::finish(const std::vector<std::string>& candidates, const st
     return;
   }
   for (const store::RemovedSegment& g : r.removed) {
+    if (ledger_) ledger_->remove(g.name);
     log::info("removed old model segment " + g.name + " (" + human_size(g.bytes) + " freed): no process maps it",
               {{"DS4_EVENT", "segment_removed"},
                {"DS4_SEGMENT", g.name},

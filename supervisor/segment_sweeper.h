@@ -7,6 +7,11 @@
 /// another model.path) that no process maps: each removal is one journal
 /// entry with DS4_SEGMENT and the bytes freed.
 ///
+/// Only segments of this instance are candidates: those its SegmentLedger
+/// lists (what it served, in this runtime folder, at this start or an
+/// earlier one), owned by its own uid. Another instance's segment, or
+/// another user's, is never touched, mapped or not.
+///
 /// A sweep runs when the served segment is set (start, reload with a new
 /// model), when a worker process went away (the last worker of an old model
 /// lets its segment go), and again a while after a sweep had to keep one.
@@ -32,6 +37,7 @@
 #include "supervisor/asio.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
+#include "supervisor/segment_ledger.h"
 #include "supervisor/worker_registry.h"
 
 namespace ds4::sup {
@@ -49,6 +55,10 @@ struct SweeperSettings {
   std::function<store::InUseFn()> in_use = [] { return store::mapped_by_some_process(); };
   /// The same for the memfd segments of `memfds`, by descriptor.
   std::function<store::FdInUseFn()> fd_in_use = [] { return store::fd_mapped_by_some_process(); };
+  /// The file listing this instance's segments (SegmentLedger); empty: every
+  /// segment of `sweep.prefix` owned by this uid is a candidate (tests with
+  /// their own prefix).
+  std::string ledger_path;
   /// The memfd segments to sweep too; null: none.
   MemfdSegments* memfds = nullptr;
 };
@@ -82,6 +92,7 @@ class SegmentSweeper {
   SweeperSettings s_;
   std::string current_;
   std::optional<store::Segment> held_;
+  std::optional<SegmentLedger> ledger_;  // none: no ledger_path
   std::set<std::string> retired_memfds_;  // memfd handles that may be let go once unmapped
   std::set<int> pids_;  // worker processes seen at the last registry change
   asio::steady_timer timer_;

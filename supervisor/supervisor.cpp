@@ -187,6 +187,7 @@ void Supervisor::prepare() {
   segments_thread_ = std::thread([this] { segments_io_.run(); });
   SweeperSettings sweep;
   sweep.memfds = memfds_.get();
+  sweep.ledger_path = runtime_dir_ + "/segments.list";
   sweeper_ = std::make_unique<SegmentSweeper>(io_, std::move(sweep));
   sweeper_->set_current(model_.segment, model_.fd.get());  // sweeps once run() starts
   memory_ = std::make_unique<ProcMemorySource>();

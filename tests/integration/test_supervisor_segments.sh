@@ -4,7 +4,8 @@
 # or model.path changed (SIGHUP),
 # the old segment is removed from /dev/shm once no process maps it, with one
 # log entry each; a segment some process still maps (a stand-in for an old
-# worker, or an unrelated ds4-model-* file another process maps) stays.
+# worker, or an unrelated ds4-model-* file another process maps) stays, and so
+# does one this instance never served (another instance's), mapped or not.
 # Process backend, on copies of stories260K.gguf.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
@@ -107,7 +108,13 @@ wait_gone "$s1" 10 && pass "the old segment $s1 was removed at start" || fail "$
 grep -Eq "removed old model segment $s1 \(1\.2 MiB freed\): no process maps it \(.*DS4_SEGMENT=$s1, DS4_BYTES_FREED=[0-9]+" "$SUP_DIR/sup.log" \
   && pass "logged: $(grep -m1 "removed old model segment $s1" "$SUP_DIR/sup.log" | cut -c1-200)" \
   || fail "no 'removed old model segment $s1' line with DS4_SEGMENT and DS4_BYTES_FREED"
-wait_gone "$fake_stale" 10 && pass "an unmapped $fake_stale was removed too" || fail "$fake_stale still there"
+# Not this instance's (its runtime folder never served it): another instance's
+# or another user's segment, which a start must never remove, mapped or not.
+[[ -e /dev/shm/$fake_stale ]] && pass "an unmapped $fake_stale that this instance never served is kept" \
+  || fail "$fake_stale (never served by this instance) was removed"
+grep -qx "$s2" "$XDG_RUNTIME_DIR/ds4/segments.list" && ! grep -qx "$s1" "$XDG_RUNTIME_DIR/ds4/segments.list" \
+  && pass "segments.list lists the served $s2 and no longer the removed $s1" \
+  || fail "segments.list: $(tr '\n' ' ' <"$XDG_RUNTIME_DIR/ds4/segments.list" 2>&1)"
 [[ -e /dev/shm/$fake_mapped ]] && pass "$fake_mapped, mapped by pid ${holders[0]}, is kept" || fail "$fake_mapped was removed while mapped"
 [[ -e /dev/shm/$s2 ]] && pass "the served segment $s2 is there" || fail "$s2 missing"
 

@@ -186,3 +186,38 @@ TEST_CASE("sweeper: an old memfd segment is let go once no process maps it; the 
   run(500ms);
   CHECK(memfds.handles() == std::vector<std::string>{third.name});
 }
+
+TEST_CASE("sweeper: only this instance's segments are removed; another instance's stay, mapped or not") {
+  Names n;
+  const std::string mine_old = n.add("mine-old"), mine_now = n.add("mine-now"), theirs = n.add("theirs"),
+                    mine_gone = n.add("mine-gone");
+  load_as(mine_old);
+  load_as(mine_now);
+  make_file(theirs);  // another supervisor's (another runtime folder), mapped by nobody
+  const std::string ledger_path =
+      (std::filesystem::temp_directory_path() / ("ds4-test-ledger-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(ledger_path);
+  {
+    SegmentLedger earlier(ledger_path);  // what an earlier start of this instance served
+    earlier.add(mine_old);
+    earlier.add(mine_gone);  // removed by hand since
+  }
+  asio::io_context io;
+  SweeperSettings ss;
+  ss.sweep.prefix = sweeper_name("");
+  ss.sweep.min_age = 0ms;
+  ss.ledger_path = ledger_path;
+  ss.in_use = [] { return [](const std::string&) { return false; }; };
+  {
+    SegmentSweeper sweeper(io, ss);
+    sweeper.set_current(mine_now);
+    io.run_for(300ms);
+    sweeper.stop();
+  }
+  CHECK_FALSE(exists(mine_old));  // served by this instance before: removed
+  CHECK(exists(mine_now));
+  CHECK(exists(theirs));  // never served here: kept though nobody maps it
+  const SegmentLedger after(ledger_path);
+  CHECK(after.names() == std::set<std::string>{mine_now});  // the removed and the gone are unlisted
+  std::filesystem::remove(ledger_path);
+}
