@@ -114,7 +114,8 @@ Block Block::create_or_open(const std::string& name) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
   if (fd >= 0) {
     struct stat st{};
-    if (::fstat(fd, &st) == 0 && size_t(st.st_size) == kBytes) {
+    // An older supervisor's block may hold holes: its pages are taken here too.
+    if (::fstat(fd, &st) == 0 && size_t(st.st_size) == kBytes && ::posix_fallocate(fd, 0, off_t(kBytes)) == 0) {
       void* p = map_fd(fd, name);
       if (header_matches(header(p))) return Block(name, p, kBytes);
       ::munmap(p, kBytes);
@@ -133,6 +134,14 @@ Block Block::create_or_open(const std::string& name) {
     ::close(fd);
     ::shm_unlink(name.c_str());
     throw Error("control block " + name + ": cannot size it to " + std::to_string(kBytes) + " bytes: " + e);
+  }
+  // ftruncate reserves nothing on tmpfs: with /dev/shm full, the first store
+  // into the mapping would be a SIGBUS. Take the pages now, or say why not.
+  if (const int rc = ::posix_fallocate(fd, 0, off_t(kBytes)); rc != 0) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    throw Error("control block /dev/shm" + name + ": cannot reserve its " + std::to_string(kBytes) + " bytes: " +
+                std::strerror(rc) + (rc == ENOSPC ? " (/dev/shm is full)" : ""));
   }
   void* p = map_fd(fd, name);
   Header& h = header(p);
