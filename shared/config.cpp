@@ -611,6 +611,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
       r.mapping(e.value, e.mark, e.path, {
         {"backoff_initial", [&](const Entry& x) { r.duration(x, c.restart.backoff_initial); }},
         {"backoff_max", [&](const Entry& x) { r.duration(x, c.restart.backoff_max); }},
+        {"healthy_after", [&](const Entry& x) { r.duration(x, c.restart.healthy_after); }},
         {"hang_timeout", [&](const Entry& x) { r.duration(x, c.restart.hang_timeout); }},
         {"start_timeout", [&](const Entry& x) { r.duration(x, c.restart.start_timeout); }},
         {"drain_deadline", [&](const Entry& x) { r.duration(x, c.restart.drain_deadline); }},
@@ -704,6 +705,7 @@ void check(Reader& r, Config& c, const LoadOptions& options) {
 
   check_positive(r, "restart.backoff_initial", c.restart.backoff_initial);
   check_positive(r, "restart.backoff_max", c.restart.backoff_max);
+  check_positive(r, "restart.healthy_after", c.restart.healthy_after);
   if (c.restart.backoff_initial > c.restart.backoff_max)
     r.error_at(r.has("restart.backoff_initial") ? "restart.backoff_initial" : "restart.backoff_max",
                "restart.backoff_initial " + format_duration(c.restart.backoff_initial) +
@@ -841,6 +843,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(a.headroom.psi != b.headroom.psi, "headroom.psi", c.in_place);
   note(a.restart.backoff_initial != b.restart.backoff_initial, "restart.backoff_initial", c.in_place);
   note(a.restart.backoff_max != b.restart.backoff_max, "restart.backoff_max", c.in_place);
+  note(a.restart.healthy_after != b.restart.healthy_after, "restart.healthy_after", c.in_place);
   note(a.restart.hang_timeout != b.restart.hang_timeout, "restart.hang_timeout", c.in_place);
   note(a.restart.start_timeout != b.restart.start_timeout, "restart.start_timeout", c.in_place);
   note(a.restart.drain_deadline != b.restart.drain_deadline, "restart.drain_deadline", c.in_place);

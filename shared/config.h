@@ -132,6 +132,9 @@ struct HeadroomConfig {
 struct RestartConfig {
   Duration backoff_initial = std::chrono::seconds(1);  // after the first quick retry
   Duration backoff_max = std::chrono::seconds(60);
+  /// A worker that stayed ready this long and then died is a fault, not a
+  /// crash loop: it is restarted at once, whatever happened before.
+  Duration healthy_after = std::chrono::seconds(3);
   /// A ready worker whose heartbeat is older than this, or whose socket has
   /// not answered for this long, is hung: killed and restarted at its
   /// context. 0 = never (at least 500ms otherwise).

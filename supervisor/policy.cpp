@@ -17,6 +17,7 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   p.psi = c.headroom.psi;
   p.backoff_initial = c.restart.backoff_initial;
   p.backoff_max = c.restart.backoff_max;
+  p.healthy_after = c.restart.healthy_after;
   p.hang_timeout = c.restart.hang_timeout;
   p.start_timeout = c.restart.start_timeout;
   return p;
@@ -166,8 +167,10 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
   if (!message.empty()) last_error_ = message;
   pid_ = 0;
   const bool was_ready = state_ == WorkerState::ready || state_ == WorkerState::draining;
-  // A worker that stayed up long enough ends a crash loop.
-  if (ready_since_ && now - *ready_since_ >= config_.backoff_max) failures_ = 0;
+  // A worker that served a while and then died is a fault, not a crash loop:
+  // it is restarted at once (it used to need backoff_max of readiness, so a
+  // second kill within a minute paused every client for backoff_initial).
+  if (ready_since_ && now - *ready_since_ >= config_.healthy_after) failures_ = 0;
   ready_since_.reset();
 
   // Out of memory, told by the kernel (OOM kill) or by the worker itself (its

@@ -20,8 +20,9 @@
 ///             step_up_after, and the worker idle: drain, restart one rung up.
 ///   crashes   the first unexpected exit is retried at once; each further one
 ///             in a row waits backoff_initial, doubling, capped at
-///             backoff_max (state backoff, `degraded`). The count resets
-///             once a worker stayed ready for backoff_max.
+///             backoff_max (state backoff, `degraded`). A worker that
+///             stayed ready for healthy_after and then died is no crash
+///             loop: the count starts again and it is restarted at once.
 ///   hang      a worker not ready start_timeout after its start, or
 ///             a ready worker whose heartbeat is older than hang_timeout, or
 ///             whose socket has not answered for that long: killed
@@ -52,6 +53,7 @@ struct PolicyConfig {
   double psi = 0;             // 0 = not used
   Duration backoff_initial{1000};
   Duration backoff_max{60000};
+  Duration healthy_after{3000};  // ready this long, then died: restarted at once
   Duration hang_timeout{0};   // 0 = no hang detection
   Duration start_timeout{0};  // 0 = a start may take forever
   static PolicyConfig from(const Config& c);

@@ -86,6 +86,7 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.headroom.psi == 0);
     CHECK(c.restart.backoff_initial == 1s);
     CHECK(c.restart.backoff_max == 60s);
+    CHECK(c.restart.healthy_after == 3s);
     CHECK(c.restart.hang_timeout == 30s);
     CHECK(c.restart.drain_deadline == 30s);
     CHECK(c.gpu.weights == ds4::GpuWeights::device);

@@ -302,12 +302,37 @@ TEST_CASE("policy: a crash loop backs off exponentially up to backoff_max and ke
   }
   CHECK(waits == std::vector<Duration>{1s, 2s, 4s, 8s, 8s, 8s});
   CHECK(f.p.last_error() == "boom 7");
-  // Ready for backoff_max ends the loop.
+  // Ready for healthy_after ends the loop.
   f.p.on_ready(f.t, 7);
-  f.advance(8s);
+  f.advance(3s);
   s = f.p.on_exit(f.t, ExitKind::crash, "again");
   CHECK(has(s, Action::Kind::start));
   CHECK(f.p.failures() == 1);
+}
+
+TEST_CASE("policy: a worker that served and is then killed again and again is restarted at once each time") {
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 100);
+  f.advance(10s);  // served for 10 s
+  for (int kill = 0; kill < 3; ++kill) {  // then killed three times in 20 s
+    Step s = f.p.on_exit(f.t, ExitKind::killed, "");
+    CHECK(has(s, Action::Kind::start, 8192));
+    CHECK(s.decisions[0].event == "restart");
+    CHECK(f.p.state() != WorkerState::backoff);
+    CHECK_FALSE(f.p.degraded());
+    f.advance(200ms);
+    f.p.on_ready(f.t, 101 + kill);
+    f.advance(6500ms);
+  }
+  // Dying soon after it is ready is a crash loop: the second such exit backs off.
+  f.p.on_exit(f.t, ExitKind::crash, "first");
+  f.advance(200ms);
+  f.p.on_ready(f.t, 200);
+  f.advance(1s);  // less than healthy_after
+  Step s = f.p.on_exit(f.t, ExitKind::crash, "second");
+  CHECK(f.p.state() == WorkerState::backoff);
+  CHECK(s.decisions[0].event == "backoff");
 }
 
 TEST_CASE("policy: a person's kill restarts at the same rung, not lower") {
