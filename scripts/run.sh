@@ -1,13 +1,28 @@
 #!/usr/bin/env bash
 # Sets up and runs the whole ds4 service in the foreground: the supervisor
-# (model store, workers, proxy on 127.0.0.1:8080) with the embedded defaults.
+# (model store, workers, the OpenAI/Anthropic proxy) with the embedded defaults.
 #   scripts/run.sh [CONFIG]
-# Without CONFIG it serves ../shared/models/stories260K.gguf when that file is
-# there, else config/ds4.yaml as shipped (no model configured: a small
-# synthetic model with random weights, said loudly in the log).
+# It builds only what the service runs (ds4-supervisor, ds4-worker, ds4ctl,
+# ds4-mkmodel) in Release; scripts/test.sh builds the rest. Without CONFIG it
+# serves ../shared/models/stories260K.gguf when that file is there, else
+# config/ds4.yaml as shipped (no model configured: a small synthetic model
+# with random weights, said loudly in the log). The address it serves is in
+# the log's "proxy listening on" line (proxy.listen of the config).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --no-build
+if [ ! -f build/build.ninja ]; then
+  echo "run.sh: configuring build/ (Release)" >&2
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+targets=(ds4-supervisor ds4-worker ds4ctl ds4-mkmodel)
+if ! ninja -C build -n "${targets[@]}" | grep -q "no work to do"; then
+  echo "run.sh: building ${targets[*]} in build/ (the first time takes about 3 minutes on 2 idle cores," \
+       "more with the CUDA backend; later runs rebuild only what changed)" >&2
+  start=$SECONDS
+  cmake --build build --target "${targets[@]}"
+  echo "run.sh: built in $((SECONDS - start)) s" >&2
+fi
 config=${1:-}
 if [ -z "$config" ]; then
   config=config/ds4.yaml
@@ -16,5 +31,5 @@ if [ -z "$config" ]; then
     { echo "model:"; echo "  path: $(realpath ../shared/models/stories260K.gguf)"; echo "  name: stories"; } > "$config"
   fi
 fi
-echo "run.sh: ds4-supervisor --config $config (OpenAI and Anthropic APIs on http://127.0.0.1:8080)" >&2
+echo "run.sh: ds4-supervisor --config $config (its 'proxy listening on' line gives the APIs' address)" >&2
 exec build/bin/ds4-supervisor --config "$config"

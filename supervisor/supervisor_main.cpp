@@ -55,8 +55,10 @@ int main(int argc, char** argv) {
     });
     ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(*text), sup.registry());
     proxy.start();
-    ds4::log::info("proxy listening on " + proxy.endpoint().address().to_string() + ":" +
-                   std::to_string(proxy.endpoint().port()));
+    const auto ep = proxy.endpoint();
+    const std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
+    ds4::log::info("proxy listening on " + host + ":" + std::to_string(ep.port()) +
+                   " (OpenAI and Anthropic APIs at http://" + host + ":" + std::to_string(ep.port()) + "/v1)");
     sup.set_proxy_stats(&proxy);
     // /metrics also shows the supervisor's headroom readings (ds4ctl status's).
     proxy.set_metrics_extra([&sup] {
