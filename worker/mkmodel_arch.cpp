@@ -110,11 +110,11 @@ void add_arch_tensors(const ArchOptions& o, TensorSink& sink,
         const bool eos = o.eos_bias > 0 && o.eos_token >= 0 && uint64_t(o.eos_token) < rows;
         if (logits && (eos || !o.quiet_rows.empty())) {
           // The end token's row leans toward the embeddings of a few tokens
-          // (ids 3, 3 + n/8, ...): after one of them the end is likely, so
+          // (ids n/8, n/8 + n/4, ...): after one of them the end is likely, so
           // answers end by themselves after some tokens. Quiet rows are zero.
           const float gain = o.eos_bias * spread(spec.role);
           std::vector<uint64_t> leaders;
-          for (uint64_t k = 0; k < 8; ++k) leaders.push_back(std::min<uint64_t>(o.n_vocab - 1, 3 + k * o.n_vocab / 8));
+          for (uint64_t k = 0; k < 4; ++k) leaders.push_back(std::min<uint64_t>(o.n_vocab - 1, o.n_vocab / 8 + k * o.n_vocab / 4));
           std::vector<bool> quiet(rows, false);
           for (uint64_t r : o.quiet_rows)
             if (r < rows) quiet[r] = true;
