@@ -21,6 +21,19 @@
 /// backend may override only what it fuses. The CPU backend
 /// (worker/cpu/cpu_backend.cpp) is the reference implementation of every op.
 ///
+/// Weights are the Model's own Weight objects (model/weights.h), whose
+/// addresses are stable while the model is bound: a device backend may key
+/// its device copies by address (or by Weight::data). An absent optional
+/// weight (a bias, a Q/K norm, the frequency factors) is passed as nullptr
+/// or not at all: run_forward() issues no op for it.
+///
+/// Porting a backend: implement every pure op, override the fused ones it
+/// has kernels for, carve its buffers by the plan of model/memory_plan.h for
+/// its kind (the supervisor budgets that figure), and call run_forward()
+/// from forward() (a CUDA backend: from the function it enqueues or
+/// captures; begin_step() gets the host batch, the device copy is the
+/// backend's).
+///
 /// Numerics the CPU reference keeps (and ggml does): RMSNorm sums squares in
 /// double, y = (x * (1 / sqrt(mean + eps))) * g; a bias is added after the
 /// product; RoPE angles are theta_i = ((pos * base^(-2i/n_rot)) / ff[i]) *

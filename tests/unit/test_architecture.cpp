@@ -14,6 +14,7 @@
 #include "shared/error.h"
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
+#include "worker/forward.h"
 
 using namespace ds4;
 
@@ -230,4 +231,104 @@ TEST_CASE("architecture: every required tensor of every architecture is named as
       "ffn_up.weight", "ffn_down.weight"};
   for (const TensorSpec& t : architecture_tensors()) CHECK(gguf_names.count(std::string(t.name)) == 1);
   CHECK(tensor_name(architecture_tensors()[5], 7) == "blk.7." + std::string(architecture_tensors()[5].name));
+}
+
+// --- the forward pass as a sequence of ops ----------------------------------
+
+
+namespace {
+
+/// Records the ops run_forward() issues, with what they say about the architecture.
+struct RecordingOps final : ForwardOps {
+  std::vector<std::string> ops;
+  std::vector<const Weight*> biases;
+  int head_norms = 0;
+  std::optional<RopeSpec> rope_spec;
+  const Weight* logits_weight = nullptr;
+  bool trace_on = false;
+  void begin_step(std::span<const BatchToken>, int64_t rows) override { ops.push_back("begin " + std::to_string(rows)); }
+  void embed(const Weight&, Act) override { ops.push_back("embed"); }
+  void rmsnorm(Act, const Weight&, float, Act) override { ops.push_back("rmsnorm"); }
+  void products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) override {
+    ops.push_back(std::string("products") + (norm ? "+norm" : "") + " x" + std::to_string(ps.size()));
+    for (const ProductSpec& p : ps) {
+      if (p.bias) biases.push_back(p.bias);
+      if (p.out == Act::logits) logits_weight = p.w;
+    }
+  }
+  void swiglu(Act, Act) override { ops.push_back("swiglu"); }
+  void head_norm(Act, int64_t, const Weight&, float) override { ++head_norms; ops.push_back("head_norm"); }
+  void rope(Act, int64_t, const RopeSpec& r) override { rope_spec = r; ops.push_back("rope"); }
+  void kv_store(int, Act, Act) override { ops.push_back("kv_store"); }
+  void attention(int, Act, Act, const AttentionSpec&) override { ops.push_back("attention"); }
+  void add(Act, Act) override { ops.push_back("add"); }
+  void gather_logit_rows(Act, Act) override { ops.push_back("gather"); }
+  void trace(std::string_view name, int, Act, int64_t) override { ops.push_back("trace " + std::string(name)); }
+  bool tracing() const override { return trace_on; }
+};
+
+}  // namespace
+
+TEST_CASE("forward: each architecture's variations become ops, the fused ones by default composition") {
+  const BatchToken batch[2] = {{1, 0, 0, -1}, {2, 0, 1, 0}};
+  SUBCASE("llama: no bias, no head norm, normal RoPE with the frequency factors") {
+    FileSpec s;
+    s.rope_freqs = true;
+    Built keep;
+    const Model m = bind(s, keep);
+    RecordingOps ops;
+    run_forward(m, ops, batch);
+    CHECK(ops.biases.empty());
+    CHECK(ops.head_norms == 0);
+    REQUIRE(ops.rope_spec);
+    CHECK(ops.rope_spec->type == RopeType::normal);
+    CHECK(ops.rope_spec->freq_factors == &m.w().rope_freqs);
+    CHECK(ops.logits_weight == &m.w().output);
+    // One layer: the norm folded into the QKV products, RoPE + store (the
+    // default body), attention, the output product adding into x, the FFN.
+    const std::vector<std::string> layer = {"products+norm x3", "rope", "rope", "kv_store", "attention",
+                                            "products x1", "products+norm x2", "swiglu", "products x1"};
+    REQUIRE(ops.ops.size() == 2 + 2 * layer.size() + 2);
+    CHECK(ops.ops[0] == "begin 1");
+    CHECK(ops.ops[1] == "embed");
+    CHECK(std::vector<std::string>(ops.ops.begin() + 2, ops.ops.begin() + 2 + long(layer.size())) == layer);
+    CHECK(ops.ops[ops.ops.size() - 2] == "gather");
+    CHECK(ops.ops.back() == "products+norm x1");
+  }
+  SUBCASE("qwen2: the three biases; qwen3: a head norm of Q and of K, NEOX RoPE") {
+    FileSpec s;
+    s.arch = "qwen2";
+    s.qkv_bias = true;
+    Built keep;
+    Model m = bind(s, keep);
+    RecordingOps ops;
+    run_forward(m, ops, batch);
+    CHECK(ops.biases.size() == 3 * 2);
+    CHECK(ops.rope_spec->type == RopeType::neox);
+    FileSpec q;
+    q.arch = "qwen3";
+    q.qk_norm = true;
+    q.head_dim = 12;
+    q.output = false;
+    Built keep3;
+    m = bind(q, keep3);
+    RecordingOps ops3;
+    run_forward(m, ops3, batch);
+    CHECK(ops3.head_norms == 2 * 2);
+    CHECK(ops3.rope_spec->head_dim == 12);
+    CHECK(ops3.logits_weight == &m.w().output);
+    CHECK(m.w().output.data == m.w().token_embd.data);  // tied
+  }
+  SUBCASE("tracing: the norms and ffn_out are separate ops so the trace can read them") {
+    FileSpec s;
+    Built keep;
+    const Model m = bind(s, keep);
+    RecordingOps ops;
+    ops.trace_on = true;
+    run_forward(m, ops, batch);
+    int traces = 0;
+    for (const std::string& o : ops.ops) traces += o.rfind("trace", 0) == 0;
+    CHECK(traces == 2 * 3 + 1);  // attn_norm, ffn_out, l_out per layer; result_norm
+    for (const std::string& o : ops.ops) CHECK(o != "products+norm x3");
+  }
 }
