@@ -33,6 +33,18 @@ tmp=$(mktemp -d)
 trap 'peer_server_stop; rm -rf "$tmp"' EXIT
 port=19250
 
+# The generator refuses what it cannot write, naming the option.
+expect_error() {  # expect_error PATTERN ARGS...
+  local pattern=$1 out rc=0
+  shift
+  out=$("$bin/ds4-mkmodel" --out "$tmp/bad.gguf" --vocab-from "$vocab" --dim 64 --layers 1 --ff 128 --heads 4 "$@" 2>&1) || rc=$?
+  [[ $rc -ne 0 && $out == *"$pattern"* ]] || { echo "FAIL: ds4-mkmodel $*: exit $rc, '$out' lacks '$pattern'" >&2; exit 1; }
+  echo "ok: ds4-mkmodel $*: $out"
+}
+expect_error "unknown architecture 'gpt2' (expected llama, mistral, qwen2, qwen3)" --arch gpt2
+expect_error "--rope-freqs: qwen2 files have no rope_freqs.weight" --arch qwen2 --rope-freqs
+expect_error "head size 7 must be even" --arch qwen3 --head-dim 7
+
 common=(--dim 128 --layers 3 --ff 320 --no-byte-tokens --ctx 512 --seed 11)
 declare -A arch_args=(
   [llama3]="--arch llama --heads 4 --kv-heads 2 --rope-freqs --rope-scale 2"
