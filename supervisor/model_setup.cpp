@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "shared/child_signals.h"
 #include "shared/error.h"
@@ -13,9 +14,8 @@
 #include "shared/model_store.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
-#include "worker/backend.h"
-#include "worker/model.h"
-#include "worker/runtime.h"
+#include "model/memory_plan.h"
+#include "model/weights.h"
 
 namespace ds4::sup {
 
@@ -166,15 +166,18 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
 
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder, uint32_t slots,
                                uint32_t threads) {
-  auto lm = bind_model(attach_served(model));
-  auto backend = make_cpu_backend(lm->model, int(threads));
+  const store::Segment seg = attach_served(model);
+  const Model m = Model::bind(seg.metadata(), segment_tensors(seg));
+  const WeightsSummary w = WeightsSummary::of(m.w());
+  // The CPU worker's figure: threads as ds4-worker takes them (0: one per core).
+  const int t = threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<Bytes> out;
   for (uint32_t ctx : ladder) {
     EngineShape shape;
     shape.ctx = ctx;
     shape.slots = slots;
     shape.max_batch = 256;  // ds4-worker serve's default --batch
-    out.push_back(backend->plan(shape).own());
+    out.push_back(plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own());
   }
   return out;
 }

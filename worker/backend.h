@@ -1,8 +1,10 @@
 #pragma once
 /// The one small interface every compute backend implements (worker/cpu/,
 /// worker/cuda/). The engine hands it a batch of tokens from several slots;
-/// the backend runs the whole llama forward pass for them, keeps the KV cache,
-/// and returns the logits of the tokens that need one.
+/// the backend runs the forward pass for them (run_forward() of
+/// worker/forward.h over its ForwardOps), keeps the KV cache, and returns
+/// the logits of the tokens that need one. Its plan() is plan_memory() of
+/// model/memory_plan.h for its kind, the figure the supervisor plans with.
 
 #include <cstdint>
 #include <functional>
@@ -12,25 +14,11 @@
 #include <string>
 #include <string_view>
 
+#include "model/memory_plan.h"
 #include "worker/model.h"
 #include "worker/sampler.h"
 
 namespace ds4 {
-
-/// The sizes a worker is started with.
-struct EngineShape {
-  int64_t ctx = 2048;      // tokens per slot
-  int64_t slots = 1;       // concurrent sequences
-  int64_t max_batch = 256; // tokens per forward step (prefill chunk + decodes)
-};
-
-/// Memory a worker will use, known before anything is allocated.
-struct MemoryPlan {
-  uint64_t weights = 0;  // resident in the shared segment (not the worker's own)
-  uint64_t kv = 0;       // KV cache, context x slots
-  uint64_t scratch = 0;  // activations and logits for one step
-  uint64_t own() const { return kv + scratch; }
-};
 
 /// Memory of the accelerator a backend allocates on (cudaMemGetInfo).
 struct DeviceRoom {
@@ -55,8 +43,11 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  /// What reserve(shape) will allocate.
+  /// What reserve(shape) will allocate: plan_memory() for this backend's kind.
   virtual MemoryPlan plan(const EngineShape& shape) const = 0;
+  /// Bytes of KV cache and scratch the last reserve() allocated (0: not
+  /// reported); plan(shape).own() for the CPU backend.
+  virtual uint64_t reserved_bytes() const { return 0; }
   /// Allocates and touches the KV cache and scratch: after this the backend
   /// allocates nothing more. Throws ds4::Error when memory is refused.
   virtual void reserve(const EngineShape& shape) = 0;
@@ -96,11 +87,5 @@ class Backend {
 
 /// The CPU backend; threads <= 0 means one per core.
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads);
-
-/// KV cache bytes for a shape (f16 K and V for every layer, slot and position).
-inline uint64_t kv_cache_bytes(const HParams& hp, const EngineShape& shape) {
-  return 2ull * uint64_t(hp.n_layers) * uint64_t(shape.slots) * uint64_t(shape.ctx) *
-         uint64_t(hp.kv_dim()) * 2ull;
-}
 
 }  // namespace ds4

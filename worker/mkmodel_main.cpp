@@ -1,9 +1,11 @@
-// ds4-mkmodel: writes a synthetic llama-architecture GGUF model with seeded
-// random weights and a vocabulary copied from a real model, for benchmarks and
-// tests at sizes no small real model has. llama.cpp loads the result too.
+// ds4-mkmodel: writes a synthetic GGUF model of any architecture ds4 runs
+// (worker/mkmodel_arch.h) with seeded random weights and a vocabulary copied
+// from a real model, for benchmarks and tests at sizes no small real model
+// has. llama.cpp loads the result too.
 //
-//   ds4-mkmodel --out FILE --vocab-from GGUF [--preset NAME] [--dim D]
-//               [--layers L] [--ff F] [--heads H] [--kv-heads K]
+//   ds4-mkmodel --out FILE --vocab-from GGUF [--preset NAME] [--arch A] [--dim D]
+//               [--layers L] [--ff F] [--heads H] [--kv-heads K] [--head-dim N]
+//               [--tied] [--rope-freqs] [--rope-scale F] [--rope-base B] [--eos-bias B]
 //               [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -24,6 +27,7 @@
 #include "shared/gguf_writer.h"
 #include "shared/progress.h"
 #include "text/tokenizer.h"
+#include "worker/mkmodel_arch.h"
 
 namespace ds4 {
 namespace {
@@ -45,6 +49,8 @@ struct Options {
   GgmlType type = GgmlType::F16;
   uint64_t seed = 42;
   std::string name;
+  mkmodel::ArchOptions arch;  // sizes are copied from `shape` at the end of parse_args
+  bool no_byte_tokens = false;
   bool help = false;
 };
 
@@ -55,7 +61,16 @@ const std::map<std::string, Shape, std::less<>> kPresets = {
     {"207m", {1024, 16, 2816, 16, 16, 4096}},
     {"1b", {2048, 22, 5632, 32, 4, 4096}},           // TinyLlama-1.1B's shape
     {"7b", {4096, 32, 11008, 32, 32, 4096}},         // Llama-2-7B's shape
+    {"llama3-1b", {2048, 16, 8192, 32, 8, 8192}},    // Llama 3.2 1B's shape (tied)
+    {"llama3-8b", {4096, 32, 14336, 32, 8, 8192}},   // Llama 3.1 8B's shape
 };
+
+// What a Llama 3 preset has besides its sizes: RoPE base 500000 with
+// frequency factors, and (1B) the output tied to the embeddings.
+struct PresetArch {
+  bool tied;
+};
+const std::map<std::string, PresetArch, std::less<>> kLlama3Presets = {{"llama3-1b", {true}}, {"llama3-8b", {false}}};
 
 struct TypeChoice {
   std::string_view name;
@@ -70,11 +85,20 @@ constexpr TypeChoice kTypes[] = {
 };
 
 constexpr const char* kUsage =
-    "usage: ds4-mkmodel --out FILE --vocab-from GGUF [--preset stories-like|207m|1b|7b]\n"
-    "                   [--dim D] [--layers L] [--ff F] [--heads H] [--kv-heads K]\n"
+    "usage: ds4-mkmodel --out FILE --vocab-from GGUF\n"
+    "                   [--preset stories-like|207m|1b|7b|llama3-1b|llama3-8b]\n"
+    "                   [--arch llama|mistral|qwen2|qwen3] [--dim D] [--layers L] [--ff F]\n"
+    "                   [--heads H] [--kv-heads K] [--head-dim N] [--tied] [--rope-freqs]\n"
+    "                   [--rope-scale F] [--rope-base B] [--eos-bias B] [--no-byte-tokens]\n"
     "                   [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]\n"
-    "Writes a llama GGUF with seeded random weights and the vocabulary of --vocab-from.\n"
-    "Explicit sizes override the preset's; --kv-heads defaults to --heads; --type to f16.\n";
+    "Writes a GGUF of the architecture (default llama) with seeded random weights and the\n"
+    "vocabulary of --vocab-from. Explicit sizes override the preset's; --kv-heads defaults\n"
+    "to --heads; --type to f16. --head-dim: a head size other than dim/heads (written as\n"
+    "attention.key_length); --tied: no output.weight; --rope-freqs: rope_freqs.weight\n"
+    "(Llama 3 frequency factors); --rope-scale F: linear RoPE scaling by F; --eos-bias B:\n"
+    "the end token's output row leans to a few tokens, so greedy answers end by themselves\n"
+    "(0.5: most answers of a small model end within 64 tokens); --no-byte-tokens: byte tokens (<0xNN>) get zero output\n"
+    "rows, so greedy text is valid UTF-8 (llama-server refuses stray bytes).\n";
 
 uint64_t parse_number(std::string_view flag, std::string_view text, uint64_t max) {
   uint64_t v = 0;
@@ -83,6 +107,15 @@ uint64_t parse_number(std::string_view flag, std::string_view text, uint64_t max
     throw Error(std::string(flag) + ": expected a whole number up to " + std::to_string(max) +
                 ", got '" + std::string(text) + "'");
   }
+  return v;
+}
+
+float parse_float(std::string_view flag, std::string_view text) {
+  const std::string t(text);
+  char* end = nullptr;
+  const float v = std::strtof(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(v) || v <= 0)
+    throw Error(std::string(flag) + ": expected a positive number, got '" + t + "'");
   return v;
 }
 
@@ -103,8 +136,13 @@ Options parse_args(int argc, char** argv) {
       o.help = true;
       return o;
     }
+    if (flag == "--tied" || flag == "--rope-freqs" || flag == "--no-byte-tokens") {
+      (flag == "--tied" ? o.arch.tied : flag == "--rope-freqs" ? o.arch.rope_freqs : o.no_byte_tokens) = true;
+      continue;
+    }
     static constexpr std::string_view kFlags[] = {"--out",    "--vocab-from", "--preset", "--name",  "--seed", "--dim",
-                                                  "--layers", "--ff",         "--heads",  "--kv-heads", "--ctx", "--type"};
+                                                  "--layers", "--ff",         "--heads",  "--kv-heads", "--ctx", "--type",
+                                                  "--arch", "--head-dim", "--rope-scale", "--rope-base", "--eos-bias"};
     if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags))
       throw Error("unknown option '" + std::string(flag) + "' (see --help)");
     if (i + 1 >= argc) throw Error(std::string(flag) + ": missing value (see --help)");
@@ -119,6 +157,11 @@ Options parse_args(int argc, char** argv) {
     else if (flag == "--ff") given.ff = uint32_t(parse_size(flag, value, 1u << 22));
     else if (flag == "--heads") given.heads = uint32_t(parse_size(flag, value, 4096));
     else if (flag == "--kv-heads") given.kv_heads = uint32_t(parse_size(flag, value, 4096));
+    else if (flag == "--arch") o.arch.arch = value;
+    else if (flag == "--head-dim") o.arch.head_dim = uint32_t(parse_size(flag, value, 4096));
+    else if (flag == "--rope-scale") o.arch.rope_scale = parse_float(flag, value);
+    else if (flag == "--rope-base") o.arch.rope_base = parse_float(flag, value);
+    else if (flag == "--eos-bias") o.arch.eos_bias = parse_float(flag, value);
     else if (flag == "--ctx") {
       given.ctx = uint32_t(parse_number(flag, value, 1u << 24));
       ctx_given = true;
@@ -139,9 +182,14 @@ Options parse_args(int argc, char** argv) {
     const auto it = kPresets.find(o.preset);
     if (it == kPresets.end()) {
       throw Error("--preset: unknown preset '" + o.preset +
-                  "' (expected stories-like, 207m, 1b or 7b)");
+                  "' (expected stories-like, 207m, 1b, 7b, llama3-1b or llama3-8b)");
     }
     o.shape = it->second;
+    if (const auto l3 = kLlama3Presets.find(o.preset); l3 != kLlama3Presets.end()) {
+      o.arch.tied = o.arch.tied || l3->second.tied;
+      o.arch.rope_freqs = o.arch.arch == "llama" || o.arch.arch == "mistral";
+      if (o.arch.rope_base == 0) o.arch.rope_base = 500000.0f;
+    }
   }
   auto take = [](uint32_t& field, uint32_t v) { if (v) field = v; };
   take(o.shape.dim, given.dim);
@@ -151,6 +199,12 @@ Options parse_args(int argc, char** argv) {
   take(o.shape.kv_heads, given.kv_heads);
   if (ctx_given) o.shape.ctx = given.ctx;
   if (given.heads && !given.kv_heads) o.shape.kv_heads = given.heads;
+  o.arch.dim = o.shape.dim;
+  o.arch.layers = o.shape.layers;
+  o.arch.ff = o.shape.ff;
+  o.arch.heads = o.shape.heads;
+  o.arch.kv_heads = o.shape.kv_heads;
+  o.arch.ctx = o.shape.ctx;
   return o;
 }
 
@@ -164,21 +218,15 @@ void validate(const Options& o) {
   for (const auto& [flag, v] : sizes) {
     if (v == 0) throw Error(std::string(flag) + " must be given (or come from --preset) and be > 0");
   }
-  if (s.dim % s.heads != 0) {
-    throw Error("--dim " + std::to_string(s.dim) + " is not divisible by --heads " +
-                std::to_string(s.heads));
-  }
   if (s.heads % s.kv_heads != 0) {
     throw Error("--heads " + std::to_string(s.heads) + " is not divisible by --kv-heads " +
                 std::to_string(s.kv_heads));
   }
-  if ((s.dim / s.heads) % 2 != 0) {
-    throw Error("head size --dim/--heads = " + std::to_string(s.dim / s.heads) +
-                " must be even (rotary embeddings rotate pairs)");
-  }
-  if (o.type == GgmlType::Q8_0 && (s.dim % 32 != 0 || s.ff % 32 != 0)) {
-    throw Error("--type q8_0 needs --dim and --ff to be multiples of 32 (the block size), got " +
-                std::to_string(s.dim) + " and " + std::to_string(s.ff));
+  mkmodel::validate_arch(o.arch);
+  const uint32_t q_dim = s.heads * o.arch.head_size();
+  if (o.type == GgmlType::Q8_0 && (s.dim % 32 != 0 || s.ff % 32 != 0 || q_dim % 32 != 0)) {
+    throw Error("--type q8_0 needs --dim, --ff and heads x head size to be multiples of 32 (the block size), got " +
+                std::to_string(s.dim) + ", " + std::to_string(s.ff) + " and " + std::to_string(q_dim));
   }
 }
 
@@ -212,11 +260,15 @@ inline float normal_at(uint64_t key, uint64_t i) {
 /// Encodes elements [begin, end) of a normal(0, stddev) tensor into `out`
 /// (the whole tensor's bytes). For Q8_0, begin and end are multiples of 32.
 void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_t begin,
-                uint64_t end) {
+                uint64_t end, const std::function<float(uint64_t, float)>* adjust) {
+  auto value = [&](uint64_t i) {
+    const float v = normal_at(key, i) * stddev;
+    return adjust ? (*adjust)(i, v) : v;
+  };
   switch (type) {
     case GgmlType::F32: {
       for (uint64_t i = begin; i < end; ++i) {
-        const float v = normal_at(key, i) * stddev;
+        const float v = value(i);
         std::memcpy(out + 4 * i, &v, 4);
       }
       break;
@@ -225,7 +277,7 @@ void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_
     case GgmlType::BF16: {
       const bool f16 = type == GgmlType::F16;
       for (uint64_t i = begin; i < end; ++i) {
-        const float v = normal_at(key, i) * stddev;
+        const float v = value(i);
         const uint16_t h = f16 ? fp32_to_fp16(v) : fp32_to_bf16(v);
         std::memcpy(out + 2 * i, &h, 2);
       }
@@ -236,7 +288,7 @@ void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_
         float x[32];
         float amax = 0;
         for (int j = 0; j < 32; ++j) {
-          x[j] = normal_at(key, b * 32 + uint64_t(j)) * stddev;
+          x[j] = value(b * 32 + uint64_t(j));
           amax = std::max(amax, std::fabs(x[j]));
         }
         BlockQ8_0 blk;
@@ -256,33 +308,28 @@ void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_
 /// A generator for a random tensor: the work is split over the machine's cores
 /// in block-aligned ranges.
 gguf::TensorGenerator random_tensor(std::string_view name, uint64_t seed, GgmlType type,
-                                    uint64_t n_elements, float stddev) {
+                                    uint64_t n_elements, float stddev,
+                                    std::function<float(uint64_t, float)> adjust = nullptr) {
   if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 &&
       type != GgmlType::Q8_0) {
     throw Error("cannot generate tensors of ggml type " + std::to_string(uint32_t(type)));
   }
   const uint64_t key = splitmix64(seed ^ fnv1a(name));
   return [=](uint8_t* out, uint64_t) {
+    const std::function<float(uint64_t, float)>* x = adjust ? &adjust : nullptr;
     const uint64_t n_threads = std::clamp<uint64_t>(std::thread::hardware_concurrency(), 1, 64);
     const uint64_t per = n_elements / 32 / n_threads;  // 32-element blocks per thread
     if (per < 1024) {  // small: not worth threads
-      fill_range(out, type, key, stddev, 0, n_elements);
+      fill_range(out, type, key, stddev, 0, n_elements, x);
       return;
     }
     std::vector<std::thread> threads;
     for (uint64_t t = 0; t < n_threads; ++t) {
       const uint64_t begin = t * per * 32;
       const uint64_t end = t + 1 == n_threads ? n_elements : (t + 1) * per * 32;
-      threads.emplace_back(fill_range, out, type, key, stddev, begin, end);
+      threads.emplace_back(fill_range, out, type, key, stddev, begin, end, x);
     }
     for (auto& th : threads) th.join();
-  };
-}
-
-gguf::TensorGenerator ones(uint64_t n) {
-  return [n](uint8_t* out, uint64_t) {
-    const float one = 1.0f;
-    for (uint64_t i = 0; i < n; ++i) std::memcpy(out + 4 * i, &one, 4);
   };
 }
 
@@ -342,68 +389,59 @@ int run(int argc, char** argv) {
     throw Error(std::string("--vocab-from: ") + e.what());
   }
   const uint64_t n_vocab = uint64_t(tok->n_vocab());
-  const uint32_t head_dim = s.dim / s.heads;
-  const uint64_t kv_dim = uint64_t(s.kv_heads) * head_dim;
+  mkmodel::ArchOptions arch = o.arch;
+  arch.n_vocab = n_vocab;
+  arch.eos_token = int32_t(vocab_src->get_int("tokenizer.ggml.eos_token_id").value_or(-1));
+  if (o.no_byte_tokens)
+    if (const gguf::Value* types = vocab_src->find("tokenizer.ggml.token_type"); types && types->type == gguf::ValueType::ARRAY)
+      for (size_t i = 0; i < types->array.size(); ++i)
+        if (types->array[i].as_int() == 6) arch.quiet_rows.push_back(uint64_t(i));  // a byte token
 
   gguf::Writer w;
-  w.set_string("general.architecture", "llama");
   w.set_string("general.name",
                o.name.empty() ? "ds4-synthetic-" + (o.preset.empty() ? std::to_string(s.dim) + "d" +
                                                                            std::to_string(s.layers) + "l"
                                                                      : o.preset)
                               : o.name);
   w.set_u32("general.file_type", file_type_of(o.type));
-  w.set_u32("llama.vocab_size", uint32_t(n_vocab));
-  w.set_u32("llama.context_length", s.ctx);
-  w.set_u32("llama.embedding_length", s.dim);
-  w.set_u32("llama.block_count", s.layers);
-  w.set_u32("llama.feed_forward_length", s.ff);
-  w.set_u32("llama.attention.head_count", s.heads);
-  w.set_u32("llama.attention.head_count_kv", s.kv_heads);
-  w.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.set_u32("llama.rope.dimension_count", head_dim);
-  w.set_f32("llama.rope.freq_base", 10000.0f);
+  mkmodel::write_arch_metadata(w, arch);
   copy_vocabulary(*vocab_src, w);
 
-  // Scales keep activations near unit size: a matrix with fan-in n gets
-  // stddev 1/sqrt(n); the output projection a larger one so that logits have a
-  // clear argmax (std ~3), which makes greedy comparisons between engines robust.
-  const float in_dim = 1.0f / std::sqrt(float(s.dim));
-  const float in_ff = 1.0f / std::sqrt(float(s.ff));
   uint64_t n_params = 0;
   Progress progress;
-  auto matrix = [&](const std::string& name, uint64_t ne0, uint64_t ne1, GgmlType type,
-                    float stddev) {
-    w.add_tensor_generated(name, {ne0, ne1}, type,
-                           progress.wrap(random_tensor(name, o.seed, type, ne0 * ne1, stddev)));
+  mkmodel::TensorSink sink;
+  sink.matrix_adjusted = [&](const std::string& name, uint64_t ne0, uint64_t ne1, float stddev,
+                             std::function<float(uint64_t, float)> adjust) {
+    w.add_tensor_generated(name, {ne0, ne1}, o.type,
+                           progress.wrap(random_tensor(name, o.seed, o.type, ne0 * ne1, stddev, adjust)));
     n_params += ne0 * ne1;
-    progress.total += gguf::Writer::tensor_bytes({ne0, ne1}, type);
+    progress.total += gguf::Writer::tensor_bytes({ne0, ne1}, o.type);
   };
-  auto norm = [&](const std::string& name) {
-    w.add_tensor_generated(name, {s.dim}, GgmlType::F32, progress.wrap(ones(s.dim)));
-    n_params += s.dim;
-    progress.total += uint64_t(s.dim) * 4;
+  sink.matrix = [&](const std::string& name, uint64_t ne0, uint64_t ne1, float stddev) {
+    w.add_tensor_generated(name, {ne0, ne1}, o.type,
+                           progress.wrap(random_tensor(name, o.seed, o.type, ne0 * ne1, stddev)));
+    n_params += ne0 * ne1;
+    progress.total += gguf::Writer::tensor_bytes({ne0, ne1}, o.type);
   };
+  sink.vector = [&](const std::string& name, uint64_t n, std::function<float(uint64_t)> value) {
+    w.add_tensor_generated(name, {n}, GgmlType::F32, progress.wrap([n, value](uint8_t* out, uint64_t) {
+      for (uint64_t i = 0; i < n; ++i) {
+        const float v = value(i);
+        std::memcpy(out + 4 * i, &v, 4);
+      }
+    }));
+    n_params += n;
+    progress.total += n * 4;
+  };
+  const uint64_t seed = o.seed;
+  const std::function<float(const std::string&, uint64_t)> normal = [seed](const std::string& name, uint64_t i) {
+    return normal_at(splitmix64(seed ^ fnv1a(name)), i);
+  };
+  mkmodel::add_arch_tensors(arch, sink, normal);
 
-  matrix("token_embd.weight", s.dim, n_vocab, o.type, 1.0f);
-  for (uint32_t l = 0; l < s.layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    norm(p + "attn_norm.weight");
-    matrix(p + "attn_q.weight", s.dim, s.dim, o.type, in_dim);
-    matrix(p + "attn_k.weight", s.dim, kv_dim, o.type, in_dim);
-    matrix(p + "attn_v.weight", s.dim, kv_dim, o.type, in_dim);
-    matrix(p + "attn_output.weight", s.dim, s.dim, o.type, in_dim);
-    norm(p + "ffn_norm.weight");
-    matrix(p + "ffn_gate.weight", s.dim, s.ff, o.type, in_dim);
-    matrix(p + "ffn_up.weight", s.dim, s.ff, o.type, in_dim);
-    matrix(p + "ffn_down.weight", s.ff, s.dim, o.type, in_ff);
-  }
-  norm("output_norm.weight");
-  matrix("output.weight", s.dim, n_vocab, o.type, 3.0f * in_dim);
-
-  std::fprintf(stderr, "ds4-mkmodel: writing %s: %.1fM parameters, %s, dim %u, %u layers, ff %u, "
+  std::fprintf(stderr, "ds4-mkmodel: writing %s: %s, %.1fM parameters, %s, dim %u, %u layers, ff %u, "
                "%u/%u heads, vocab %llu\n",
-               o.out.c_str(), double(n_params) / 1e6, std::string(type_name(o.type)).c_str(), s.dim,
+               o.out.c_str(), arch.arch.c_str(), double(n_params) / 1e6, std::string(type_name(o.type)).c_str(), s.dim,
                s.layers, s.ff, s.heads, s.kv_heads, (unsigned long long)n_vocab);
   progress.report = store::make_progress_reporter("ds4-mkmodel: generating",
                                                   store::default_progress_sinks());

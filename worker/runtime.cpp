@@ -14,18 +14,7 @@ std::unique_ptr<const LoadedModel> attach_model(const std::string& handle, const
 }
 
 std::unique_ptr<const LoadedModel> bind_model(store::Segment seg) {
-  const store::Segment* s = &seg;
-  auto lookup = [s](std::string_view name, TensorView& out) {
-    const store::TensorRef* t = s->find_tensor(name);
-    if (!t) return false;
-    out.type = t->type;
-    out.n_dims = t->n_dims;
-    for (int i = 0; i < 4; ++i) out.dims[i] = t->dims[i];
-    out.data = t->data;
-    out.n_bytes = t->n_bytes;
-    return true;
-  };
-  Model model = Model::bind(seg.metadata(), lookup);
+  Model model = Model::bind(seg.metadata(), segment_tensors(seg));
   Tokenizer tok = Tokenizer::from_gguf(seg.metadata());
   // Tensor pointers stay valid across the move: they point into the mapping.
   return std::unique_ptr<const LoadedModel>(new LoadedModel{std::move(seg), std::move(model), std::move(tok)});

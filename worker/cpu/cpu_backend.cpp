@@ -1,6 +1,7 @@
-// The CPU backend: the reference forward pass, read top to bottom like
-// llama2.c's run.c, with the matrix products on the kernel table of this CPU
-// and every step spread over a thread pool.
+// The CPU backend: the reference implementation of the forward pass's ops
+// (worker/forward.h), with the matrix products on the kernel table of this
+// CPU and every op spread over a thread pool. Its memory is the plan of
+// model/memory_plan.h (cpu_scratch_layout), carved as laid out there.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "worker/cpu/host_buffer.h"
 #include "worker/cpu/kernels.h"
 #include "worker/cpu/thread_pool.h"
+#include "worker/forward.h"
 
 namespace ds4 {
 namespace {
@@ -19,9 +21,7 @@ namespace {
 using cpu::HostBuffer;
 using cpu::MatmulArgs;
 
-int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
-
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, private ForwardOps {
  public:
   CpuBackend(const Model& model, int threads)
       : m_(model), hp_(model.hp()), k_(cpu::cpu_kernels()),
@@ -30,78 +30,85 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu(" + std::string(k_.name) + ", " + std::to_string(pool_.size()) + " threads)"; }
 
   MemoryPlan plan(const EngineShape& s) const override {
-    MemoryPlan p;
-    p.weights = m_.w().bytes;
-    p.kv = kv_cache_bytes(hp_, s);
-    p.scratch = scratch_floats(s) * sizeof(float);
-    return p;
+    return plan_memory(hp_, s, WeightsSummary::of(m_.w()), {BackendKind::cpu, int(pool_.size())});
   }
+
+  uint64_t reserved_bytes() const override { return kv_.size() + scratch_.size(); }
 
   void reserve(const EngineShape& s) override {
     if (s.ctx <= 0 || s.slots <= 0 || s.max_batch <= 0)
       throw Error("context, slots and batch must be positive");
+    const ScratchLayout l = cpu_scratch_layout(hp_, s, int(pool_.size()));
+    const int64_t max_k = std::max({hp_.dim, hp_.q_dim(), hp_.ff});
+    if (cpu::matmul_scratch_floats(max_k) > l.matmul_per_thread)
+      throw Error("CPU backend: the kernels need " + std::to_string(cpu::matmul_scratch_floats(max_k)) +
+                  " floats of scratch per thread, the memory plan gives " + std::to_string(l.matmul_per_thread) +
+                  " (model/memory_plan.cpp must follow kernels.h)");
+    static_assert(sizeof(cpu::BlockQ8Act) == 9 * sizeof(float), "the memory plan gives 9 floats per 32 values");
     shape_ = s;
+    layout_ = l;
     kv_ = HostBuffer(kv_cache_bytes(hp_, s), "KV cache");
-    scratch_ = HostBuffer(scratch_floats(s) * sizeof(float), "activations");
-    // Carve the scratch: per-token buffers padded to multiples of 8 with zeros.
+    scratch_ = HostBuffer(size_t(l.total) * sizeof(float), "activations");
     float* f = scratch_.as<float>();
-    auto take = [&](int64_t n) { float* r = f; f += n; return r; };
-    const int64_t B = s.max_batch;
-    x_ = take(B * ld_dim());
-    xb_ = take(B * ld_dim());
-    q_ = take(B * ld_q());
-    kk_ = take(B * ld_kv());
-    vv_ = take(B * ld_kv());
-    att_ = take(B * ld_q());
-    hb_ = take(B * ld_ff());
-    hb2_ = take(B * ld_ff());
-    xl_ = take(logit_rows() * ld_dim());
-    logits_ = take(logit_rows() * hp_.n_vocab);
-    rope_ = take(B * hp_.n_rot);
-    xq_ = reinterpret_cast<cpu::BlockQ8Act*>(take(xq_floats()));
-    thread_scratch_ = take(pool_.size() * per_thread_floats());
+    for (int i = 0; i < kActCount; ++i) act_[size_t(i)] = f + l.act[size_t(i)];
+    rope_ = f + l.rope;
+    stage_ = f + l.stage;
+    xq_ = reinterpret_cast<cpu::BlockQ8Act*>(f + l.xq);
+    thread_scratch_ = f + l.threads;
   }
 
-  void forward(std::span<const BatchToken> batch) override;
+  void forward(std::span<const BatchToken> batch) override {
+    const int64_t T = int64_t(batch.size());
+    if (T == 0) return;
+    if (T > shape_.max_batch) throw Error("batch of " + std::to_string(T) + " tokens exceeds max_batch");
+    if (logit_rows_of(batch) > logit_rows()) throw Error("logit row out of range");
+    run_forward(m_, *this, batch);
+  }
 
   std::span<const float> logits(int32_t row) const override {
-    return {logits_ + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab)};
+    return {act_[size_t(Act::logits)] + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab)};
   }
 
   void set_trace(TraceFn fn) override { trace_ = std::move(fn); }
 
  private:
-  int64_t ld_dim() const { return pad8(hp_.dim); }
-  int64_t ld_q() const { return pad8(hp_.q_dim()); }
-  int64_t ld_kv() const { return pad8(hp_.kv_dim()); }
-  int64_t ld_ff() const { return pad8(hp_.ff); }
+  // --- ForwardOps --------------------------------------------------------
+  void begin_step(std::span<const BatchToken> batch, int64_t logit_rows) override {
+    batch_ = batch;
+    rows_ = logit_rows;
+    rope_ready_ = false;
+  }
+  void embed(const Weight& table, Act out) override;
+  void rmsnorm(Act in, const Weight& g, float eps, Act out) override;
+  void products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) override;
+  void swiglu(Act g, Act u) override;
+  void head_norm(Act qk, int64_t heads, const Weight& g, float eps) override;
+  void rope(Act qk, int64_t heads, const RopeSpec& r) override;
+  void kv_store(int layer, Act k, Act v) override;
+  void attention(int layer, Act q, Act out, const AttentionSpec& a) override;
+  void add(Act x, Act o) override;
+  void gather_logit_rows(Act x, Act xl) override;
+  void trace(std::string_view name, int layer, Act a, int64_t cols) override {
+    if (trace_) trace_(name, layer, ptr(a), rows(a), cols, ld(a));
+  }
+  bool tracing() const override { return bool(trace_); }
+  void step_point(StepPoint p, int layer) override {
+    if (p == StepPoint::layer_done) during_step();
+  }
+
+  float* ptr(Act a) const { return act_[size_t(a)]; }
+  int64_t ld(Act a) const { return act_shape(hp_, shape_, a).ld; }
+  /// The rows an op on `a` covers this step.
+  int64_t rows(Act a) const { return a == Act::xl || a == Act::logits ? rows_ : int64_t(batch_.size()); }
   int64_t logit_rows() const { return shape_.slots + 1; }
   int64_t max_k() const { return std::max({hp_.dim, hp_.q_dim(), hp_.ff}); }
-  /// Floats holding the input rows of one product quantized for Q8_0 weights.
-  int64_t xq_floats() const {
-    static_assert(sizeof(cpu::BlockQ8Act) % sizeof(float) == 0);
-    const int64_t rows = std::max<int64_t>(shape_.max_batch, logit_rows());
-    return rows * (max_k() / 32) * int64_t(sizeof(cpu::BlockQ8Act) / sizeof(float));
-  }
-  int64_t per_thread_floats() const {
-    return cpu::matmul_scratch_floats(max_k()) + pad8(shape_.ctx) + pad8(hp_.head_dim);
-  }
-  int64_t scratch_floats(const EngineShape& s) const {
-    EngineShape saved = shape_;
-    const_cast<CpuBackend*>(this)->shape_ = s;
-    const int64_t B = s.max_batch;
-    const int64_t n = B * (2 * ld_dim() + 2 * ld_q() + 2 * ld_kv() + 2 * ld_ff() + hp_.n_rot) +
-                      logit_rows() * (ld_dim() + hp_.n_vocab) + xq_floats() + pool_.size() * per_thread_floats();
-    const_cast<CpuBackend*>(this)->shape_ = saved;
-    return n;
-  }
   uint16_t* k_cache(int layer, int slot) const {
     return kv_.as<uint16_t>() + ((int64_t(layer) * shape_.slots + slot) * shape_.ctx) * hp_.kv_dim();
   }
   uint16_t* v_cache(int layer, int slot) const {
     return k_cache(layer, slot) + int64_t(hp_.n_layers) * shape_.slots * shape_.ctx * hp_.kv_dim();
   }
-  float* thread_scratch(int t) const { return thread_scratch_ + int64_t(t) * per_thread_floats(); }
+  float* thread_scratch(int t) const { return thread_scratch_ + int64_t(t) * layout_.per_thread; }
 
   /// Several products sharing one input, rows spread over the pool in one job.
   /// Q8_0 weights take the input quantized once per call (kernels.h).
@@ -112,11 +119,7 @@ class CpuBackend final : public Backend {
     float* y;
     int64_t ldy;
   };
-  void matmul(std::initializer_list<Product> ps, int64_t T);
-  void rmsnorm(const float* x, int64_t ldx, const Weight& w, float* out, int64_t ldo, int64_t T);
-  void trace(std::string_view name, int layer, const float* d, int64_t rows, int64_t cols, int64_t ld) {
-    if (trace_) trace_(name, layer, d, rows, cols, ld);
-  }
+  void matmul(std::span<const Product> ps, int64_t T);
   /// Runs fn(i, n) on the pool, or inline as fn(0, 1) when `work` (multiply-adds)
   /// is too small to pay for waking the other threads.
   template <typename Fn>
@@ -124,7 +127,7 @@ class CpuBackend final : public Backend {
     if (work < (int64_t(1) << 18)) return fn(0, 1);
     pool_.run(fn);
   }
-  /// Runs fn(t) for each token, spread over the pool when the batch is large.
+  /// Runs fn(t) for each of T rows, spread over the pool when there are many.
   template <typename Fn>
   void for_tokens(int64_t T, Fn&& fn) {
     parallel(T * std::max(hp_.dim, hp_.ff) * 8, [&](int i, int n) {
@@ -137,15 +140,20 @@ class CpuBackend final : public Backend {
   const cpu::KernelTable& k_;
   cpu::ThreadPool pool_;
   EngineShape shape_;
+  ScratchLayout layout_;
   HostBuffer kv_, scratch_;
-  float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *kk_ = nullptr, *vv_ = nullptr, *att_ = nullptr;
-  float *hb_ = nullptr, *hb2_ = nullptr, *xl_ = nullptr, *logits_ = nullptr, *rope_ = nullptr;
+  std::array<float*, kActCount> act_{};
+  float* rope_ = nullptr;   // (max_batch, n_rot): cos, sin of each pair's angle
+  float* stage_ = nullptr;  // (max_batch, ld(x)): a product that adds into its output
   float* thread_scratch_ = nullptr;
   cpu::BlockQ8Act* xq_ = nullptr;  // (max_batch, max_k / 32): the input of a Q8_0 product
+  std::span<const BatchToken> batch_;
+  int64_t rows_ = 0;
+  bool rope_ready_ = false;
   TraceFn trace_;
 };
 
-void CpuBackend::matmul(std::initializer_list<Product> ps, int64_t T) {
+void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
   int64_t work = 0;
   for (const Product& p : ps) work += p.w->rows * p.w->cols * T;
   // Rows are handed out in chunks from a shared counter, so a thread that is
@@ -195,125 +203,179 @@ void CpuBackend::matmul(std::initializer_list<Product> ps, int64_t T) {
   });
 }
 
+void CpuBackend::embed(const Weight& table, Act out) {
+  float* o = ptr(out);
+  const int64_t ldo = ld(out);
+  for_tokens(int64_t(batch_.size()), [&](int64_t t) {
+    cpu::dequantize_row(table.type, table.data, table.cols, batch_[size_t(t)].token, o + t * ldo);
+  });
+}
+
 // y = x / sqrt(mean(x^2) + eps) * w, with the sum of squares in double as ggml does.
-void CpuBackend::rmsnorm(const float* x, int64_t ldx, const Weight& w, float* out, int64_t ldo, int64_t T) {
+void CpuBackend::rmsnorm(Act in, const Weight& w, float eps, Act out) {
   const float* g = static_cast<const float*>(w.data);
-  const int64_t n = hp_.dim;
-  for_tokens(T, [&](int64_t t) {
+  const float* x = ptr(in);
+  float* y = ptr(out);
+  const int64_t n = w.cols, ldx = ld(in), ldo = ld(out);
+  for_tokens(rows(in), [&](int64_t t) {
     const float* xr = x + t * ldx;
-    float* o = out + t * ldo;
+    float* o = y + t * ldo;
     double sum = 0;
     for (int64_t i = 0; i < n; ++i) sum += double(xr[i] * xr[i]);
     const float mean = float(sum / double(n));
-    const float scale = 1.0f / std::sqrt(mean + hp_.norm_eps);
+    const float scale = 1.0f / std::sqrt(mean + eps);
     for (int64_t i = 0; i < n; ++i) o[i] = (xr[i] * scale) * g[i];
   });
 }
 
-void CpuBackend::forward(std::span<const BatchToken> batch) {
-  const int64_t T = int64_t(batch.size());
-  if (T == 0) return;
-  if (T > shape_.max_batch) throw Error("batch of " + std::to_string(T) + " tokens exceeds max_batch");
-  const ModelWeights& W = m_.w();
-  const int64_t hd = hp_.head_dim, kvd = hp_.kv_dim();
-  const int64_t group = hp_.n_heads / hp_.n_kv_heads;
-  const float att_scale = 1.0f / std::sqrt(float(hd));
+void CpuBackend::products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) {
+  if (norm) {
+    rmsnorm(in, *norm->g, norm->eps, norm->out);
+    in = norm->out;
+  }
+  const int64_t T = rows(in);
+  std::vector<Product> mm;
+  const ProductSpec* staged = nullptr;
+  for (const ProductSpec& p : ps) {
+    float* y = ptr(p.out);
+    int64_t ldy = ld(p.out);
+    if (p.accumulate) {
+      // Computed into the staging rows, then added: the same bits as a
+      // product followed by add().
+      if (staged || ldy > ld(Act::x)) throw Error("CPU backend: one product per call may add into its output, of at most ld(x)");
+      staged = &p;
+      y = stage_;
+    }
+    mm.push_back({p.w, ptr(in), ld(in), y, ldy});
+  }
+  matmul(mm, T);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const ProductSpec& p = ps[i];
+    if (!p.bias && !p.accumulate) continue;
+    const float* b = p.bias ? static_cast<const float*>(p.bias->data) : nullptr;
+    float* y = ptr(p.out);
+    const float* r = mm[i].y;
+    const int64_t n = p.w->rows, ldy = mm[i].ldy;
+    for_tokens(T, [&](int64_t t) {
+      float* yr = y + t * ldy;
+      const float* rr = r + t * ldy;
+      if (b)
+        for (int64_t j = 0; j < n; ++j) yr[j] = p.accumulate ? yr[j] + (rr[j] + b[j]) : yr[j] + b[j];
+      else
+        for (int64_t j = 0; j < n; ++j) yr[j] += rr[j];
+    });
+  }
+}
 
-  // Token embeddings.
-  for_tokens(T, [&](int64_t t) {
-    cpu::dequantize_row(W.token_embd.type, W.token_embd.data, hp_.dim, batch[t].token, x_ + t * ld_dim());
-  });
-  // RoPE angles per token, as ggml's "normal" rope: theta_i = pos * base^(-2i/n_rot).
-  const float theta_scale = std::pow(hp_.rope_base, -2.0f / float(hp_.n_rot));
-  for_tokens(T, [&](int64_t t) {
-    float theta = float(batch[t].pos);
-    float* r = rope_ + t * hp_.n_rot;
-    for (int64_t i = 0; i < hp_.n_rot; i += 2) {
-      r[i] = std::cos(theta);
-      r[i + 1] = std::sin(theta);
-      theta *= theta_scale;
+void CpuBackend::swiglu(Act g, Act u) {
+  float* gp = ptr(g);
+  const float* up = ptr(u);
+  const int64_t ldg = ld(g), ldu = ld(u);
+  for_tokens(rows(g), [&](int64_t t) { k_.silu_mul(gp + t * ldg, up + t * ldu, hp_.ff); });
+}
+
+void CpuBackend::head_norm(Act qk, int64_t heads, const Weight& w, float eps) {
+  const float* g = static_cast<const float*>(w.data);
+  float* x = ptr(qk);
+  const int64_t n = w.cols, ldx = ld(qk);
+  for_tokens(rows(qk), [&](int64_t t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* xr = x + t * ldx + h * n;
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) sum += double(xr[i] * xr[i]);
+      const float mean = float(sum / double(n));
+      const float scale = 1.0f / std::sqrt(mean + eps);
+      for (int64_t i = 0; i < n; ++i) xr[i] = (xr[i] * scale) * g[i];
     }
   });
+}
 
-  for (int layer = 0; layer < int(hp_.n_layers); ++layer) {
-    const LayerWeights& L = W.layers[layer];
-    // Attention block.
-    rmsnorm(x_, ld_dim(), L.attn_norm, xb_, ld_dim(), T);
-    trace("attn_norm", layer, xb_, T, hp_.dim, ld_dim());
-    matmul({{&L.wq, xb_, ld_dim(), q_, ld_q()}, {&L.wk, xb_, ld_dim(), kk_, ld_kv()},
-            {&L.wv, xb_, ld_dim(), vv_, ld_kv()}}, T);
+void CpuBackend::rope(Act qk, int64_t heads, const RopeSpec& rs) {
+  const int64_t T = rows(qk), n_rot = rs.n_rot, hd = rs.head_dim;
+  if (!rope_ready_) {
+    // Angles per token, as ggml's rope: theta_i = pos * base^(-2i/n_rot),
+    // divided by the frequency factor, times the linear scale.
+    const float theta_scale = std::pow(rs.base, -2.0f / float(n_rot));
+    const float* ff = rs.freq_factors ? static_cast<const float*>(rs.freq_factors->data) : nullptr;
     for_tokens(T, [&](int64_t t) {
-      const float* r = rope_ + t * hp_.n_rot;
-      auto rotate = [&](float* v, int64_t heads) {
-        for (int64_t h = 0; h < heads; ++h) {
-          float* x = v + h * hd;
-          for (int64_t i = 0; i < hp_.n_rot; i += 2) {
-            const float x0 = x[i], x1 = x[i + 1];
-            x[i] = x0 * r[i] - x1 * r[i + 1];
-            x[i + 1] = x0 * r[i + 1] + x1 * r[i];
-          }
-        }
-      };
-      rotate(q_ + t * ld_q(), hp_.n_heads);
-      rotate(kk_ + t * ld_kv(), hp_.n_kv_heads);
-      const BatchToken& b = batch[t];
-      k_.to_f16(kk_ + t * ld_kv(), k_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
-      k_.to_f16(vv_ + t * ld_kv(), v_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
-    });
-    std::atomic<int64_t> next_job{0};
-    // A cached position costs several multiply-adds of a product: two f16
-    // rows (K and V) and its share of the softmax.
-    parallel(8 * T * hp_.n_heads * hd * (batch.back().pos + 1), [&](int i, int) {
-      float* scores = thread_scratch(i) + cpu::matmul_scratch_floats(max_k());
-      for (int64_t job = next_job.fetch_add(1, std::memory_order_relaxed); job < T * hp_.n_heads;
-           job = next_job.fetch_add(1, std::memory_order_relaxed)) {
-        const int64_t t = job / hp_.n_heads, h = job % hp_.n_heads;
-        const BatchToken& b = batch[t];
-        const int64_t kvh = h / group;
-        k_.attend(q_ + t * ld_q() + h * hd, k_cache(layer, b.slot) + kvh * hd,
-                  v_cache(layer, b.slot) + kvh * hd, int64_t(b.pos) + 1, hd, kvd, att_scale,
-                  att_ + t * ld_q() + h * hd, scores);
+      float theta = float(batch_[size_t(t)].pos);
+      float* r = rope_ + t * n_rot;
+      for (int64_t i = 0; i < n_rot; i += 2) {
+        const float a = rs.freq_scale * (ff ? theta / ff[i / 2] : theta);
+        r[i] = std::cos(a);
+        r[i + 1] = std::sin(a);
+        theta *= theta_scale;
       }
     });
-    matmul({{&L.wo, att_, ld_q(), xb_, ld_dim()}}, T);
-    for_tokens(T, [&](int64_t t) {
-      float* xr = x_ + t * ld_dim();
-      const float* o = xb_ + t * ld_dim();
-      for (int64_t i = 0; i < hp_.dim; ++i) xr[i] += o[i];
-    });
-    // Feed-forward block (SwiGLU).
-    rmsnorm(x_, ld_dim(), L.ffn_norm, xb_, ld_dim(), T);
-    matmul({{&L.w_gate, xb_, ld_dim(), hb_, ld_ff()}, {&L.w_up, xb_, ld_dim(), hb2_, ld_ff()}}, T);
-    for_tokens(T, [&](int64_t t) { k_.silu_mul(hb_ + t * ld_ff(), hb2_ + t * ld_ff(), hp_.ff); });
-    matmul({{&L.w_down, hb_, ld_ff(), xb_, ld_dim()}}, T);
-    trace("ffn_out", layer, xb_, T, hp_.dim, ld_dim());
-    for_tokens(T, [&](int64_t t) {
-      float* xr = x_ + t * ld_dim();
-      const float* o = xb_ + t * ld_dim();
-      for (int64_t i = 0; i < hp_.dim; ++i) xr[i] += o[i];
-    });
-    trace("l_out", layer, x_, T, hp_.dim, ld_dim());
-    during_step();
+    rope_ready_ = true;
   }
+  float* v = ptr(qk);
+  const int64_t ldv = ld(qk);
+  // normal pairs (x[i], x[i+1]); NEOX pairs (x[i/2], x[i/2 + n_rot/2]).
+  const int64_t half = n_rot / 2;
+  const bool neox = rs.type == RopeType::neox;
+  for_tokens(T, [&](int64_t t) {
+    const float* r = rope_ + t * n_rot;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = v + t * ldv + h * hd;
+      for (int64_t i = 0; i < n_rot; i += 2) {
+        const int64_t i0 = neox ? i / 2 : i, i1 = neox ? i / 2 + half : i + 1;
+        const float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * r[i] - x1 * r[i + 1];
+        x[i1] = x0 * r[i + 1] + x1 * r[i];
+      }
+    }
+  });
+}
 
-  // Logits for the tokens that need them.
-  int64_t rows = 0;
-  std::vector<int64_t> src(size_t(logit_rows()), -1);
-  for (int64_t t = 0; t < T; ++t) {
-    const int32_t r = batch[t].logit_row;
-    if (r < 0) continue;
-    if (r >= logit_rows()) throw Error("logit row out of range");
-    src[r] = t;
-    rows = std::max<int64_t>(rows, r + 1);
-  }
-  if (rows == 0) return;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (src[r] < 0) continue;
-    std::copy_n(x_ + src[r] * ld_dim(), ld_dim(), xl_ + r * ld_dim());
-  }
-  rmsnorm(xl_, ld_dim(), W.output_norm, xl_, ld_dim(), rows);
-  trace("result_norm", -1, xl_, rows, hp_.dim, ld_dim());
-  matmul({{&W.output, xl_, ld_dim(), logits_, hp_.n_vocab}}, rows);
+void CpuBackend::kv_store(int layer, Act k, Act v) {
+  const float *kp = ptr(k), *vp = ptr(v);
+  const int64_t kvd = hp_.kv_dim(), ldk = ld(k), ldv = ld(v);
+  for_tokens(rows(k), [&](int64_t t) {
+    const BatchToken& b = batch_[size_t(t)];
+    k_.to_f16(kp + t * ldk, k_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
+    k_.to_f16(vp + t * ldv, v_cache(layer, b.slot) + int64_t(b.pos) * kvd, kvd);
+  });
+}
+
+void CpuBackend::attention(int layer, Act qa, Act outa, const AttentionSpec& a) {
+  const int64_t T = rows(qa), hd = a.head_dim, kvd = hp_.kv_dim();
+  const int64_t group = a.n_heads / a.n_kv_heads, ldq = ld(qa), ldo = ld(outa);
+  const float* q = ptr(qa);
+  float* out = ptr(outa);
+  std::atomic<int64_t> next_job{0};
+  // A cached position costs several multiply-adds of a product: two f16
+  // rows (K and V) and its share of the softmax.
+  parallel(8 * T * a.n_heads * hd * (batch_.back().pos + 1), [&](int i, int) {
+    float* scores = thread_scratch(i) + layout_.matmul_per_thread;
+    for (int64_t job = next_job.fetch_add(1, std::memory_order_relaxed); job < T * a.n_heads;
+         job = next_job.fetch_add(1, std::memory_order_relaxed)) {
+      const int64_t t = job / a.n_heads, h = job % a.n_heads;
+      const BatchToken& b = batch_[size_t(t)];
+      const int64_t kvh = h / group;
+      k_.attend(q + t * ldq + h * hd, k_cache(layer, b.slot) + kvh * hd, v_cache(layer, b.slot) + kvh * hd,
+                int64_t(b.pos) + 1, hd, kvd, a.scale, out + t * ldo + h * hd, scores);
+    }
+  });
+}
+
+void CpuBackend::add(Act xa, Act oa) {
+  float* x = ptr(xa);
+  const float* o = ptr(oa);
+  const int64_t ldx = ld(xa), ldo = ld(oa);
+  for_tokens(rows(xa), [&](int64_t t) {
+    float* xr = x + t * ldx;
+    const float* orow = o + t * ldo;
+    for (int64_t i = 0; i < hp_.dim; ++i) xr[i] += orow[i];
+  });
+}
+
+void CpuBackend::gather_logit_rows(Act xa, Act xla) {
+  const float* x = ptr(xa);
+  float* xl = ptr(xla);
+  const int64_t ldx = ld(xa), ldl = ld(xla);
+  for (size_t t = 0; t < batch_.size(); ++t)
+    if (const int32_t r = batch_[t].logit_row; r >= 0) std::copy_n(x + int64_t(t) * ldx, ldl, xl + r * ldl);
 }
 
 }  // namespace

@@ -1,0 +1,96 @@
+#include "model/memory_plan.h"
+
+#include <algorithm>
+
+#include "model/weights.h"
+
+namespace ds4 {
+namespace {
+
+int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
+uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
+
+// The CUDA attention's counters and its largest batch of the split kernel
+// (worker/cuda/kernels.cu); the split count is ceil(4 * SMs / (T * heads)),
+// so T * heads * splits < T * heads + 4 * SMs for every T.
+constexpr int64_t kCudaAttnCounters = 4096;
+constexpr uint64_t kCudaBlasWorkspace = 32ull << 20;
+constexpr uint64_t kBatchTokenBytes = 16;  // sizeof(BatchToken)
+
+}  // namespace
+
+ActShape act_shape(const HParams& hp, const EngineShape& s, Act a) {
+  const int64_t B = s.max_batch, R = s.slots + 1;
+  switch (a) {
+    case Act::x:
+    case Act::xb: return {B, hp.dim, pad8(hp.dim)};
+    case Act::q:
+    case Act::att: return {B, hp.q_dim(), pad8(hp.q_dim())};
+    case Act::k:
+    case Act::v: return {B, hp.kv_dim(), pad8(hp.kv_dim())};
+    case Act::hb:
+    case Act::hb2: return {B, hp.ff, pad8(hp.ff)};
+    case Act::xl: return {R, hp.dim, pad8(hp.dim)};
+    case Act::logits: return {R, hp.n_vocab, hp.n_vocab};
+  }
+  return {};
+}
+
+WeightsSummary WeightsSummary::of(const ModelWeights& w) {
+  WeightsSummary s;
+  s.bytes = w.bytes;
+  auto see = [&](const Weight& x) {
+    if (x && x.type == GgmlType::Q8_0) s.largest_q8_elems = std::max(s.largest_q8_elems, uint64_t(x.rows * x.cols));
+  };
+  see(w.token_embd);
+  see(w.output);
+  for (const LayerWeights& L : w.layers)
+    for (const Weight* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) see(*x);
+  return s;
+}
+
+ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int threads) {
+  ScratchLayout l;
+  int64_t at = 0;
+  auto take = [&](int64_t n) { const int64_t r = at; at += n; return r; };
+  for (int i = 0; i < kActCount; ++i) {
+    const ActShape a = act_shape(hp, s, Act(i));
+    l.act[size_t(i)] = take(a.rows * a.ld);
+  }
+  const int64_t B = s.max_batch, R = s.slots + 1;
+  l.rope = take(B * hp.n_rot);
+  l.stage = take(B * pad8(hp.dim));
+  const int64_t max_k = std::max({hp.dim, hp.q_dim(), hp.ff});
+  l.xq_floats = std::max(B, R) * (max_k / 32) * 9;
+  l.xq = take(l.xq_floats);
+  l.matmul_per_thread = 17 * pad8(max_k) + 64;
+  l.per_thread = l.matmul_per_thread + pad8(s.ctx) + pad8(hp.head_dim);
+  l.threads = take(int64_t(std::max(threads, 1)) * l.per_thread);
+  l.total = at;
+  return l;
+}
+
+uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const WeightsSummary& w) {
+  int64_t at = 0;
+  auto take = [&](int64_t n) { at += (n + 63) / 64 * 64; };
+  for (int i = 0; i < kActCount; ++i) {
+    const ActShape a = act_shape(hp, s, Act(i));
+    take(a.rows * a.ld);
+  }
+  take(kCudaAttnCounters + (s.max_batch * hp.n_heads + 4 * kCudaPlanSms) * (hp.head_dim + 2));
+  const uint64_t act16 = align256(uint64_t(s.max_batch) * uint64_t(std::max({hp.dim, hp.q_dim(), hp.ff})) * 2);
+  return uint64_t(at) * 4 + act16 + w.largest_q8_elems * 2 + kCudaBlasWorkspace +
+         uint64_t(s.max_batch) * kBatchTokenBytes;
+}
+
+MemoryPlan plan_memory(const HParams& hp, const EngineShape& s, const WeightsSummary& w,
+                       const BackendPlanOptions& opt) {
+  MemoryPlan p;
+  p.weights = w.bytes;
+  p.kv = kv_cache_bytes(hp, s);
+  p.scratch = opt.kind == BackendKind::cpu ? uint64_t(cpu_scratch_layout(hp, s, opt.threads).total) * 4
+                                           : cuda_scratch_bytes(hp, s, w);
+  return p;
+}
+
+}  // namespace ds4

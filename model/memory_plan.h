@@ -1,0 +1,105 @@
+#pragma once
+/// The memory a worker uses, as a pure function of the model's
+/// hyper-parameters, the engine shape and the backend kind: the supervisor
+/// plans each ladder rung with it (without linking the engine), and each
+/// backend's plan() and reserve() use the same function, so the figure the
+/// supervisor budgets is the one the worker allocates.
+///
+/// The activations the forward pass names (Act, worker/forward.h) are laid
+/// out here, in one float buffer, per backend kind, together with the
+/// backend's own scratch; a backend carves its buffer by scratch_layout().
+
+#include <array>
+#include <cstdint>
+
+#include "model/hparams.h"
+
+namespace ds4 {
+
+struct ModelWeights;
+
+/// The sizes a worker is started with.
+struct EngineShape {
+  int64_t ctx = 2048;      // tokens per slot
+  int64_t slots = 1;       // concurrent sequences
+  int64_t max_batch = 256; // tokens per forward step (prefill chunk + decodes)
+};
+
+/// Memory a worker will use, known before anything is allocated.
+struct MemoryPlan {
+  uint64_t weights = 0;  // resident in the shared segment (not the worker's own)
+  uint64_t kv = 0;       // KV cache, context x slots
+  uint64_t scratch = 0;  // activations and logits for one step
+  uint64_t own() const { return kv + scratch; }
+};
+
+enum class BackendKind : uint8_t { cpu, cuda };
+
+/// KV cache bytes for a shape (f16 K and V for every layer, slot and position).
+inline uint64_t kv_cache_bytes(const HParams& hp, const EngineShape& shape) {
+  return 2ull * uint64_t(hp.n_layers) * uint64_t(shape.slots) * uint64_t(shape.ctx) *
+         uint64_t(hp.kv_dim()) * 2ull;
+}
+
+/// The activations of a step, by name. Token rows (max_batch of them):
+/// x (the residual stream), xb (its normalised copy, a product's output),
+/// q, k, v, att (attention output), hb, hb2 (feed-forward gate and up);
+/// logit rows (slots + 1): xl (the rows that need logits), logits.
+enum class Act : uint8_t { x, xb, q, k, v, att, hb, hb2, xl, logits };
+inline constexpr int kActCount = 10;
+
+/// Rows, used width and row stride (floats) of an activation. Widths are
+/// padded to a multiple of 8 (the padding holds zeros), logits are not.
+struct ActShape {
+  int64_t rows = 0;
+  int64_t width = 0;
+  int64_t ld = 0;
+};
+ActShape act_shape(const HParams& hp, const EngineShape& shape, Act a);
+
+/// What of the weights the plan depends on besides their size.
+struct WeightsSummary {
+  uint64_t bytes = 0;               // all tensors the model uses
+  uint64_t largest_q8_elems = 0;    // elements of the largest Q8_0 matrix (CUDA's prefill dequantisation)
+  static WeightsSummary of(const ModelWeights& w);
+};
+
+/// Per-backend inputs that are configuration, not hardware: the same on the
+/// supervisor and in the worker.
+struct BackendPlanOptions {
+  BackendKind kind = BackendKind::cpu;
+  int threads = 1;  // cpu: pool threads (each has its own scratch)
+};
+
+/// Float offsets of each part of a backend's scratch buffer.
+struct ScratchLayout {
+  std::array<int64_t, kActCount> act{};  // offset of each Act
+  // CPU backend: RoPE cos/sin (max_batch x n_rot), the residual-add staging
+  // rows (max_batch x ld(x)), the quantized input of a product, and each
+  // pool thread's scratch (matmul, attention scores, a head).
+  int64_t rope = 0, stage = 0, xq = 0, threads = 0;
+  int64_t per_thread = 0;       // floats per thread
+  int64_t matmul_per_thread = 0; // the part of it a matrix product may use
+  int64_t xq_floats = 0;
+  int64_t total = 0;            // floats
+};
+
+/// The CPU layout (`opt.threads` pool threads). The products' per-thread
+/// scratch is 17 * pad8(K) + 64 floats for the largest K (kernels.h's
+/// matmul_scratch_floats: the backend refuses to start when it needs more),
+/// the quantized input 9 floats (a BlockQ8Act) per 32 values of a row.
+ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& shape, int threads);
+
+/// Bytes of the CUDA backend's device scratch besides the KV cache: its
+/// activation layout (64-float aligned parts), the attention split scratch
+/// for any device (at most kCudaPlanSms multiprocessors), the 16-bit
+/// activation copy, the Q8_0 dequantisation buffer, the cuBLAS workspace and
+/// the batch.
+inline constexpr int kCudaPlanSms = 256;
+uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& shape, const WeightsSummary& w);
+
+/// The plan: weights (their size in the segment), the KV cache, the scratch.
+MemoryPlan plan_memory(const HParams& hp, const EngineShape& shape, const WeightsSummary& w,
+                       const BackendPlanOptions& opt);
+
+}  // namespace ds4

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Greedy answers of ds4-worker against llama.cpp's llama-server, prompt by prompt.
+
+usage: arch_compare.py WORKER MODEL PORT N_PREDICT NEAR_TIE PROMPT...
+
+For each prompt: the prompt tokens of `ds4-worker run --json` must equal
+llama-server's /tokenize (with the special tokens), and the greedy tokens
+(--temp 0, against /completion with temperature 0 and n_probs 2; the end
+of the text is a token too) must be equal up to the end, or part only at a position where
+llama.cpp's own two best candidates are a near tie: their log-probabilities
+differ by less than NEAR_TIE nats. Prints one line per prompt; exits 1 on a
+disagreement, naming the prompt, the position and both tokens.
+
+The thresholds (test_arch_llamacpp.sh): the two engines round differently.
+F16, 0.1 nats: llama.cpp rounds a product's activations to f16 for F16
+weights, ds4 keeps them f32, and sums go in other orders; that moves a
+logit by a few 1e-3 (f16's 2^-11 relative error times logits of ~10,
+carried through the layers), and 0.1 is some 20 times that. Q8_0, 0.25
+nats: both engines round activations to 8 bits per block of 32, a grid
+(1/254 of the block's largest value) 8 times coarser than f16's, and two
+inputs that differ by any rounding land on different steps near a boundary.
+Both stay far below the gaps the generator's weights leave between a clear
+winner and the next (a nat or more), so a real error in an op (a missing
+bias, a wrong RoPE pairing or head size) cannot hide under them; and most
+tokens must agree before any near tie (below).
+"""
+import json
+import subprocess
+import sys
+import urllib.request
+
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.read().decode("utf-8", "replace")
+
+
+END = "<end>"
+
+
+def peer_completion(port, prompt, n):
+    """The streamed greedy completion: [(token, [(id, logprob), ...]), ...];
+    the end of generation token is END."""
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0, "stream": True, "n_probs": 2,
+            "cache_prompt": False, "return_tokens": True}
+    out = []
+    for line in post(port, "/completion", body).splitlines():
+        if not line.startswith("data: "):
+            continue
+        ev = json.loads(line[6:])
+        if "error" in ev:
+            raise RuntimeError(f"llama-server: {ev['error']}")
+        if ev.get("stop") and ev.get("stop_type") == "eos" and out:
+            out[-1] = (END, out[-1][1])
+        probs = ev.get("completion_probabilities") or []
+        toks = ev.get("tokens") or []
+        for i, p in enumerate(probs):
+            top = [(t["id"], t["logprob"]) for t in p.get("top_logprobs", [])]
+            out.append((p.get("id", toks[i] if i < len(toks) else None), top))
+    return out
+
+
+def main():
+    worker, model, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    near_tie = float(sys.argv[5])
+    prompts = sys.argv[6:]
+    agreed = compared = 0
+    for prompt in prompts:
+        want_prompt = json.loads(post(port, "/tokenize", {"content": prompt, "add_special": True}))["tokens"]
+        r = subprocess.run([worker, "run", "--model", model, "-p", prompt, "-n", str(n), "--temp", "0",
+                            "--json", "--threads", "2"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"FAIL: ds4-worker run on {prompt!r}: {r.stderr.strip()}")
+            return 1
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        if got["prompt_tokens"] != want_prompt:
+            print(f"FAIL: {prompt!r}: prompt tokens {got['prompt_tokens']} but llama.cpp has {want_prompt}")
+            return 1
+        peer = peer_completion(port, prompt, n)
+        mine = got["tokens"] + ([END] if got["finish_reason"] == "stop" else [])
+        m = min(len(mine), len(peer))
+        same = 0
+        while same < m and mine[same] == peer[same][0]:
+            same += 1
+        compared += len(peer)
+        agreed += same
+        if same == len(mine) == len(peer):
+            print(f"ok: {prompt!r}: the same {same} tokens" + (" (the last the end)" if mine[-1] == END else ""))
+            continue
+        if same == m:
+            print(f"FAIL: {prompt!r}: {len(mine)} tokens from ds4, {len(peer)} from llama.cpp, the same up to the shorter")
+            return 1
+        top = peer[same][1]
+        gap = top[0][1] - top[1][1] if len(top) >= 2 else float("inf")
+        if gap >= near_tie:
+            print(f"FAIL: {prompt!r}: token {same} is {mine[same]} from ds4, {peer[same][0]} from llama.cpp, "
+                  f"whose two best ({top}) are {gap:.3f} nats apart (a near tie is < {near_tie})")
+            print(f"  ds4:       {mine}\n  llama.cpp: {[t for t, _ in peer]}")
+            return 1
+        print(f"ok: {prompt!r}: the same {same} tokens, then a near tie ({gap:.4f} nats) in llama.cpp")
+    # Ties everywhere would make the comparison empty: most tokens must agree.
+    if agreed * 2 < compared:
+        print(f"FAIL: only {agreed} of {compared} tokens agreed before a near tie")
+        return 1
+    print(f"agreed on {agreed} of {compared} tokens")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
