@@ -2,7 +2,7 @@
 // random weights and a vocabulary copied from a real model, for benchmarks and
 // tests at sizes no small real model has. llama.cpp loads the result too.
 //
-//   ds4-mkmodel --out FILE --vocab-from GGUF [--preset NAME] [--dim D]
+//   ds4-mkmodel --out FILE (--vocab-from GGUF | --vocab-hf DIR [--pre NAME]) [--preset NAME] [--dim D]
 //               [--layers L] [--ff F] [--heads H] [--kv-heads K]
 //               [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]
 
@@ -23,6 +23,7 @@
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
 #include "shared/progress.h"
+#include "text/hf_vocab.h"
 #include "text/tokenizer.h"
 
 namespace ds4 {
@@ -40,6 +41,8 @@ struct Shape {
 struct Options {
   std::string out;
   std::string vocab_from;
+  std::string vocab_hf;  // a Hugging Face tokenizer folder instead
+  std::string pre;       // its pre-tokenizer, when not told from tokenizer.json
   std::string preset;
   Shape shape;
   GgmlType type = GgmlType::F16;
@@ -70,10 +73,13 @@ constexpr TypeChoice kTypes[] = {
 };
 
 constexpr const char* kUsage =
-    "usage: ds4-mkmodel --out FILE --vocab-from GGUF [--preset stories-like|207m|1b|7b]\n"
+    "usage: ds4-mkmodel --out FILE (--vocab-from GGUF | --vocab-hf DIR [--pre NAME])\n"
+    "                   [--preset stories-like|207m|1b|7b]\n"
     "                   [--dim D] [--layers L] [--ff F] [--heads H] [--kv-heads K]\n"
     "                   [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]\n"
-    "Writes a llama GGUF with seeded random weights and the vocabulary of --vocab-from.\n"
+    "Writes a llama GGUF with seeded random weights and the vocabulary of --vocab-from\n"
+    "(a GGUF) or --vocab-hf (a folder with tokenizer.json and tokenizer_config.json, whose\n"
+    "pre-tokenizer is told from tokenizer.json or named by --pre: llama-bpe, qwen2, deepseek-v3, gpt-2).\n"
     "Explicit sizes override the preset's; --kv-heads defaults to --heads; --type to f16.\n";
 
 uint64_t parse_number(std::string_view flag, std::string_view text, uint64_t max) {
@@ -103,7 +109,7 @@ Options parse_args(int argc, char** argv) {
       o.help = true;
       return o;
     }
-    static constexpr std::string_view kFlags[] = {"--out",    "--vocab-from", "--preset", "--name",  "--seed", "--dim",
+    static constexpr std::string_view kFlags[] = {"--out",    "--vocab-from", "--vocab-hf", "--pre", "--preset", "--name",  "--seed", "--dim",
                                                   "--layers", "--ff",         "--heads",  "--kv-heads", "--ctx", "--type"};
     if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags))
       throw Error("unknown option '" + std::string(flag) + "' (see --help)");
@@ -111,6 +117,8 @@ Options parse_args(int argc, char** argv) {
     const std::string_view value = argv[++i];
     if (flag == "--out") o.out = value;
     else if (flag == "--vocab-from") o.vocab_from = value;
+    else if (flag == "--vocab-hf") o.vocab_hf = value;
+    else if (flag == "--pre") o.pre = value;
     else if (flag == "--preset") o.preset = value;
     else if (flag == "--name") o.name = value;
     else if (flag == "--seed") o.seed = parse_number(flag, value, UINT64_MAX);
@@ -156,7 +164,9 @@ Options parse_args(int argc, char** argv) {
 
 void validate(const Options& o) {
   if (o.out.empty()) throw Error("--out is required (see --help)");
-  if (o.vocab_from.empty()) throw Error("--vocab-from is required (see --help)");
+  if (o.vocab_from.empty() == o.vocab_hf.empty())
+    throw Error("one of --vocab-from and --vocab-hf is required (see --help)");
+  if (!o.pre.empty() && o.vocab_hf.empty()) throw Error("--pre goes with --vocab-hf");
   const Shape& s = o.shape;
   const std::pair<const char*, uint32_t> sizes[] = {
       {"--dim", s.dim}, {"--layers", s.layers}, {"--ff", s.ff}, {"--heads", s.heads},
@@ -335,11 +345,19 @@ int run(int argc, char** argv) {
   // The vocabulary must be one ds4 (and llama.cpp) can use.
   std::optional<gguf::File> vocab_src;
   std::optional<Tokenizer> tok;
+  std::vector<uint8_t> hf_keys;  // --vocab-hf: its tokenizer keys as a GGUF of their own
   try {
-    vocab_src = gguf::File::open(o.vocab_from);
+    if (!o.vocab_hf.empty()) {
+      gguf::Writer keys;
+      write_hf_vocab(read_hf_vocab(o.vocab_hf, o.pre), keys);
+      hf_keys = keys.to_bytes();
+      vocab_src = gguf::File::parse(hf_keys, o.vocab_hf + "/tokenizer.json");
+    } else {
+      vocab_src = gguf::File::open(o.vocab_from);
+    }
     tok = Tokenizer::from_gguf(*vocab_src);
   } catch (const Error& e) {
-    throw Error(std::string("--vocab-from: ") + e.what());
+    throw Error(std::string(o.vocab_hf.empty() ? "--vocab-from: " : "--vocab-hf: ") + e.what());
   }
   const uint64_t n_vocab = uint64_t(tok->n_vocab());
   const uint32_t head_dim = s.dim / s.heads;
