@@ -33,8 +33,9 @@ static const char* kUsage =
     "         [--holder-socket PATH]  (default $XDG_RUNTIME_DIR/ds4/holder-cudaN.sock)\n"
     "  load   --model FILE [--force]                  load into shared memory, print the segment\n"
     "  unload (--model FILE | --segment NAME)         remove a model's segment\n"
-    "  tokenize --model FILE (-p TEXT | --file F) [--special] [--escape] [--no-bos]\n"
-    "         print the token ids (--special: control tokens' texts are tokens)\n";
+    "  tokenize --model FILE (-p TEXT | --file F | --lines F) [--special] [--escape] [--no-bos]\n"
+    "         print the token ids (--special: control tokens' texts are tokens; --lines: one\n"
+    "         JSON string a line, one line of ids each)\n";
 
 int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
