@@ -164,8 +164,10 @@ Options parse_args(int argc, char** argv) {
 
 void validate(const Options& o) {
   if (o.out.empty()) throw Error("--out is required (see --help)");
-  if (o.vocab_from.empty() == o.vocab_hf.empty())
-    throw Error("one of --vocab-from and --vocab-hf is required (see --help)");
+  if (o.vocab_from.empty() && o.vocab_hf.empty())
+    throw Error("--vocab-from is required, or --vocab-hf (see --help)");
+  if (!o.vocab_from.empty() && !o.vocab_hf.empty())
+    throw Error("--vocab-from and --vocab-hf exclude each other (one vocabulary)");
   if (!o.pre.empty() && o.vocab_hf.empty()) throw Error("--pre goes with --vocab-hf");
   const Shape& s = o.shape;
   const std::pair<const char*, uint32_t> sizes[] = {

@@ -46,7 +46,8 @@ expect_error() {  # expect_error PATTERN ARGS...
 expect_error "tokenizer.json: cannot read" --out "$tmp/x.gguf" --vocab-hf "$tmp/nowhere" "${small[@]}"
 expect_error "'tokenizer.ggml.pre' is 'tekken'" --out "$tmp/x.gguf" \
   --vocab-hf "$vocabs/tokenizer-qwen3/models" --pre tekken "${small[@]}"
-expect_error "one of --vocab-from and --vocab-hf" --out "$tmp/x.gguf" "${small[@]}"
+expect_error "exclude each other" --out "$tmp/x.gguf" --vocab-hf "$vocabs/tokenizer-qwen3/models" \
+  --vocab-from "$tmp/x.gguf" "${small[@]}"
 if [[ -d $vocabs/tokenizer-mistral_nemo/models ]]; then  # Tekken's pre-tokenizer: not one ds4 has
   expect_error "none that ds4 knows" --out "$tmp/x.gguf" --vocab-hf "$vocabs/tokenizer-mistral_nemo/models" "${small[@]}"
 fi
