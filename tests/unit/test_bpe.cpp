@@ -381,3 +381,37 @@ TEST_CASE("bpe: fast on a real vocabulary" *
   CHECK(tok.decode(std::span(t).subspan(1)) == text);
   CHECK(secs < 2.0);  // ~0.2 s on a quiet core in RelWithDebInfo
 }
+
+TEST_CASE("bpe: any bytes encode without error, valid text round-trips") {
+  Vocab v;
+  v.merge("a", "b");
+  v.merge("\xc4\xa0", "a");
+  v.add("<|end|>", 3);
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  static const char* kPieces[] = {"a", "b", " ", "\t", "\n", "\r", "1", "23", "é", "e\xcc\x81", "中", "ひ", "~", "!",
+                                  "'s", "'LL", "👋", "\xe2\x80\x8d", "\xc2\xa0", "<|end|>", "\xef\xb7\x90"};
+  for (const char* pre : {"gpt-2", "llama-bpe", "qwen2", "deepseek-v3", "default"}) {
+    CAPTURE(pre);
+    v.pre = pre;
+    const Tokenizer tok = from_bytes(vocab_file(v));
+    for (int round = 0; round < 200; ++round) {
+      std::string raw, text;
+      for (int i = 0; i < 40; ++i) {
+        raw += char(next() & 0xFF);
+        text += kPieces[next() % (sizeof(kPieces) / sizeof(kPieces[0]))];
+      }
+      CHECK_NOTHROW(tok.encode(raw, true, true));
+      CHECK_NOTHROW(tok.encode(tok.escape_special(raw), true, true));
+      std::string plain = text;  // encode drops escape marks; the rest comes back
+      for (size_t p; (p = plain.find(Tokenizer::kEscapeMark)) != std::string::npos;) plain.erase(p, 3);
+      CHECK(tok.decode(tok.encode(text, false)) == plain);
+      CHECK(tok.encode(tok.escape_special(plain), false, true) == tok.encode(plain, false, false));
+    }
+  }
+}

@@ -137,6 +137,16 @@ TEST_CASE("tokenizer: matches llama.cpp on every reference prompt") {
   }
 }
 
+TEST_CASE("tokenizer: parse_special makes control texts tokens; escape_special keeps them text") {
+  const Tokenizer& tok = stories();
+  const Tokens once = tok.encode("Once", false);
+  Tokens special = {tok.bos()};
+  special.insert(special.end(), once.begin(), once.end());  // after a special: the space prefix again
+  CHECK(tok.encode("<s>Once", false, true) == special);
+  CHECK(tok.encode("<s>Once", false, false) != special);
+  CHECK(tok.encode(tok.escape_special("<s>Once"), false, true) == tok.encode("<s>Once", false, false));
+}
+
 TEST_CASE("tokenizer: characters absent from the vocabulary fall back to bytes") {
   const Tokenizer& tok = stories();
   // "中" is E4 B8 AD; none of it is a piece of the 512-token vocabulary.
