@@ -16,5 +16,7 @@ int cmd_engine(const std::vector<std::string>& args);
 int cmd_hold(const std::vector<std::string>& args);
 int cmd_load(const std::vector<std::string>& args);
 int cmd_unload(const std::vector<std::string>& args);
+/// `tokenize`: prints a model's token ids for a text (worker/tokenize_command.cpp).
+int cmd_tokenize(const std::vector<std::string>& args);
 
 }  // namespace ds4

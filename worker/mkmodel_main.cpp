@@ -3,8 +3,8 @@
 // from a real model, for benchmarks and tests at sizes no small real model
 // has. llama.cpp loads the result too.
 //
-//   ds4-mkmodel --out FILE --vocab-from GGUF [--preset NAME] [--arch A] [--dim D]
-//               [--layers L] [--ff F] [--heads H] [--kv-heads K] [--head-dim N]
+//   ds4-mkmodel --out FILE (--vocab-from GGUF | --vocab-hf DIR [--pre NAME]) [--preset NAME]
+//               [--arch A] [--dim D] [--layers L] [--ff F] [--heads H] [--kv-heads K] [--head-dim N]
 //               [--tied] [--rope-freqs] [--rope-scale F] [--rope-base B] [--eos-bias B]
 //               [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]
 
@@ -26,6 +26,7 @@
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
 #include "shared/progress.h"
+#include "text/hf_vocab.h"
 #include "text/tokenizer.h"
 #include "worker/mkmodel_arch.h"
 
@@ -44,6 +45,8 @@ struct Shape {
 struct Options {
   std::string out;
   std::string vocab_from;
+  std::string vocab_hf;  // a Hugging Face tokenizer folder instead
+  std::string pre;       // its pre-tokenizer, when not told from tokenizer.json
   std::string preset;
   Shape shape;
   GgmlType type = GgmlType::F16;
@@ -85,14 +88,16 @@ constexpr TypeChoice kTypes[] = {
 };
 
 constexpr const char* kUsage =
-    "usage: ds4-mkmodel --out FILE --vocab-from GGUF\n"
+    "usage: ds4-mkmodel --out FILE (--vocab-from GGUF | --vocab-hf DIR [--pre NAME])\n"
     "                   [--preset stories-like|207m|1b|7b|llama3-1b|llama3-8b]\n"
     "                   [--arch llama|mistral|qwen2|qwen3] [--dim D] [--layers L] [--ff F]\n"
     "                   [--heads H] [--kv-heads K] [--head-dim N] [--tied] [--rope-freqs]\n"
     "                   [--rope-scale F] [--rope-base B] [--eos-bias B] [--no-byte-tokens]\n"
     "                   [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]\n"
     "Writes a GGUF of the architecture (default llama) with seeded random weights and the\n"
-    "vocabulary of --vocab-from. Explicit sizes override the preset's; --kv-heads defaults\n"
+    "vocabulary of --vocab-from (a GGUF) or --vocab-hf (a folder with tokenizer.json and\n"
+    "tokenizer_config.json, whose pre-tokenizer is told from tokenizer.json or named by --pre:\n"
+    "llama-bpe, qwen2, deepseek-v3, gpt-2). Explicit sizes override the preset's; --kv-heads defaults\n"
     "to --heads; --type to f16. --head-dim: a head size other than dim/heads (written as\n"
     "attention.key_length); --tied: no output.weight; --rope-freqs: rope_freqs.weight\n"
     "(Llama 3 frequency factors); --rope-scale F: linear RoPE scaling by F; --eos-bias B:\n"
@@ -140,7 +145,7 @@ Options parse_args(int argc, char** argv) {
       (flag == "--tied" ? o.arch.tied : flag == "--rope-freqs" ? o.arch.rope_freqs : o.no_byte_tokens) = true;
       continue;
     }
-    static constexpr std::string_view kFlags[] = {"--out",    "--vocab-from", "--preset", "--name",  "--seed", "--dim",
+    static constexpr std::string_view kFlags[] = {"--out",    "--vocab-from", "--vocab-hf", "--pre", "--preset", "--name",  "--seed", "--dim",
                                                   "--layers", "--ff",         "--heads",  "--kv-heads", "--ctx", "--type",
                                                   "--arch", "--head-dim", "--rope-scale", "--rope-base", "--eos-bias"};
     if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags))
@@ -149,6 +154,8 @@ Options parse_args(int argc, char** argv) {
     const std::string_view value = argv[++i];
     if (flag == "--out") o.out = value;
     else if (flag == "--vocab-from") o.vocab_from = value;
+    else if (flag == "--vocab-hf") o.vocab_hf = value;
+    else if (flag == "--pre") o.pre = value;
     else if (flag == "--preset") o.preset = value;
     else if (flag == "--name") o.name = value;
     else if (flag == "--seed") o.seed = parse_number(flag, value, UINT64_MAX);
@@ -210,7 +217,11 @@ Options parse_args(int argc, char** argv) {
 
 void validate(const Options& o) {
   if (o.out.empty()) throw Error("--out is required (see --help)");
-  if (o.vocab_from.empty()) throw Error("--vocab-from is required (see --help)");
+  if (o.vocab_from.empty() && o.vocab_hf.empty())
+    throw Error("--vocab-from is required, or --vocab-hf (see --help)");
+  if (!o.vocab_from.empty() && !o.vocab_hf.empty())
+    throw Error("--vocab-from and --vocab-hf exclude each other (one vocabulary)");
+  if (!o.pre.empty() && o.vocab_hf.empty()) throw Error("--pre goes with --vocab-hf");
   const Shape& s = o.shape;
   const std::pair<const char*, uint32_t> sizes[] = {
       {"--dim", s.dim}, {"--layers", s.layers}, {"--ff", s.ff}, {"--heads", s.heads},
@@ -382,11 +393,19 @@ int run(int argc, char** argv) {
   // The vocabulary must be one ds4 (and llama.cpp) can use.
   std::optional<gguf::File> vocab_src;
   std::optional<Tokenizer> tok;
+  std::vector<uint8_t> hf_keys;  // --vocab-hf: its tokenizer keys as a GGUF of their own
   try {
-    vocab_src = gguf::File::open(o.vocab_from);
+    if (!o.vocab_hf.empty()) {
+      gguf::Writer keys;
+      write_hf_vocab(read_hf_vocab(o.vocab_hf, o.pre), keys);
+      hf_keys = keys.to_bytes();
+      vocab_src = gguf::File::parse(hf_keys, o.vocab_hf + "/tokenizer.json");
+    } else {
+      vocab_src = gguf::File::open(o.vocab_from);
+    }
     tok = Tokenizer::from_gguf(*vocab_src);
   } catch (const Error& e) {
-    throw Error(std::string("--vocab-from: ") + e.what());
+    throw Error(std::string(o.vocab_hf.empty() ? "--vocab-from: " : "--vocab-hf: ") + e.what());
   }
   const uint64_t n_vocab = uint64_t(tok->n_vocab());
   mkmodel::ArchOptions arch = o.arch;

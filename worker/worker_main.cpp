@@ -32,7 +32,10 @@ static const char* kUsage =
     "  GPU weights (run, bench, serve): --gpu-weights auto|holder|copy|host-mapped\n"
     "         [--holder-socket PATH]  (default $XDG_RUNTIME_DIR/ds4/holder-cudaN.sock)\n"
     "  load   --model FILE [--force]                  load into shared memory, print the segment\n"
-    "  unload (--model FILE | --segment NAME)         remove a model's segment\n";
+    "  unload (--model FILE | --segment NAME)         remove a model's segment\n"
+    "  tokenize --model FILE (-p TEXT | --file F | --lines F) [--special] [--escape] [--no-bos]\n"
+    "         print the token ids (--special: control tokens' texts are tokens; --lines: one\n"
+    "         JSON string a line, one line of ids each)\n";
 
 int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
     if (cmd == "hold") return ds4::cmd_hold(args);
     if (cmd == "load") return ds4::cmd_load(args);
     if (cmd == "unload") return ds4::cmd_unload(args);
+    if (cmd == "tokenize") return ds4::cmd_tokenize(args);
     std::fprintf(stderr, "ds4-worker: unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;
   } catch (const ds4::DoesNotFit& e) {

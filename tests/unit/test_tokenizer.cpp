@@ -137,6 +137,16 @@ TEST_CASE("tokenizer: matches llama.cpp on every reference prompt") {
   }
 }
 
+TEST_CASE("tokenizer: parse_special makes control texts tokens; escape_special keeps them text") {
+  const Tokenizer& tok = stories();
+  const Tokens once = tok.encode("Once", false);
+  Tokens special = {tok.bos()};
+  special.insert(special.end(), once.begin(), once.end());  // after a special: the space prefix again
+  CHECK(tok.encode("<s>Once", false, true) == special);
+  CHECK(tok.encode("<s>Once", false, false) != special);
+  CHECK(tok.encode(tok.escape_special("<s>Once"), false, true) == tok.encode("<s>Once", false, false));
+}
+
 TEST_CASE("tokenizer: characters absent from the vocabulary fall back to bytes") {
   const Tokenizer& tok = stories();
   // "中" is E4 B8 AD; none of it is a piece of the 512-token vocabulary.
@@ -242,10 +252,14 @@ TEST_CASE("tokenizer: clear errors for unusable vocabularies") {
   none.set_string("general.architecture", "llama");
   CHECK(load_error(none.to_bytes()).find("'tokenizer.ggml.model'") != std::string::npos);
 
+  const std::string bert = load_error(
+      vocab_file(v, [](gguf::Writer& w) { w.set_string("tokenizer.ggml.model", "bert"); }));
+  CHECK(bert.find("'tokenizer.ggml.model'") != std::string::npos);
+  CHECK(bert.find("bert") != std::string::npos);
+  // gpt2 (byte-level BPE, tests/unit/test_bpe.cpp) needs its merges.
   const std::string gpt2 = load_error(
       vocab_file(v, [](gguf::Writer& w) { w.set_string("tokenizer.ggml.model", "gpt2"); }));
-  CHECK(gpt2.find("'tokenizer.ggml.model'") != std::string::npos);
-  CHECK(gpt2.find("gpt2") != std::string::npos);
+  CHECK(gpt2.find("'tokenizer.ggml.merges'") != std::string::npos);
 
   gguf::Writer no_tokens;
   no_tokens.set_string("tokenizer.ggml.model", "llama");
