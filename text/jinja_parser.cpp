@@ -101,7 +101,7 @@ class Parser {
         if (stops.size() == 0) return out;
         std::string list;
         for (auto s : stops) list += (list.empty() ? "'" : " or '") + std::string(s) + "'";
-        expected("{% " + list.substr(1, list.size() - 2) + " %}");
+        expected("{% " + list + " %}");
       }
       if (t.k == Token::K::text) {
         auto s = std::make_unique<Stmt>();
@@ -658,6 +658,7 @@ class Parser {
         if (is_op("(")) {
           t->args = call_args();
         } else if (cur().k == Token::K::string || cur().k == Token::K::integer || cur().k == Token::K::floating ||
+                   is_op("[") || is_op("{") ||
                    (cur().k == Token::K::name && cur().s != "and" && cur().s != "or" && cur().s != "else" &&
                     cur().s != "if" && cur().s != "not" && cur().s != "in" && cur().s != "is")) {
           // `is divisibleby 3`, `is sameas false`: one argument without parentheses.
