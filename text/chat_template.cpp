@@ -1,5 +1,7 @@
 #include "text/chat_template.h"
 
+#include "shared/error.h"
+
 namespace ds4 {
 
 const char* family_name(ChatFamily f) {
@@ -82,6 +84,20 @@ std::string deepseek(const std::vector<ChatMessage>& ms) {
 }
 
 }  // namespace
+
+std::string apply_chat_template(const jinja::Template& t, const ChatTemplateInput& in, const jinja::Limits& limits) {
+  nlohmann::ordered_json ctx = nlohmann::ordered_json::object();
+  if (in.kwargs.is_object())
+    for (const auto& [k, v] : in.kwargs.items()) ctx[k] = v;
+  else if (!in.kwargs.is_null())
+    throw Error("chat_template_kwargs must be an object");
+  ctx["messages"] = in.messages;
+  ctx["tools"] = in.tools;
+  ctx["add_generation_prompt"] = in.add_generation_prompt;
+  ctx["bos_token"] = in.bos_token;
+  ctx["eos_token"] = in.eos_token;
+  return t.render(ctx, limits);
+}
 
 std::string render_chat(ChatFamily family, const std::vector<ChatMessage>& messages) {
   switch (family) {

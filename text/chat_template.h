@@ -1,8 +1,10 @@
 #pragma once
-/// Chat prompts. The GGUF's tokenizer.chat_template (a Jinja program) is not
-/// executed; it is recognised by the markers of the common families and the
-/// family's format is written here. An absent or unknown template gets
-/// ChatML, as llama.cpp does, so that models without chat tuning still answer.
+/// Chat prompts. A GGUF's tokenizer.chat_template (a Jinja program) runs in
+/// ds4's interpreter (text/jinja.h) through apply_chat_template. The five
+/// formats below are the fallback for a GGUF without a template: the family
+/// is recognised by its markers and its format written here; an absent or
+/// unknown template gets ChatML, as llama.cpp does, so that models without
+/// chat tuning still answer.
 ///
 ///   chatml    <|im_start|>role\ncontent<|im_end|>\n ... <|im_start|>assistant\n
 ///   llama3    <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ...
@@ -14,6 +16,10 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "text/jinja.h"
 
 namespace ds4 {
 
@@ -30,5 +36,26 @@ struct ChatMessage {
 
 /// The prompt text, ending where the assistant's answer begins.
 std::string render_chat(ChatFamily family, const std::vector<ChatMessage>& messages);
+
+/// What transformers' apply_chat_template gives a template. The JSON fields
+/// keep their keys' order (a tool's schema renders through tojson in the
+/// order the request gave it); a plain nlohmann::json converts to them.
+struct ChatTemplateInput {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // OpenAI chat messages
+  nlohmann::ordered_json tools;  // null when none: the template sees none, as transformers passes None
+  bool add_generation_prompt = true;
+  std::string bos_token, eos_token;
+  /// chat_template_kwargs, enable_thinking, ...: each becomes a top-level
+  /// name of the template (they do not replace the five above).
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+};
+
+/// Renders a GGUF chat template for a conversation as transformers'
+/// apply_chat_template does (messages, tools, add_generation_prompt,
+/// bos_token, eos_token and the kwargs as the template's names). Throws
+/// ds4::Error: the template's raise_exception message, a limit reached, or a
+/// runtime error with "template:LINE:COL: ".
+std::string apply_chat_template(const jinja::Template& t, const ChatTemplateInput& in,
+                                const jinja::Limits& limits = {});
 
 }  // namespace ds4

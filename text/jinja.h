@@ -32,6 +32,9 @@ class Template {
   /// bos_token, eos_token, ... as the caller gives). Throws ds4::Error for
   /// raise_exception() (its message), a limit reached, or a runtime type error.
   std::string render(const nlohmann::json& context, const Limits& limits = {}) const;
+  /// The same with the context's key order kept: dicts render (tojson,
+  /// items(), loops) in the order the request gave, as Python's do.
+  std::string render(const nlohmann::ordered_json& context, const Limits& limits = {}) const;
 
   Template(Template&&) noexcept;
   Template& operator=(Template&&) noexcept;
