@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -325,6 +326,13 @@ std::vector<uint8_t> random_blocks(GgmlType type, int64_t N, int64_t K, std::mt1
   return w;
 }
 
+/// The decode GEMV's bound for quantised weights: `dp4a` for the int8 dot
+/// products (x quantised per 32), 1e-5 when DS4_CUDA_QGEMV=float runs them in f32.
+double quant_gemv_bound(double dp4a) {
+  const char* env = std::getenv("DS4_CUDA_QGEMV");
+  return env && std::string(env) == "float" ? 1e-5 : dp4a;
+}
+
 /// y[t][n] = sum_k w[n][k] x[t][k] in double, over the reference weights.
 std::vector<float> ref_matmul(const std::vector<float>& w, int64_t N, int64_t K, const std::vector<float>& x,
                               int64_t ldx, int64_t T) {
@@ -500,9 +508,10 @@ TEST_CASE("cuda: decode GEMV and prefill GEMM of every quantised type match the 
         CAPTURE(sh.N);
         CAPTURE(sh.K);
         CAPTURE(T);
-        // 1-2 tokens: int8 dot products (x quantised per 32 as llama.cpp's
-        // q8_1); 3-8: f32 throughout; GEMM: weights and activations in f16.
-        CHECK(rel_err(got, want) < (T <= 2 ? 1.5e-2 : T <= 8 ? 1e-5 : 3e-3));
+        // Decode: int8 dot products (x quantised per 32 as llama.cpp's q8_1;
+        // DS4_CUDA_QGEMV=float: f32 throughout, within 1e-5); GEMM: weights
+        // and activations in f16.
+        CHECK(rel_err(got, want) < (T <= 8 ? quant_gemv_bound(1.5e-2) : 3e-3));
         if (T == 8) {
           cuda_ops::matmul(W, x.data(), ldx, T, got.data(), sh.N, true);
           CHECK(rel_err(got, want) < 3e-3);
@@ -529,7 +538,7 @@ TEST_CASE("cuda: quantised gate/up, norm-then-products and embedding rows match 
       for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
       std::vector<float> got(size_t(T * N));
       cuda_ops::matmul_swiglu({type, wg.data(), K, N}, {type, wu.data(), K, N}, x.data(), ldx, T, got.data(), N);
-      CHECK(rel_err(got, g) < (T <= 2 ? 3e-2 : T <= 8 ? 1e-5 : 4e-3));
+      CHECK(rel_err(got, g) < (T <= 8 ? quant_gemv_bound(3e-2) : 4e-3));
       // RMSNorm in front (the decode path folds it only for unquantised types).
       std::vector<float> xn(x.size());
       for (int64_t t = 0; t < T; ++t) {
@@ -540,7 +549,7 @@ TEST_CASE("cuda: quantised gate/up, norm-then-products and embedding rows match 
       }
       const auto want = ref_matmul(fg, N, K, xn, ldx, T);
       cuda_ops::rmsnorm_matmul({type, wg.data(), K, N}, nullptr, gain.data(), 1e-5f, x.data(), ldx, T, got.data(), N);
-      CHECK(rel_err(got, want) < (T <= 2 ? 1.5e-2 : T <= 8 ? 1e-5 : 4e-3));
+      CHECK(rel_err(got, want) < (T <= 8 ? quant_gemv_bound(1.5e-2) : 4e-3));
     }
     const std::vector<BatchToken> batch{{3, 0, 0, -1}, {767, 0, 1, -1}, {0, 0, 2, 0}, {200, 1, 7, 1}};
     std::vector<float> got(batch.size() * K);
@@ -560,7 +569,7 @@ TEST_CASE("cuda: a quantised weight whose rows are not whole blocks is refused, 
     cuda_ops::dequantize({GgmlType::Q4_K, w.data(), 768 + 32, 4});
   } catch (const Error& e) {
     refused = std::string(e.what()).find("Q4_K") != std::string::npos;
-    MESSAGE(e.what());
+    MESSAGE(std::string(e.what()));
   }
   CHECK(refused);
 }

@@ -539,6 +539,14 @@ __global__ void __launch_bounds__(kThreads) gemv_dp4a_kernel(DeviceWeight w, con
   const int64_t K = w.cols, G = K / 32;
   const XQ xq = xq_at(smem, NT, K);
   const int n_groups = int((w.rows + R - 1) / R);
+  // The first group's weights do not depend on x: their loads go out before
+  // the previous kernel ends and while x is quantised.
+  Raw first[R];
+  const bool have_first = int(blockIdx.x) < n_groups && int64_t(threadIdx.x) < G;
+  if (have_first) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) load_raw<TY>(w, min(int64_t(blockIdx.x) * R + r, w.rows - 1) * G + threadIdx.x, first[r]);
+  }
   pdl_wait();
   pdl_trigger();
   for (int64_t i = threadIdx.x; i < NT * G; i += kThreads) {
@@ -597,8 +605,13 @@ __global__ void __launch_bounds__(kThreads) gemv_dp4a_kernel(DeviceWeight w, con
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
     for (int64_t i = threadIdx.x; i < G; i += kThreads) {
       Raw raw[R];
+      if (rg == int(blockIdx.x) && i == int64_t(threadIdx.x)) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) load_raw<TY>(w, rowg[r] + i, raw[r]);
+        for (int r = 0; r < R; ++r) raw[r] = first[r];
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_raw<TY>(w, rowg[r] + i, raw[r]);
+      }
       int4 xw[NT][2];
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -664,9 +677,12 @@ __global__ void __launch_bounds__(kThreads) gemv_dp4a_kernel(DeviceWeight w, con
   }
 }
 
+/// Shared memory the dp4a kernel may take for x's quants.
+constexpr int64_t kDp4aSmem = 200 * 1024;
+
 /// DS4_CUDA_QGEMV=float takes the f32 GEMV for every batch (comparison);
-/// otherwise 1-2 tokens take the dp4a kernel where x's quants fit in 48 KiB
-/// of shared memory.
+/// otherwise decode batches take the dp4a kernel where x's quants fit in
+/// kDp4aSmem of shared memory.
 bool dp4a_enabled() {
   static const bool on = [] {
     const char* env = std::getenv("DS4_CUDA_QGEMV");
@@ -688,9 +704,15 @@ int multiprocessor_count() {
 template <GgmlType TY, int NT, int R>
 void launch_dp4a(const DeviceWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, bool accumulate,
                  cudaStream_t s) {
+  static const bool opted = [] {  // x's quants of up to 8 tokens need more than the default 48 KiB
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(gemv_dp4a_kernel<TY, NT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kDp4aSmem)));
+    return true;
+  }();
+  (void)opted;
   const int64_t smem = xq_bytes(NT, w.cols);
   const int groups = int(ceil_div(w.rows, R));
-  const int per_sm = int(std::clamp<int64_t>(200 * 1024 / std::max<int64_t>(smem, 1), 1, 8));
+  const int per_sm = int(std::clamp<int64_t>(200 * 1024 / std::max<int64_t>(smem, 1), 1, 16));
   const int grid = std::min(groups, multiprocessor_count() * per_sm);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(grid));
@@ -809,10 +831,18 @@ void gemv_quant(const DeviceWeight& w, const float* x, int64_t ldx, int T, float
     throw Error("GEMV: a quantised product needs 16-byte aligned activation rows");
   dispatch(w.type, [&](auto tag) {
     constexpr GgmlType TY = decltype(tag)::value;
-    if (T <= 2 && dp4a_enabled() && xq_bytes(T, w.cols) <= 48 * 1024) {
-      if (T == 1) launch_dp4a<TY, 1, 8>(w, x, ldx, y, ldy, accumulate, s);
-      else launch_dp4a<TY, 2, 4>(w, x, ldx, y, ldy, accumulate, s);
-      return 0;
+    if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem) {
+      switch (T) {
+        case 1: launch_dp4a<TY, 1, 8>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 2: launch_dp4a<TY, 2, 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 3: launch_dp4a<TY, 3, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 4: launch_dp4a<TY, 4, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 5: launch_dp4a<TY, 5, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 6: launch_dp4a<TY, 6, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 7: launch_dp4a<TY, 7, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 8: launch_dp4a<TY, 8, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        default: break;
+      }
     }
     switch (T) {
 #define DS4_QCASE(N)                                                                                     \
