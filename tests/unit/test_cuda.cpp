@@ -486,6 +486,14 @@ TEST_CASE("cuda: every quantised type dequantises on the device bit-exactly as l
     CAPTURE(first < got.size() ? got[first] : 0.0f);
     CAPTURE(first < got.size() ? want[first] : 0.0f);
     CHECK(bad == 0);
+    // And against the CPU backend's own rows, where it has the type.
+    if (cpu::row_bytes(type, K) > 0) {
+      std::vector<float> cpu_rows(size_t(N * K));
+      for (int64_t n = 0; n < N; ++n) cpu::dequantize_row(type, w.data(), K, n, cpu_rows.data() + n * K);
+      CHECK(std::memcmp(got.data(), cpu_rows.data(), got.size() * 4) == 0);
+    } else {
+      MESSAGE("the CPU backend has no " << quant_name(type) << " rows in this build: the reference above only");
+    }
   }
 }
 
