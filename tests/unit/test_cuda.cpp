@@ -492,7 +492,7 @@ TEST_CASE("cuda: every quantised type dequantises on the device bit-exactly as l
       for (int64_t n = 0; n < N; ++n) cpu::dequantize_row(type, w.data(), K, n, cpu_rows.data() + n * K);
       CHECK(std::memcmp(got.data(), cpu_rows.data(), got.size() * 4) == 0);
     } else {
-      MESSAGE("the CPU backend has no " << quant_name(type) << " rows in this build: the reference above only");
+      MESSAGE("the CPU backend has no " << std::string(quant_name(type)) << " rows in this build: the reference above only");
     }
   }
 }
