@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -100,6 +101,249 @@ const char* type_name(GgmlType t) {
     case GgmlType::BF16: return "bf16";
     default: return "q8_0";
   }
+}
+
+// --- block-quantised types: the reference decoding --------------------------
+// Written from llama.cpp's block layouts (ggml-common.h) and its
+// dequantize_row_* loops, independently of the device's repacked planes.
+
+const GgmlType kQuantTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                                GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                                GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+
+const char* quant_name(GgmlType t) {
+  static std::string name;
+  name = std::string(type_traits(uint32_t(t))->name);
+  return name.c_str();
+}
+
+float half_at(const uint8_t* p) { return fp16_to_fp32(uint16_t(p[0] | p[1] << 8)); }
+
+const int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+void k4_scale_min(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+/// One GGUF block of `type` decoded into y (block_elems floats).
+void ref_block(GgmlType type, const uint8_t* x, float* y) {
+  switch (type) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::IQ4_NL: {
+      const float d = half_at(x);
+      const uint8_t* qs = x + (type == GgmlType::Q4_1 ? 4 : 2);
+      for (int j = 0; j < 16; ++j) {
+        if (type == GgmlType::Q4_0) {
+          y[j] = float((qs[j] & 0x0F) - 8) * d;
+          y[j + 16] = float((qs[j] >> 4) - 8) * d;
+        } else if (type == GgmlType::Q4_1) {
+          const float m = half_at(x + 2);
+          y[j] = float(qs[j] & 0x0F) * d + m;
+          y[j + 16] = float(qs[j] >> 4) * d + m;
+        } else {
+          y[j] = d * float(kIq4Values[qs[j] & 0xf]);
+          y[j + 16] = d * float(kIq4Values[qs[j] >> 4]);
+        }
+      }
+      return;
+    }
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1: {
+      const bool one = type == GgmlType::Q5_1;
+      const float d = half_at(x), m = one ? half_at(x + 2) : 0.0f;
+      uint32_t qh;
+      std::memcpy(&qh, x + (one ? 4 : 2), 4);
+      const uint8_t* qs = x + (one ? 8 : 6);
+      for (int j = 0; j < 16; ++j) {
+        const uint8_t xh0 = uint8_t(((qh >> (j + 0)) << 4) & 0x10);
+        const uint8_t xh1 = uint8_t((qh >> (j + 12)) & 0x10);
+        const int x0 = (qs[j] & 0x0F) | xh0, x1 = (qs[j] >> 4) | xh1;
+        if (one) {
+          y[j] = float(x0) * d + m;
+          y[j + 16] = float(x1) * d + m;
+        } else {
+          y[j] = float(x0 - 16) * d;
+          y[j + 16] = float(x1 - 16) * d;
+        }
+      }
+      return;
+    }
+    case GgmlType::Q2_K: {
+      const float d = half_at(x + 80), min = half_at(x + 82);
+      const uint8_t* q = x + 16;
+      int is = 0;
+      for (int n = 0; n < 256; n += 128) {
+        int shift = 0;
+        for (int j = 0; j < 4; ++j) {
+          uint8_t sc = x[is++];
+          float dl = d * float(sc & 0xF), ml = min * float(sc >> 4);
+          for (int l = 0; l < 16; ++l) *y++ = dl * float(int8_t((q[l] >> shift) & 3)) - ml;
+          sc = x[is++];
+          dl = d * float(sc & 0xF);
+          ml = min * float(sc >> 4);
+          for (int l = 0; l < 16; ++l) *y++ = dl * float(int8_t((q[l + 16] >> shift) & 3)) - ml;
+          shift += 2;
+        }
+        q += 32;
+      }
+      return;
+    }
+    case GgmlType::Q3_K: {
+      const uint32_t kmask1 = 0x03030303, kmask2 = 0x0f0f0f0f;
+      const float d_all = half_at(x + 108);
+      const uint8_t* q = x + 32;
+      const uint8_t* hm = x;
+      uint8_t m = 1;
+      uint32_t aux[4];
+      std::memcpy(aux, x + 96, 12);
+      const uint32_t tmp = aux[2];
+      aux[2] = ((aux[0] >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4);
+      aux[3] = ((aux[1] >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4);
+      aux[0] = (aux[0] & kmask2) | (((tmp >> 0) & kmask1) << 4);
+      aux[1] = (aux[1] & kmask2) | (((tmp >> 2) & kmask1) << 4);
+      const int8_t* scales = reinterpret_cast<const int8_t*>(aux);
+      int is = 0;
+      for (int n = 0; n < 256; n += 128) {
+        int shift = 0;
+        for (int j = 0; j < 4; ++j) {
+          float dl = d_all * float(scales[is++] - 32);
+          for (int l = 0; l < 16; ++l)
+            *y++ = dl * float(int8_t((q[l + 0] >> shift) & 3) - ((hm[l + 0] & m) ? 0 : 4));
+          dl = d_all * float(scales[is++] - 32);
+          for (int l = 0; l < 16; ++l)
+            *y++ = dl * float(int8_t((q[l + 16] >> shift) & 3) - ((hm[l + 16] & m) ? 0 : 4));
+          shift += 2;
+          m <<= 1;
+        }
+        q += 32;
+      }
+      return;
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool five = type == GgmlType::Q5_K;
+      const float d = half_at(x), min = half_at(x + 2);
+      const uint8_t* scales = x + 4;
+      const uint8_t* qh = x + 16;
+      const uint8_t* q = x + (five ? 48 : 16);
+      int is = 0;
+      uint8_t sc, m, u1 = 1, u2 = 2;
+      for (int j = 0; j < 256; j += 64) {
+        k4_scale_min(is + 0, scales, &sc, &m);
+        const float d1 = d * float(sc), m1 = min * float(m);
+        k4_scale_min(is + 1, scales, &sc, &m);
+        const float d2 = d * float(sc), m2 = min * float(m);
+        for (int l = 0; l < 32; ++l) *y++ = d1 * float((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
+        for (int l = 0; l < 32; ++l) *y++ = d2 * float((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
+        q += 32;
+        is += 2;
+        u1 <<= 2;
+        u2 <<= 2;
+      }
+      return;
+    }
+    case GgmlType::Q6_K: {
+      const float d = half_at(x + 208);
+      const uint8_t* ql = x;
+      const uint8_t* qh = x + 128;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(x + 192);
+      for (int n = 0; n < 256; n += 128) {
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          const int8_t q1 = int8_t((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+          const int8_t q2 = int8_t((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+          const int8_t q3 = int8_t((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+          const int8_t q4 = int8_t((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          y[l + 0] = d * float(sc[is + 0]) * float(q1);
+          y[l + 32] = d * float(sc[is + 2]) * float(q2);
+          y[l + 64] = d * float(sc[is + 4]) * float(q3);
+          y[l + 96] = d * float(sc[is + 6]) * float(q4);
+        }
+        y += 128;
+        ql += 64;
+        qh += 32;
+        sc += 8;
+      }
+      return;
+    }
+    case GgmlType::IQ4_XS: {
+      const float d = half_at(x);
+      const uint16_t scales_h = uint16_t(x[2] | x[3] << 8);
+      const uint8_t* scales_l = x + 4;
+      const uint8_t* qs = x + 8;
+      for (int ib = 0; ib < 8; ++ib) {
+        const int ls = ((scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+        const float dl = d * float(ls - 32);
+        for (int j = 0; j < 16; ++j) {
+          y[j + 0] = dl * float(kIq4Values[qs[j] & 0xf]);
+          y[j + 16] = dl * float(kIq4Values[qs[j] >> 4]);
+        }
+        y += 32;
+        qs += 16;
+      }
+      return;
+    }
+    default: FAIL("no reference for type " << int(type));
+  }
+}
+
+std::vector<float> ref_dequant(GgmlType type, const std::vector<uint8_t>& w, int64_t N, int64_t K) {
+  const auto tt = *type_traits(uint32_t(type));
+  std::vector<float> out(size_t(N * K));
+  for (int64_t b = 0; b < N * K / tt.block_elems; ++b)
+    ref_block(type, w.data() + b * tt.block_bytes, out.data() + b * tt.block_elems);
+  return out;
+}
+
+/// Random blocks of `type` (N rows of K): random quant and scale bytes, the
+/// blocks' halves (d, dmin, m) finite and small, of both signs.
+std::vector<uint8_t> random_blocks(GgmlType type, int64_t N, int64_t K, std::mt19937& rng) {
+  const auto tt = *type_traits(uint32_t(type));
+  std::vector<uint8_t> w(size_t(N * K / tt.block_elems * tt.block_bytes));
+  for (uint8_t& b : w) b = uint8_t(rng());
+  std::vector<int> halves;
+  switch (type) {
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: halves = {0, 2}; break;
+    case GgmlType::Q2_K: halves = {80, 82}; break;
+    case GgmlType::Q3_K: halves = {108}; break;
+    case GgmlType::Q6_K: halves = {208}; break;
+    default: halves = {0};
+  }
+  std::uniform_real_distribution<float> ud(0.002f, 0.02f);
+  for (size_t b = 0; b < w.size(); b += tt.block_bytes)
+    for (int at : halves) {
+      const uint16_t h = fp32_to_fp16((rng() % 4 == 0 ? -1.0f : 1.0f) * ud(rng));
+      w[b + at] = uint8_t(h & 0xff);
+      w[b + at + 1] = uint8_t(h >> 8);
+    }
+  return w;
+}
+
+/// The decode GEMV's bound for quantised weights: `dp4a` for the int8 dot
+/// products (x quantised per 32), 1e-5 when DS4_CUDA_QGEMV=float runs them in f32.
+double quant_gemv_bound(double dp4a) {
+  const char* env = std::getenv("DS4_CUDA_QGEMV");
+  return env && std::string(env) == "float" ? 1e-5 : dp4a;
+}
+
+/// y[t][n] = sum_k w[n][k] x[t][k] in double, over the reference weights.
+std::vector<float> ref_matmul(const std::vector<float>& w, int64_t N, int64_t K, const std::vector<float>& x,
+                              int64_t ldx, int64_t T) {
+  std::vector<float> y(size_t(T * N));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += double(w[size_t(n * K + k)]) * x[size_t(t * ldx + k)];
+      y[size_t(t * N + n)] = float(s);
+    }
+  return y;
 }
 
 }  // namespace
@@ -209,12 +453,133 @@ TEST_CASE("cuda: decode GEMV bandwidth" * doctest::skip()) {
       {"1B wq (norm)", GgmlType::F16, 2048, 2048, false, true},   {"1B gate/up (norm)", GgmlType::F16, 5632, 2048, true, true},
       {"1B down", GgmlType::F16, 2048, 5632, false, false},        {"1B q8 gate/up", GgmlType::Q8_0, 5632, 2048, true, true},
       {"1B q8 down", GgmlType::Q8_0, 2048, 5632, false, false},    {"7B q8 down", GgmlType::Q8_0, 4096, 14336, false, false},
+      {"8B q4_k wq", GgmlType::Q4_K, 4096, 4096, false, false},     {"8B q4_k gate", GgmlType::Q4_K, 14336, 4096, false, false},
+      {"8B q6_k down", GgmlType::Q6_K, 4096, 14336, false, false},  {"8B q4_k down", GgmlType::Q4_K, 4096, 14336, false, false},
+      {"8B q5_k gate", GgmlType::Q5_K, 14336, 4096, false, false},  {"8B q4_0 gate", GgmlType::Q4_0, 14336, 4096, false, false},
+      {"8B q3_k gate", GgmlType::Q3_K, 14336, 4096, false, false},  {"8B q2_k gate", GgmlType::Q2_K, 14336, 4096, false, false},
+      {"8B q6_k output", GgmlType::Q6_K, 128256, 4096, false, false},
   };
   for (const Case& c : cases)
     for (int T : {1, 2, 4, 8}) {
       const double bps = cuda_ops::gemv_bytes_per_second(c.type, c.N, c.K, T, c.glu, c.norm, 64);
       std::printf("gemv %-20s T=%d  %7.0f GB/s\n", c.what, T, bps / 1e9);
     }
+}
+
+TEST_CASE("cuda: every quantised type dequantises on the device bit-exactly as llama.cpp's blocks define") {
+  if (!have_gpu()) return;
+  std::mt19937 rng(31);
+  const int64_t N = 48, K = 1024;
+  for (GgmlType type : kQuantTypes) {
+    const auto w = random_blocks(type, N, K, rng);
+    const auto want = ref_dequant(type, w, N, K);
+    const auto got = cuda_ops::dequantize({type, w.data(), K, N});
+    CAPTURE(quant_name(type));
+    REQUIRE(got.size() == want.size());
+    size_t bad = 0, first = got.size();
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::memcmp(&got[i], &want[i], 4) != 0) {
+        ++bad;
+        first = std::min(first, i);
+      }
+    CAPTURE(first);
+    CAPTURE(first < got.size() ? got[first] : 0.0f);
+    CAPTURE(first < got.size() ? want[first] : 0.0f);
+    CHECK(bad == 0);
+    // And against the CPU backend's own rows, where it has the type.
+    if (cpu::row_bytes(type, K) > 0) {
+      std::vector<float> cpu_rows(size_t(N * K));
+      for (int64_t n = 0; n < N; ++n) cpu::dequantize_row(type, w.data(), K, n, cpu_rows.data() + n * K);
+      CHECK(std::memcmp(got.data(), cpu_rows.data(), got.size() * 4) == 0);
+    } else {
+      MESSAGE("the CPU backend has no " << std::string(quant_name(type)) << " rows in this build: the reference above only");
+    }
+  }
+}
+
+TEST_CASE("cuda: decode GEMV and prefill GEMM of every quantised type match the dequantised reference") {
+  if (!have_gpu()) return;
+  std::mt19937 rng(32);
+  struct Shape { int64_t N, K; };
+  for (GgmlType type : kQuantTypes) {
+    for (Shape sh : {Shape{1000, 2048}, Shape{256, 4096}, Shape{64, 14336}}) {
+      const auto w = random_blocks(type, sh.N, sh.K, rng);
+      const auto wf = ref_dequant(type, w, sh.N, sh.K);
+      const Weight W{type, w.data(), sh.K, sh.N};
+      for (int64_t T : {1, 2, 3, 8, 20}) {
+        const int64_t ldx = sh.K + 8;
+        const auto x = random_floats(size_t(T * ldx), rng);
+        const auto want = ref_matmul(wf, sh.N, sh.K, x, ldx, T);
+        std::vector<float> got(size_t(T * sh.N));
+        cuda_ops::matmul(W, x.data(), ldx, T, got.data(), sh.N);
+        CAPTURE(quant_name(type));
+        CAPTURE(sh.N);
+        CAPTURE(sh.K);
+        CAPTURE(T);
+        // Decode: int8 dot products (x quantised per 32 as llama.cpp's q8_1;
+        // DS4_CUDA_QGEMV=float: f32 throughout, within 1e-5); GEMM: weights
+        // and activations in f16.
+        CHECK(rel_err(got, want) < (T <= 8 ? quant_gemv_bound(1.5e-2) : 3e-3));
+        if (T == 8) {
+          cuda_ops::matmul(W, x.data(), ldx, T, got.data(), sh.N, true);
+          CHECK(rel_err(got, want) < 3e-3);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: quantised gate/up, norm-then-products and embedding rows match the reference") {
+  if (!have_gpu()) return;
+  std::mt19937 rng(33);
+  const int64_t N = 768, K = 1024, ldx = K;
+  for (GgmlType type : kQuantTypes) {
+    const auto wg = random_blocks(type, N, K, rng), wu = random_blocks(type, N, K, rng);
+    const auto fg = ref_dequant(type, wg, N, K), fu = ref_dequant(type, wu, N, K);
+    const auto gain = random_floats(size_t(K), rng);
+    CAPTURE(quant_name(type));
+    for (int64_t T : {1, 5, 24}) {
+      CAPTURE(T);
+      const auto x = random_floats(size_t(T * ldx), rng, 0.1f);
+      auto g = ref_matmul(fg, N, K, x, ldx, T);
+      const auto u = ref_matmul(fu, N, K, x, ldx, T);
+      for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      std::vector<float> got(size_t(T * N));
+      cuda_ops::matmul_swiglu({type, wg.data(), K, N}, {type, wu.data(), K, N}, x.data(), ldx, T, got.data(), N);
+      CHECK(rel_err(got, g) < (T <= 8 ? quant_gemv_bound(3e-2) : 4e-3));
+      // RMSNorm in front (the decode path folds it only for unquantised types).
+      std::vector<float> xn(x.size());
+      for (int64_t t = 0; t < T; ++t) {
+        double sum = 0;
+        for (int64_t i = 0; i < K; ++i) sum += double(x[t * K + i] * x[t * K + i]);
+        const float scale = 1.0f / std::sqrt(float(sum / double(K)) + 1e-5f);
+        for (int64_t i = 0; i < K; ++i) xn[t * K + i] = (x[t * K + i] * scale) * gain[i];
+      }
+      const auto want = ref_matmul(fg, N, K, xn, ldx, T);
+      cuda_ops::rmsnorm_matmul({type, wg.data(), K, N}, nullptr, gain.data(), 1e-5f, x.data(), ldx, T, got.data(), N);
+      CHECK(rel_err(got, want) < (T <= 8 ? quant_gemv_bound(1.5e-2) : 4e-3));
+    }
+    const std::vector<BatchToken> batch{{3, 0, 0, -1}, {767, 0, 1, -1}, {0, 0, 2, 0}, {200, 1, 7, 1}};
+    std::vector<float> got(batch.size() * K);
+    cuda_ops::embed({type, wg.data(), K, N}, batch, got.data());
+    bool same = true;
+    for (size_t t = 0; t < batch.size(); ++t)
+      same = same && std::memcmp(got.data() + t * K, fg.data() + batch[t].token * K, size_t(K) * 4) == 0;
+    CHECK(same);
+  }
+}
+
+TEST_CASE("cuda: a quantised weight whose rows are not whole blocks is refused, naming the type") {
+  if (!have_gpu()) return;
+  std::vector<uint8_t> w(size_t(4 * 3 * 144));
+  bool refused = false;
+  try {
+    cuda_ops::dequantize({GgmlType::Q4_K, w.data(), 768 + 32, 4});
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find("Q4_K") != std::string::npos;
+    MESSAGE(std::string(e.what()));
+  }
+  CHECK(refused);
 }
 
 TEST_CASE("cuda: rows that break 16-byte alignment take the scalar product") {

@@ -4,6 +4,7 @@
 
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant.cuh"
 
 namespace ds4::cuda {
 
@@ -59,8 +60,35 @@ uint64_t device_weight_bytes(const Weight& w) {
     case GgmlType::F16:
     case GgmlType::BF16: return n * 2;
     case GgmlType::Q8_0: return n + n / 32 * 2;
-    default: throw Error("CUDA backend: unsupported weight type " + std::to_string(int(w.type)));
+    default:
+      if (is_block_quant(w.type)) return quant_device_bytes(w.type, w.rows, w.cols);
+      throw Error("CUDA backend: unsupported weight type " + std::to_string(int(w.type)));
   }
+}
+
+uint64_t host_weight_bytes(const Weight& w) {
+  const auto tt = type_traits(uint32_t(w.type));
+  if (!tt) throw Error("CUDA backend: unknown weight type " + std::to_string(int(w.type)));
+  return uint64_t(w.rows) * uint64_t(w.cols) / tt->block_elems * tt->block_bytes;
+}
+
+bool repacked(GgmlType t) { return t == GgmlType::Q8_0 || is_block_quant(t); }
+
+DeviceWeight repack_weight(const Weight& w, const void* blocks, void* dst, cudaStream_t s) {
+  if (w.type != GgmlType::Q8_0) return repack_quant(w.type, blocks, w.rows, w.cols, dst, s);
+  if (w.cols % 32 != 0) throw Error("Q8_0 weight with " + std::to_string(w.cols) + " columns");
+  DeviceWeight d;
+  d.type = w.type;
+  d.cols = w.cols;
+  d.rows = w.rows;
+  d.data = dst;
+  const int64_t n_blocks = w.rows * w.cols / 32;
+  int8_t* qs = static_cast<int8_t*>(dst);
+  // Scales after the quants; rows*cols is a multiple of 32, so they stay 2-byte aligned.
+  __half* scales = reinterpret_cast<__half*>(qs + w.rows * w.cols);
+  repack_q8_0(blocks, n_blocks, qs, scales, s);
+  d.scales = scales;
+  return d;
 }
 
 DeviceWeight upload_weight(const Weight& w, void* dst, void* staging, cudaStream_t s) {
@@ -69,19 +97,13 @@ DeviceWeight upload_weight(const Weight& w, void* dst, void* staging, cudaStream
   d.cols = w.cols;
   d.rows = w.rows;
   d.data = dst;
-  if (w.type != GgmlType::Q8_0) {
+  if (!repacked(w.type)) {
     DS4_CUDA_CHECK(cudaMemcpyAsync(dst, w.data, device_weight_bytes(w), cudaMemcpyHostToDevice, s));
     return d;
   }
-  if (w.cols % 32 != 0) throw Error("Q8_0 weight with " + std::to_string(w.cols) + " columns");
-  const int64_t n_blocks = w.rows * w.cols / 32;
-  DS4_CUDA_CHECK(cudaMemcpyAsync(staging, w.data, size_t(n_blocks) * sizeof(BlockQ8_0), cudaMemcpyHostToDevice, s));
-  int8_t* qs = static_cast<int8_t*>(dst);
-  // Scales after the quants; rows*cols is a multiple of 32, so they stay 2-byte aligned.
-  __half* scales = reinterpret_cast<__half*>(qs + w.rows * w.cols);
-  repack_q8_0(staging, n_blocks, qs, scales, s);
-  d.scales = scales;
-  return d;
+  device_weight_bytes(w);  // refuses a shape the type cannot take before anything is copied
+  DS4_CUDA_CHECK(cudaMemcpyAsync(staging, w.data, host_weight_bytes(w), cudaMemcpyHostToDevice, s));
+  return repack_weight(w, staging, dst, s);
 }
 
 }  // namespace ds4::cuda

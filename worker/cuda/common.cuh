@@ -62,20 +62,33 @@ class DeviceBuffer {
 /// (`rows` rows of `cols` elements). Q8_0 is split so that every load is 16
 /// bytes and aligned: `data` holds rows x cols int8 quants, row-major, and
 /// `scales` rows x cols/32 half scales (weight = scale * q, as in BlockQ8_0).
+/// The other block-quantised types are in planes (quant.cuh): `data` the low
+/// bits, `hi`, `sub` and `sup` the rest.
 struct DeviceWeight {
   GgmlType type = GgmlType::F32;
   const void* data = nullptr;
   const __half* scales = nullptr;
   int64_t cols = 0;
   int64_t rows = 0;
+  const uint8_t* hi = nullptr;
+  const uint8_t* sub = nullptr;
+  const uint8_t* sup = nullptr;
 };
 
 /// Device bytes a weight takes in that layout (Q8_0: the same as in GGUF).
 uint64_t device_weight_bytes(const Weight& w);
+/// Bytes the weight takes in the GGUF file (the host data).
+uint64_t host_weight_bytes(const Weight& w);
+/// True when the device layout differs from GGUF's (Q8_0 and the planes of
+/// quant.cuh): the upload goes through staging and a repack.
+bool repacked(GgmlType t);
 /// Copies `w` (host memory) into `dst` (device memory of device_weight_bytes)
-/// and returns the view. Q8_0 goes through `staging`, a device buffer of at
-/// least the weight's GGUF bytes, and is repacked there.
+/// and returns the view. A repacked type goes through `staging`, a device
+/// buffer of at least the weight's GGUF bytes, and is repacked from there.
 DeviceWeight upload_weight(const Weight& w, void* dst, void* staging, cudaStream_t s);
+/// The repack alone: GGUF blocks of `w` already in device memory (`blocks`)
+/// into the device layout at `dst`; returns the view.
+DeviceWeight repack_weight(const Weight& w, const void* blocks, void* dst, cudaStream_t s);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

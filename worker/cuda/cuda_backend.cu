@@ -126,7 +126,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::WeightImage> image_;
   DeviceWeight token_embd_, output_norm_, output_;
   std::vector<DeviceLayer> layers_;
-  uint64_t max_q8_elems_ = 0;  // largest Q8_0 matrix (for the prefill dequantisation scratch)
+  uint64_t max_q8_elems_ = 0;  // largest quantised matrix (for the prefill dequantisation scratch)
 
   EngineShape shape_;
   bool reserved_ = false;
@@ -312,7 +312,7 @@ void CudaBackend::reserve(const EngineShape& s) {
   kv_ = DeviceBuffer(kv_cache_bytes(hp_, s), "KV cache");
   scratch_ = DeviceBuffer(size_t(sc_.total) * 4, "activations");
   act_ = DeviceBuffer(act_bytes(s), "16-bit activations");
-  deq_ = DeviceBuffer(max_q8_elems_ * 2, "Q8_0 dequantisation");
+  deq_ = DeviceBuffer(max_q8_elems_ * 2, "weight dequantisation");
   blas_ws_ = DeviceBuffer(32ull << 20, "cuBLAS workspace");
   tokens_dev_ = DeviceBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
   tokens_host_ = PinnedBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");

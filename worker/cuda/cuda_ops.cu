@@ -7,6 +7,7 @@
 
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant.cuh"
 
 namespace ds4::cuda_ops {
 namespace {
@@ -30,7 +31,7 @@ struct Uploaded {
   cuda::DeviceWeight w;
   explicit Uploaded(const Weight& host)
       : data(cuda::device_weight_bytes(host), "weight"),
-        staging(host.type == GgmlType::Q8_0 ? size_t(host.rows * host.cols / 32 * 34) : 0, "staging") {
+        staging(cuda::repacked(host.type) ? size_t(cuda::host_weight_bytes(host)) : 0, "staging") {
     w = cuda::upload_weight(host, data.as<void>(), staging.as<void>(), nullptr);
     DS4_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -59,6 +60,18 @@ void matmul(const Weight& w, const float* x, int64_t ldx, int64_t T, float* y, i
     throw;
   }
   cublasDestroy(blas);
+}
+
+std::vector<float> dequantize(const Weight& w) {
+  Uploaded uw(w);
+  const size_t n = size_t(w.rows * w.cols);
+  DeviceBuffer out(n * 4, "dequantised");
+  DS4_CUDA_CHECK(cudaMemset(out.as<void>(), 0xff, out.size()));
+  if (!cuda::is_block_quant(w.type)) throw Error("dequantize: not a block-quantised type");
+  cuda::dequant_quant_f32(uw.w, out.as<float>(), nullptr);
+  std::vector<float> v(n);
+  to_host(out, v.data(), n);
+  return v;
 }
 
 void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t ldx, int64_t T, float* h,

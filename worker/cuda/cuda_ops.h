@@ -18,6 +18,11 @@ namespace ds4::cuda_ops {
 void matmul(const Weight& w, const float* x, int64_t ldx, int64_t T, float* y, int64_t ldy, bool force_gemm = false,
             bool fused = false);
 
+/// The whole of a block-quantised weight (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) as
+/// the device decodes it from its repacked planes: rows x cols floats,
+/// bit-exact with llama.cpp's dequantize_row_*.
+std::vector<float> dequantize(const Weight& w);
+
 /// h[t*ldh + n] = silu(gate[n] . x[t]) * (up[n] . x[t]): the fused SwiGLU
 /// products (one GEMV launch when T <= 8), or cuBLAS and swiglu when `force_gemm`.
 void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t ldx, int64_t T, float* h,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant.cuh"
 
 namespace ds4::cuda {
 namespace {
@@ -482,6 +483,7 @@ dim3 rows_grid(int64_t n, int T) { return dim3(unsigned(std::min<int64_t>(ceil_d
 }  // namespace
 
 void embed(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s) {
+  if (is_block_quant(table.type)) return embed_quant(table, batch, T, x, ldx, s);
   launch(embed_kernel, dim3(T), dim3(kThreads), s, table, batch, x, ldx);
   DS4_CUDA_LAUNCHED();
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant.cuh"
 
 namespace ds4::cuda {
 namespace {
@@ -596,7 +597,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 /// widths, 16-byte aligned rows and input.
 bool gemv_vectorised(const Product* ps, int n, const float* x, int64_t ldx) {
   const DeviceWeight& w0 = *ps[0].w;
-  bool ok = n <= 3 && (w0.cols % chunk_elems(w0.type)) == 0 && (ldx % 4) == 0 && aligned16(x);
+  bool ok = n <= 3 && !is_block_quant(w0.type) && (w0.cols % chunk_elems(w0.type)) == 0 && (ldx % 4) == 0 && aligned16(x);
   for (int i = 0; i < n && ok; ++i)
     ok = ps[i].w->type == w0.type && ps[i].w->cols == w0.cols && aligned16(ps[i].w->data);
   return ok;
@@ -610,6 +611,10 @@ void gemv(const Product* ps, int n, const float* x, int64_t ldx, int T, bool glu
   if (norm.g && (!fused || !aligned16(norm.g))) throw Error("GEMV: a folded RMSNorm needs the vectorised product");
   if (!fused) {
     for (int i = 0; i < n; ++i) {
+      if (is_block_quant(ps[i].w->type)) {  // each product its own launch (quant.cu)
+        gemv_quant(*ps[i].w, x, ldx, T, ps[i].y, ps[i].ldy, ps[i].accumulate, s);
+        continue;
+      }
       launch(gemv_scalar_kernel, dim3(unsigned(ceil_div(ps[i].w->rows, kGemvWarps))), dim3(kGemvWarps * 32), s,
              *ps[i].w, x, ldx, T, ps[i].y, ps[i].ldy, int(ps[i].accumulate));
       DS4_CUDA_LAUNCHED();
@@ -701,10 +706,14 @@ void gemm(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmCont
       b = g.act;
       ldb = K;
       ta = tb = bf ? CUDA_R_16BF : CUDA_R_16F;
-      if (w.type == GgmlType::Q8_0) {
+      if (w.type == GgmlType::Q8_0 || is_block_quant(w.type)) {
         if (size_t(w.rows) * size_t(K) * 2 > g.deq_bytes) throw Error("GEMM: dequantisation scratch too small");
-        const int64_t n16 = w.rows * K / 16;
-        dequant_q8_kernel<<<elem_grid(n16), 256, 0, s>>>(static_cast<const int8_t*>(w.data), w.scales, n16, g.deq);
+        if (w.type == GgmlType::Q8_0) {
+          const int64_t n16 = w.rows * K / 16;
+          dequant_q8_kernel<<<elem_grid(n16), 256, 0, s>>>(static_cast<const int8_t*>(w.data), w.scales, n16, g.deq);
+        } else {
+          dequant_quant_f16(w, g.deq, s);
+        }
         DS4_CUDA_LAUNCHED();
         a = g.deq;
       }
@@ -799,6 +808,7 @@ double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool gl
   std::vector<DeviceWeight> ws(size_t(copies * nw));
   for (size_t i = 0; i < ws.size(); ++i) {
     ws[i] = {type, weights.as<uint8_t>() + i * wbytes, nullptr, K, N};
+    if (is_block_quant(type)) ws[i] = quant_view(type, weights.as<uint8_t>() + i * wbytes, N, K);
     if (type == GgmlType::Q8_0) ws[i].scales = reinterpret_cast<const __half*>(weights.as<uint8_t>() + i * wbytes + N * K);
   }
   cudaStream_t s = nullptr;

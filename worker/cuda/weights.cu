@@ -11,15 +11,14 @@
 
 #include "shared/log.h"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant.cuh"
 
 namespace ds4::cuda {
 namespace {
 
 uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 
-uint64_t host_bytes(const Weight& w) {
-  return w.type == GgmlType::Q8_0 ? uint64_t(w.rows * w.cols) / 32 * sizeof(BlockQ8_0) : device_weight_bytes(w);
-}
+uint64_t host_bytes(const Weight& w) { return host_weight_bytes(w); }
 
 uint64_t fnv1a(uint64_t h, uint64_t v) {
   for (int i = 0; i < 8; ++i) {
@@ -129,6 +128,7 @@ DeviceWeight view_at(const ImageLayout& l, const Weight& w, const void* base) {
   d.cols = w.cols;
   d.rows = w.rows;
   d.data = static_cast<const uint8_t*>(base) + l.at(w).offset;
+  if (is_block_quant(w.type)) return quant_view(w.type, d.data, w.rows, w.cols);
   if (w.type == GgmlType::Q8_0)
     d.scales = reinterpret_cast<const __half*>(static_cast<const int8_t*>(d.data) + w.rows * w.cols);
   return d;
@@ -160,8 +160,8 @@ class ImportedImage final : public WeightImage {
 
 // F32/F16/BF16 are read in place through the mapping (GGUF's layout is the
 // kernels' layout). Q8_0 blocks are 34 bytes, so their rows are not 16-byte
-// aligned: those weights are repacked, reading the mapped blocks, into device
-// memory.
+// aligned, and the other quantised types are split into planes: those weights
+// are repacked, reading the mapped blocks, into device memory.
 class HostMappedImage final : public WeightImage {
  public:
   HostMappedImage(const ImageLayout& l, cudaStream_t s)
@@ -174,16 +174,14 @@ class HostMappedImage final : public WeightImage {
     dev_base_ = static_cast<uint8_t*>(dev);
     uint64_t q8_total = 0;
     for (const auto& e : l.entries)
-      if (e.w->type == GgmlType::Q8_0) {
+      if (repacked(e.w->type)) {
         q8_offset_[e.w->data] = q8_total;
         q8_total += align256(device_weight_bytes(*e.w));
       }
-    q8_ = DeviceBuffer(q8_total, "Q8_0 weights (repacked)");
+    q8_ = DeviceBuffer(q8_total, "quantised weights (repacked)");
     for (const auto& e : l.entries) {
-      if (e.w->type != GgmlType::Q8_0) continue;
-      const int64_t n_blocks = e.w->rows * e.w->cols / 32;
-      int8_t* qs = q8_.as<int8_t>() + q8_offset_.at(e.w->data);
-      repack_q8_0(device_address(e.w->data), n_blocks, qs, reinterpret_cast<__half*>(qs + e.w->rows * e.w->cols), s);
+      if (!repacked(e.w->type)) continue;
+      repack_weight(*e.w, device_address(e.w->data), q8_.as<uint8_t>() + q8_offset_.at(e.w->data), s);
     }
     DS4_CUDA_CHECK(cudaStreamSynchronize(s));
   }
@@ -192,10 +190,11 @@ class HostMappedImage final : public WeightImage {
     d.type = w.type;
     d.cols = w.cols;
     d.rows = w.rows;
-    if (w.type != GgmlType::Q8_0) {
+    if (!repacked(w.type)) {
       d.data = device_address(w.data);
       return d;
     }
+    if (is_block_quant(w.type)) return quant_view(w.type, q8_.as<uint8_t>() + q8_offset_.at(w.data), w.rows, w.cols);
     const int8_t* qs = q8_.as<int8_t>() + q8_offset_.at(w.data);
     d.data = qs;
     d.scales = reinterpret_cast<const __half*>(qs + w.rows * w.cols);
@@ -232,7 +231,7 @@ ImageLayout ImageLayout::of(const ModelWeights& W) {
     for (uint64_t v : {l.total, uint64_t(w->type), uint64_t(w->rows), uint64_t(w->cols)}) l.hash = fnv1a(l.hash, v);
     const uint64_t bytes = align256(device_weight_bytes(*w));
     l.total += bytes;
-    if (w->type == GgmlType::Q8_0) {
+    if (repacked(w->type)) {
       l.max_q8_host = std::max(l.max_q8_host, host_bytes(*w));
       l.max_q8_elems = std::max<uint64_t>(l.max_q8_elems, uint64_t(w->rows * w->cols));
       l.q8_bytes += bytes;

@@ -23,7 +23,7 @@ namespace ds4::cuda {
 
 /// Changes whenever the image layout changes: a holder and a worker built
 /// with different versions never share an image.
-inline constexpr uint32_t kImageLayoutVersion = 1;
+inline constexpr uint32_t kImageLayoutVersion = 2;  // 2: quantised types in planes
 
 /// Where each distinct weight of a model goes in an image (token_embd and
 /// output may be one tensor, laid out once).
@@ -35,9 +35,10 @@ struct ImageLayout {
   std::vector<Entry> entries;                        // in upload order
   std::unordered_map<const void*, size_t> by_data;   // host data -> entry
   uint64_t total = 0;          // image bytes
-  uint64_t max_q8_host = 0;    // largest Q8_0 weight in GGUF bytes (staging for the repack)
-  uint64_t max_q8_elems = 0;   // largest Q8_0 matrix (prefill dequantisation scratch)
-  uint64_t q8_bytes = 0;       // image bytes of all Q8_0 weights
+  // "q8" below: every repacked type (Q8_0 and the planes of quant.cuh).
+  uint64_t max_q8_host = 0;    // largest repacked weight in GGUF bytes (staging for the repack)
+  uint64_t max_q8_elems = 0;   // largest repacked matrix (prefill dequantisation scratch)
+  uint64_t q8_bytes = 0;       // image bytes of all repacked weights
   uint64_t hash = 0;           // FNV-1a over the version and every entry's offset, type and shape
   uintptr_t host_lo = 0, host_hi = 0;  // host range that holds the weights
 

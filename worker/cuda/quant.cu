@@ -1,0 +1,868 @@
+// Block-quantised weights: GGUF blocks repacked into planes (quant.cuh), and
+// the kernels that read the planes: exact dequantisation (prefill, embedding,
+// tests) and the decode GEMV.
+#include "worker/cuda/quant.cuh"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include "worker/cuda/kernels.cuh"
+
+namespace ds4::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+
+// --- per-type constants ------------------------------------------------------
+
+/// L, H: low and high bits of a quant; SUB, SUP: bytes of the sub and sup
+/// records; BE, BB: GGUF block elements and bytes; OFF: w = a * (q - OFF) + b;
+/// MIN: b != 0 (+1: b is the block's m, -1: b is -(dmin * m)); TABLE: the
+/// IQ4 non-linear values. Two 16-weight sub-blocks a group or one of 32 is
+/// group_scales' business (a[0], a[1]).
+template <GgmlType TY>
+struct QT;
+#define DS4_QT(TY, L_, H_, SUB_, SUP_, BE_, BB_, OFF_, MIN_, TABLE_)                              \
+  template <>                                                                                        \
+  struct QT<GgmlType::TY> {                                                                          \
+    static constexpr int L = L_, H = H_, SUB = SUB_, SUP = SUP_, BE = BE_, BB = BB_, OFF = OFF_;     \
+    static constexpr int MIN = MIN_;                                                                 \
+    static constexpr bool TABLE = TABLE_;                                                            \
+  };
+DS4_QT(Q4_0, 4, 0, 0, 2, 32, 18, 8, 0, false)
+DS4_QT(Q4_1, 4, 0, 0, 4, 32, 20, 0, 1, false)
+DS4_QT(Q5_0, 4, 1, 0, 2, 32, 22, 16, 0, false)
+DS4_QT(Q5_1, 4, 1, 0, 4, 32, 24, 0, 1, false)
+DS4_QT(Q2_K, 2, 0, 2, 4, 256, 84, 0, -1, false)
+DS4_QT(Q3_K, 2, 1, 2, 2, 256, 110, 4, 0, false)
+DS4_QT(Q4_K, 4, 0, 2, 4, 256, 144, 0, -1, false)
+DS4_QT(Q5_K, 4, 1, 2, 4, 256, 176, 0, -1, false)
+DS4_QT(Q6_K, 4, 2, 2, 2, 256, 210, 32, 0, false)
+DS4_QT(IQ4_NL, 4, 0, 0, 2, 32, 18, 128, 0, true)
+DS4_QT(IQ4_XS, 4, 0, 1, 2, 256, 136, 128, 0, true)
+#undef DS4_QT
+
+/// Calls f(QT<TY>-tagged integral constant) for the runtime type.
+template <typename F>
+auto dispatch(GgmlType t, F&& f) {
+  switch (t) {
+#define DS4_CASE(TY) \
+  case GgmlType::TY: return f(std::integral_constant<GgmlType, GgmlType::TY>{});
+    DS4_CASE(Q4_0)
+    DS4_CASE(Q4_1)
+    DS4_CASE(Q5_0)
+    DS4_CASE(Q5_1)
+    DS4_CASE(Q2_K)
+    DS4_CASE(Q3_K)
+    DS4_CASE(Q4_K)
+    DS4_CASE(Q5_K)
+    DS4_CASE(Q6_K)
+    DS4_CASE(IQ4_NL)
+    DS4_CASE(IQ4_XS)
+#undef DS4_CASE
+    default: throw Error("CUDA backend: weight type " + std::to_string(int(t)) + " is not block-quantised");
+  }
+}
+
+/// IQ4's values + 128, four to a word (bytes, little-endian).
+__device__ __forceinline__ uint32_t iq4_word(int i) {
+  constexpr uint32_t w[4] = {0x3f2d1801u, 0x766a5d4fu, 0xa6998d81u, 0xf1d9c5b5u};
+  return w[i];
+}
+
+// --- GGUF blocks to planes -----------------------------------------------------
+
+__device__ __forceinline__ uint32_t rd32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+/// Quant i of a GGUF block, high bits included (llama.cpp's block layouts).
+template <GgmlType TY>
+__device__ uint32_t native_q(const uint8_t* blk, int i) {
+  if constexpr (TY == GgmlType::Q4_0 || TY == GgmlType::Q4_1 || TY == GgmlType::IQ4_NL) {
+    const uint8_t b = blk[(TY == GgmlType::Q4_1 ? 4 : 2) + i % 16];
+    return i < 16 ? b & 15 : b >> 4;
+  } else if constexpr (TY == GgmlType::Q5_0 || TY == GgmlType::Q5_1) {
+    const int qh = TY == GgmlType::Q5_0 ? 2 : 4;
+    const uint8_t b = blk[qh + 4 + i % 16];
+    return (i < 16 ? b & 15 : b >> 4) | ((rd32(blk + qh) >> i) & 1) << 4;
+  } else if constexpr (TY == GgmlType::Q2_K) {  // scales[16] qs[64] d dmin
+    const int n = i / 128, r = i % 128;
+    return (blk[16 + 32 * n + r % 32] >> (2 * (r / 32))) & 3;
+  } else if constexpr (TY == GgmlType::Q3_K) {  // hmask[32] qs[64] scales[12] d
+    const int n = i / 128, r = i % 128, j = r / 32;
+    const uint32_t q = (blk[32 + 32 * n + r % 32] >> (2 * j)) & 3;
+    return q | ((blk[r % 32] >> (4 * n + j)) & 1) << 2;
+  } else if constexpr (TY == GgmlType::Q4_K || TY == GgmlType::Q5_K) {  // d dmin scales[12] (qh[32]) qs[128]
+    const int sub = i / 32, l = i % 32;
+    const int qs = TY == GgmlType::Q4_K ? 16 : 48;
+    const uint8_t b = blk[qs + 32 * (sub / 2) + l];
+    uint32_t q = sub & 1 ? b >> 4 : b & 15;
+    if (TY == GgmlType::Q5_K) q |= ((blk[16 + l] >> sub) & 1) << 4;
+    return q;
+  } else if constexpr (TY == GgmlType::Q6_K) {  // ql[128] qh[64] scales[16] d
+    const int n = i / 128, r = i % 128, k = r / 32, l = r % 32;
+    const uint8_t b = blk[64 * n + l + 32 * (k & 1)];
+    return (k >= 2 ? b >> 4 : b & 15) | ((blk[128 + 32 * n + l] >> (2 * k)) & 3) << 4;
+  } else {  // IQ4_XS: d scales_h scales_l[4] qs[128]
+    const int ib = i / 32, j = i % 32;
+    const uint8_t b = blk[8 + 16 * ib + j % 16];
+    return j < 16 ? b & 15 : b >> 4;
+  }
+}
+
+/// Q3_K's sixteen 6-bit scales (0..63; the weight takes scale - 32).
+__device__ int q3k_scale(const uint8_t* sc, int is) {
+  const int lo = is < 8 ? sc[is] & 15 : sc[is - 8] >> 4;
+  const int hi = (sc[8 + is % 4] >> (2 * (is / 4))) & 3;
+  return lo | hi << 4;
+}
+
+/// Q4_K/Q5_K's scale and min of sub-block j (llama.cpp's get_scale_min_k4).
+__device__ void k4_scale_min(const uint8_t* q, int j, uint8_t& d, uint8_t& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+/// One thread a group of 32: its quants into lo/hi, its sub record, and (the
+/// block's first group) the block's halves into sup.
+template <GgmlType TY>
+__global__ void repack_kernel(const uint8_t* blocks, int64_t groups, uint8_t* lo, uint8_t* hi, uint8_t* sub,
+                              uint8_t* sup) {
+  using Q = QT<TY>;
+  constexpr int GPB = Q::BE / 32;
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t bi = g / GPB;
+    const int gi = int(g % GPB);
+    const uint8_t* blk = blocks + bi * Q::BB;
+    uint32_t q[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) q[e] = native_q<TY>(blk, gi * 32 + e);
+    if constexpr (Q::L == 4) {
+      uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < 16; ++j) w[j / 4] |= ((q[j] & 15) | (q[16 + j] & 15) << 4) << (8 * (j % 4));
+      reinterpret_cast<uint4*>(lo)[g] = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      uint32_t w[2] = {0, 0};
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) w[h] |= (q[16 * h + 4 * k + b] & 3) << (8 * b + 2 * k);
+      reinterpret_cast<uint2*>(lo)[g] = make_uint2(w[0], w[1]);
+    }
+    if constexpr (Q::H == 1) {
+      uint32_t w = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          w |= ((q[4 * k + b] >> Q::L) & 1) << (8 * b + k) | ((q[16 + 4 * k + b] >> Q::L) & 1) << (8 * b + 4 + k);
+      reinterpret_cast<uint32_t*>(hi)[g] = w;
+    } else if constexpr (Q::H == 2) {
+      uint32_t w[2] = {0, 0};
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) w[h] |= ((q[16 * h + 4 * k + b] >> 4) & 3) << (8 * b + 2 * k);
+      reinterpret_cast<uint2*>(hi)[g] = make_uint2(w[0], w[1]);
+    }
+    // The sub record.
+    if constexpr (TY == GgmlType::Q2_K) {
+      sub[2 * g] = blk[2 * gi];
+      sub[2 * g + 1] = blk[2 * gi + 1];
+    } else if constexpr (TY == GgmlType::Q3_K) {
+      sub[2 * g] = uint8_t(q3k_scale(blk + 96, 2 * gi));
+      sub[2 * g + 1] = uint8_t(q3k_scale(blk + 96, 2 * gi + 1));
+    } else if constexpr (TY == GgmlType::Q4_K || TY == GgmlType::Q5_K) {
+      k4_scale_min(blk + 4, gi, sub[2 * g], sub[2 * g + 1]);
+    } else if constexpr (TY == GgmlType::Q6_K) {
+      sub[2 * g] = blk[192 + 2 * gi];
+      sub[2 * g + 1] = blk[192 + 2 * gi + 1];
+    } else if constexpr (TY == GgmlType::IQ4_XS) {
+      const int ls = ((blk[4 + gi / 2] >> (4 * (gi % 2))) & 0xf) | (((blk[2] | blk[3] << 8) >> (2 * gi)) & 3) << 4;
+      sub[g] = uint8_t(ls);
+    }
+    if (gi == 0) {  // the halves: d, then dmin or m
+      const int at = TY == GgmlType::Q2_K ? 80 : TY == GgmlType::Q3_K ? 108 : TY == GgmlType::Q6_K ? 208 : 0;
+#pragma unroll
+      for (int i = 0; i < Q::SUP; ++i) sup[bi * Q::SUP + i] = blk[at + i];
+    }
+  }
+}
+
+// --- reading the planes ---------------------------------------------------------
+
+/// One group's quants as the planes hold them.
+struct Raw {
+  uint32_t lo[4];
+  uint32_t hi[2];
+};
+
+/// A streaming load (read once per step, kept out of L1).
+__device__ __forceinline__ uint4 ld_stream4(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_stream2(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_stream1(const void* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+template <GgmlType TY>
+__device__ __forceinline__ void load_raw(const DeviceWeight& w, int64_t g, Raw& r) {
+  using Q = QT<TY>;
+  if constexpr (Q::L == 4) {
+    const uint4 v = ld_stream4(static_cast<const uint8_t*>(w.data) + 16 * g);
+    r.lo[0] = v.x; r.lo[1] = v.y; r.lo[2] = v.z; r.lo[3] = v.w;
+  } else {
+    const uint2 v = ld_stream2(static_cast<const uint8_t*>(w.data) + 8 * g);
+    r.lo[0] = v.x; r.lo[1] = v.y; r.lo[2] = 0; r.lo[3] = 0;
+  }
+  if constexpr (Q::H == 1) {
+    r.hi[0] = ld_stream1(w.hi + 4 * g);
+    r.hi[1] = 0;
+  } else if constexpr (Q::H == 2) {
+    const uint2 v = ld_stream2(w.hi + 8 * g);
+    r.hi[0] = v.x; r.hi[1] = v.y;
+  } else {
+    r.hi[0] = r.hi[1] = 0;
+  }
+}
+
+/// The quants of quad kk (weights 4kk..4kk+3) of a group, one a byte.
+template <GgmlType TY>
+__device__ __forceinline__ uint32_t quad(const Raw& r, int kk) {
+  using Q = QT<TY>;
+  const int h = kk / 4, k = kk % 4;
+  uint32_t q;
+  if constexpr (Q::L == 4) q = (r.lo[k] >> (4 * h)) & 0x0f0f0f0fu;
+  else q = (r.lo[h] >> (2 * k)) & 0x03030303u;
+  if constexpr (Q::H == 1) q |= ((r.hi[0] >> (4 * h + k)) & 0x01010101u) << Q::L;
+  if constexpr (Q::H == 2) q |= ((r.hi[h] >> (2 * k)) & 0x03030303u) << 4;
+  if constexpr (Q::TABLE) {  // nibble -> IQ4 value + 128, by byte permutes
+    const uint32_t s = q & 0x07070707u;
+    const uint32_t s2 = s | (s >> 4);
+    const uint32_t sel = (s2 & 0xffu) | ((s2 >> 8) & 0xff00u);
+    const uint32_t a = __byte_perm(iq4_word(0), iq4_word(1), sel), b = __byte_perm(iq4_word(2), iq4_word(3), sel);
+    const uint32_t m = ((q >> 3) & 0x01010101u) * 0xffu;
+    q = (a & ~m) | (b & m);
+  }
+  return q;
+}
+
+/// Byte b of q minus OFF as a float, exactly: the byte under 2^23's exponent
+/// (one PRMT) and 2^23 + OFF off again (one FADD).
+template <int OFF>
+__device__ __forceinline__ float qf(uint32_t q, int b) {
+  return __uint_as_float(__byte_perm(q, 0x4b000000u, 0x7440u + unsigned(b))) - (8388608.0f + float(OFF));
+}
+
+/// a and b of the group's two halves (the same for a 32-weight sub-block).
+template <GgmlType TY>
+__device__ __forceinline__ void group_scales(const DeviceWeight& w, int64_t g, float (&a)[2], float (&b)[2]) {
+  using Q = QT<TY>;
+  constexpr int GPB = Q::BE / 32;
+  const uint8_t* sp = w.sup + (g / GPB) * Q::SUP;
+  const float d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(sp))));
+  const float d2 = Q::SUP == 4 ? __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(sp) + 1)))
+                               : 0.0f;
+  uint32_t s0 = 0, s1 = 0;
+  if constexpr (Q::SUB == 2) {
+    const unsigned short v = __ldg(reinterpret_cast<const unsigned short*>(w.sub) + g);
+    s0 = v & 0xff;
+    s1 = v >> 8;
+  } else if constexpr (Q::SUB == 1) {
+    s0 = __ldg(w.sub + g);
+  }
+  b[0] = b[1] = 0.0f;
+  if constexpr (TY == GgmlType::Q2_K) {
+    a[0] = __fmul_rn(d, float(s0 & 15));
+    a[1] = __fmul_rn(d, float(s1 & 15));
+    b[0] = -__fmul_rn(d2, float(s0 >> 4));
+    b[1] = -__fmul_rn(d2, float(s1 >> 4));
+  } else if constexpr (TY == GgmlType::Q3_K) {
+    a[0] = __fmul_rn(d, float(int(s0) - 32));
+    a[1] = __fmul_rn(d, float(int(s1) - 32));
+  } else if constexpr (TY == GgmlType::Q4_K || TY == GgmlType::Q5_K) {
+    a[0] = a[1] = __fmul_rn(d, float(s0));
+    b[0] = b[1] = -__fmul_rn(d2, float(s1));
+  } else if constexpr (TY == GgmlType::Q6_K) {
+    a[0] = __fmul_rn(d, float(int8_t(s0)));
+    a[1] = __fmul_rn(d, float(int8_t(s1)));
+  } else if constexpr (TY == GgmlType::IQ4_XS) {
+    a[0] = a[1] = __fmul_rn(d, float(int(s0) - 32));
+  } else {  // 32-blocks: d, and m
+    a[0] = a[1] = d;
+    if (Q::MIN) b[0] = b[1] = d2;
+  }
+}
+
+/// The 32 weights of group g, exact.
+template <GgmlType TY>
+__device__ __forceinline__ void decode_group(const DeviceWeight& w, int64_t g, float (&out)[32]) {
+  using Q = QT<TY>;
+  Raw r;
+  load_raw<TY>(w, g, r);
+  float a[2], b[2];
+  group_scales<TY>(w, g, a, b);
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    const uint32_t q = quad<TY>(r, kk);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float p = __fmul_rn(a[kk / 4], qf<Q::OFF>(q, e));
+      out[4 * kk + e] = Q::MIN ? __fadd_rn(p, b[kk / 4]) : p;
+    }
+  }
+}
+
+template <GgmlType TY, typename Out>
+__global__ void dequant_kernel(DeviceWeight w, int64_t groups, Out* out) {
+  pdl_wait();
+  pdl_trigger();
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    float v[32];
+    decode_group<TY>(w, g, v);
+    if constexpr (sizeof(Out) == 4) {
+      float4* o = reinterpret_cast<float4*>(out + g * 32);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    } else {
+      __align__(16) __half h[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) h[i] = __float2half_rn(v[i]);
+      uint4* o = reinterpret_cast<uint4*>(out + g * 32);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[i] = reinterpret_cast<const uint4*>(h)[i];
+    }
+  }
+}
+
+template <GgmlType TY>
+__global__ void embed_quant_kernel(DeviceWeight w, const BatchToken* batch, float* x, int64_t ldx) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x;
+  const int64_t gpr = w.cols / 32, row = batch[t].token;
+  for (int64_t i = threadIdx.x; i < gpr; i += blockDim.x) {
+    float v[32];
+    decode_group<TY>(w, row * gpr + i, v);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) x[t * ldx + i * 32 + e] = v[e];
+  }
+}
+
+// --- decode GEMV -----------------------------------------------------------------
+
+/// Rows a block takes for NT tokens.
+template <int NT>
+__host__ __device__ constexpr int quant_rows() { return NT <= 2 ? 4 : 2; }
+
+/// A block of 128 threads takes R rows; thread i takes groups i, i + 128, ...
+/// of each, U groups of every row loaded before any is used. Per group and
+/// token: the integer quants times x in f32, per half (16 weights), then
+/// a * sum (+ b * sum of x) into the row's sum.
+template <GgmlType TY, int NT>
+__global__ void __launch_bounds__(kThreads) gemv_quant_kernel(DeviceWeight w, const float* __restrict__ x, int64_t ldx,
+                                                              float* y, int64_t ldy, int accumulate) {
+  using Q = QT<TY>;
+  constexpr int R = quant_rows<NT>(), U = 2;
+  const int64_t gpr = w.cols / 32;
+  const int64_t row0 = int64_t(blockIdx.x) * R;
+  int64_t rowg[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rowg[r] = min(row0 + r, w.rows - 1) * gpr;  // past the end: computed, not stored
+  // Weights do not depend on the previous kernel: ask L2 for this block's
+  // low bits while that kernel finishes.
+  constexpr int LB = Q::L * 4;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    for (int64_t off = int64_t(threadIdx.x) * 128; off < gpr * LB; off += int64_t(kThreads) * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const uint8_t*>(w.data) + rowg[r] * LB + off));
+  pdl_wait();
+  pdl_trigger();
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+
+  for (int64_t i0 = threadIdx.x; i0 < gpr; i0 += int64_t(kThreads) * U) {
+    Raw raw[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = i0 + int64_t(u) * kThreads;
+      if (i < gpr) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_raw<TY>(w, rowg[r] + i, raw[u][r]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = i0 + int64_t(u) * kThreads;
+      if (i >= gpr) break;
+      float s[R][NT][2], sx[NT][2];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        sx[t][0] = sx[t][1] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r][t][0] = s[r][t][1] = 0.0f;
+      }
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        float4 xv[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          xv[t] = __ldg(reinterpret_cast<const float4*>(x + t * ldx + i * 32) + kk);
+          if (Q::MIN) sx[t][kk / 4] += (xv[t].x + xv[t].y) + (xv[t].z + xv[t].w);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const uint32_t q = quad<TY>(raw[u][r], kk);
+          const float f0 = qf<Q::OFF>(q, 0), f1 = qf<Q::OFF>(q, 1), f2 = qf<Q::OFF>(q, 2), f3 = qf<Q::OFF>(q, 3);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            float v = s[r][t][kk / 4];
+            v = fmaf(f0, xv[t].x, v);
+            v = fmaf(f1, xv[t].y, v);
+            v = fmaf(f2, xv[t].z, v);
+            v = fmaf(f3, xv[t].w, v);
+            s[r][t][kk / 4] = v;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float a[2], b[2];
+        group_scales<TY>(w, rowg[r] + i, a, b);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          float v = acc[r][t];
+          v = fmaf(a[0], s[r][t][0], v);
+          v = fmaf(a[1], s[r][t][1], v);
+          if (Q::MIN) {
+            v = fmaf(b[0], sx[t][0], v);
+            v = fmaf(b[1], sx[t][1], v);
+          }
+          acc[r][t] = v;
+        }
+      }
+    }
+  }
+
+  __shared__ float red[kWarps][R * NT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      float v = acc[r][t];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) red[warp][r * NT + t] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x >= R * NT) return;
+  const int r = int(threadIdx.x) / NT, t = int(threadIdx.x) % NT;
+  const int64_t row = row0 + r;
+  if (row >= w.rows) return;
+  float v = 0.0f;
+#pragma unroll
+  for (int q = 0; q < kWarps; ++q) v += red[q][r * NT + t];
+  float* dst = y + t * ldy + row;
+  *dst = accumulate ? *dst + v : v;
+}
+
+// --- decode GEMV on int8 dot products (1-2 tokens) ------------------------------
+
+/// Activations quantised for dp4a, in shared memory: per token, K int8
+/// quants, then per group of 32 its scale dx (x ~ dx * q), the sums of its
+/// two halves' quants and the exact sums of their x.
+struct XQ {
+  int8_t* q;
+  float* dx;
+  int* sq;
+  float* sx;
+};
+
+__host__ __device__ constexpr int64_t xq_bytes(int NT, int64_t K) { return int64_t(NT) * (K + K / 32 * 20); }
+
+__device__ __forceinline__ XQ xq_at(void* smem, int NT, int64_t K) {
+  XQ a;
+  const int64_t G = K / 32;
+  a.q = static_cast<int8_t*>(smem);
+  a.dx = reinterpret_cast<float*>(a.q + NT * K);
+  a.sq = reinterpret_cast<int*>(a.dx + NT * G);
+  a.sx = reinterpret_cast<float*>(a.sq + 2 * NT * G);
+  return a;
+}
+
+__device__ __forceinline__ uint32_t dp4a_us(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+/// A persistent grid of blocks of 128 threads: each block quantises the NT
+/// rows of x into shared memory (int8 per 32, as llama.cpp's q8_1), then
+/// takes row groups g, g + gridDim.x, ... of R rows; its threads split each
+/// row's groups of 32. A group's quants (unsigned bytes) times x's (signed)
+/// four at a time (dp4a), minus OFF times the sum of x's quants, scaled by
+/// a * dx, plus b times the exact sum of x.
+template <GgmlType TY, int NT, int R>
+__global__ void __launch_bounds__(kThreads) gemv_dp4a_kernel(DeviceWeight w, const float* __restrict__ x, int64_t ldx,
+                                                             float* y, int64_t ldy, int accumulate) {
+  using Q = QT<TY>;
+  extern __shared__ int4 smem[];
+  const int64_t K = w.cols, G = K / 32;
+  const XQ xq = xq_at(smem, NT, K);
+  const int n_groups = int((w.rows + R - 1) / R);
+  // The first group's weights do not depend on x: their loads go out before
+  // the previous kernel ends and while x is quantised.
+  Raw first[R];
+  const bool have_first = int(blockIdx.x) < n_groups && int64_t(threadIdx.x) < G;
+  if (have_first) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) load_raw<TY>(w, min(int64_t(blockIdx.x) * R + r, w.rows - 1) * G + threadIdx.x, first[r]);
+  }
+  pdl_wait();
+  pdl_trigger();
+  for (int64_t i = threadIdx.x; i < NT * G; i += kThreads) {
+    const int64_t t = i / G, g = i % G;
+    const float4* p = reinterpret_cast<const float4*>(x + t * ldx + g * 32);
+    float v[32];
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      const float4 f = __ldg(p + q);
+      v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
+    }
+    float amax = 0.0f, s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 32; ++e) {
+      amax = fmaxf(amax, fabsf(v[e]));
+      if (e < 16) s0 += v[e];
+      else s1 += v[e];
+    }
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int words[8];
+    int q0 = 0, q1 = 0;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int qi = __float2int_rn(v[4 * q + b] * id);
+        if (q < 4) q0 += qi;
+        else q1 += qi;
+        word |= uint32_t(qi & 0xff) << (8 * b);
+      }
+      words[q] = int(word);
+    }
+    int4* dst = reinterpret_cast<int4*>(xq.q + t * K + g * 32);
+    dst[0] = make_int4(words[0], words[1], words[2], words[3]);
+    dst[1] = make_int4(words[4], words[5], words[6], words[7]);
+    xq.dx[i] = d;
+    xq.sq[2 * i] = q0;
+    xq.sq[2 * i + 1] = q1;
+    xq.sx[2 * i] = s0;
+    xq.sx[2 * i + 1] = s1;
+  }
+  __syncthreads();
+
+  __shared__ float red[kWarps][R * NT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int rg = blockIdx.x; rg < n_groups; rg += gridDim.x) {
+    const int64_t row0 = int64_t(rg) * R;
+    int64_t rowg[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rowg[r] = min(row0 + r, w.rows - 1) * G;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int64_t i = threadIdx.x; i < G; i += kThreads) {
+      Raw raw[R];
+      if (rg == int(blockIdx.x) && i == int64_t(threadIdx.x)) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) raw[r] = first[r];
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) load_raw<TY>(w, rowg[r] + i, raw[r]);
+      }
+      int4 xw[NT][2];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int4* p = reinterpret_cast<const int4*>(xq.q + t * K + i * 32);
+        xw[t][0] = p[0];
+        xw[t][1] = p[1];
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        uint32_t dot[NT][2];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) dot[t][0] = dot[t][1] = 0;
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+          const uint32_t q = quad<TY>(raw[r], kk);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const int4& v = xw[t][kk / 4];
+            const int xv = (kk % 4) == 0 ? v.x : (kk % 4) == 1 ? v.y : (kk % 4) == 2 ? v.z : v.w;
+            dot[t][kk / 4] = dp4a_us(q, uint32_t(xv), dot[t][kk / 4]);
+          }
+        }
+        float a[2], b[2];
+        group_scales<TY>(w, rowg[r] + i, a, b);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int64_t xi = t * G + i;
+          const float d = xq.dx[xi];
+          const int i0 = int(dot[t][0]) - Q::OFF * xq.sq[2 * xi], i1 = int(dot[t][1]) - Q::OFF * xq.sq[2 * xi + 1];
+          float v = acc[r][t];
+          v = fmaf(a[0] * d, float(i0), v);
+          v = fmaf(a[1] * d, float(i1), v);
+          if (Q::MIN) {
+            v = fmaf(b[0], xq.sx[2 * xi], v);
+            v = fmaf(b[1], xq.sx[2 * xi + 1], v);
+          }
+          acc[r][t] = v;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float v = acc[r][t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (lane == 0) red[warp][r * NT + t] = v;
+      }
+    __syncthreads();
+    if (threadIdx.x < R * NT) {
+      const int r = int(threadIdx.x) / NT, t = int(threadIdx.x) % NT;
+      const int64_t row = row0 + r;
+      if (row < w.rows) {
+        float v = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kWarps; ++q) v += red[q][r * NT + t];
+        float* dst = y + t * ldy + row;
+        *dst = accumulate ? *dst + v : v;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+/// Shared memory the dp4a kernel may take for x's quants.
+constexpr int64_t kDp4aSmem = 200 * 1024;
+
+/// DS4_CUDA_QGEMV=float takes the f32 GEMV for every batch (comparison);
+/// otherwise decode batches take the dp4a kernel where x's quants fit in
+/// kDp4aSmem of shared memory.
+bool dp4a_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("DS4_CUDA_QGEMV");
+    return !(env && std::string(env) == "float");
+  }();
+  return on;
+}
+
+int multiprocessor_count() {
+  static const int n = [] {
+    int dev = 0, n_sm = 0;
+    DS4_CUDA_CHECK(cudaGetDevice(&dev));
+    DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    return n_sm;
+  }();
+  return n;
+}
+
+template <GgmlType TY, int NT, int R>
+void launch_dp4a(const DeviceWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, bool accumulate,
+                 cudaStream_t s) {
+  static const bool opted = [] {  // x's quants of up to 8 tokens need more than the default 48 KiB
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(gemv_dp4a_kernel<TY, NT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kDp4aSmem)));
+    return true;
+  }();
+  (void)opted;
+  const int64_t smem = xq_bytes(NT, w.cols);
+  const int groups = int(ceil_div(w.rows, R));
+  const int per_sm = int(std::clamp<int64_t>(200 * 1024 / std::max<int64_t>(smem, 1), 1, 16));
+  const int grid = std::min(groups, multiprocessor_count() * per_sm);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_dp4a_kernel<TY, NT, R>, w, x, ldx, y, ldy, int(accumulate)));
+}
+
+unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, 256), 1, 8192)); }
+
+uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+bool is_block_quant(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_NL:
+    case GgmlType::IQ4_XS: return true;
+    default: return false;
+  }
+}
+
+QuantPlanes quant_planes(GgmlType t) {
+  return dispatch(t, [](auto tag) {
+    using Q = QT<decltype(tag)::value>;
+    return QuantPlanes{Q::L * 4, Q::H * 4, Q::SUB, Q::SUP, Q::BE, Q::BB};
+  });
+}
+
+uint64_t quant_device_bytes(GgmlType t, int64_t rows, int64_t cols) {
+  const QuantPlanes p = quant_planes(t);
+  if (cols <= 0 || cols % p.block_elems != 0) {
+    const auto tt = type_traits(uint32_t(t));
+    throw Error(std::string("a ") + std::string(tt ? tt->name : "quantised") + " weight with " +
+                std::to_string(cols) + " columns (its rows must be whole blocks of " +
+                std::to_string(p.block_elems) + ")");
+  }
+  const uint64_t groups = uint64_t(rows) * uint64_t(cols) / 32;
+  const uint64_t blocks = uint64_t(rows) * uint64_t(cols) / uint64_t(p.block_elems);
+  return align16(groups * p.lo) + align16(groups * p.hi) + align16(groups * p.sub) + align16(blocks * p.sup);
+}
+
+DeviceWeight quant_view(GgmlType t, const void* base, int64_t rows, int64_t cols) {
+  const QuantPlanes p = quant_planes(t);
+  const uint64_t groups = uint64_t(rows) * uint64_t(cols) / 32;
+  DeviceWeight d;
+  d.type = t;
+  d.rows = rows;
+  d.cols = cols;
+  const uint8_t* at = static_cast<const uint8_t*>(base);
+  d.data = at;
+  at += align16(groups * p.lo);
+  d.hi = at;
+  at += align16(groups * p.hi);
+  d.sub = at;
+  at += align16(groups * p.sub);
+  d.sup = at;
+  return d;
+}
+
+DeviceWeight repack_quant(GgmlType t, const void* blocks, int64_t rows, int64_t cols, void* dst, cudaStream_t s) {
+  quant_device_bytes(t, rows, cols);  // checks the shape
+  const DeviceWeight d = quant_view(t, dst, rows, cols);
+  const int64_t groups = rows * cols / 32;
+  dispatch(t, [&](auto tag) {
+    repack_kernel<decltype(tag)::value><<<grid_for(groups), 256, 0, s>>>(
+        static_cast<const uint8_t*>(blocks), groups, static_cast<uint8_t*>(const_cast<void*>(d.data)),
+        const_cast<uint8_t*>(d.hi), const_cast<uint8_t*>(d.sub), const_cast<uint8_t*>(d.sup));
+    return 0;
+  });
+  DS4_CUDA_LAUNCHED();
+  return d;
+}
+
+void dequant_quant_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
+  const int64_t groups = w.rows * w.cols / 32;
+  dispatch(w.type, [&](auto tag) {
+    launch(dequant_kernel<decltype(tag)::value, __half>, dim3(grid_for(groups)), dim3(256), s, w, groups, out);
+    return 0;
+  });
+}
+
+void dequant_quant_f32(const DeviceWeight& w, float* out, cudaStream_t s) {
+  const int64_t groups = w.rows * w.cols / 32;
+  dispatch(w.type, [&](auto tag) {
+    launch(dequant_kernel<decltype(tag)::value, float>, dim3(grid_for(groups)), dim3(256), s, w, groups, out);
+    return 0;
+  });
+}
+
+void embed_quant(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s) {
+  dispatch(table.type, [&](auto tag) {
+    launch(embed_quant_kernel<decltype(tag)::value>, dim3(unsigned(T)), dim3(128), s, table, batch, x, ldx);
+    return 0;
+  });
+}
+
+void gemv_quant(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+                cudaStream_t s) {
+  if ((ldx % 4) != 0 || (reinterpret_cast<uintptr_t>(x) & 15) != 0)
+    throw Error("GEMV: a quantised product needs 16-byte aligned activation rows");
+  dispatch(w.type, [&](auto tag) {
+    constexpr GgmlType TY = decltype(tag)::value;
+    if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem) {
+      switch (T) {
+        case 1: launch_dp4a<TY, 1, 8>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 2: launch_dp4a<TY, 2, 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 3: launch_dp4a<TY, 3, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 4: launch_dp4a<TY, 4, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 5: launch_dp4a<TY, 5, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 6: launch_dp4a<TY, 6, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 7: launch_dp4a<TY, 7, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 8: launch_dp4a<TY, 8, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        default: break;
+      }
+    }
+    switch (T) {
+#define DS4_QCASE(N)                                                                                     \
+  case N:                                                                                                \
+    launch(gemv_quant_kernel<TY, N>, dim3(unsigned(ceil_div(w.rows, quant_rows<N>()))), dim3(kThreads), s, w, x, \
+           ldx, y, ldy, int(accumulate));                                                                \
+    break;
+      DS4_QCASE(1)
+      DS4_QCASE(2)
+      DS4_QCASE(3)
+      DS4_QCASE(4)
+      DS4_QCASE(5)
+      DS4_QCASE(6)
+      DS4_QCASE(7)
+      DS4_QCASE(8)
+#undef DS4_QCASE
+      default: throw Error("GEMV: batch of " + std::to_string(T) + " tokens");
+    }
+    return 0;
+  });
+}
+
+}  // namespace ds4::cuda

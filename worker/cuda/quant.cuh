@@ -1,0 +1,69 @@
+#pragma once
+/// Block-quantised weights on the device: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
+/// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (Q8_0 has its own split layout, common.cuh).
+///
+/// The device layout ("planes"). A row is cut into groups of 32 weights; for
+/// group g of the matrix (row-major, g = row * cols/32 + i):
+///   lo  (data)  the low bits of the 32 quants: 16 bytes (4 bits each) or 8
+///               bytes (2 bits each), so the GEMV reads them in 16/8-byte loads;
+///   hi          the high bits: 4 bytes (1 bit each: Q5_*, Q3_K) or 8 bytes
+///               (2 bits: Q6_K), or none;
+///   sub         the group's sub-block scale bytes as the format stores them
+///               (2 bytes: two 16-weight sub-blocks, or scale + min of one
+///               32-weight sub-block; 1 byte for IQ4_XS; none for 32-blocks);
+///   sup         the block's halves (d, and dmin or m where the type has one),
+///               one record per GGUF block (8 groups for K-types, 1 otherwise).
+/// Quant order within a group: quad k (0..7) holds weights 4k..4k+3; with
+/// 4 low bits, byte j of lo has weight j in its low nibble and 16+j in its high
+/// one; with 2 bits, word h (0, 1) of lo has weight 16h+4k+b at bits 8b+2k;
+/// one high bit of weight 4k+b (16+4k+b) at bit 8b+k (8b+4+k); two high bits
+/// as the 2-bit low ones. Each plane starts 16-byte aligned.
+///
+/// A weight is w = a * (q - OFF) + b (IQ4: a * table[q]), where a and b are
+/// computed in f32 exactly as llama.cpp's dequantize_row_* does (one rounding
+/// per product, no fused multiply-add), so dequantisation is bit-exact.
+/// Included only by worker/cuda/*.cu.
+
+#include "worker/backend.h"
+#include "worker/cuda/common.cuh"
+
+namespace ds4::cuda {
+
+/// Bytes a group takes in each plane, and the GGUF block geometry.
+struct QuantPlanes {
+  int lo = 0, hi = 0, sub = 0;  // bytes per group of 32
+  int sup = 0;                  // bytes per GGUF block
+  int block_elems = 0, block_bytes = 0;
+};
+
+/// True for the types laid out in planes (see above).
+bool is_block_quant(GgmlType t);
+/// The planes of a block-quantised type (throws for another type).
+QuantPlanes quant_planes(GgmlType t);
+/// Device bytes of a rows x cols block-quantised matrix (the four planes,
+/// each rounded up to 16 bytes). Throws ds4::Error naming the type when cols
+/// is not a multiple of its block.
+uint64_t quant_device_bytes(GgmlType t, int64_t rows, int64_t cols);
+/// The view of such a matrix laid out at `base` (device memory).
+DeviceWeight quant_view(GgmlType t, const void* base, int64_t rows, int64_t cols);
+/// GGUF blocks (device memory, rows x cols weights) into the planes at `dst`
+/// (quant_device_bytes of device memory); returns the view.
+DeviceWeight repack_quant(GgmlType t, const void* blocks, int64_t rows, int64_t cols, void* dst, cudaStream_t s);
+
+/// The whole matrix as f16 (rows x cols, row-major): the exact f32 weight,
+/// rounded to nearest. For the prefill GEMM.
+void dequant_quant_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
+/// The whole matrix as f32, bit-exact with llama.cpp's dequantize_row_*.
+void dequant_quant_f32(const DeviceWeight& w, float* out, cudaStream_t s);
+
+/// Decode GEMV: y[t*ldy + n] (+)= W[n] . x[t*ldx ...] for T <= kMaxGemvTokens
+/// tokens; x rows 16-byte aligned (ldx a multiple of 4). Each weight's
+/// quants are multiplied with x as small integers turned into floats, and the
+/// sub-block's a and b applied once per 16 or 32 products.
+void gemv_quant(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+                cudaStream_t s);
+
+/// x[t] = row batch[t].token of a block-quantised table, dequantised (f32, exact).
+void embed_quant(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s);
+
+}  // namespace ds4::cuda
