@@ -76,6 +76,7 @@ class Grammar {
 
   std::vector<Element> elements;
   std::vector<uint32_t> rule_start;   // per rule: index of its first element
+  std::vector<std::vector<uint32_t>> alts;  // per rule: index of each alternative's first element
   std::vector<std::string> rule_names;
   std::vector<Class> classes;
   uint32_t root = 0;
