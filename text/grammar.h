@@ -178,12 +178,19 @@ class GrammarBuilder {
 /// The GBNF text accepting exactly the JSON values `schema` allows, written in
 /// compact style (the whitespace rule allows at most a little whitespace, so
 /// that a small model cannot wander off in spaces); supported: type,
-/// properties (in order), required, additionalProperties (false, true, a
-/// schema), items, prefixItems, minItems/maxItems, enum, const,
-/// anyOf/oneOf, allOf of objects, $ref to #/$defs or #/definitions
-/// (recursion allowed, as grammar recursion), string minLength/maxLength,
-/// simple patterns, formats date, time, date-time and uuid, integer and
-/// number. `{}` or `true` is any JSON value. Throws ds4::Error naming the
+/// properties (in the order the object holds its keys: nlohmann::json sorts
+/// them), required, additionalProperties (false, true, a schema; absent:
+/// no other properties are generated, which is still valid), items,
+/// prefixItems, minItems/maxItems (up to 1000), enum, const, anyOf, oneOf
+/// (as anyOf: give disjoint alternatives), allOf of objects, $ref to
+/// #/$defs or #/definitions (recursion allowed, as grammar recursion),
+/// string minLength/maxLength (up to 1000), simple patterns (ECMAScript
+/// literals, classes, groups, | and repetitions), formats date, time,
+/// date-time and uuid (others are any string), integer with any
+/// minimum/maximum (exclusive too; 16 digits at most), number (only
+/// minimum 0 as a bound). Keywords that would constrain in other ways (not,
+/// if/then/else, patternProperties, uniqueItems, multipleOf, …) are refused
+/// rather than ignored. `{}` or `true` is any JSON value. Throws ds4::Error naming the
 /// schema path ("schema.properties.x.type: ...") for what is too deep, too
 /// large or not supported. Equal to a GrammarBuilder's add_schema(schema,
 /// "root") and text().
