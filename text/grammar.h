@@ -122,10 +122,21 @@ class Matcher {
 
  private:
   void advance_code_point(uint32_t cp);
-  void expand(Stack& s, std::vector<Stack>& out, size_t depth) const;
+  void expand(Stack& s, std::vector<Stack>& out, size_t& n, size_t depth) const;
+
+  // Buffers reused from one character to the next (the token walk feeds
+  // millions): not part of the state, so a copy does not copy them.
+  struct Scratch {
+    std::vector<Stack> out;
+    Stack tmp;
+    Scratch() = default;
+    Scratch(const Scratch&) {}
+    Scratch& operator=(const Scratch&) { return *this; }
+  };
 
   std::shared_ptr<const Grammar> g_;
   std::vector<Stack> stacks_;
+  Scratch scratch_;
   uint32_t partial_cp_ = 0;   // bits of the unfinished character so far
   uint8_t partial_n_ = 0;     // bytes of it seen
   uint8_t partial_len_ = 0;   // bytes it has in all (0: none pending)

@@ -21,25 +21,29 @@ void dedup(std::vector<Matcher::Stack>& v) {
 }  // namespace
 
 Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
+  size_t n = 0;
   for (uint32_t a : g_->alts[g_->root]) {
     Stack s;
     if (!ends_alt(g_->elements[a])) s.push_back(a);
-    expand(s, stacks_, 0);
+    expand(s, stacks_, n, 0);
   }
+  stacks_.resize(n);
   dedup(stacks_);
 }
 
-// Pushes `s` to `out` once its top is a character class (or it is empty),
-// replacing a rule reference on top by each of the rule's alternatives.
-// Leaves `s` as it was.
-void Matcher::expand(Stack& s, std::vector<Stack>& out, size_t depth) const {
+// Writes `s` to out[n++] (reusing that slot's buffer) once its top is a
+// character class (or it is empty), replacing a rule reference on top by
+// each of the rule's alternatives. Leaves `s` as it was.
+void Matcher::expand(Stack& s, std::vector<Stack>& out, size_t& n, size_t depth) const {
   const Limits& lim = g_->limits;
   if (s.size() > lim.max_depth || depth > lim.max_depth)
     throw Error("grammar: the parse nests deeper than " + std::to_string(lim.max_depth) + " rules");
   if (s.empty() || g_->elements[s.back()].type == Element::chars) {
-    if (out.size() >= lim.max_stacks)
+    if (n >= lim.max_stacks)
       throw Error("grammar: more than " + std::to_string(lim.max_stacks) + " parse stacks at once (an ambiguous grammar)");
-    out.push_back(s);
+    if (n < out.size()) out[n].assign(s.begin(), s.end());
+    else out.push_back(s);
+    ++n;
     return;
   }
   const uint32_t pos = s.back();
@@ -51,7 +55,7 @@ void Matcher::expand(Stack& s, std::vector<Stack>& out, size_t depth) const {
   for (uint32_t a : g_->alts[rule]) {
     s.resize(base);
     if (!ends_alt(g_->elements[a])) s.push_back(a);
-    expand(s, out, depth + 1);  // leaves s as it was
+    expand(s, out, n, depth + 1);  // leaves s as it was
   }
   // Back to what the caller passed.
   s.resize(base);
@@ -60,17 +64,20 @@ void Matcher::expand(Stack& s, std::vector<Stack>& out, size_t depth) const {
 }
 
 void Matcher::advance_code_point(uint32_t cp) {
-  std::vector<Stack> next;
-  for (Stack& s : stacks_) {
+  std::vector<Stack>& next = scratch_.out;
+  Stack& t = scratch_.tmp;
+  size_t n = 0;
+  for (const Stack& s : stacks_) {
     if (s.empty()) continue;
     const uint32_t pos = s.back();
     if (!g_->class_has(g_->elements[pos].value, cp)) continue;
-    Stack t(s.begin(), s.end() - 1);
+    t.assign(s.begin(), s.end() - 1);
     if (!ends_alt(g_->elements[pos + 1])) t.push_back(pos + 1);
-    expand(t, next, 0);
+    expand(t, next, n, 0);
   }
+  next.resize(n);
   dedup(next);
-  stacks_ = std::move(next);
+  std::swap(stacks_, next);  // the old stacks' buffers serve the next character
 }
 
 bool Matcher::accept_byte(uint8_t b) {
