@@ -2,10 +2,11 @@
 # Fuzzes the parsers that take outside input: the GGUF reader (seeded with the
 # real model and its header alone), the proxy's request parsing and protocol
 # translation (seeded with OpenAI and Anthropic requests) and the worker's
-# token protocol (seeded with its request and event lines) and the Jinja
+# token protocol (seeded with its request and event lines), the Jinja
 # interpreter (seeded with the real chat templates of the npm packages in
-# tests/js, when installed). Builds tests/fuzz with clang (libFuzzer, ASan,
-# UBSan) in build-fuzz/ and runs each for a bounded time: a quarter of
+# tests/js, when installed) and the grammars (GBNF text with input for its
+# matcher, and JSON Schemas). Builds tests/fuzz with clang (libFuzzer, ASan,
+# UBSan) in build-fuzz/ and runs each for a bounded time: a fifth of
 # [seconds] each. Exits non-zero on any crash; the
 # input that caused it is left in build-fuzz/fuzz-artifacts/.
 #   scripts/fuzz.sh [seconds]     default 60
@@ -27,8 +28,8 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DDS4_FUZZ=ON -DDS4_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol fuzz_jinja -j"${JOBS:-2}"
-part=$(( (seconds + 3) / 4 ))
+cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol fuzz_jinja fuzz_grammar -j"${JOBS:-2}"
+part=$(( (seconds + 4) / 5 ))
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
 # run NAME CORPUS: one target for its share of the time. Inputs are
@@ -86,3 +87,14 @@ for k, s in enumerate(ts):
     open(sys.argv[2] + "-" + str(k) + ".jinja", "w").write(s)' "$cfg" "$corpus/$name" || true
 done
 run fuzz_jinja "$corpus"
+
+corpus="$build/fuzz-corpus/grammar"
+mkdir -p "$corpus"
+# The first byte picks the reading: even GBNF (then NUL and the matcher's
+# input), odd a JSON Schema.
+printf '\000%s\000%s' 'root ::= "{" ws (pair ("," ws pair)*)? "}"
+pair ::= [a-z]+ ws ":" ws ([0-9]{1,3} | "\"" [^"\\]* "\"") ws  # a comment
+ws ::= [ \t\n]?' '{a: 12, b:"x\u00e9"}' >"$corpus/gbnf.txt"
+printf '\000%s\000%s' 'root ::= "(" root ")" | [^()]{0,2} | "\U0001F600"' '((ab))' >"$corpus/nested.txt"
+printf '\001%s' '{"type":"object","properties":{"a":{"type":"integer","minimum":-5,"maximum":300},"b":{"type":"string","pattern":"^[A-Z]{2}\\d+$"},"c":{"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":3}},"required":["a"],"$defs":{"n":{"anyOf":[{"type":"null"},{"enum":[1,"x"]}]}}}' >"$corpus/schema.json"
+run fuzz_grammar "$corpus"

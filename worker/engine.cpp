@@ -1,6 +1,7 @@
 #include "worker/engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "shared/error.h"
 
@@ -35,6 +36,7 @@ struct Engine::Active {
   Clock::time_point t_start, t_first;
   int64_t prefilled = 0;
   bool sampled_once = false;
+  std::unique_ptr<GrammarSampler> grammar;  // when the request has one
 };
 
 Engine::Engine(Backend& backend, const HParams& hp, int32_t eos, EngineShape shape)
@@ -127,6 +129,7 @@ void Engine::admit() {
       finish(*a, Finish::error, err);
       continue;
     }
+    if (!a->req.grammar.empty() && !start_grammar(*a)) continue;
     a->seq = a->req.prompt;
     a->seq.insert(a->seq.end(), a->req.generated.begin(), a->req.generated.end());
     if (int64_t(a->req.generated.size()) >= a->req.max_tokens) {
@@ -202,39 +205,98 @@ bool Engine::step() {
   for (size_t row = 0; row < sampled.size(); ++row) {
     Active& a = *sampled[row];
     const int64_t index = int64_t(a.seq.size() - a.req.prompt.size());
-    // Greedy without alternatives is picked where the logits are (a GPU
-    // backend then sends back one token instead of the whole row).
     Sampled out;
-    std::optional<TokenLogprob> picked;
-    const SamplingParams& sp = a.req.sampling;
-    if (sp.temperature <= 0.0f && a.req.n_probs == 0 && !sp.adjusts()) picked = backend_.greedy(int32_t(row));
-    if (picked) {
-      out.token = picked->token;
-      out.logprob = picked->logprob;
-    } else {
-      std::span<const float> logits = backend_.logits(int32_t(row));
-      if (sp.adjusts())
-        logits = adjust_logits(logits, sp, std::span<const int32_t>(a.seq).subspan(a.req.prompt.size()),
-                               adjusted_, counts_);
-      out = sample(logits, sp, uint64_t(index), a.req.n_probs, sample_scratch_);
+    try {
+      out = sample_row(a, int32_t(row), index);
+    } catch (const Error& e) {  // a grammar limit passed
+      finish(a, Finish::error, e.what());
+      continue;
     }
+    if (a.done) continue;
     if (!a.sampled_once) {
       a.sampled_once = true;
       a.t_first = Clock::now();
       a.timings.prompt_ms = std::chrono::duration<double, std::milli>(a.t_first - a.t_start).count();
     }
-    if (out.token == eos_ && !a.req.ignore_eos) {
+    if (a.grammar) {
+      if (tokens_->eog(out.token)) {  // allowed only where the grammar can end
+        finish(a, Finish::stop);
+        continue;
+      }
+      if (!a.grammar->accept(out.token)) {  // the mask allowed it: cannot happen
+        finish(a, Finish::error, "grammar: token " + std::to_string(out.token) + " was drawn but does not fit");
+        continue;
+      }
+    } else if (out.token == eos_ && !a.req.ignore_eos) {
       finish(a, Finish::stop);
       continue;
     }
     a.seq.push_back(out.token);
     a.timings.predicted_n++;
     a.sink->on_token(index, out);
-    if (index + 1 >= a.req.max_tokens) finish(a, Finish::length);
+    if (a.grammar && a.grammar->must_end()) finish(a, Finish::stop);  // nothing more can follow
+    else if (index + 1 >= a.req.max_tokens) finish(a, Finish::length);
     else if (int64_t(a.seq.size()) > shape_.ctx) finish(a, Finish::context);  // next position would be ctx
   }
   end_step();
   return true;
+}
+
+// Parses the request's grammar and replays its generated tokens through it.
+// False when the request finished here (an error, or an answer complete).
+bool Engine::start_grammar(Active& a) {
+  if (!tokens_) {
+    finish(a, Finish::error, "grammar: this engine has no token table (constrained decoding is off)");
+    return false;
+  }
+  try {
+    a.grammar = std::make_unique<GrammarSampler>(grammar::Grammar::parse(a.req.grammar), tokens_, !a.req.ignore_eos);
+    for (size_t i = 0; i < a.req.generated.size(); ++i) {
+      const int32_t t = a.req.generated[i];
+      if (t >= tokens_->size() || tokens_->eog(t) || !a.grammar->accept(t)) {
+        finish(a, Finish::error, "grammar: generated token " + std::to_string(i) + " (id " + std::to_string(t) +
+                                     ") does not fit the grammar");
+        return false;
+      }
+    }
+  } catch (const Error& e) {
+    finish(a, Finish::error, e.what());
+    return false;
+  }
+  if (!a.req.generated.empty() && a.grammar->must_end()) {  // the undisturbed answer ended there
+    finish(a, Finish::stop);
+    return false;
+  }
+  return true;
+}
+
+// The next token of `a` from logit row `row`.
+Sampled Engine::sample_row(Active& a, int32_t row, int64_t index) {
+  const SamplingParams& sp = a.req.sampling;
+  // Greedy without alternatives is picked where the logits are (a GPU
+  // backend then sends back one token instead of the whole row); a grammar
+  // needs the row on the host for its mask.
+  if (!a.grammar && sp.temperature <= 0.0f && a.req.n_probs == 0 && !sp.adjusts()) {
+    if (std::optional<TokenLogprob> picked = backend_.greedy(row)) {
+      Sampled out;
+      out.token = picked->token;
+      out.logprob = picked->logprob;
+      return out;
+    }
+  }
+  std::span<const float> logits = backend_.logits(row);
+  if (sp.adjusts())
+    logits = adjust_logits(logits, sp, std::span<const int32_t>(a.seq).subspan(a.req.prompt.size()), adjusted_,
+                           counts_);
+  if (!a.grammar) return sample(logits, sp, uint64_t(index), a.req.n_probs, sample_scratch_);
+  masked_.assign(logits.begin(), logits.end());
+  if (a.grammar->mask(masked_) == 0) {
+    finish(a, Finish::error, "grammar: no token of the vocabulary can continue the answer");
+    return {};
+  }
+  Sampled out = sample(masked_, sp, uint64_t(index), a.req.n_probs, sample_scratch_);
+  std::erase_if(out.top, [](const TokenLogprob& t) { return std::isinf(t.logprob); });  // masked alternatives
+  return out;
 }
 
 void Engine::run_until_idle() {

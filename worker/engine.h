@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "worker/backend.h"
+#include "worker/grammar_sampler.h"
 #include "worker/sampler.h"
 
 namespace ds4 {
@@ -30,6 +31,14 @@ struct GenerateRequest {
   SamplingParams sampling;
   int32_t n_probs = 0;             // alternatives with log-probs per token (0..20)
   bool ignore_eos = false;
+  /// GBNF (text/grammar.h) the answer must follow; empty: none. Every draw
+  /// is masked to the tokens the grammar can take (worker/grammar_sampler.h);
+  /// the end of generation is allowed only where the grammar can end, and
+  /// the answer finishes with `stop` once nothing more can follow. A resumed
+  /// request replays `generated` through the grammar first, so it continues
+  /// as the undisturbed one would. A bad grammar finishes the request with
+  /// an error "grammar:LINE:COL: ...".
+  std::string grammar;
 };
 
 enum class Finish { stop, length, context, cancelled, error };
@@ -76,6 +85,10 @@ class Engine {
   /// connection's lines of the step at once.
   void on_step_end(std::function<void()> f) { step_end_ = std::move(f); }
 
+  /// The model's tokens as bytes, for requests with a grammar (without it
+  /// they finish with an error). Set before the first step.
+  void set_token_table(std::shared_ptr<const TokenTable> t) { tokens_ = std::move(t); }
+
   EngineStats stats() const;
   const EngineShape& shape() const { return shape_; }
 
@@ -89,6 +102,8 @@ class Engine {
   void end_step();
   void finish(Active& a, Finish reason, const std::string& error = "");
   std::string validate(const GenerateRequest& r) const;
+  bool start_grammar(Active& a);
+  Sampled sample_row(Active& a, int32_t row, int64_t index);
 
   Backend& backend_;
   HParams hp_;
@@ -98,6 +113,8 @@ class Engine {
   std::vector<float> sample_scratch_;
   std::vector<float> adjusted_;  // a row's logits after logit_bias and penalties
   std::vector<int32_t> counts_;  // per token: times generated (penalties)
+  std::vector<float> masked_;    // a row's logits with the grammar's mask
+  std::shared_ptr<const TokenTable> tokens_;
   std::function<void()> step_end_;
 
   mutable std::mutex mu_;

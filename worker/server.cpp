@@ -184,6 +184,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                   g.sampling.presence_penalty, std::move(g.sampling.logit_bias)};
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
+    r.grammar = std::move(g.grammar);
     trace::mark(trace::Stage::worker_read, id);
     auto sink = std::make_shared<Sink>(st_, weak_from_this(), id);
     sink->engine_id = st_.engine.submit(std::move(r), sink);
@@ -323,6 +324,7 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
              {"DS4_SLOTS", std::to_string(opts.shape.slots)}});
 
   Engine engine(backend, hp, lm.tokenizer.eos(), opts.shape);
+  engine.set_token_table(TokenTable::from_model(lm.segment.metadata(), lm.tokenizer));
   // The state outlives the io_context: handlers it still holds when it is
   // destroyed release their connections, which unregister from the state.
   ServerState st{engine, {}, {}, false, record.get(), {}};

@@ -1,0 +1,93 @@
+#pragma once
+/// The grammar in the sampler: per request, a grammar::Matcher advanced by
+/// every token of the answer, and before each draw a mask that sets the logit
+/// of every token the grammar cannot take next to -inf (greedy and sampling
+/// alike).
+///
+/// Tokens are bytes to the grammar (TokenTable): a normal token its piece
+/// (Tokenizer::piece), a byte token its byte, a control or user-defined token
+/// its text in the GGUF vocabulary (`tokenizer.ggml.tokens`: Qwen's
+/// "<tool_call>" is one token, and a grammar literal "<tool_call>" matches
+/// it, as well as the same text spelled in plain tokens). End-of-generation
+/// tokens stand for the end of the answer: allowed only where the grammar
+/// accepts the end. BOS, unknown and unused tokens, and tokens with no
+/// text, are never allowed.
+///
+/// Speed: the mask walks the tokens sorted by their bytes (a trie, implicit)
+/// with the matcher, so a prefix the grammar refuses rules out every token
+/// that starts with it at once; masks are cached by the matcher's state
+/// (Matcher::key), which repeats often (inside a string, between members).
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "text/grammar.h"
+
+namespace ds4 {
+
+class Tokenizer;
+namespace gguf { class File; }
+
+class TokenTable {
+ public:
+  /// Per token: its bytes (see above) and whether it ends generation.
+  TokenTable(std::vector<std::string> texts, std::vector<bool> eog);
+  /// From a model's vocabulary: `meta` for the control tokens' text and the
+  /// token types, `tok` for pieces and end-of-generation ids.
+  static std::shared_ptr<const TokenTable> from_model(const gguf::File& meta, const Tokenizer& tok);
+
+  int32_t size() const { return int32_t(texts_.size()); }
+  const std::string& text(int32_t t) const { return texts_[size_t(t)]; }
+  bool eog(int32_t t) const { return eog_[size_t(t)]; }
+  /// Token ids with text, sorted by their bytes (shorter first on a tie of prefix).
+  const std::vector<int32_t>& sorted() const { return sorted_; }
+  const std::vector<int32_t>& eog_tokens() const { return eog_ids_; }
+
+ private:
+  std::vector<std::string> texts_;
+  std::vector<bool> eog_;
+  std::vector<int32_t> sorted_;
+  std::vector<int32_t> eog_ids_;
+};
+
+class GrammarSampler {
+ public:
+  GrammarSampler(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const TokenTable> table,
+                 bool allow_eog = true);
+
+  /// Sets every token the grammar cannot take next to -inf in `logits`
+  /// (TokenTable::size() floats). Returns how many tokens stay allowed (0:
+  /// the grammar is stuck, no token continues it). Throws ds4::Error
+  /// "grammar: ..." when a matcher limit is passed.
+  size_t mask(std::span<float> logits);
+  /// Advances by a chosen token (an end-of-generation token ends the
+  /// answer). Returns false when the grammar cannot take it; the sampler
+  /// is then dead.
+  bool accept(int32_t token);
+  /// The answer so far is complete and nothing can follow: finish with stop.
+  bool must_end() const { return matcher_.must_end(); }
+  bool can_end() const { return matcher_.can_end(); }
+
+  /// Masks computed (cache misses) and served from the cache, for the cost
+  /// measurements.
+  size_t computed() const { return computed_; }
+  size_t cached() const { return cached_; }
+
+ private:
+  void compute(std::vector<uint64_t>& bits) const;
+  void walk(size_t lo, size_t hi, size_t depth, std::vector<uint64_t>& bits) const;
+
+  std::shared_ptr<const grammar::Grammar> g_;
+  std::shared_ptr<const TokenTable> table_;
+  bool allow_eog_;
+  grammar::Matcher matcher_;
+  mutable std::vector<grammar::Matcher> levels_;  // the walk's matcher per depth (reused buffers)
+  std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // Matcher::key → allowed bits
+  size_t computed_ = 0, cached_ = 0;
+};
+
+}  // namespace ds4
