@@ -1,0 +1,205 @@
+// A capture server: answers whatever an agent client asks in the protocol it
+// speaks, with a minimal valid answer ("ok"), and writes every request down.
+//   node capture_server.mjs --out DIR [--port N] [--host 127.0.0.1] [--text ok]
+// Prints "listening on http://HOST:PORT" once it accepts (port 0: any free one).
+//
+// Contract:
+// - every request, whatever its path, is written to DIR/NNNN.json as
+//   {seq, method, path, headers, body}: headers lower-cased, with the values
+//   of secrets (authorization, cookies, *api-key*, *token*, *secret*)
+//   replaced by "<redacted>"; body parsed as JSON when it is JSON, else the
+//   text, else null when empty. Nothing else is trimmed.
+// - answers:
+//     GET|HEAD /                         200 "ok"
+//     GET /v1/models, /models            an OpenAI list that is also an Anthropic list
+//     GET /v1/models/NAME                that model
+//     POST /v1/chat/completions          chat.completion, or its SSE chunks (stream: true),
+//                                        usage included when stream_options.include_usage
+//     POST /v1/completions               text_completion (stream or not)
+//     POST /v1/messages                  an Anthropic message, or its SSE events
+//     POST /v1/messages/count_tokens     {"input_tokens": N} (N: a rough count of the body)
+//     POST /v1/responses                 a Responses object, or its SSE events
+//   the same paths without /v1 as well (some clients put /v1 in their base URL,
+//   some do not); anything else is a 404 in OpenAI's error shape (and still written).
+// - the answer never asks for a tool: a client's turn ends after one request.
+import http from "node:http";
+import fs from "node:fs";
+import path from "node:path";
+import {parseArgs} from "node:util";
+
+const {values: opt} = parseArgs({
+  options: {
+    out: {type: "string"},
+    port: {type: "string", default: "0"},
+    host: {type: "string", default: "127.0.0.1"},
+    text: {type: "string", default: "ok"},
+  },
+});
+if (!opt.out) {
+  console.error("capture_server: --out DIR is required");
+  process.exit(2);
+}
+fs.mkdirSync(opt.out, {recursive: true});
+const TEXT = opt.text;
+let seq = 0;
+
+const SECRET_HEADER = /^(authorization|proxy-authorization|cookie|set-cookie)$|api[-_]?key|token|secret/i;
+function redactHeaders(raw) {
+  const out = {};
+  for (const [k, v] of Object.entries(raw)) out[k] = SECRET_HEADER.test(k) ? "<redacted>" : v;
+  return out;
+}
+
+function parseBody(buf) {
+  if (buf.length === 0) return null;
+  const text = buf.toString("utf8");
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+function record(req, body) {
+  seq += 1;
+  const entry = {seq, method: req.method, path: req.url, headers: redactHeaders(req.headers), body};
+  const file = path.join(opt.out, `${String(seq).padStart(4, "0")}.json`);
+  fs.writeFileSync(file, JSON.stringify(entry, null, 2) + "\n");
+}
+
+const now = () => Math.floor(Date.now() / 1000);
+const id = (prefix) => `${prefix}_${Date.now().toString(36)}${seq}`;
+const modelOf = (body) => (body && typeof body === "object" && typeof body.model === "string" ? body.model : "capture");
+const roughTokens = (body) => Math.max(1, Math.ceil(JSON.stringify(body ?? "").length / 4));
+
+function sendJson(res, status, obj) {
+  const data = JSON.stringify(obj);
+  res.writeHead(status, {"content-type": "application/json", "content-length": Buffer.byteLength(data)});
+  res.end(data);
+}
+
+function startSse(res) {
+  res.writeHead(200, {"content-type": "text/event-stream", "cache-control": "no-cache", connection: "keep-alive"});
+}
+const sseData = (res, obj) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
+const sseEvent = (res, obj) => res.write(`event: ${obj.type}\ndata: ${JSON.stringify(obj)}\n\n`);
+
+function models(res) {
+  const m = {id: "capture", object: "model", created: now(), owned_by: "capture", type: "model",
+             display_name: "capture", created_at: new Date().toISOString()};
+  sendJson(res, 200, {object: "list", data: [m], has_more: false, first_id: m.id, last_id: m.id});
+}
+
+function chat(res, body) {
+  const base = {id: id("chatcmpl"), created: now(), model: modelOf(body)};
+  const usage = {prompt_tokens: roughTokens(body), completion_tokens: 1, total_tokens: roughTokens(body) + 1};
+  if (!body?.stream) {
+    return sendJson(res, 200, {...base, object: "chat.completion", usage,
+      choices: [{index: 0, message: {role: "assistant", content: TEXT}, finish_reason: "stop", logprobs: null}]});
+  }
+  startSse(res);
+  const chunk = (choices, extra = {}) => sseData(res, {...base, object: "chat.completion.chunk", choices, ...extra});
+  chunk([{index: 0, delta: {role: "assistant", content: ""}, finish_reason: null}]);
+  chunk([{index: 0, delta: {content: TEXT}, finish_reason: null}]);
+  chunk([{index: 0, delta: {}, finish_reason: "stop"}]);
+  if (body.stream_options?.include_usage) chunk([], {usage});
+  res.end("data: [DONE]\n\n");
+}
+
+function completion(res, body) {
+  const base = {id: id("cmpl"), object: "text_completion", created: now(), model: modelOf(body)};
+  if (!body?.stream) {
+    return sendJson(res, 200, {...base, choices: [{index: 0, text: TEXT, finish_reason: "stop", logprobs: null}],
+      usage: {prompt_tokens: 1, completion_tokens: 1, total_tokens: 2}});
+  }
+  startSse(res);
+  sseData(res, {...base, choices: [{index: 0, text: TEXT, finish_reason: null}]});
+  sseData(res, {...base, choices: [{index: 0, text: "", finish_reason: "stop"}]});
+  res.end("data: [DONE]\n\n");
+}
+
+function messages(res, body) {
+  const usage = {input_tokens: roughTokens(body), output_tokens: 1, cache_creation_input_tokens: 0, cache_read_input_tokens: 0};
+  const msg = {id: id("msg"), type: "message", role: "assistant", model: modelOf(body), content: [],
+               stop_reason: null, stop_sequence: null, usage: {...usage, output_tokens: 0}};
+  if (!body?.stream) {
+    return sendJson(res, 200, {...msg, content: [{type: "text", text: TEXT}], stop_reason: "end_turn", usage});
+  }
+  startSse(res);
+  sseEvent(res, {type: "message_start", message: msg});
+  sseEvent(res, {type: "content_block_start", index: 0, content_block: {type: "text", text: ""}});
+  sseEvent(res, {type: "ping"});
+  sseEvent(res, {type: "content_block_delta", index: 0, delta: {type: "text_delta", text: TEXT}});
+  sseEvent(res, {type: "content_block_stop", index: 0});
+  sseEvent(res, {type: "message_delta", delta: {stop_reason: "end_turn", stop_sequence: null}, usage: {output_tokens: 1}});
+  sseEvent(res, {type: "message_stop"});
+  res.end();
+}
+
+function responses(res, body) {
+  const respId = id("resp"), itemId = id("msg");
+  const part = {type: "output_text", text: TEXT, annotations: []};
+  const item = {id: itemId, type: "message", status: "completed", role: "assistant", content: [part]};
+  const usage = {input_tokens: roughTokens(body), input_tokens_details: {cached_tokens: 0}, output_tokens: 1,
+                 output_tokens_details: {reasoning_tokens: 0}, total_tokens: roughTokens(body) + 1};
+  const resp = (status, output, u) => ({id: respId, object: "response", created_at: now(), status, model: modelOf(body),
+    output, parallel_tool_calls: true, tool_choice: body?.tool_choice ?? "auto", tools: body?.tools ?? [],
+    previous_response_id: body?.previous_response_id ?? null, usage: u, error: null, incomplete_details: null});
+  if (!body?.stream) return sendJson(res, 200, {...resp("completed", [item], usage), output_text: TEXT});
+  startSse(res);
+  let n = 0;
+  const ev = (obj) => sseEvent(res, {...obj, sequence_number: n++});
+  ev({type: "response.created", response: resp("in_progress", [], null)});
+  ev({type: "response.in_progress", response: resp("in_progress", [], null)});
+  ev({type: "response.output_item.added", output_index: 0, item: {...item, status: "in_progress", content: []}});
+  ev({type: "response.content_part.added", item_id: itemId, output_index: 0, content_index: 0, part: {...part, text: ""}});
+  ev({type: "response.output_text.delta", item_id: itemId, output_index: 0, content_index: 0, delta: TEXT});
+  ev({type: "response.output_text.done", item_id: itemId, output_index: 0, content_index: 0, text: TEXT});
+  ev({type: "response.content_part.done", item_id: itemId, output_index: 0, content_index: 0, part});
+  ev({type: "response.output_item.done", output_index: 0, item});
+  ev({type: "response.completed", response: resp("completed", [item], usage)});
+  res.end();
+}
+
+function route(req, res, body) {
+  const p = new URL(req.url, "http://x").pathname.replace(/\/+$/, "") || "/";
+  const api = p.startsWith("/v1/") ? p.slice(3) : p;
+  if (p === "/" && (req.method === "GET" || req.method === "HEAD")) {
+    res.writeHead(200, {"content-type": "text/plain", "content-length": 2});
+    return res.end(req.method === "HEAD" ? undefined : "ok");
+  }
+  if (req.method === "GET" && api === "/models") return models(res);
+  if (req.method === "GET" && api.startsWith("/models/")) {
+    const name = decodeURIComponent(api.slice(8));
+    return sendJson(res, 200, {id: name, object: "model", created: now(), owned_by: "capture", type: "model", display_name: name});
+  }
+  if (req.method === "POST") {
+    if (api === "/chat/completions") return chat(res, body);
+    if (api === "/completions") return completion(res, body);
+    if (api === "/messages") return messages(res, body);
+    if (api === "/messages/count_tokens") return sendJson(res, 200, {input_tokens: roughTokens(body)});
+    if (api === "/responses") return responses(res, body);
+  }
+  sendJson(res, 404, {error: {message: `capture server: no ${req.method} ${p}`, type: "not_found_error", param: null, code: null}});
+}
+
+const server = http.createServer((req, res) => {
+  const chunks = [];
+  req.on("data", (c) => chunks.push(c));
+  req.on("end", () => {
+    const body = parseBody(Buffer.concat(chunks));
+    record(req, body);
+    try {
+      route(req, res, body);
+    } catch (e) {
+      console.error(`capture_server: ${req.method} ${req.url}: ${e.stack || e}`);
+      if (!res.headersSent) sendJson(res, 500, {error: {message: String(e), type: "server_error"}});
+      else res.end();
+    }
+  });
+});
+server.listen(Number(opt.port), opt.host, () => {
+  const a = server.address();
+  console.log(`listening on http://${a.address}:${a.port}`);
+});
+for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, () => server.close(() => process.exit(0)));
