@@ -1,6 +1,7 @@
 // A capture server: answers whatever an agent client asks in the protocol it
 // speaks, with a minimal valid answer ("ok"), and writes every request down.
 //   node capture_server.mjs --out DIR [--port N] [--host 127.0.0.1] [--text ok]
+//                           [--forward http://HOST:PORT]
 // Prints "listening on http://HOST:PORT" once it accepts (port 0: any free one).
 //
 // Contract:
@@ -22,6 +23,11 @@
 //   the same paths without /v1 as well (some clients put /v1 in their base URL,
 //   some do not); anything else is a 404 in OpenAI's error shape (and still written).
 // - the answer never asks for a tool: a client's turn ends after one request.
+// - --forward URL: answers nothing itself; every request goes on to URL as it
+//   came (streamed both ways) and its file gets "response": {status, headers,
+//   body} (the body only for a status of 400 or more, as text, at most 64 KiB);
+//   a line "METHOD PATH -> STATUS [body]" is printed per request. This shows
+//   what a real server refused a client, without changing what either sends.
 import http from "node:http";
 import fs from "node:fs";
 import path from "node:path";
@@ -33,6 +39,7 @@ const {values: opt} = parseArgs({
     port: {type: "string", default: "0"},
     host: {type: "string", default: "127.0.0.1"},
     text: {type: "string", default: "ok"},
+    forward: {type: "string"},
   },
 });
 if (!opt.out) {
@@ -60,11 +67,13 @@ function parseBody(buf) {
   }
 }
 
-function record(req, body) {
-  seq += 1;
-  const entry = {seq, method: req.method, path: req.url, headers: redactHeaders(req.headers), body};
-  const file = path.join(opt.out, `${String(seq).padStart(4, "0")}.json`);
-  fs.writeFileSync(file, JSON.stringify(entry, null, 2) + "\n");
+function record(req, body, response) {
+  const n = ++seq;
+  const entry = {seq: n, method: req.method, path: req.url, headers: redactHeaders(req.headers), body};
+  const file = path.join(opt.out, `${String(n).padStart(4, "0")}.json`);
+  const write = (r) => fs.writeFileSync(file, JSON.stringify(r ? {...entry, response: r} : entry, null, 2) + "\n");
+  write(response);
+  return write;
 }
 
 const now = () => Math.floor(Date.now() / 1000);
@@ -183,11 +192,43 @@ function route(req, res, body) {
   sendJson(res, 404, {error: {message: `capture server: no ${req.method} ${p}`, type: "not_found_error", param: null, code: null}});
 }
 
+const MAX_ERROR_BODY = 64 * 1024;
+function forward(req, res, raw, body) {
+  const write = record(req, body);
+  const up = http.request(new URL(req.url, opt.forward), {method: req.method, headers: req.headers}, (ur) => {
+    res.writeHead(ur.statusCode, ur.headers);
+    const kept = [];
+    let size = 0;
+    ur.on("data", (c) => {
+      res.write(c);
+      if (ur.statusCode >= 400 && size < MAX_ERROR_BODY) {
+        kept.push(c);
+        size += c.length;
+      }
+    });
+    ur.on("end", () => {
+      res.end();
+      const text = ur.statusCode >= 400 ? Buffer.concat(kept).subarray(0, MAX_ERROR_BODY).toString("utf8") : undefined;
+      write({status: ur.statusCode, headers: redactHeaders(ur.headers), body: text});
+      console.log(`${req.method} ${req.url} -> ${ur.statusCode}${text ? " " + text.replace(/\s+/g, " ") : ""}`);
+    });
+  });
+  up.on("error", (e) => {
+    write({status: null, error: String(e)});
+    console.log(`${req.method} ${req.url} -> no answer: ${e}`);
+    if (!res.headersSent) sendJson(res, 502, {error: {message: `capture server: ${opt.forward}: ${e}`, type: "server_error"}});
+    else res.end();
+  });
+  up.end(raw);
+}
+
 const server = http.createServer((req, res) => {
   const chunks = [];
   req.on("data", (c) => chunks.push(c));
   req.on("end", () => {
-    const body = parseBody(Buffer.concat(chunks));
+    const raw = Buffer.concat(chunks);
+    const body = parseBody(raw);
+    if (opt.forward) return forward(req, res, raw, body);
     record(req, body);
     try {
       route(req, res, body);

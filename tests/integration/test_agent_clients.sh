@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The real coding agents against ds4: Claude Code (`claude -p`), Codex CLI
+# (`codex exec`, Responses API), pi (`pi -p`) and OpenCode (`opencode run`),
+# from npm (tests/agents/package.json, pinned), each pointed at the proxy of a
+# real ds4-supervisor without a login (how: tests/agents/clients.sh), in a
+# private HOME, no network but 127.0.0.1. Each must finish one non-interactive
+# turn: exit 0 and a non-empty reply printed, within DS4_AGENT_TIMEOUT (120 s;
+# ctest gives the whole test 600). A client that fails FAILS (ds4 lacks
+# something): its output is shown and, unless it timed out (then its requests
+# were taken and the answer did not end), it is run once more through
+# tests/tools/capture_server.mjs --forward so that every request it sent is
+# listed with ds4's answer (status and error body).
+#   DS4_AGENT_MODEL    the GGUF to serve (default: a synthetic model, below)
+#   DS4_AGENT_CLIENTS  which clients (default: claude codex pi opencode)
+# Exit 0 = pass, 1 = fail, 77 = skipped (reason printed).
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$here/lib/supervisor_env.sh"
+. "$DS4_SRC/tests/agents/clients.sh"
+
+why=$(agent_check) || { echo "SKIP: $why"; exit 77; }
+sup_init || exit $?
+unset DBUS_SESSION_BUS_ADDRESS
+trap sup_cleanup EXIT
+
+# The model. An agent's prompt is 15-30K tokens of a real vocabulary (Claude
+# Code's: 50 KB of system prompt and tools); stories260K's 512 pieces make it
+# about three times as many, hence the context.
+context=${DS4_AGENT_CONTEXT:-65536}
+timeout=${DS4_AGENT_TIMEOUT:-120}
+model=${DS4_AGENT_MODEL:-}
+if [[ -z $model ]]; then
+  model=$SUP_DIR/agent.gguf
+  sup_synthetic_model "$model" --preset stories-like --ctx "$context"
+fi
+[[ -f $model ]] || { echo "FAIL - DS4_AGENT_MODEL: no file $model"; exit 1; }
+
+echo "sk-agents-1" >"$SUP_DIR/keys"
+cat >"$SUP_DIR/ds4.yaml" <<YAML
+model:
+  path: $model
+  name: ds4
+proxy:
+  listen: 127.0.0.1:0         # any free port: tests run side by side
+  api_keys_file: $SUP_DIR/keys
+  limits:
+    max_tokens_per_request: $context
+workers:
+  backend: process
+  device: cpu
+  threads: 1
+  slots: 2
+  context:
+    ladder: [$context]
+YAML
+sup_start "$SUP_DIR/ds4.yaml" || exit 1
+sup_wait 120 'w[0]["state"] == "ready"' || { fail "no ready worker: $(sup_status | tr -d '\n' | cut -c1-300)"; sup_finish; }
+url=$(sup_proxy_url) || { fail "no proxy address in the supervisor log"; sup_finish; }
+echo "ds4 at $url, model $model, context $context"
+
+# show_refusals CLIENT: runs CLIENT again through the forwarding capture
+# server and lists each request it sent with ds4's answer.
+show_refusals() {
+  local c=$1 d=$SUP_DIR/$c-fwd port
+  mkdir -p "$d"
+  node "$DS4_SRC/tests/tools/capture_server.mjs" --out "$d/requests" --forward "$url" >"$d/server.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 50); do grep -q listening "$d/server.log" && break; sleep 0.1; done
+  port=$(sed -n 's/^listening on http:\/\/[0-9.]*:\([0-9]*\)$/\1/p' "$d/server.log")
+  if [[ -n $port ]]; then
+    agent_run "$c" "http://127.0.0.1:$port" sk-agents-1 "$d" "$timeout"
+    echo "  what $c sent and what ds4 answered (tests/tools/capture_server.mjs --forward):"
+    grep -- ' -> ' "$d/server.log" | cut -c1-600 | sed 's/^/    /'
+  else
+    echo "  (the forwarding capture server did not start: $(cat "$d/server.log"))"
+  fi
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+
+for c in ${DS4_AGENT_CLIENTS:-${AGENT_CLIENTS[*]}}; do
+  d=$SUP_DIR/$c
+  mkdir -p "$d"
+  start=$SECONDS
+  rc=0
+  agent_run "$c" "$url" sk-agents-1 "$d" "$timeout" || rc=$?
+  took=$((SECONDS - start))
+  reply=$(tr -s ' \n\t' ' ' <"$d/out.txt" | sed 's/^ //; s/ $//')
+  if ((rc == 0)) && [[ -n $reply ]]; then
+    pass "$c: one turn, exit 0 in ${took}s, replied: $(cut -c1-100 <<<"$reply")"
+  else
+    if ((rc == 124)); then what="timed out after ${took}s"; else what="exit $rc after ${took}s"; fi
+    [[ -z $reply ]] && what+=", no reply printed"
+    fail "$c: $what"
+    echo "  its stdout (last 20 lines):"; tail -n 20 "$d/out.txt" | cut -c1-400 | sed 's/^/    /'
+    echo "  its stderr (last 20 lines):"; tail -n 20 "$d/err.txt" | cut -c1-400 | sed 's/^/    /'
+    ((rc == 124)) || show_refusals "$c"
+  fi
+done
+sup_finish 20
