@@ -4,13 +4,18 @@
 # tests/data/agent_requests/<client>-N.json (N = 1, 2, ... in the order sent;
 # secrets redacted, nothing else trimmed). Those files are the fixtures the
 # ds4 proxy must accept.
-#   tests/agents/capture.sh [PORT (19401)] [CLIENT...]
+#   tests/agents/capture.sh [--tools] [PORT (19401)] [CLIENT...]
+# --tools: the server answers the turn's first request with a call of the
+# client's read tool (or shell: cat) on DIR/work/hello.txt, so the client
+# sends the call and its result back; written as <client>-tools-N.json.
 # Needs tests/agents/node_modules (npm install there). The old fixtures of a
 # client are replaced only when its run succeeds.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 src=$(cd "$here/../.." && pwd)
 . "$here/clients.sh"
+tools=0
+if [[ ${1:-} == --tools ]]; then tools=1; shift; fi
 port=${1:-19401}
 shift || true
 clients=("$@")
@@ -29,7 +34,11 @@ out_dir=$src/tests/data/agent_requests
 mkdir -p "$out_dir"
 status=0
 for c in "${clients[@]}"; do
-  node "$src/tests/tools/capture_server.mjs" --out "$tmp/$c/requests" --port "$port" >"$tmp/$c.server.log" 2>&1 &
+  mkdir -p "$tmp/$c/work"
+  echo "hello from the capture" >"$tmp/$c/work/hello.txt"
+  args=(--out "$tmp/$c/requests" --port "$port")
+  ((tools)) && args+=(--tool-file "$tmp/$c/work/hello.txt")
+  node "$src/tests/tools/capture_server.mjs" "${args[@]}" >"$tmp/$c.server.log" 2>&1 &
   server=$!
   for _ in $(seq 50); do grep -q listening "$tmp/$c.server.log" 2>/dev/null && break; sleep 0.1; done
   grep -q listening "$tmp/$c.server.log" || { cat "$tmp/$c.server.log" >&2; exit 1; }
@@ -44,12 +53,14 @@ for c in "${clients[@]}"; do
     status=1
     continue
   fi
-  rm -f "$out_dir/$c"-*.json
+  name=$c
+  ((tools)) && name=$c-tools
+  rm -f "$out_dir/$name"-[0-9]*.json
   i=0
   for f in "$tmp/$c/requests"/*.json; do
     i=$((i + 1))
-    cp "$f" "$out_dir/$c-$i.json"
+    cp "$f" "$out_dir/$name-$i.json"
   done
-  echo "$c: $n request(s), reply: $(tr '\n' ' ' <"$tmp/$c/out.txt" | cut -c1-80)"
+  echo "$name: $n request(s), reply: $(tr '\n' ' ' <"$tmp/$c/out.txt" | cut -c1-80)"
 done
 exit $status

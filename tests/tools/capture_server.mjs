@@ -1,7 +1,7 @@
 // A capture server: answers whatever an agent client asks in the protocol it
 // speaks, with a minimal valid answer ("ok"), and writes every request down.
 //   node capture_server.mjs --out DIR [--port N] [--host 127.0.0.1] [--text ok]
-//                           [--forward http://HOST:PORT]
+//                           [--tool-file PATH] [--forward http://HOST:PORT]
 // Prints "listening on http://HOST:PORT" once it accepts (port 0: any free one).
 //
 // Contract:
@@ -22,7 +22,13 @@
 //     POST /v1/responses                 a Responses object, or its SSE events
 //   the same paths without /v1 as well (some clients put /v1 in their base URL,
 //   some do not); anything else is a 404 in OpenAI's error shape (and still written).
-// - the answer never asks for a tool: a client's turn ends after one request.
+// - the answer never asks for a tool (a client's turn ends after one request),
+//   unless --tool-file PATH: then a request that offers tools and holds no
+//   tool result yet is answered with one call, so that the client's next
+//   request carries a tool call and its result in the history: a call of
+//   the tool named read (any case) with PATH in its one required property,
+//   else of exec_command/bash with "cat PATH" in its required cmd/command;
+//   a request with neither tool, or with a tool result, gets the text.
 // - --forward URL: answers nothing itself; every request goes on to URL as it
 //   came (streamed both ways) and its file gets "response": {status, headers,
 //   body} (the body only for a status of 400 or more, as text, at most 64 KiB);
@@ -40,6 +46,7 @@ const {values: opt} = parseArgs({
     host: {type: "string", default: "127.0.0.1"},
     text: {type: "string", default: "ok"},
     forward: {type: "string"},
+    "tool-file": {type: "string"},
   },
 });
 if (!opt.out) {
@@ -93,6 +100,35 @@ function startSse(res) {
 const sseData = (res, obj) => res.write(`data: ${JSON.stringify(obj)}\n\n`);
 const sseEvent = (res, obj) => res.write(`event: ${obj.type}\ndata: ${JSON.stringify(obj)}\n\n`);
 
+// The function tools a request offers, as [{name, schema}], whatever its protocol.
+function toolsOf(body) {
+  return (Array.isArray(body?.tools) ? body.tools : []).flatMap((t) => {
+    if (t?.type === "function" && t.function) return [{name: t.function.name, schema: t.function.parameters}];
+    if (t?.type === "function") return [{name: t.name, schema: t.parameters}];    // Responses
+    if (t?.name && t?.input_schema) return [{name: t.name, schema: t.input_schema}];  // Anthropic
+    return [];
+  });
+}
+
+function hasToolResult(body) {
+  const items = [...(Array.isArray(body?.messages) ? body.messages : []), ...(Array.isArray(body?.input) ? body.input : [])];
+  return items.some((m) => m?.role === "tool" || /_call_output$/.test(m?.type ?? "") ||
+    (Array.isArray(m?.content) && m.content.some((c) => c?.type === "tool_result")));
+}
+
+// The call to answer with ({id, name, args}), or null for a text answer.
+function pickCall(body) {
+  const file = opt["tool-file"];
+  if (!file || hasToolResult(body)) return null;
+  const tools = toolsOf(body);
+  const read = tools.find((t) => /^read$/i.test(t.name) && t.schema?.required?.length === 1);
+  if (read) return {id: `call_${seq}`, name: read.name, args: {[read.schema.required[0]]: file}};
+  const shell = tools.find((t) => /^(exec_command|bash)$/i.test(t.name));
+  const key = shell?.schema?.required?.find((k) => k === "cmd" || k === "command");
+  if (key) return {id: `call_${seq}`, name: shell.name, args: {[key]: `cat ${file}`}};
+  return null;
+}
+
 function models(res) {
   const m = {id: "capture", object: "model", created: now(), owned_by: "capture", type: "model",
              display_name: "capture", created_at: new Date().toISOString()};
@@ -102,15 +138,20 @@ function models(res) {
 function chat(res, body) {
   const base = {id: id("chatcmpl"), created: now(), model: modelOf(body)};
   const usage = {prompt_tokens: roughTokens(body), completion_tokens: 1, total_tokens: roughTokens(body) + 1};
+  const call = pickCall(body);
+  const tc = call && {id: call.id, type: "function", function: {name: call.name, arguments: JSON.stringify(call.args)}};
+  const finish = call ? "tool_calls" : "stop";
   if (!body?.stream) {
+    const message = call ? {role: "assistant", content: null, tool_calls: [tc]} : {role: "assistant", content: TEXT};
     return sendJson(res, 200, {...base, object: "chat.completion", usage,
-      choices: [{index: 0, message: {role: "assistant", content: TEXT}, finish_reason: "stop", logprobs: null}]});
+      choices: [{index: 0, message, finish_reason: finish, logprobs: null}]});
   }
   startSse(res);
   const chunk = (choices, extra = {}) => sseData(res, {...base, object: "chat.completion.chunk", choices, ...extra});
-  chunk([{index: 0, delta: {role: "assistant", content: ""}, finish_reason: null}]);
-  chunk([{index: 0, delta: {content: TEXT}, finish_reason: null}]);
-  chunk([{index: 0, delta: {}, finish_reason: "stop"}]);
+  chunk([{index: 0, delta: {role: "assistant", content: call ? null : ""}, finish_reason: null}]);
+  if (call) chunk([{index: 0, delta: {tool_calls: [{index: 0, ...tc}]}, finish_reason: null}]);
+  else chunk([{index: 0, delta: {content: TEXT}, finish_reason: null}]);
+  chunk([{index: 0, delta: {}, finish_reason: finish}]);
   if (body.stream_options?.include_usage) chunk([], {usage});
   res.end("data: [DONE]\n\n");
 }
@@ -131,16 +172,18 @@ function messages(res, body) {
   const usage = {input_tokens: roughTokens(body), output_tokens: 1, cache_creation_input_tokens: 0, cache_read_input_tokens: 0};
   const msg = {id: id("msg"), type: "message", role: "assistant", model: modelOf(body), content: [],
                stop_reason: null, stop_sequence: null, usage: {...usage, output_tokens: 0}};
-  if (!body?.stream) {
-    return sendJson(res, 200, {...msg, content: [{type: "text", text: TEXT}], stop_reason: "end_turn", usage});
-  }
+  const call = pickCall(body);
+  const stop = call ? "tool_use" : "end_turn";
+  const block = call ? {type: "tool_use", id: `toolu_${call.id}`, name: call.name, input: call.args} : {type: "text", text: TEXT};
+  if (!body?.stream) return sendJson(res, 200, {...msg, content: [block], stop_reason: stop, usage});
   startSse(res);
   sseEvent(res, {type: "message_start", message: msg});
-  sseEvent(res, {type: "content_block_start", index: 0, content_block: {type: "text", text: ""}});
+  sseEvent(res, {type: "content_block_start", index: 0, content_block: call ? {...block, input: {}} : {type: "text", text: ""}});
   sseEvent(res, {type: "ping"});
-  sseEvent(res, {type: "content_block_delta", index: 0, delta: {type: "text_delta", text: TEXT}});
+  sseEvent(res, {type: "content_block_delta", index: 0, delta: call
+    ? {type: "input_json_delta", partial_json: JSON.stringify(call.args)} : {type: "text_delta", text: TEXT}});
   sseEvent(res, {type: "content_block_stop", index: 0});
-  sseEvent(res, {type: "message_delta", delta: {stop_reason: "end_turn", stop_sequence: null}, usage: {output_tokens: 1}});
+  sseEvent(res, {type: "message_delta", delta: {stop_reason: stop, stop_sequence: null}, usage: {output_tokens: 1}});
   sseEvent(res, {type: "message_stop"});
   res.end();
 }
@@ -148,18 +191,29 @@ function messages(res, body) {
 function responses(res, body) {
   const respId = id("resp"), itemId = id("msg");
   const part = {type: "output_text", text: TEXT, annotations: []};
-  const item = {id: itemId, type: "message", status: "completed", role: "assistant", content: [part]};
+  const call = pickCall(body);
+  const item = call
+    ? {id: itemId, type: "function_call", status: "completed", call_id: call.id, name: call.name, arguments: JSON.stringify(call.args)}
+    : {id: itemId, type: "message", status: "completed", role: "assistant", content: [part]};
   const usage = {input_tokens: roughTokens(body), input_tokens_details: {cached_tokens: 0}, output_tokens: 1,
                  output_tokens_details: {reasoning_tokens: 0}, total_tokens: roughTokens(body) + 1};
   const resp = (status, output, u) => ({id: respId, object: "response", created_at: now(), status, model: modelOf(body),
     output, parallel_tool_calls: true, tool_choice: body?.tool_choice ?? "auto", tools: body?.tools ?? [],
     previous_response_id: body?.previous_response_id ?? null, usage: u, error: null, incomplete_details: null});
-  if (!body?.stream) return sendJson(res, 200, {...resp("completed", [item], usage), output_text: TEXT});
+  if (!body?.stream) return sendJson(res, 200, {...resp("completed", [item], usage), output_text: call ? "" : TEXT});
   startSse(res);
   let n = 0;
   const ev = (obj) => sseEvent(res, {...obj, sequence_number: n++});
   ev({type: "response.created", response: resp("in_progress", [], null)});
   ev({type: "response.in_progress", response: resp("in_progress", [], null)});
+  if (call) {
+    ev({type: "response.output_item.added", output_index: 0, item: {...item, status: "in_progress", arguments: ""}});
+    ev({type: "response.function_call_arguments.delta", item_id: itemId, output_index: 0, delta: item.arguments});
+    ev({type: "response.function_call_arguments.done", item_id: itemId, output_index: 0, arguments: item.arguments});
+    ev({type: "response.output_item.done", output_index: 0, item});
+    ev({type: "response.completed", response: resp("completed", [item], usage)});
+    return res.end();
+  }
   ev({type: "response.output_item.added", output_index: 0, item: {...item, status: "in_progress", content: []}});
   ev({type: "response.content_part.added", item_id: itemId, output_index: 0, content_index: 0, part: {...part, text: ""}});
   ev({type: "response.output_text.delta", item_id: itemId, output_index: 0, content_index: 0, delta: TEXT});
