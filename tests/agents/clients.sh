@@ -7,7 +7,8 @@
 #
 #   AGENT_CLIENTS                       the client names: claude codex pi opencode
 #   agent_check                         prints why the CLIs cannot run here (and
-#                                       returns 1), or returns 0
+#                                       returns 1), or returns 0 (takes ~10 s: it
+#                                       runs each native CLI's --version)
 #   agent_run CLIENT URL KEY DIR [SECONDS [PROMPT]]
 #       configures CLIENT under DIR (its HOME, config files, work folder: DIR
 #       is created and owned by the caller) for the server at URL
@@ -45,13 +46,30 @@ AGENT_BIN=$AGENT_DIR/node_modules/.bin
 
 agent_check() {
   command -v node >/dev/null || { echo "node is not installed"; return 1; }
-  local c
+  node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a == 20 && b >= 6) ? 0 : 1)' ||
+    { echo "node $(node --version) is older than 20.6 (pi needs it)"; return 1; }
+  local c v
   for c in claude codex pi opencode; do
     [[ -x $AGENT_BIN/$c ]] || {
       echo "no $AGENT_BIN/$c: tests/agents/node_modules is not installed (scripts/test.sh runs npm install there)"
       return 1
     }
   done
+  # A platform binary that npm did not install (none for this machine, or its
+  # postinstall did not run) shows here, before ds4 is involved.
+  local tmp rc=0
+  tmp=$(mktemp -d /tmp/ds4-agent-check.XXXXXX) || return 1
+  _agent_env "$tmp"
+  mkdir -p "$tmp/home" "$tmp/tmp"
+  for c in claude codex opencode; do
+    v=$(timeout 60 "${AGENT_ENV[@]}" OPENCODE_DISABLE_AUTOUPDATE=1 "$AGENT_BIN/$c" --version 2>&1) || {
+      echo "$c --version fails, so its package is not installed for this machine: $(head -c 300 <<<"$v")"
+      rc=1
+      break
+    }
+  done
+  rm -rf "$tmp"
+  return $rc
 }
 
 # The environment every CLI starts from: nothing of the caller's but PATH.

@@ -4,8 +4,8 @@
 # from npm (tests/agents/package.json, pinned), each pointed at the proxy of a
 # real ds4-supervisor without a login (how: tests/agents/clients.sh), in a
 # private HOME, no network but 127.0.0.1. Each must finish one non-interactive
-# turn: exit 0 and a non-empty reply printed, within DS4_AGENT_TIMEOUT (120 s;
-# ctest gives the whole test 600). A client that fails FAILS (ds4 lacks
+# turn: exit 0 and a non-empty reply printed, within DS4_AGENT_TIMEOUT (180 s;
+# ctest gives the whole test 900). A client that fails FAILS (ds4 lacks
 # something): its output is shown and, unless it timed out (then its requests
 # were taken and the answer did not end), it is run once more through
 # tests/tools/capture_server.mjs --forward so that every request it sent is
@@ -27,7 +27,7 @@ trap sup_cleanup EXIT
 # Code's: 50 KB of system prompt and tools); stories260K's 512 pieces make it
 # about three times as many, hence the context.
 context=${DS4_AGENT_CONTEXT:-65536}
-timeout=${DS4_AGENT_TIMEOUT:-120}
+timeout=${DS4_AGENT_TIMEOUT:-180}
 model=${DS4_AGENT_MODEL:-}
 if [[ -z $model ]]; then
   model=$SUP_DIR/agent.gguf
@@ -48,7 +48,7 @@ proxy:
 workers:
   backend: process
   device: cpu
-  threads: 1
+  threads: 0                  # all cores: Claude Code's prompt is ~30K tokens of this vocabulary
   slots: 2
   context:
     ladder: [$context]
