@@ -19,6 +19,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$DS4_SRC/tests/agents/clients.sh"
 
 why=$(agent_check) || { echo "SKIP: $why"; exit 77; }
+command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
 sup_init || exit $?
 unset DBUS_SESSION_BUS_ADDRESS
 trap sup_cleanup EXIT
@@ -78,10 +79,16 @@ show_refusals() {
   wait "$pid" 2>/dev/null
 }
 
+# metrics: ds4's counters of answers, tokens and requests in flight, on one line.
+metrics() {
+  curl -s --max-time 10 "$url/metrics" | sed -n 's/^ds4_\(http_requests_total\|prompt_tokens_total\|generated_tokens_total\|requests_in_flight\)/\1/p' | tr '\n' ' '
+}
+
 for c in ${DS4_AGENT_CLIENTS:-${AGENT_CLIENTS[*]}}; do
   d=$SUP_DIR/$c
   mkdir -p "$d"
   start=$SECONDS
+  before=$(metrics)
   rc=0
   agent_run "$c" "$url" sk-agents-1 "$d" "$timeout" || rc=$?
   took=$((SECONDS - start))
@@ -92,6 +99,8 @@ for c in ${DS4_AGENT_CLIENTS:-${AGENT_CLIENTS[*]}}; do
     if ((rc == 124)); then what="timed out after ${took}s"; else what="exit $rc after ${took}s"; fi
     [[ -z $reply ]] && what+=", no reply printed"
     fail "$c: $what"
+    echo "  ds4 before: $before"
+    echo "  ds4 after:  $(metrics)"
     echo "  its stdout (last 20 lines):"; tail -n 20 "$d/out.txt" | cut -c1-400 | sed 's/^/    /'
     echo "  its stderr (last 20 lines):"; tail -n 20 "$d/err.txt" | cut -c1-400 | sed 's/^/    /'
     ((rc == 124)) || show_refusals "$c"
