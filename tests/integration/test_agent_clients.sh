@@ -4,7 +4,8 @@
 # from npm (tests/agents/package.json, pinned), each pointed at the proxy of a
 # real ds4-supervisor without a login (how: tests/agents/clients.sh), in a
 # private HOME, no network but 127.0.0.1. Each must finish one non-interactive
-# turn: exit 0 and a non-empty reply printed, within DS4_AGENT_TIMEOUT (180 s;
+# turn: exit 0 and a non-empty reply printed, ds4 having generated tokens
+# meanwhile (the reply is the model's, not a message of the client), within DS4_AGENT_TIMEOUT (180 s;
 # ctest gives the whole test 900). A client that fails FAILS (ds4 lacks
 # something): its output is shown and, unless it timed out (then its requests
 # were taken and the answer did not end), it is run once more through
@@ -83,6 +84,12 @@ show_refusals() {
 metrics() {
   curl -s --max-time 10 "$url/metrics" | sed -n 's/^ds4_\(http_requests_total\|prompt_tokens_total\|generated_tokens_total\|requests_in_flight\)/\1/p' | tr '\n' ' '
 }
+# generated METRICS_LINE: its generated_tokens_total.
+generated() {
+  local v
+  v=$(sed -n 's/.*generated_tokens_total \([0-9]*\).*/\1/p' <<<"$1")
+  echo "${v:-0}"
+}
 
 for c in ${DS4_AGENT_CLIENTS:-${AGENT_CLIENTS[*]}}; do
   d=$SUP_DIR/$c
@@ -93,14 +100,17 @@ for c in ${DS4_AGENT_CLIENTS:-${AGENT_CLIENTS[*]}}; do
   agent_run "$c" "$url" sk-agents-1 "$d" "$timeout" || rc=$?
   took=$((SECONDS - start))
   reply=$(tr -s ' \n\t' ' ' <"$d/out.txt" | sed 's/^ //; s/ $//')
-  if ((rc == 0)) && [[ -n $reply ]]; then
-    pass "$c: one turn, exit 0 in ${took}s, replied: $(cut -c1-100 <<<"$reply")"
+  after=$(metrics)
+  made=$(($(generated "$after") - $(generated "$before")))
+  if ((rc == 0)) && [[ -n $reply ]] && ((made > 0)); then
+    pass "$c: one turn, exit 0 in ${took}s, ds4 generated $made tokens, replied: $(cut -c1-100 <<<"$reply")"
   else
     if ((rc == 124)); then what="timed out after ${took}s"; else what="exit $rc after ${took}s"; fi
     [[ -z $reply ]] && what+=", no reply printed"
+    ((made > 0)) || what+=", ds4 generated nothing"
     fail "$c: $what"
     echo "  ds4 before: $before"
-    echo "  ds4 after:  $(metrics)"
+    echo "  ds4 after:  $after"
     echo "  its stdout (last 20 lines):"; tail -n 20 "$d/out.txt" | cut -c1-400 | sed 's/^/    /'
     echo "  its stderr (last 20 lines):"; tail -n 20 "$d/err.txt" | cut -c1-400 | sed 's/^/    /'
     ((rc == 124)) || show_refusals "$c"
