@@ -36,9 +36,12 @@
 #   nothing is installed at run time), options.baseURL URL/v1, options.apiKey
 #   "{env:DS4_API_KEY}", model "ds4/ds4"; autoupdate false, share disabled,
 #   OPENCODE_DISABLE_{AUTOUPDATE,MODELS_FETCH,LSP_DOWNLOAD,SHARE}=1.
-# Every CLI runs under env -i with HOME=DIR/home, and npm_config_registry points
-# at a closed local port: a CLI that tries to install a package at run time
-# fails here instead of reaching the network.
+# Every CLI runs under env -i with HOME=DIR/home; npm_config_registry and the
+# HTTP(S)_PROXY/ALL_PROXY variables point at a closed local port, NO_PROXY at
+# 127.0.0.1: a package install at run time, or a fetch from elsewhere (Codex
+# 0.171 looks up github.com, api.github.com and chatgpt.com), fails at once
+# instead of reaching the network (checked with strace: each CLI connects to
+# the server and to that closed port only).
 
 AGENT_CLIENTS=(claude codex pi opencode)
 AGENT_DIR=${AGENT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
@@ -77,7 +80,9 @@ _agent_env() {
   local dir=$1
   AGENT_ENV=(env -i "PATH=$(dirname "$(command -v node)"):/usr/bin:/bin" "HOME=$dir/home" TERM=dumb NO_COLOR=1
              LANG=C.UTF-8 "TMPDIR=$dir/tmp" npm_config_registry=http://127.0.0.1:9/ npm_config_offline=true
-             NO_PROXY=127.0.0.1 no_proxy=127.0.0.1)
+             HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 ALL_PROXY=http://127.0.0.1:9
+             http_proxy=http://127.0.0.1:9 https_proxy=http://127.0.0.1:9 all_proxy=http://127.0.0.1:9
+             NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost)
 }
 
 _agent_config_codex() {
