@@ -11,6 +11,16 @@
 # out (then its requests were taken and the answer did not end), it is run
 # once more through tests/tools/capture_server.mjs --forward so that every
 # request it sent is listed with ds4's answer (status and error body).
+# How each is pointed at the proxy without a login (details and the rest of
+# the environment in tests/agents/clients.sh, which does it):
+#   claude    ANTHROPIC_BASE_URL=URL ANTHROPIC_API_KEY=KEY, nonessential traffic off
+#   codex     CODEX_HOME/config.toml: model_provider with base_url URL/v1,
+#             wire_api "responses", env_key DS4_API_KEY
+#   pi        ~/.pi/agent/models.json: provider api "openai-completions",
+#             baseUrl URL/v1, apiKey DS4_API_KEY; --model ds4/ds4
+#   opencode  ~/.config/opencode/opencode.json: provider npm
+#             "@ai-sdk/openai-compatible", options.baseURL URL/v1,
+#             options.apiKey {env:DS4_API_KEY}; model ds4/ds4
 #   DS4_AGENT_MODEL    the GGUF to serve (default: a synthetic model, below)
 #   DS4_AGENT_CONTEXT  the worker's context and the request limit (65536)
 #   DS4_AGENT_CLIENTS  which clients (default: claude codex pi opencode)
