@@ -101,7 +101,7 @@ name = "ds4"
 base_url = "$url/v1"
 wire_api = "responses"
 env_key = "DS4_API_KEY"
-request_max_retries = 1
+request_max_retries = 1   # not 4: a refusal shows at once
 stream_max_retries = 1
 EOF
 }

@@ -30,7 +30,8 @@
 //   else of exec_command/bash with "cat PATH" in its required cmd/command;
 //   a request with neither tool, or with a tool result, gets the text.
 // - --forward URL: answers nothing itself; every request goes on to URL as it
-//   came (streamed both ways) and its file gets "response": {status, headers,
+//   came (once its body is in; the answer comes back as it streams) and its
+//   file gets "response": {status, headers,
 //   body} (the body only for a status of 400 or more, as text, at most 64 KiB);
 //   a line "METHOD PATH -> STATUS [body]" is printed per request. This shows
 //   what a real server refused a client, without changing what either sends.
