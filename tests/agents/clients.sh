@@ -76,6 +76,7 @@ agent_check() {
 }
 
 # The environment every CLI starts from: nothing of the caller's but PATH.
+# shellcheck disable=SC2054  # the commas are in NO_PROXY's value
 _agent_env() {
   local dir=$1
   AGENT_ENV=(env -i "PATH=$(dirname "$(command -v node)"):/usr/bin:/bin" "HOME=$dir/home" TERM=dumb NO_COLOR=1

@@ -81,7 +81,8 @@ echo "ds4 at $url, model $model, context $context"
 # show_refusals CLIENT: runs CLIENT again through the forwarding capture
 # server and lists each request it sent with ds4's answer.
 show_refusals() {
-  local c=$1 d=$SUP_DIR/$c-fwd port
+  local c=$1 port
+  local d=$SUP_DIR/$c-fwd
   mkdir -p "$d"
   node "$DS4_SRC/tests/tools/capture_server.mjs" --out "$d/requests" --forward "$url" >"$d/server.log" 2>&1 &
   local pid=$!
