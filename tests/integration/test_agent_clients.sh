@@ -24,6 +24,9 @@
 #   DS4_AGENT_MODEL    the GGUF to serve (default: a synthetic model, below)
 #   DS4_AGENT_CONTEXT  the worker's context and the request limit (65536)
 #   DS4_AGENT_CLIENTS  which clients (default: claude codex pi opencode)
+# First, what each client sent to a capture server (tests/data/agent_requests,
+# first turn and a turn with a tool call) is sent to ds4 as it was: each must
+# be accepted (tests/agents/replay.mjs --status-only).
 # Exit 0 = pass, 1 = fail, 77 = skipped (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -110,7 +113,18 @@ generated() {
   echo "${v:-0}"
 }
 
-for c in ${DS4_AGENT_CLIENTS:-${AGENT_CLIENTS[*]}}; do
+clients=${DS4_AGENT_CLIENTS:-${AGENT_CLIENTS[*]}}
+for c in $clients; do
+  files=("$DS4_SRC/tests/data/agent_requests/$c"-*.json)
+  if out=$(cd "$DS4_SRC/tests/agents" && timeout 600 node replay.mjs --status-only "$url" sk-agents-1 "${files[@]}" 2>&1); then
+    pass "$c: its ${#files[@]} captured requests are accepted"
+  else
+    fail "$c: captured requests refused:"
+    grep -v -- '-> [23][0-9][0-9]$' <<<"$out" | cut -c1-600 | sed 's/^/    /'
+  fi
+done
+
+for c in $clients; do
   d=$SUP_DIR/$c
   mkdir -p "$d"
   start=$SECONDS
