@@ -132,7 +132,7 @@ for c in $clients; do
   rc=0
   agent_run "$c" "$url" sk-agents-1 "$d" "$timeout" || rc=$?
   took=$((SECONDS - start))
-  reply=$(tr -s ' \n\t' ' ' <"$d/out.txt" | sed 's/^ //; s/ $//')
+  reply=$(tr -d '\000' <"$d/out.txt" | tr -s ' \n\t' ' ' | sed 's/^ //; s/ $//')
   after=$(metrics)
   made=$(($(generated "$after") - $(generated "$before")))
   if ((rc == 0)) && [[ -n $reply ]] && ((made > 0)); then
