@@ -10,5 +10,11 @@ if [ -f tests/js/package.json ] && [ ! -d tests/js/node_modules ]; then
   (cd tests/js && npm install --no-audit --no-fund --loglevel=error) ||
     echo "test.sh: npm install failed; tests that need the npm packages will skip" >&2
 fi
+# The coding-agent CLIs (Claude Code, Codex, pi, OpenCode) for test_agent_clients
+# (install, not ci: the lock holds only the platform binaries the registry had).
+if [ -f tests/agents/package.json ] && [ ! -d tests/agents/node_modules ]; then
+  (cd tests/agents && npm install --no-audit --no-fund --loglevel=error) ||
+    echo "test.sh: npm install in tests/agents failed; test_agent_clients will skip" >&2
+fi
 cd build
 ctest --output-on-failure "$@"
