@@ -233,8 +233,8 @@ class AnthropicResponder : public Responder {
       add_block("text", delta);
       return {};
     }
-    return begin("text", {{"type", "text"}, {"text", ""}}) +
-           delta_event({{"type", "text_delta"}, {"text", delta}});
+    std::string out = begin("text", {{"type", "text"}, {"text", ""}});  // first: it sets the block's index
+    return out + delta_event({{"type", "text_delta"}, {"text", delta}});
   }
 
   std::string reasoning(std::string_view delta) override {
@@ -243,8 +243,8 @@ class AnthropicResponder : public Responder {
       add_block("thinking", delta);
       return {};
     }
-    return begin("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}) +
-           delta_event({{"type", "thinking_delta"}, {"thinking", delta}});
+    std::string out = begin("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+    return out + delta_event({{"type", "thinking_delta"}, {"thinking", delta}});
   }
 
   std::string tool_call(const std::string& id, const tools::ToolCall& c) override {
@@ -267,7 +267,8 @@ class AnthropicResponder : public Responder {
     json seq = f.reason == FinishReason::stop_sequence ? json(f.stop_sequence) : json(nullptr);
     if (plan_.stream) {
       std::string out = index_ < 0 ? begin("text", {{"type", "text"}, {"text", ""}}) : std::string();
-      return out + end_block() +
+      out += end_block();
+      return out +
              sse_event("message_delta", {{"type", "message_delta"},
                                          {"delta", {{"stop_reason", reason}, {"stop_sequence", seq}}},
                                          {"usage", {{"output_tokens", f.completion_tokens}}}}) +

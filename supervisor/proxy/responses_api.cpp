@@ -19,7 +19,8 @@ class ResponsesResponder : public Responder {
   std::string open() override {
     if (!plan_.stream) return {};
     json r = response("in_progress", nullptr);
-    return event("response.created", {{"response", r}}) + event("response.in_progress", {{"response", r}});
+    std::string out = event("response.created", {{"response", r}});  // in order: each takes the next sequence number
+    return out + event("response.in_progress", {{"response", r}});
   }
 
   std::string text(std::string_view delta, std::vector<TokenInfo>) override {

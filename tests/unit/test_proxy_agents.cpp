@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shared/error.h"
 #include "shared/gguf.h"
 #include "supervisor/proxy/answer.h"
 #include "supervisor/proxy/api_response.h"
@@ -249,8 +250,11 @@ TEST_CASE("agents: OpenAI answers carry reasoning_content and tool_calls, whole 
 
   r.plan->stream = true;
   resp = make_responder(*r.plan, stories().tokenizer(), "chatcmpl-1", 5);
-  std::string s = resp->open() + resp->reasoning("th") + resp->text("Hi", {}) +
-                  resp->tool_call("call_9", {"get_weather", R"({"city":"Oslo"})"}) + resp->finish(f);
+  std::string s = resp->open();  // one after the other (the operands of + have no order)
+  s += resp->reasoning("th");
+  s += resp->text("Hi", {});
+  s += resp->tool_call("call_9", {"get_weather", R"({"city":"Oslo"})"});
+  s += resp->finish(f);
   std::vector<json> chunks;
   for (size_t at = 0; (at = s.find("data: {", at)) != std::string::npos; at += 6)
     chunks.push_back(json::parse(s.substr(at + 6, s.find("\n\n", at) - at - 6)));
@@ -298,8 +302,12 @@ TEST_CASE("agents: Anthropic answers have thinking, text and tool_use blocks; th
 
   r.plan->stream = true;
   resp = make_responder(*r.plan, stories().tokenizer(), "msg_1", 5);
-  const std::string s = resp->open() + resp->reasoning("hm") + resp->text("Run", {}) + resp->text("ning.", {}) +
-                        resp->tool_call("toolu_1", {"Bash", R"({"command":"ls"})"}) + resp->finish(f);
+  std::string s = resp->open();
+  s += resp->reasoning("hm");
+  s += resp->text("Run", {});
+  s += resp->text("ning.", {});
+  s += resp->tool_call("toolu_1", {"Bash", R"({"command":"ls"})"});
+  s += resp->finish(f);
   std::vector<std::string> events;
   std::vector<json> data;
   for (size_t at = 0; (at = s.find("event: ", at)) != std::string::npos; at += 7) {
@@ -366,8 +374,11 @@ TEST_CASE("agents: the Responses API: input items, function calls round-trip, pr
   // Streamed: the event types in order, sequence numbers counting up.
   r.plan->stream = true;
   resp = make_responder(*r.plan, stories().tokenizer(), "resp_abc", 7);
-  const std::string s = resp->open() + resp->reasoning("hm") + resp->text("Listing.", {}) +
-                        resp->tool_call("call_2", {"shell", R"({"cmd":"ls -l"})"}) + resp->finish(f);
+  std::string s = resp->open();
+  s += resp->reasoning("hm");
+  s += resp->text("Listing.", {});
+  s += resp->tool_call("call_2", {"shell", R"({"cmd":"ls -l"})"});
+  s += resp->finish(f);
   std::vector<std::string> events;
   int64_t seq = 0;
   for (size_t at = 0; (at = s.find("event: ", at)) != std::string::npos; at += 7) {
