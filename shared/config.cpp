@@ -552,6 +552,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
         {"listen", [&](const Entry& x) { read_listen(r, x, c.proxy.listen); }},
         {"api_keys_file", [&](const Entry& x) { r.path(x, c.proxy.api_keys_file); }},
         {"busy_poll", [&](const Entry& x) { r.busy_poll(x, c.proxy.busy_poll); }},
+        {"responses_store", [&](const Entry& x) { r.integer(x, c.proxy.responses_store, 0, 1000000); }},
         {"queue", [&](const Entry& q) {
           r.mapping(q.value, q.mark, q.path, {
             {"max_waiting", [&](const Entry& x) { r.integer(x, c.proxy.queue.max_waiting, 0, 1000000); }},
@@ -810,6 +811,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(P.listen != Q.listen, "proxy.listen", c.listen);
   note(P.api_keys_file != Q.api_keys_file, "proxy.api_keys_file", c.in_place);
   note(P.busy_poll != Q.busy_poll, "proxy.busy_poll", c.in_place);
+  note(P.responses_store != Q.responses_store, "proxy.responses_store", c.in_place);
   note(P.queue.max_waiting != Q.queue.max_waiting, "proxy.queue.max_waiting", c.in_place);
   note(P.queue.max_wait != Q.queue.max_wait, "proxy.queue.max_wait", c.in_place);
   note(P.limits.max_header_bytes != Q.limits.max_header_bytes, "proxy.limits.max_header_bytes", c.in_place);

@@ -81,6 +81,9 @@ struct ProxyConfig {
   /// before it sleeps: a reply that comes meanwhile skips a wake-up. nullopt
   /// = auto (busy_poll_for()).
   std::optional<std::chrono::microseconds> busy_poll;
+  /// Responses API answers kept for previous_response_id (the most recent
+  /// ones); 0 = none kept (such a request is then a 400).
+  std::uint32_t responses_store = 256;
   bool operator==(const ProxyConfig&) const = default;
 };
 

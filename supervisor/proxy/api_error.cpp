@@ -1,5 +1,7 @@
 #include "supervisor/proxy/api_error.h"
 
+#include <cctype>
+
 #include "supervisor/proxy/json_util.h"
 
 namespace ds4::proxy {
@@ -57,11 +59,21 @@ const char* anthropic_type(ErrorKind k) {
 
 }  // namespace
 
+std::string param_of(std::string_view m) {
+  if (!m.starts_with('\'')) return {};
+  const size_t end = m.find('\'', 1);
+  if (end == std::string_view::npos || end == 1) return {};
+  const std::string_view name = m.substr(1, end - 1);
+  for (char c : name)  // a field path, not a quoted value
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '[' || c == ']' || c == '-')) return {};
+  return std::string(name);
+}
+
 std::string error_body(Api api, const ApiError& e) {
   if (api == Api::anthropic)
     return dump({{"type", "error"}, {"error", {{"type", anthropic_type(e.kind)}, {"message", e.message}}}});
   auto [type, code] = openai_type(e.kind);
-  return dump({{"error", {{"message", e.message}, {"type", type}, {"param", nullptr}, {"code", code}}}});
+  return dump({{"error", {{"message", e.message}, {"type", type}, {"param", e.param.empty() ? json(nullptr) : json(e.param)}, {"code", code}}}});
 }
 
 }  // namespace ds4::proxy

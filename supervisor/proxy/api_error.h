@@ -4,6 +4,7 @@
 /// the error type travel together so that a handler names one thing: ApiError.
 
 #include <string>
+#include <string_view>
 
 namespace ds4::proxy {
 
@@ -23,15 +24,26 @@ enum class ErrorKind {
 };
 
 struct ApiError {
+  ApiError() = default;
+  ApiError(ErrorKind k, std::string m, int retry = 0, std::string p = {})
+      : kind(k), message(std::move(m)), retry_after_s(retry), param(std::move(p)) {}
   ErrorKind kind = ErrorKind::internal;
   std::string message;
   int retry_after_s = 0;  // 503: seconds for Retry-After
+  std::string param;      // OpenAI's `param`: the request field at fault ("" = null)
 };
+
+/// The field a message names first: "'messages[1].role' is …" → "messages[1].role"; "" when none.
+std::string param_of(std::string_view message);
 
 int status_of(ErrorKind k);
 /// The JSON body of an error, in `api`'s shape.
 std::string error_body(Api api, const ApiError& e);
 
-inline ApiError bad_request(std::string m) { return {ErrorKind::bad_request, std::move(m)}; }
+/// A 400 whose param is the field its message names first.
+inline ApiError bad_request(std::string m) {
+  std::string p = param_of(m);
+  return {ErrorKind::bad_request, std::move(m), 0, std::move(p)};
+}
 
 }  // namespace ds4::proxy

@@ -5,6 +5,7 @@
 
 #include "shared/error.h"
 #include "supervisor/proxy/json_util.h"
+#include "text/reasoning.h"
 
 namespace ds4::proxy {
 
@@ -17,56 +18,12 @@ constexpr int64_t kMaxN = 1 << 20;
 constexpr int64_t kMaxTopK = 1 << 30;
 double max_temperature(bool anthropic) { return anthropic ? 1 : 2; }
 
-// Text of an OpenAI or Anthropic content field: a string, or an array of
-// parts of which the text ones are joined.
-std::string content_text(const json& c, const std::string& where) {
-  if (c.is_null()) return {};
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) throw Error("'" + where + ".content' must be a string or an array of parts");
-  std::string out;
-  for (const json& part : c) {
-    if (part.is_string()) {
-      out += part.get<std::string>();
-      continue;
-    }
-    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-      throw Error("'" + where + ".content' parts must be objects with a 'type'");
-    const std::string type = part["type"];
-    if (type != "text") throw Error("'" + where + ".content' has a part of type '" + type + "'; only text is supported");
-    auto t = opt_string(part, "text");
-    if (!t) throw Error("'" + where + ".content' text part needs 'text'");
-    out += *t;
-  }
-  return out;
-}
-
-// The template's role for a message's role; nullopt when the endpoint has no such role.
-std::optional<std::string> chat_role(std::string_view role, bool anthropic) {
+// The role a message of the common shape has in ChatInput; nullopt when it
+// needs the full parse (tool, function) or the endpoint has no such role.
+std::optional<std::string> chat_role(std::string_view role) {
   if (role == "developer") role = "system";
-  if (role == "tool" || role == "function") role = "user";
-  const bool known = role == "user" || role == "assistant" || (!anthropic && role == "system");
-  if (!known) return std::nullopt;
-  return std::string(role);
-}
-
-std::vector<ChatMessage> chat_messages(const json& body, const char* key, bool anthropic) {
-  auto it = body.find(key);
-  if (it == body.end() || !it->is_array()) throw Error(std::string("'") + key + "' must be an array of messages");
-  if (it->empty()) throw Error(std::string("'") + key + "' must not be empty");
-  std::vector<ChatMessage> out;
-  if (anthropic && body.contains("system") && !body["system"].is_null())
-    out.push_back({"system", content_text(body["system"], "system")});
-  size_t i = 0;
-  for (const json& m : *it) {
-    const std::string where = std::string(key) + "[" + std::to_string(i++) + "]";
-    if (!m.is_object()) throw Error("'" + where + "' must be an object");
-    auto role = opt_string(m, "role");
-    if (!role) throw Error("'" + where + ".role' is required");
-    std::optional<std::string> r = chat_role(*role, anthropic);
-    if (!r) throw Error("'" + where + ".role' is '" + *role + "', not a role this endpoint accepts");
-    out.push_back({std::move(*r), m.contains("content") ? content_text(m["content"], where) : std::string()});
-  }
-  return out;
+  if (role == "user" || role == "assistant" || role == "system") return std::string(role);
+  return std::nullopt;
 }
 
 // OpenAI's logit_bias: {"token id": bias}, biases in [-100, 100], ids in the
@@ -96,7 +53,7 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& body, int32_t n_vo
 // Fields whose meaning this server cannot honour get a 400 naming them,
 // rather than an answer that quietly ignores them. Their "off" values pass.
 void refuse_unsupported(const json& body, Endpoint endpoint) {
-  const bool anthropic = endpoint == Endpoint::messages;
+  const bool anthropic = endpoint == Endpoint::messages || endpoint == Endpoint::count_tokens;
   auto given = [&](const char* key) -> const json* {
     auto it = body.find(key);
     return it == body.end() || it->is_null() ? nullptr : &*it;
@@ -107,14 +64,13 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
       if (*v == w) return true;
     return false;
   };
-  if (const json* t = given("tools"); t && !empty_list(t))
-    throw Error("'tools': tool calls are not supported by this server (the model answers in text)");
-  if (const json* c = given("tool_choice"))
-    if (!one_of(c, {"none", "auto"}) && !(anthropic && c->is_object() && c->contains("type") && one_of(&(*c)["type"], {"none", "auto"})))
-      throw Error("'tool_choice': tool calls are not supported by this server");
-  if (anthropic) {
-    if (const json* t = given("thinking"); t && !(t->is_object() && t->contains("type") && (*t)["type"] == "disabled"))
-      throw Error("'thinking': extended thinking is not supported by this server");
+  if (anthropic) return;
+  if (endpoint == Endpoint::responses) {
+    if (const json* t = given("text"); t && t->is_object())
+      if (const json* f = t->contains("format") ? &(*t)["format"] : nullptr; f && !f->is_null() &&
+          !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
+        throw Error("'text.format': only {\"type\": \"text\"} is served; JSON modes (json_object, json_schema) are not supported");
+    if (const json* b = given("background"); b && *b != false) throw Error("'background': background responses are not supported");
     return;
   }
   if (const json* f = given("functions"); f && !empty_list(f))
@@ -213,10 +169,32 @@ int depth_of(const json& j, int depth) {
   return d;
 }
 
+// A chat's prompt and what is read out of its answer. The thinking controls
+// reach the template as enable_thinking (unless chat_template_kwargs says).
+void chat_plan(Plan& p, Endpoint endpoint, const json* body, ChatInput in, const ModelText& model, const PlanLimits& limits) {
+  if (body) {
+    if (std::optional<bool> think = thinking_asked(*body, endpoint != Endpoint::chat && endpoint != Endpoint::responses);
+        think && !in.kwargs.contains("enable_thinking"))
+      in.kwargs["enable_thinking"] = *think;
+    if (auto t = body->find("thinking"); t != body->end() && t->is_object() && (*t)["type"] == "enabled")
+      if (auto b = opt_int(*t, "budget_tokens", 1, INT64_MAX)) p.thinking_budget = *b;
+  }
+  if (p.tool_choice.mode == ToolChoice::Mode::none) in.tools = json::array();  // not offered: no call to parse
+  const std::string text = render_prompt(model, in);
+  p.gen.prompt = encode_prompt(model, text, limits);
+  p.read_answer = true;
+  p.tool_calls = !in.tools.empty();
+  p.tool_syntax = model.tool_syntax();
+  p.thought_open = reasoning::prompt_opens_thought(text);
+}
+void chat_plan(Plan& p, Endpoint endpoint, const json& body, ChatInput in, const ModelText& model, const PlanLimits& limits) {
+  chat_plan(p, endpoint, &body, std::move(in), model, limits);
+}
+
 Plan parse(Endpoint endpoint, const json& body, const ModelText& model, const PlanLimits& limits) {
   Plan p;
   p.endpoint = endpoint;
-  const bool anthropic = endpoint == Endpoint::messages;
+  const bool anthropic = endpoint == Endpoint::messages || endpoint == Endpoint::count_tokens;
   p.model = opt_string(body, "model").value_or(model.name());
   p.stream = opt_bool(body, "stream").value_or(false);
   if (auto so = body.find("stream_options"); so != body.end() && !so->is_null()) {
@@ -229,15 +207,39 @@ Plan parse(Endpoint endpoint, const json& body, const ModelText& model, const Pl
   if (endpoint == Endpoint::completion) {
     p.gen.prompt = completion_prompt(body, model, limits);
   } else {
-    p.gen.prompt = encode_prompt(model, render_chat(model.family(), chat_messages(body, "messages", anthropic)), limits);
+    ChatInput in;
+    if (endpoint == Endpoint::chat) {
+      in = openai_chat_input(body, p.tool_choice);
+    } else if (endpoint == Endpoint::responses) {
+      std::optional<json> previous;
+      if (auto id = opt_string(body, "previous_response_id")) {
+        if (limits.responses) previous = limits.responses->get(*id);
+        if (!previous) throw Error("'previous_response_id': no stored response '" + *id + "' (the store keeps the most recent ones, proxy.responses.store)");
+        p.echo["previous_response_id"] = *id;
+      }
+      in = responses_input(body, previous ? &*previous : nullptr, p.tool_choice);
+      p.conversation = in.messages;
+      if (opt_string(body, "instructions")) {
+        p.conversation.erase(p.conversation.begin());
+        p.echo["instructions"] = body["instructions"];
+      }
+      p.store = opt_bool(body, "store").value_or(true);
+      if (auto u = opt_string(body, "user")) p.echo["user"] = *u;
+      if (auto m = body.find("metadata"); m != body.end() && m->is_object()) p.echo["metadata"] = *m;
+    } else {
+      in = anthropic_input(body, p.tool_choice);
+    }
+    chat_plan(p, endpoint, body, std::move(in), model, limits);
   }
   check_prompt(p.gen.prompt, limits);
 
-  // Length. Anthropic requires max_tokens; OpenAI defaults to what fits.
+  // Length. Anthropic requires max_tokens; OpenAI defaults to what fits; a
+  // length past the context is cut to it (as the hosted APIs do).
   std::optional<int64_t> max_tokens = opt_int(body, "max_tokens", anthropic ? 1 : 0, INT64_MAX);
   if (!anthropic)
     if (auto m = opt_int(body, "max_completion_tokens", 0, INT64_MAX)) max_tokens = m;
-  if (anthropic && !max_tokens) throw Error("'max_tokens' is required");
+  if (endpoint == Endpoint::responses) max_tokens = opt_int(body, "max_output_tokens", 1, INT64_MAX);
+  if (endpoint == Endpoint::messages && !max_tokens) throw Error("'max_tokens' is required");
   p.gen.max_tokens = answer_length(max_tokens, int64_t(p.gen.prompt.size()), limits);
 
   // Sampling: llama.cpp's defaults where the client says nothing.
@@ -518,14 +520,14 @@ std::optional<Plan> common_plan(Endpoint endpoint, CommonFields& f, const ModelT
   if (endpoint == Endpoint::completion) {
     p.gen.prompt = encode_prompt(model, *f.prompt, limits);
   } else {
-    std::vector<ChatMessage> messages;
-    if (f.system) messages.push_back({"system", std::move(*f.system)});
+    ChatInput in;
+    if (f.system) in.messages.push_back({{"role", "system"}, {"content", std::move(*f.system)}});
     for (ChatMessage& m : *f.messages) {
-      std::optional<std::string> role = chat_role(m.role, anthropic);
+      std::optional<std::string> role = chat_role(m.role);
       if (!role) return std::nullopt;
-      messages.push_back({std::move(*role), std::move(m.content)});
+      in.messages.push_back({{"role", std::move(*role)}, {"content", std::move(m.content)}});
     }
-    p.gen.prompt = encode_prompt(model, render_chat(model.family(), messages), limits);
+    chat_plan(p, endpoint, nullptr, std::move(in), model, limits);
   }
   check_prompt(p.gen.prompt, limits);
   p.gen.max_tokens = answer_length(f.max_completion_tokens ? f.max_completion_tokens : f.max_tokens,
@@ -545,6 +547,7 @@ std::optional<Plan> common_plan(Endpoint endpoint, CommonFields& f, const ModelT
 
 std::optional<Plan> parse_common_request(Endpoint endpoint, std::string_view text, const ModelText& model,
                                          const PlanLimits& limits) {
+  if (endpoint == Endpoint::responses || endpoint == Endpoint::count_tokens) return std::nullopt;
   Reader r(text);
   CommonFields f;
   std::string key;

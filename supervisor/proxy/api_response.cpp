@@ -40,7 +40,9 @@ void put_usage(JsonWriter& w, const Finish& f) {
       .end_object();
 }
 
-const char* openai_reason(FinishReason r) { return r == FinishReason::length ? "length" : "stop"; }
+const char* openai_reason(FinishReason r) {
+  return r == FinishReason::length ? "length" : r == FinishReason::tool_calls ? "tool_calls" : "stop";
+}
 
 /// /v1/chat/completions and /v1/completions. Written with JsonWriter (one
 /// of these runs per token and per request), log-probs through nlohmann.
@@ -65,6 +67,28 @@ class OpenAIResponder : public Responder {
     return sse(chunk(delta, false, lp, nullptr, nullptr));
   }
 
+  std::string reasoning(std::string_view delta) override {
+    if (delta.empty() || !chat_) return {};
+    if (!plan_.stream) {
+      reasoning_ += delta;
+      return {};
+    }
+    return sse(delta_chunk({{"reasoning_content", delta}}));
+  }
+
+  std::string tool_call(const std::string& id, const tools::ToolCall& c) override {
+    if (!chat_) return {};
+    const int64_t index = int64_t(calls_.size());
+    calls_.push_back({{"id", id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    if (!plan_.stream) return {};
+    // As the SDKs assemble them: id, type and name first, then the arguments.
+    return sse(delta_chunk({{"tool_calls", json::array({{{"index", index},
+                                                         {"id", id},
+                                                         {"type", "function"},
+                                                         {"function", {{"name", c.name}, {"arguments", ""}}}}})}})) +
+           sse(delta_chunk({{"tool_calls", json::array({{{"index", index}, {"function", {{"arguments", c.arguments}}}}})}}));
+  }
+
   std::string finish(const Finish& f) override {
     if (plan_.stream) {
       std::string out = sse(chunk("", false, "null", openai_reason(f.reason), &f.timings));
@@ -84,8 +108,17 @@ class OpenAIResponder : public Responder {
     w.begin_object().key("choices").begin_array().begin_object();
     w.key("finish_reason").value(openai_reason(f.reason)).key("index").value(int64_t(0));
     w.key("logprobs").raw(plan_.logprobs ? dump(logprobs(tokens_)) : "null");
-    if (chat_) w.key("message").begin_object().key("content").value(text_).key("role").value("assistant").end_object();
-    else w.key("text").value(text_);
+    if (chat_) {
+      w.key("message").begin_object().key("content");
+      if (text_.empty() && !calls_.empty()) w.null();
+      else w.value(text_);
+      if (!reasoning_.empty()) w.key("reasoning_content").value(reasoning_);
+      w.key("role").value("assistant");
+      if (!calls_.empty()) w.key("tool_calls").raw(dump(calls_));
+      w.end_object();
+    } else {
+      w.key("text").value(text_);
+    }
     w.end_object().end_array();
     envelope(w, chat_ ? "chat.completion" : "text_completion");
     w.key("timings");
@@ -130,6 +163,15 @@ class OpenAIResponder : public Responder {
     }
     return std::move(w.end_object().str());
   }
+  // A chat chunk whose delta is `delta`.
+  std::string delta_chunk(const json& delta) const {
+    JsonWriter w;
+    w.begin_object().key("choices").begin_array().begin_object();
+    w.key("delta").raw(dump(delta)).key("finish_reason").null().key("index").value(int64_t(0)).key("logprobs").null();
+    w.end_object().end_array();
+    envelope(w, "chat.completion.chunk");
+    return std::move(w.end_object().str());
+  }
   // Chat: {"content":[{token, logprob, bytes, top_logprobs}]}; completions:
   // {tokens, token_logprobs, top_logprobs:[{text: lp}], text_offset}.
   json logprobs(const std::vector<TokenInfo>& tokens) {
@@ -166,11 +208,14 @@ class OpenAIResponder : public Responder {
   int64_t created_;
   bool chat_;
   std::string text_;
+  std::string reasoning_;
+  json calls_ = json::array();
   std::vector<TokenInfo> tokens_;
   int64_t offset_ = 0;
 };
 
-/// /v1/messages.
+/// /v1/messages. Streams open each content block when its first text comes
+/// (a thinking block, then text, then tool_use blocks as the answer has them).
 class AnthropicResponder : public Responder {
  public:
   AnthropicResponder(const Plan& p, std::string id) : plan_(p), id_(std::move(id)) {}
@@ -179,35 +224,58 @@ class AnthropicResponder : public Responder {
     if (!plan_.stream) return {};
     json msg = message(json::array());
     msg["usage"] = {{"input_tokens", int64_t(plan_.gen.prompt.size())}, {"output_tokens", 0}};
-    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}}) +
-           sse_event("content_block_start",
-                     {{"type", "content_block_start"}, {"index", 0}, {"content_block", {{"type", "text"}, {"text", ""}}}}) +
-           sse_event("ping", {{"type", "ping"}});
+    return sse_event("message_start", {{"type", "message_start"}, {"message", msg}});
   }
 
   std::string text(std::string_view delta, std::vector<TokenInfo>) override {
+    if (delta.empty()) return {};
     if (!plan_.stream) {
-      text_ += delta;
+      add_block("text", delta);
       return {};
     }
+    std::string out = begin("text", {{"type", "text"}, {"text", ""}});  // first: it sets the block's index
+    return out + delta_event({{"type", "text_delta"}, {"text", delta}});
+  }
+
+  std::string reasoning(std::string_view delta) override {
     if (delta.empty()) return {};
-    return sse_event("content_block_delta", {{"type", "content_block_delta"},
-                                             {"index", 0},
-                                             {"delta", {{"type", "text_delta"}, {"text", delta}}}});
+    if (!plan_.stream) {
+      add_block("thinking", delta);
+      return {};
+    }
+    std::string out = begin("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+    return out + delta_event({{"type", "thinking_delta"}, {"thinking", delta}});
+  }
+
+  std::string tool_call(const std::string& id, const tools::ToolCall& c) override {
+    json input = json::parse(c.arguments, nullptr, false);
+    if (!input.is_object()) input = json::object();
+    if (!plan_.stream) {
+      blocks_.push_back({{"type", "tool_use"}, {"id", id}, {"name", c.name}, {"input", std::move(input)}});
+      return {};
+    }
+    std::string out = begin("tool_use", {{"type", "tool_use"}, {"id", id}, {"name", c.name}, {"input", json::object()}});
+    out += delta_event({{"type", "input_json_delta"}, {"partial_json", c.arguments}});
+    return out + end_block();
   }
 
   std::string finish(const Finish& f) override {
-    const char* reason = f.reason == FinishReason::length ? "max_tokens"
-                         : f.reason == FinishReason::stop_sequence ? "stop_sequence" : "end_turn";
+    const char* reason = f.reason == FinishReason::length          ? "max_tokens"
+                         : f.reason == FinishReason::stop_sequence ? "stop_sequence"
+                         : f.reason == FinishReason::tool_calls    ? "tool_use"
+                                                                   : "end_turn";
     json seq = f.reason == FinishReason::stop_sequence ? json(f.stop_sequence) : json(nullptr);
     if (plan_.stream) {
-      return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
+      std::string out = index_ < 0 ? begin("text", {{"type", "text"}, {"text", ""}}) : std::string();
+      out += end_block();
+      return out +
              sse_event("message_delta", {{"type", "message_delta"},
                                          {"delta", {{"stop_reason", reason}, {"stop_sequence", seq}}},
                                          {"usage", {{"output_tokens", f.completion_tokens}}}}) +
              sse_event("message_stop", {{"type", "message_stop"}});
     }
-    json msg = message(json::array({{{"type", "text"}, {"text", text_}}}));
+    if (blocks_.empty()) blocks_.push_back({{"type", "text"}, {"text", ""}});
+    json msg = message(std::move(blocks_));
     msg["stop_reason"] = reason;
     msg["stop_sequence"] = seq;
     msg["usage"] = {{"input_tokens", f.prompt_tokens}, {"output_tokens", f.completion_tokens}};
@@ -223,15 +291,46 @@ class AnthropicResponder : public Responder {
     return {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", plan_.model}, {"content", std::move(content)},
             {"stop_reason", nullptr}, {"stop_sequence", nullptr}};
   }
+  // Whole answers: text joined into the last block of its type.
+  void add_block(const char* type, std::string_view delta) {
+    const char* key = std::string_view(type) == "text" ? "text" : "thinking";
+    if (blocks_.empty() || blocks_.back()["type"] != type) {
+      blocks_.push_back({{"type", type}, {key, ""}});
+      if (std::string_view(type) == "thinking") blocks_.back()["signature"] = "";
+    }
+    blocks_.back()[key] = blocks_.back()[key].get<std::string>() + std::string(delta);
+  }
+  // Streams: the block of `type` open (the one before closed), ping after the first.
+  std::string begin(const char* type, const json& block) {
+    if (open_ == type) return {};
+    std::string out = end_block();
+    open_ = type;
+    out += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", ++index_}, {"content_block", block}});
+    if (!pinged_) out += sse_event("ping", {{"type", "ping"}});
+    pinged_ = true;
+    return out;
+  }
+  std::string delta_event(const json& delta) const {
+    return sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", delta}});
+  }
+  std::string end_block() {
+    if (open_.empty()) return {};
+    open_.clear();
+    return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_}});
+  }
   const Plan& plan_;
   std::string id_;
-  std::string text_;
+  json blocks_ = json::array();
+  std::string open_;  // the type of the block open in a stream
+  int64_t index_ = -1;
+  bool pinged_ = false;
 };
 
 }  // namespace
 
 std::unique_ptr<Responder> make_responder(const Plan& plan, const Tokenizer& tok, std::string id, int64_t created) {
   if (plan.endpoint == Endpoint::messages) return std::make_unique<AnthropicResponder>(plan, std::move(id));
+  if (plan.endpoint == Endpoint::responses) return make_responses_responder(plan, std::move(id), created);
   return std::make_unique<OpenAIResponder>(plan, tok, std::move(id), created);
 }
 

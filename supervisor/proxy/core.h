@@ -15,12 +15,24 @@
 #include "supervisor/proxy/api_keys.h"
 #include "supervisor/proxy/metrics.h"
 #include "supervisor/proxy/model_text.h"
+#include "supervisor/proxy/response_store.h"
 #include "supervisor/proxy/router.h"
 #include "supervisor/proxy/scheduler.h"
 
 namespace ds4::proxy {
 
 class Session;
+
+/// Refused requests' journal lines, at most kPerSecond a second; the ones
+/// left out are counted and said with the next line written.
+struct RefusalLog {
+  static constexpr int kPerSecond = 5;
+  std::chrono::steady_clock::time_point second{};
+  int written = 0;
+  int64_t left_out = 0;
+  /// One line for a refused request (status >= 400): its status, endpoint and reason.
+  void note(int status, std::string_view endpoint, std::string_view reason);
+};
 
 struct Core {
   Core(boost::asio::io_context& io, const ProxyConfig& cfg, ModelText m, sup::WorkerRegistry& reg);
@@ -34,6 +46,8 @@ struct Core {
   std::shared_ptr<const ApiKeys> keys;
   Scheduler scheduler;
   Metrics metrics;
+  ResponseStore responses;  // previous_response_id's (proxy.responses_store)
+  RefusalLog refusals;
   boost::asio::ip::tcp::acceptor acceptor;
   std::map<Session*, std::weak_ptr<Session>> sessions;
   std::function<std::string()> metrics_extra;

@@ -2,20 +2,29 @@
 
 #include <algorithm>
 
+#include "text/reasoning.h"
+
 namespace ds4::proxy {
 
 ModelText ModelText::from_gguf(const gguf::File& meta, std::string name) {
   ModelText m(Tokenizer::from_gguf(meta));
   m.name_ = std::move(name);
-  m.family_ = detect_family(meta.get_string("tokenizer.chat_template").value_or(""));
+  m.template_ = meta.get_string("tokenizer.chat_template").value_or("");
+  m.family_ = detect_family(m.template_);
+  m.syntax_ = tools::detect_syntax(m.template_, m.family_);
+  std::vector<std::string_view> marks = tools::markers(m.syntax_);
+  marks.push_back(reasoning::kOpen);
+  marks.push_back(reasoning::kClose);
   const auto tokens = meta.get_string_array("tokenizer.ggml.tokens");
   const auto types = meta.get_int_array("tokenizer.ggml.token_type");
   if (tokens && types && types->size() == tokens->size()) {
     constexpr int64_t kControl = 3;
     for (size_t i = 0; i < tokens->size(); ++i) {
       const std::string& t = (*tokens)[i];
-      if ((*types)[i] == kControl && t.size() > 1)
+      if ((*types)[i] == kControl && t.size() > 1) {
         m.specials_[static_cast<unsigned char>(t[0])].emplace_back(t, int32_t(i));
+        if (std::find(marks.begin(), marks.end(), std::string_view(t)) != marks.end()) m.markers_[int32_t(i)] = t;
+      }
     }
     for (auto& [c, list] : m.specials_)
       std::stable_sort(list.begin(), list.end(), [](auto& a, auto& b) { return a.first.size() > b.first.size(); });

@@ -11,6 +11,7 @@
 
 #include "shared/gguf.h"
 #include "text/chat_template.h"
+#include "text/tool_calls.h"
 #include "text/tokenizer.h"
 
 namespace ds4::proxy {
@@ -23,6 +24,17 @@ class ModelText {
   const std::string& name() const { return name_; }
   const Tokenizer& tokenizer() const { return tok_; }
   ChatFamily family() const { return family_; }
+  /// The GGUF's tokenizer.chat_template ("" when it has none).
+  const std::string& chat_template() const { return template_; }
+  /// The syntax the model writes tool calls in (tools::detect_syntax).
+  tools::Syntax tool_syntax() const { return syntax_; }
+  /// The text of a control token that answer parsing needs to see (the tool
+  /// call markers of tool_syntax(), <think>, </think>); empty for any other.
+  /// Tokenizer::piece() gives "" for control tokens.
+  std::string_view marker_text(int32_t token) const {
+    auto it = markers_.find(token);
+    return it == markers_.end() ? std::string_view() : std::string_view(it->second);
+  }
 
   /// Tokens for `text` with control tokens written in it (<|im_start|>, </s>)
   /// taken as those tokens, as llama.cpp's server does; BOS first when the
@@ -34,6 +46,9 @@ class ModelText {
   std::string name_;
   Tokenizer tok_;
   ChatFamily family_ = ChatFamily::chatml;
+  std::string template_;
+  tools::Syntax syntax_ = tools::Syntax::hermes;
+  std::unordered_map<int32_t, std::string> markers_;
   // Control tokens by their first byte, longest text first.
   std::unordered_map<unsigned char, std::vector<std::pair<std::string, int32_t>>> specials_;
 };

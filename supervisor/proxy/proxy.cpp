@@ -22,13 +22,14 @@ SchedulerOptions scheduler_options(const ProxyConfig& cfg) {
 
 Core::Core(asio::io_context& io_, const ProxyConfig& c, ModelText m, sup::WorkerRegistry& reg)
     : io(io_), cfg(c), model(std::move(m)), registry(reg), keys(std::make_shared<const ApiKeys>(c.api_keys_file)),
-      scheduler(io_, reg, scheduler_options(c)), acceptor(io_), rng(std::random_device{}()) {}
+      scheduler(io_, reg, scheduler_options(c)), responses(c.responses_store), acceptor(io_), rng(std::random_device{}()) {}
 
 RouteContext Core::route_context() {
   PlanLimits limits;
   limits.max_tokens_per_request = cfg.limits.max_tokens_per_request;
   limits.context = scheduler.max_context();
   limits.random_seed = rng();
+  limits.responses = &responses;
   RouteContext ctx{model, *keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
                    stopping};
   for (const auto& w : scheduler.workers())
@@ -128,6 +129,7 @@ void Proxy::apply(const ProxyConfig& config) {
   c.cfg = config;
   c.cfg.listen = listen;  // rebinding is the caller's (a new Proxy)
   c.scheduler.set_options(scheduler_options(config));
+  c.responses.set_capacity(config.responses_store);
   if (keys_changed) reload_keys();
 }
 

@@ -79,12 +79,16 @@ PathRoute route_of(std::string_view path) {
   if (path == "/v1/chat/completions" || path == "/chat/completions") return {"POST, OPTIONS", Endpoint::chat};
   if (path == "/v1/completions" || path == "/completions") return {"POST, OPTIONS", Endpoint::completion};
   if (path == "/v1/messages") return {"POST, OPTIONS", Endpoint::messages};
-  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models" || !model_of(path).empty())
+  if (path == "/v1/messages/count_tokens") return {"POST, OPTIONS", Endpoint::count_tokens};
+  if (path == "/v1/responses" || path == "/responses") return {"POST, OPTIONS", Endpoint::responses};
+  if (path == "/" || path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models" || !model_of(path).empty())
     return {"GET, HEAD, OPTIONS", std::nullopt};
   return {};
 }
 
-Api api_for(const PathRoute& r) { return r.endpoint == Endpoint::messages ? Api::anthropic : Api::openai; }
+Api api_for(const PathRoute& r) {
+  return r.endpoint == Endpoint::messages || r.endpoint == Endpoint::count_tokens ? Api::anthropic : Api::openai;
+}
 
 Response json_response(int status, const json& j) {
   Response r;
@@ -153,6 +157,7 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
     return out;
   }
 
+  if (target == "/") return out.response = json_response(200, {{"status", "ok"}, {"model", ctx.model.name()}}), out;  // clients probe it
   if (target == "/health") return out.response = health(ctx), out;
   if (target == "/metrics") {
     Response r;
@@ -195,6 +200,8 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
   }
   auto plan = parse_request(*path.endpoint, req.body(), ctx.model, ctx.limits);
   if (auto* e = std::get_if<ApiError>(&plan)) out.response = error_response(out.api, *e);
+  else if (*path.endpoint == Endpoint::count_tokens)  // Anthropic's: the prompt's length, nothing generated
+    out.response = json_response(200, {{"input_tokens", std::get<Plan>(plan).gen.prompt.size()}});
   else out.plan = std::move(std::get<Plan>(plan));
   return out;
 }

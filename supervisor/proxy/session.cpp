@@ -136,6 +136,7 @@ constexpr size_t kTrimAfterBytes = 1024 * 1024;
 void Session::handle() {
   if (trace::on()) trace_received_ = trace::now_ns();
   const HttpRequest& req = parser_->get();
+  target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
   keep_alive_ = req.keep_alive() && !core_.stopping;
   const RouteContext ctx = core_.route_context();
   if (req.body().size() >= kPlanAsideBytes) return plan_aside(ctx);
@@ -188,9 +189,19 @@ void Session::start_job(Plan plan) {
   stream_ = plan_->stream;
   head_sent_ = false;
   text_.emplace(plan_->stop);
+  answer_.emplace(*plan_);
+  answer_text_.clear();
+  answer_calls_ = nlohmann::json::array();
+  thought_tokens_ = earlier_tokens_ = 0;
+  closing_thought_ = false;
   pending_tokens_.clear();
-  const char* prefix = plan_->endpoint == Endpoint::messages ? "msg_" : plan_->endpoint == Endpoint::chat ? "chatcmpl-" : "cmpl-";
-  responder_ = make_responder(*plan_, core_.model.tokenizer(), core_.new_id(prefix), int64_t(std::time(nullptr)));
+  const Endpoint ep = plan_->endpoint;
+  const char* prefix = ep == Endpoint::messages    ? "msg_"
+                       : ep == Endpoint::chat      ? "chatcmpl-"
+                       : ep == Endpoint::responses ? "resp_"
+                                                   : "cmpl-";
+  response_id_ = core_.new_id(prefix);
+  responder_ = make_responder(*plan_, core_.model.tokenizer(), response_id_, int64_t(std::time(nullptr)));
   job_ = std::make_shared<Job>();
   job_->gen = plan_->gen;
   job_->sink = this;
@@ -277,13 +288,73 @@ bool Session::on_token(const proto::TokenEvent& e) {
   if (tok.is_eog(e.token)) return false;
   core_.metrics.add_tokens_out(1);
   if (plan_->logprobs) pending_tokens_.push_back({e.token, e.logprob, e.top});
-  TextStream::Out out = text_->push(tok.piece(e.token));
+  std::string piece = tok.piece(e.token);
+  if (piece.empty() && plan_->read_answer) piece = core_.model.marker_text(e.token);  // a call marker, <think>
+  const bool thinking = answer_->in_thought();
+  TextStream::Out out = text_->push(piece);
   if (!out.text.empty() || out.stopped) {
-    std::string bytes = responder_->text(out.text, std::move(pending_tokens_));
-    pending_tokens_.clear();
-    if (stream_) chunk(bytes);
+    if (!plan_->read_answer) {  // completions: the text as it comes, with its tokens
+      std::string bytes = responder_->text(out.text, std::move(pending_tokens_));
+      pending_tokens_.clear();
+      if (stream_) chunk(bytes);
+    } else {
+      emit(answer_->push(out.text));
+    }
+  }
+  if (thinking && plan_->thinking_budget > 0 && ++thought_tokens_ >= plan_->thinking_budget && answer_->in_thought() &&
+      !out.stopped) {
+    closing_thought_ = true;
+    return false;
   }
   return !out.stopped;
+}
+
+void Session::emit(std::vector<AnswerEvent> events) {
+  std::string bytes;
+  for (AnswerEvent& ev : events) {
+    switch (ev.kind) {
+      case AnswerEvent::Kind::content:
+        bytes += responder_->text(ev.text, std::move(pending_tokens_));
+        pending_tokens_.clear();
+        answer_text_ += ev.text;
+        break;
+      case AnswerEvent::Kind::reasoning:
+        bytes += responder_->reasoning(ev.text);
+        break;
+      case AnswerEvent::Kind::call: {
+        const std::string id = core_.new_id(plan_->endpoint == Endpoint::messages ? "toolu_" : "call_");
+        bytes += responder_->tool_call(id, ev.call);
+        nlohmann::json args = nlohmann::json::parse(ev.call.arguments, nullptr, false);
+        answer_calls_.push_back({{"id", id},
+                                 {"type", "function"},
+                                 {"function", {{"name", ev.call.name}, {"arguments", args.is_object() ? args : nlohmann::json::object()}}}});
+        break;
+      }
+    }
+  }
+  if (stream_) chunk(bytes);
+}
+
+bool Session::close_thought(const Job& done) {
+  const std::string close = "</think>\n\n";
+  emit(answer_->push(text_->flush()));
+  emit(answer_->push(close));
+  earlier_tokens_ += int64_t(done.gen.generated.size());
+  const int32_t left = done.gen.max_tokens - int32_t(done.gen.generated.size());
+  std::vector<int32_t> tail = core_.model.encode(close, false);
+  if (left <= int32_t(tail.size())) return false;
+  job_ = std::make_shared<Job>();
+  job_->gen = done.gen;
+  job_->gen.prompt.insert(job_->gen.prompt.end(), done.gen.generated.begin(), done.gen.generated.end());
+  job_->gen.prompt.insert(job_->gen.prompt.end(), tail.begin(), tail.end());
+  job_->gen.generated.clear();
+  job_->gen.max_tokens = left - int32_t(tail.size());
+  job_->sink = this;
+  if (!core_.scheduler.submit(job_)) {
+    job_.reset();
+    return false;
+  }
+  return true;
 }
 
 void Session::on_done(const JobResult& r) {
@@ -298,7 +369,18 @@ void Session::on_done(const JobResult& r) {
     }
     return respond_error(r.error);
   }
+  if (closing_thought_) {  // the thinking budget is spent: on after </think>
+    closing_thought_ = false;
+    if (close_thought(*job)) return;
+    earlier_tokens_ -= int64_t(job->gen.generated.size());  // no room left: the answer ends here
+  }
   std::string rest = text_->flush();
+  if (plan_->read_answer) {
+    std::vector<AnswerEvent> events = answer_->push(rest);
+    for (AnswerEvent& e : answer_->finish()) events.push_back(std::move(e));
+    emit(std::move(events));
+    rest.clear();
+  }
   if (!rest.empty() || !pending_tokens_.empty()) {
     std::string bytes = responder_->text(rest, std::move(pending_tokens_));
     pending_tokens_.clear();
@@ -307,11 +389,19 @@ void Session::on_done(const JobResult& r) {
   Finish f;
   f.reason = !text_->matched().empty() ? FinishReason::stop_sequence
              : r.reason == "length"    ? FinishReason::length
+             : answer_->calls() > 0    ? FinishReason::tool_calls
                                        : FinishReason::stop;
   f.stop_sequence = text_->matched();
-  f.prompt_tokens = int64_t(job->gen.prompt.size());
-  f.completion_tokens = int64_t(job->gen.generated.size());
+  f.prompt_tokens = int64_t(plan_->gen.prompt.size());
+  f.completion_tokens = earlier_tokens_ + int64_t(job->gen.generated.size());
   f.timings = r.timings;
+  if (plan_->endpoint == Endpoint::responses && plan_->store) {  // for a later previous_response_id
+    nlohmann::json conversation = plan_->conversation;
+    nlohmann::json said = {{"role", "assistant"}, {"content", answer_text_}};
+    if (!answer_calls_.empty()) said["tool_calls"] = answer_calls_;
+    conversation.push_back(std::move(said));
+    core_.responses.put(response_id_, std::move(conversation));
+  }
   if (!stream_) {
     Response resp;
     resp.body = responder_->finish(f);
@@ -325,8 +415,41 @@ void Session::on_done(const JobResult& r) {
 
 // ---- writing ----
 
+void RefusalLog::note(int status, std::string_view endpoint, std::string_view reason) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - second >= std::chrono::seconds(1)) {
+    second = now;
+    written = 0;
+  }
+  if (written >= kPerSecond) {
+    ++left_out;
+    return;
+  }
+  ++written;
+  const std::string status_s = std::to_string(status);
+  std::string message = "refused " + std::string(endpoint) + ": " + status_s + " " + std::string(reason);
+  if (left_out > 0) message += " (" + std::to_string(left_out) + " more refused before, not logged)";
+  left_out = 0;
+  log::warn(message, {{"DS4_EVENT", "refused"}, {"DS4_STATUS", status_s}, {"DS4_ENDPOINT", endpoint}, {"DS4_REASON", reason}});
+}
+
+namespace {
+
+// The message of an error body in either protocol's shape.
+std::string error_message(const std::string& body) {
+  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+      j["error"]["message"].is_string())
+    return j["error"]["message"].get<std::string>().substr(0, 500);
+  return {};
+}
+
+}  // namespace
+
 void Session::respond(const Response& r) {
   core_.metrics.count(r.status);
+  if (r.status >= 400)
+    core_.refusals.note(r.status, target_.empty() ? "(before the request line was read)" : target_, error_message(r.body));
   // A body not read (413) leaves the stream unusable.
   if (r.status == 413 || (parser_ && !parser_->is_done())) keep_alive_ = false;
   write(serialize(r, keep_alive_));

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 
+#include "supervisor/proxy/answer.h"
 #include "supervisor/proxy/api_response.h"
 #include "supervisor/proxy/core.h"
 #include "supervisor/proxy/text_stream.h"
@@ -55,6 +56,11 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void wait_deadline();
   void on_deadline();
 
+  /// Answer events to the responder (and the stream).
+  void emit(std::vector<AnswerEvent> events);
+  /// A thinking budget spent: the thought is closed and the answer goes on
+  /// from the prompt, the tokens so far and `</think>`. False when no room is left.
+  bool close_thought(const Job& done);
   void on_waiting(int64_t position) override;
   bool on_token(const proto::TokenEvent& e) override;
   void on_done(const JobResult& r) override;
@@ -76,6 +82,7 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   std::chrono::steady_clock::time_point deadline_;  // of the limit in force
   int64_t trace_received_ = 0;  // DS4_TRACE: when the request was all read
   int trace_port_ = 0;          // DS4_TRACE: the client's port
+  std::string target_;          // the request's path, for the refusals' journal lines
   bool timer_waiting_ = false;
 
   // The exchange in progress.
@@ -85,6 +92,13 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   std::unique_ptr<Responder> responder_;
   std::shared_ptr<Job> job_;
   std::optional<TextStream> text_;
+  std::optional<AnswerParser> answer_;
+  std::string response_id_;
+  std::string answer_text_;       // the content, for the Responses store
+  nlohmann::json answer_calls_;   // the calls (template shape), for the Responses store
+  int64_t thought_tokens_ = 0;    // tokens inside the thought (a thinking budget counts them)
+  int64_t earlier_tokens_ = 0;    // tokens of the answer before the thought was closed
+  bool closing_thought_ = false;  // the budget is spent: the job stops and goes on after </think>
   std::vector<TokenInfo> pending_tokens_;
   bool stream_ = false;
   bool head_sent_ = false;

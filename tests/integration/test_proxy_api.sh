@@ -110,7 +110,7 @@ check "max_tokens 0: 200 with no text and the prompt counted, streamed or not; t
     jq -e '.choices[0].text == \"\" and .usage.completion_tokens == 0 and .usage.prompt_tokens > 0' $T/b >/dev/null &&
     curl -sN --max-time 30 -H 'Authorization: Bearer sk-test-1' $U/v1/chat/completions -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_completion_tokens\":0,\"stream\":true}' | tail -c 20 | grep -q 'data: \[DONE\]' &&
     kill -0 \$(cat $T/proxy.pid)"
-check "logit_bias is served (+100 on one token: the answer is that token, five times); tools are refused by name" \
+check "logit_bias is served (+100 on one token: the answer is that token, five times); an unknown tool_choice is a 400 naming it in param" \
   python3 - "$U" <<'PY'
 import json, sys, urllib.request, urllib.error
 u = sys.argv[1]
@@ -129,8 +129,8 @@ text = forced["choices"][0]["text"]
 piece = text[: len(text) // 5]
 assert piece and text == piece * 5 and text != plain["choices"][0]["text"], (text, plain)
 s, e = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                                     "tools": [{"type": "function", "function": {"name": "f"}}]})
-assert s == 400 and "'tools'" in e["error"]["message"], (s, e)
+                                     "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"})
+assert s == 400 and "'tool_choice'" in e["error"]["message"] and e["error"]["param"] == "tool_choice", (s, e)
 PY
 # HTTP-level answers: a body that stops coming, a malformed chunked body, a
 # body too large on Anthropic's path, other methods, HEAD.
