@@ -53,6 +53,11 @@ int main(int argc, char** argv) {
     ds4::sup::with_metadata(sup.model(), [&](const ds4::gguf::File& meta) {
       text.emplace(ds4::proxy::ModelText::from_gguf(meta, sup.model().name));
     });
+    if (!text->template_error().empty())
+      ds4::log::warn("the model's chat template does not parse (" + text->template_error() +
+                     "); chat prompts use the " + ds4::family_name(text->family()) + " format instead");
+    else if (text->jinja_template())
+      ds4::log::info("chat prompts are rendered with the model's own template (tokenizer.chat_template)");
     ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(*text), sup.registry());
     proxy.start();
     const auto ep = proxy.endpoint();

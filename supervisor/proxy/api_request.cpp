@@ -125,9 +125,10 @@ void check_prompt_length(int64_t n_prompt, const PlanLimits& limits, const char*
 // The prompt's tokens. A text too long for the limits by its length alone
 // (no token stands for more than max_token_bytes() of it) is refused without
 // encoding it: a 16 MB body would take seconds of a thread.
-std::vector<int32_t> encode_prompt(const ModelText& model, std::string_view text, const PlanLimits& limits) {
+std::vector<int32_t> encode_prompt(const ModelText& model, std::string_view text, const PlanLimits& limits,
+                                   bool add_bos = true) {
   check_prompt_length(int64_t(text.size() / model.tokenizer().max_token_bytes()), limits, " or more");
-  return model.encode(text, true);
+  return model.encode(text, add_bos);
 }
 
 // Completions' prompt: a string, one string in an array, or token ids.
@@ -181,7 +182,9 @@ void chat_plan(Plan& p, Endpoint endpoint, const json* body, ChatInput in, const
   }
   if (p.tool_choice.mode == ToolChoice::Mode::none) in.tools = json::array();  // not offered: no call to parse
   const std::string text = render_prompt(model, in);
-  p.gen.prompt = encode_prompt(model, text, limits);
+  // A template that writes bos_token itself (Llama 3's) gets no second one.
+  const bool template_bos = !model.bos_text().empty() && std::string_view(text).starts_with(model.bos_text());
+  p.gen.prompt = encode_prompt(model, text, limits, !template_bos);
   p.read_answer = true;
   p.tool_calls = !in.tools.empty();
   p.tool_syntax = model.tool_syntax();

@@ -445,6 +445,23 @@ std::string tools_instructions(tools::Syntax syntax, const json& tools) {
   return {};
 }
 
+// `v` with every string escaped for the tokenizer (Tokenizer::escape_special),
+// roles and keys left as they are.
+json escaped(const Tokenizer& tok, const json& v, std::string_view key = {}) {
+  if (v.is_string()) return key == "role" ? v : json(tok.escape_special(v.get_ref<const std::string&>()));
+  if (v.is_array()) {
+    json out = json::array();
+    for (const json& e : v) out.push_back(escaped(tok, e));
+    return out;
+  }
+  if (v.is_object()) {
+    json out = json::object();
+    for (const auto& [k, e] : v.items()) out[k] = escaped(tok, e, k);
+    return out;
+  }
+  return v;
+}
+
 // An assistant's calls as the model writes them.
 std::string calls_text(tools::Syntax syntax, const json& calls) {
   std::string s;
@@ -513,10 +530,22 @@ std::vector<ChatMessage> fallback_messages(const ModelText& model, const ChatInp
 }  // namespace
 
 std::string render_prompt(const ModelText& model, const ChatInput& in) {
-  // The model's own template, when the interpreter (text/jinja.h) is linked:
-  //   if (const jinja::Template* t = model.chat_template()) return apply_chat_template(*t, {...}, limits);
-  // (messages, tools, add_generation_prompt = true, bos/eos tokens, kwargs).
-  return render_chat(model.family(), fallback_messages(model, in));
+  const jinja::Template* t = model.jinja_template();
+  if (!t) return render_chat(model.family(), fallback_messages(model, in));
+  // A control token's text in what the client wrote stays text: only the
+  // template's own markers become those tokens (ModelText::encode).
+  ChatTemplateInput ti;
+  ti.messages = escaped(model.tokenizer(), in.messages);
+  if (!in.tools.empty()) ti.tools = escaped(model.tokenizer(), in.tools);
+  ti.kwargs = in.kwargs;
+  ti.add_generation_prompt = true;
+  ti.bos_token = model.bos_text();
+  ti.eos_token = model.eos_text();
+  try {
+    return apply_chat_template(*t, ti);
+  } catch (const Error& e) {
+    throw Error(std::string("the model's chat template: ") + e.what());
+  }
 }
 
 }  // namespace ds4::proxy
