@@ -59,6 +59,7 @@ class CpuBackend final : public Backend {
     logits_ = take(logit_rows() * hp_.n_vocab);
     rope_ = take(B * hp_.n_rot);
     xq_ = reinterpret_cast<cpu::BlockQ8Act*>(take(xq_floats()));
+    xk_ = reinterpret_cast<cpu::BlockQ8K*>(take(xk_floats()));
     thread_scratch_ = take(pool_.size() * per_thread_floats());
   }
 
@@ -83,6 +84,12 @@ class CpuBackend final : public Backend {
     const int64_t rows = std::max<int64_t>(shape_.max_batch, logit_rows());
     return rows * (max_k() / 32) * int64_t(sizeof(cpu::BlockQ8Act) / sizeof(float));
   }
+  /// The same for weights taking Q8_K blocks (the K-quants).
+  int64_t xk_floats() const {
+    static_assert(sizeof(cpu::BlockQ8K) % sizeof(float) == 0);
+    const int64_t rows = std::max<int64_t>(shape_.max_batch, logit_rows());
+    return rows * (max_k() / 256) * int64_t(sizeof(cpu::BlockQ8K) / sizeof(float));
+  }
   int64_t per_thread_floats() const {
     return cpu::matmul_scratch_floats(max_k()) + pad8(shape_.ctx) + pad8(hp_.head_dim);
   }
@@ -91,7 +98,7 @@ class CpuBackend final : public Backend {
     const_cast<CpuBackend*>(this)->shape_ = s;
     const int64_t B = s.max_batch;
     const int64_t n = B * (2 * ld_dim() + 2 * ld_q() + 2 * ld_kv() + 2 * ld_ff() + hp_.n_rot) +
-                      logit_rows() * (ld_dim() + hp_.n_vocab) + xq_floats() + pool_.size() * per_thread_floats();
+                      logit_rows() * (ld_dim() + hp_.n_vocab) + xq_floats() + xk_floats() + pool_.size() * per_thread_floats();
     const_cast<CpuBackend*>(this)->shape_ = saved;
     return n;
   }
@@ -104,7 +111,8 @@ class CpuBackend final : public Backend {
   float* thread_scratch(int t) const { return thread_scratch_ + int64_t(t) * per_thread_floats(); }
 
   /// Several products sharing one input, rows spread over the pool in one job.
-  /// Q8_0 weights take the input quantized once per call (kernels.h).
+  /// Quantized weights take the input quantized once per call and
+  /// activation type (kernels.h, quant_types.h).
   struct Product {
     const Weight* w;
     const float* x;
@@ -141,7 +149,8 @@ class CpuBackend final : public Backend {
   float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *kk_ = nullptr, *vv_ = nullptr, *att_ = nullptr;
   float *hb_ = nullptr, *hb2_ = nullptr, *xl_ = nullptr, *logits_ = nullptr, *rope_ = nullptr;
   float* thread_scratch_ = nullptr;
-  cpu::BlockQ8Act* xq_ = nullptr;  // (max_batch, max_k / 32): the input of a Q8_0 product
+  cpu::BlockQ8Act* xq_ = nullptr;  // (max_batch, max_k / 32): the input of a product taking Q8_0 blocks
+  cpu::BlockQ8K* xk_ = nullptr;    // (max_batch, max_k / 256): the input of one taking Q8_K blocks
   TraceFn trace_;
 };
 
@@ -168,16 +177,24 @@ void CpuBackend::matmul(std::initializer_list<Product> ps, int64_t T) {
       left -= r1 - r0;
       r0 = r1;
     }
-  const Product* q8 = nullptr;
-  for (const Product& p : ps)
-    if (p.w->type == GgmlType::Q8_0) {
-      if (q8 && (p.x != q8->x || p.ldx != q8->ldx || p.w->cols != q8->w->cols))
-        throw Error("Q8_0 products in one matmul must share their input");
-      q8 = &p;
-    }
-  if (q8) {
-    const int64_t blocks = q8->w->cols / 32;
-    for_tokens(T, [&](int64_t t) { k_.quantize_q8(q8->x + t * q8->ldx, q8->w->cols, xq_ + t * blocks); });
+  // Each activation type the products' weights take (quant_types.h) is
+  // quantized once, from the input the products of that type share.
+  const Product* by_act[3] = {nullptr, nullptr, nullptr};
+  for (const Product& p : ps) {
+    const cpu::QuantType* qt = cpu::quant_type(p.w->type);
+    if (!qt || qt->act == cpu::ActType::F32) continue;
+    const Product*& q = by_act[int(qt->act)];
+    if (q && (p.x != q->x || p.ldx != q->ldx || p.w->cols != q->w->cols))
+      throw Error("products of one activation type in one matmul must share their input");
+    q = &p;
+  }
+  if (const Product* q = by_act[int(cpu::ActType::Q8_0)]) {
+    const int64_t blocks = q->w->cols / 32;
+    for_tokens(T, [&](int64_t t) { k_.quantize_q8(q->x + t * q->ldx, q->w->cols, xq_ + t * blocks); });
+  }
+  if (const Product* q = by_act[int(cpu::ActType::Q8_K)]) {
+    const int64_t blocks = q->w->cols / 256;
+    for_tokens(T, [&](int64_t t) { k_.quantize_q8k(q->x + t * q->ldx, q->w->cols, xk_ + t * blocks); });
   }
   std::atomic<int64_t> next{0};
   parallel(work, [&](int i, int) {
@@ -186,10 +203,10 @@ void CpuBackend::matmul(std::initializer_list<Product> ps, int64_t T) {
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       const Product& p = *chunks[size_t(c)].p;
       MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x, p.ldx, T, p.y, p.ldy};
-      if (p.w->type == GgmlType::Q8_0) {
-        a.xq = xq_;
-        a.ldxq = p.w->cols / 32;
-      }
+      a.xq = xq_;
+      a.ldxq = p.w->cols / 32;
+      a.xk = xk_;
+      a.ldxk = p.w->cols / 256;
       k_.matmul_rows(a, chunks[size_t(c)].r0, chunks[size_t(c)].r1, scratch);
     }
   });
