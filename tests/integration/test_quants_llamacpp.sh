@@ -35,10 +35,11 @@ quantize() { "$peer_bin/llama-quantize" "$@" >"$tmp/quantize.log" 2>&1 || { tail
   --ff 704 --heads 4 --kv-heads 2 --type f16 --seed 6 2>/dev/null
 
 pairs=""
-add() {  # add NAME SOURCE ARGS... : quantize, dequantize, remember the pair
+add() {  # add NAME SOURCE [OPTIONS...] TYPE : quantize, dequantize, remember the pair
   local name=$1 source=$2
   shift 2
-  quantize "$@" "$source" "$tmp/$name.gguf"
+  local type=${*: -1}
+  quantize "${@:1:$#-1}" "$source" "$tmp/$name.gguf" "$type"
   quantize --allow-requantize "$tmp/$name.gguf" "$tmp/$name.f32.gguf" F32
   pairs+="$tmp/$name.gguf=$tmp/$name.f32.gguf;"
 }

@@ -147,7 +147,7 @@ TEST_CASE("quants: every table's products equal the generic row bit for bit, alo
         const auto ref = product(generic_kernels(), type, w, N, K, x, T, ldx);
         // The reference row against a double sum of what it multiplies.
         const Acts acts = quantize(generic_kernels(), x, T, K, ldx);
-        std::vector<float> wd(size_t(K));
+        std::vector<float> wd(static_cast<size_t>(K));
         for (int64_t n = 0; n < N; ++n) {
           dequantize_row(type, w.data(), K, n, wd.data());
           for (int64_t t = 0; t < T; ++t) {
@@ -233,7 +233,7 @@ TEST_CASE("quants: dequantize_row equals llama.cpp's dequantization (DS4_QUANT_P
       const int64_t K = int64_t(t.dims[0]), rows = int64_t(t.n_elements) / K;
       const auto qd = qf.tensor_data(t);
       const auto fd = ff.tensor_data(ft);
-      std::vector<float> row(size_t(K));
+      std::vector<float> row(static_cast<size_t>(K));
       for (int64_t r = 0; r < rows; ++r) {
         dequantize_row(t.type, qd.data(), K, r, row.data());
         if (std::memcmp(row.data(), fd.data() + r * K * 4, size_t(K) * 4) != 0) {
