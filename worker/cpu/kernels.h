@@ -12,7 +12,7 @@
 ///
 /// Q8_0 weights with quantized activations (MatmulArgs::xq, what the engine
 /// uses, as llama.cpp does): each x row is first rounded per 32-block by
-/// quantize_q8 to d_x * q, q in [-127, 127]. Each output then takes, block by
+/// quantize_q8 to d_x * q, q in [-127, 127], the values ggml's x86 code gives. Each output then takes, block by
 /// block in order, the exact integer s = sum of q_w[k] * q_x[k] over the
 /// block's 32 positions and one fused multiply-add
 /// acc = fma(float(s), d_w * d_x, acc) (|s| < 2^24, so float(s) is exact).
@@ -37,7 +37,8 @@
 namespace ds4::cpu {
 
 /// 32 activations rounded for the integer product with Q8_0 weights:
-/// x[i] ~ d * qs[i], d = max|x| / 127, qs = round-to-nearest-even(x * 127 / max|x|).
+/// x[i] ~ d * qs[i], qs = round-to-nearest-even(x * 127 / max|x|), d = max|x| / 127
+/// rounded to fp16 (as ggml stores it: the same activations as llama.cpp's).
 /// A block with max|x| below kQ8ActTiny (where 127 / max|x| could overflow) is all zeros.
 inline constexpr float kQ8ActTiny = 1e-30f;
 struct BlockQ8Act {

@@ -104,7 +104,7 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
     const bool zero = !(amax >= kQ8ActTiny);
     const float id = zero ? 0.0f : 127.0f / amax;
-    out[b].d = zero ? 0.0f : amax / 127.0f;
+    out[b].d = zero ? 0.0f : fp16_to_fp32(fp32_to_fp16(amax / 127.0f));  // the scale as ggml stores it
     // nearbyint rounds to nearest even in the default rounding mode, as the SIMD round does.
     for (int i = 0; i < 32; ++i) {
       const float q = std::nearbyint(v[i] * id);

@@ -37,8 +37,9 @@ namespace ds4::cpu {
 /// Which activation blocks a weight type's products take.
 enum class ActType : uint8_t { F32, Q8_0, Q8_K };
 
-/// 256 activations rounded as one block: x[i] ~ d * qs[i], d = max|x| / 127,
-/// qs = round-to-nearest-even(x * 127 / max|x|); bsums[j] = the sum of qs over
+/// 256 activations rounded as one block: x[i] ~ d * qs[i], d = 1 / (127 / max|x|),
+/// qs = round-to-nearest-even(x * 127 / max|x|) (ggml's values, up to the sign
+/// it gives d and qs); bsums[j] = the sum of qs over
 /// positions 16j..16j+15. Zero when max|x| < kQ8ActTiny (kernels.h).
 struct BlockQ8K {
   float d;

@@ -31,7 +31,7 @@ void quantize_q8k_generic(const float* x, int64_t K, BlockQ8K* out) {
     for (int i = 0; i < 256; ++i) amax = std::max(amax, std::fabs(v[i]));
     const bool zero = !(amax >= kQ8ActTiny);
     const float id = zero ? 0.0f : 127.0f / amax;
-    out[b].d = zero ? 0.0f : amax / 127.0f;
+    out[b].d = zero ? 0.0f : 1.0f / id;  // as ggml: the inverse of the rounding factor
     for (int i = 0; i < 256; ++i) {
       const float q = std::nearbyint(v[i] * id);
       out[b].qs[i] = int8_t(q >= -127 && q <= 127 ? q : 0);

@@ -169,7 +169,7 @@ void quantize_q8_x86(const float* x, int64_t K, BlockQ8Act* out) {
     const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
     const bool zero = !(amax >= kQ8ActTiny);
     const __m256 id = _mm256_set1_ps(zero ? 0.0f : 127.0f / amax);
-    out[b].d = zero ? 0.0f : amax / 127.0f;
+    out[b].d = zero ? 0.0f : _cvtsh_ss(_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT));
     __m256i q[4];
     for (int j = 0; j < 4; ++j)
       q[j] = _mm256_cvtps_epi32(
