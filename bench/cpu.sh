@@ -1,58 +1,89 @@
 #!/usr/bin/env bash
-# CPU speed: ds4-worker bench against llama.cpp (the prebuilt node-llama-cpp,
-# when installed) on the same synthetic files, in the same run, interleaved.
-#   bench/cpu.sh [THREADS=2] [REPS=3] [ROUNDS=3]
-# Models: the 207M llama of issue 2 (1024 wide, 16 layers, ff 2816, 16 heads),
-# F16 and Q8_0, made by ds4-mkmodel under build/models/ when missing.
+# CPU speed: ds4-worker bench against llama.cpp's llama-bench (the peer,
+# ../shared/peers/llama.cpp) on the same files, in the same run, alternated.
+#   bench/cpu.sh [THREADS=2] [REPS=3] [ROUNDS=3] [SETS="207m-f16 207m-q8_0 1b-q4_k_m"]
+# Files, made under build/models/ when missing:
+#   207m-f16, 207m-q8_0: the 207M llama of issue 2 (1024 wide, 16 layers, ff 2816,
+#     16 heads), by ds4-mkmodel;
+#   1b-q4_k_m (and 1b-q5_k_m): ds4-mkmodel's 1b preset (Llama-3-shaped) in F16,
+#     quantized by the peer's llama-quantize.
 # Each round measures ds4 and then llama.cpp on each file (REPS repetitions
-# each, as llama-bench). A shared machine's neighbours slow whole stretches
-# of a run, so every round prints its own ratios and the summary takes the
-# median of the rounds' ratios: one slow stretch moves it by one round at most.
+# each). A shared machine's neighbours slow whole stretches of a run, so
+# every round prints its own ratios and the summary takes the median of the
+# rounds' ratios: one slow stretch moves it by one round at most. The first
+# lines say which kernel table ds4 ran and which CPU variant llama.cpp loaded,
+# and the machine's load (uptime) before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${1:-2}
 reps=${2:-3}
 rounds=${3:-3}
+sets=${4:-207m-f16 207m-q8_0 1b-q4_k_m}
 bin=${DS4_BIN:-build/bin}
 vocab=${DS4_MODELS:-../shared/models}/stories260K.gguf
+peer=${DS4_PEER:-../shared/peers/llama.cpp/bin}
 mkdir -p build/models
-for t in f16 q8_0; do
-  f=build/models/207m-$t.gguf
-  [ -f "$f" ] || "$bin/ds4-mkmodel" --out "$f" --vocab-from "$vocab" --preset 207m --type $t >&2
-done
+model_of() {  # the file of a set, made when missing
+  local s=$1 f=build/models/$1.gguf
+  if [ ! -f "$f" ]; then
+    local preset=${s%%-*} type=${s#*-}
+    case $type in
+      f16 | f32 | bf16 | q8_0) "$bin/ds4-mkmodel" --out "$f" --vocab-from "$vocab" --preset "$preset" --type "$type" >&2 ;;
+      *)
+        local src=build/models/$preset-f16.gguf
+        [ -f "$src" ] || "$bin/ds4-mkmodel" --out "$src" --vocab-from "$vocab" --preset "$preset" --type f16 >&2
+        "$peer/llama-quantize" "$src" "$f" "${type^^}" >&2
+        ;;
+    esac
+  fi
+  echo "$f"
+}
 have_llama=0
-if node -e 'import("./tests/tools/node_llama_cpp.mjs").then(m=>m.loadNodeLlamaCpp()).then(()=>process.exit(0),()=>process.exit(1))' 2>/dev/null; then
+if [ -x "$peer/llama-bench" ]; then
   have_llama=1
 else
-  echo "bench: node-llama-cpp not installed (npm install in tests/js): ds4 figures only" >&2
+  echo "bench: $peer/llama-bench is missing (set DS4_PEER): ds4 figures only" >&2
 fi
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
+echo "load before: $(uptime)"
+for s in $sets; do model_of "$s" >/dev/null; done
 for r in $(seq 1 "$rounds"); do
-  for t in f16 q8_0; do
-    f=build/models/207m-$t.gguf
+  for s in $sets; do
+    f=$(model_of "$s")
     ds4=$("$bin/ds4-worker" bench --model "$f" -p 128 -n 128 -r "$reps" --threads "$threads")
-    echo "{\"round\":$r,\"type\":\"$t\",\"engine\":\"ds4\",\"result\":$ds4}" | tee -a "$results"
+    [ "$r" = 1 ] && echo "ds4 on $s: $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["backend"])' "$ds4")"
+    echo "{\"round\":$r,\"set\":\"$s\",\"engine\":\"ds4\",\"result\":$ds4}" >>"$results"
     if [ $have_llama = 1 ]; then
-      ref=$(node tests/tools/llamacpp_bench.mjs "$f" 128 128 "$reps" "$threads")
-      echo "{\"round\":$r,\"type\":\"$t\",\"engine\":\"llama.cpp\",\"result\":$ref}" | tee -a "$results"
+      out=$("$peer/llama-bench" -m "$f" -p 128 -n 128 -r "$reps" -t "$threads" -o jsonl 2>"$results.err") ||
+        { cat "$results.err" >&2; exit 1; }
+      [ "$r" = 1 ] && echo "llama.cpp on $s: $(grep -o 'loaded CPU backend from [^ ]*' "$results.err" | head -1)"
+      echo "$out" | python3 -c '
+import json, sys
+r = {}
+for line in sys.stdin:
+    t = json.loads(line)
+    r["pp_tok_s" if t["n_prompt"] else "tg_tok_s"] = t["avg_ts"]
+print(json.dumps(r))' | sed "s/^/{\"round\":$r,\"set\":\"$s\",\"engine\":\"llama.cpp\",\"result\":/; s/\$/}/" >>"$results"
     fi
   done
+  echo "round $r done: $(uptime)"
 done
-python3 - "$results" <<'PY'
+rm -f "$results.err"
+python3 - "$results" "$sets" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-def fig(t, engine, key):
-    return [r["result"][key] for r in rows if r["type"] == t and r["engine"] == engine]
-for t in ("f16", "q8_0"):
+def fig(s, engine, key):
+    return [r["result"][key] for r in rows if r["set"] == s and r["engine"] == engine]
+for s in sys.argv[2].split():
     parts = []
     for key, label in (("pp_tok_s", "pp128"), ("tg_tok_s", "tg128")):
-        d, l = fig(t, "ds4", key), fig(t, "llama.cpp", key)
+        d, l = fig(s, "ds4", key), fig(s, "llama.cpp", key)
         text = f"{label} ds4 median {statistics.median(d):.1f} tok/s"
         if l:
             ratios = [a / b for a, b in zip(d, l)]
             text += (f", llama.cpp {statistics.median(l):.1f}; ratio per round "
                      + " ".join(f"{x:.2f}" for x in ratios) + f", median {statistics.median(ratios):.2f}x")
         parts.append(text)
-    print(f"{t}: " + "; ".join(parts))
+    print(f"{s}: " + "; ".join(parts))
 PY

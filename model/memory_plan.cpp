@@ -63,6 +63,8 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   const int64_t max_k = std::max({hp.dim, hp.q_dim(), hp.ff});
   l.xq_floats = std::max(B, R) * (max_k / 32) * 9;
   l.xq = take(l.xq_floats);
+  l.xk_floats = std::max(B, R) * (max_k / 256) * 73;
+  l.xk = take(l.xk_floats);
   l.matmul_per_thread = 17 * pad8(max_k) + 64;
   l.per_thread = l.matmul_per_thread + pad8(s.ctx) + pad8(hp.head_dim);
   l.threads = take(int64_t(std::max(threads, 1)) * l.per_thread);

@@ -77,10 +77,11 @@ struct ScratchLayout {
   // CPU backend: RoPE cos/sin (max_batch x n_rot), the residual-add staging
   // rows (max_batch x ld(x)), the quantized input of a product, and each
   // pool thread's scratch (matmul, attention scores, a head).
-  int64_t rope = 0, stage = 0, xq = 0, threads = 0;
+  int64_t rope = 0, stage = 0, xq = 0, xk = 0, threads = 0;
   int64_t per_thread = 0;       // floats per thread
   int64_t matmul_per_thread = 0; // the part of it a matrix product may use
   int64_t xq_floats = 0;
+  int64_t xk_floats = 0;          // the same in Q8_K blocks of 256 (292 bytes: 73 floats)
   int64_t total = 0;            // floats
 };
 

@@ -22,12 +22,13 @@ Weight bind_tensor(const gguf::File& m, const TensorView& t, const std::string& 
   if (!type_supported(t.type)) {
     auto tr = type_traits(uint32_t(t.type));
     throw Error(m.source() + ": tensor '" + name + "' has type " + std::string(tr ? tr->name : "?") +
-                ", which ds4 does not run (F32, F16, BF16, Q8_0)");
+                ", which ds4 does not run (" + std::string(supported_types()) + ")");
   }
   if (vector && t.type != GgmlType::F32)
     throw Error(m.source() + ": norm tensor '" + name + "' must be F32");
-  if (t.type == GgmlType::Q8_0 && cols % 32 != 0)
-    throw Error(m.source() + ": tensor '" + name + "' is Q8_0 with a row length not a multiple of 32");
+  if (const auto tr = type_traits(uint32_t(t.type)); tr && cols % tr->block_elems != 0)
+    throw Error(m.source() + ": tensor '" + name + "' is " + std::string(tr->name) + " with a row length " +
+                std::to_string(cols) + ", not a multiple of its block of " + std::to_string(tr->block_elems));
   total += t.n_bytes;
   return Weight{t.type, t.data, cols, vector ? 1 : rows};
 }

@@ -27,8 +27,11 @@ struct TypeTraits {
 /// Traits of a type number found in a file, or nullopt when ggml has no such type.
 std::optional<TypeTraits> type_traits(uint32_t type);
 
-/// True for the types ds4's backends compute with: F32, F16, BF16, Q8_0.
+/// True for the types ds4's CPU backend computes with (supported_types()).
+/// Another backend may take fewer: it says so when it binds the weights.
 bool type_supported(GgmlType t);
+/// The names of those types, for messages: "F32, F16, ...".
+std::string_view supported_types();
 
 /// Q8_0: 32 int8 weights sharing one fp16 scale (weight = d * q, exact in f32).
 struct BlockQ8_0 {

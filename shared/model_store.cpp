@@ -117,7 +117,7 @@ void refuse_unsupported(const gguf::File& f) {
     if (!type_supported(t.type)) {
       throw Error(f.source() + ": tensor '" + t.name + "' has type " +
                   std::string(type_traits(uint32_t(t.type))->name) +
-                  ", which ds4 cannot compute (supported: F32, F16, BF16, Q8_0)");
+                  ", which ds4 cannot compute (supported: " + std::string(supported_types()) + ")");
     }
   }
 }

@@ -45,6 +45,7 @@ class CpuBackend final : public Backend, private ForwardOps {
                   " floats of scratch per thread, the memory plan gives " + std::to_string(l.matmul_per_thread) +
                   " (model/memory_plan.cpp must follow kernels.h)");
     static_assert(sizeof(cpu::BlockQ8Act) == 9 * sizeof(float), "the memory plan gives 9 floats per 32 values");
+    static_assert(sizeof(cpu::BlockQ8K) == 73 * sizeof(float), "the memory plan gives 73 floats per 256 values");
     shape_ = s;
     layout_ = l;
     kv_ = HostBuffer(kv_cache_bytes(hp_, s), "KV cache");
@@ -55,6 +56,7 @@ class CpuBackend final : public Backend, private ForwardOps {
     stage_ = f + l.stage;
     xq_ = reinterpret_cast<cpu::BlockQ8Act*>(f + l.xq);
     thread_scratch_ = f + l.threads;
+    xk_ = reinterpret_cast<cpu::BlockQ8K*>(f + l.xk);
   }
 
   void forward(std::span<const BatchToken> batch) override {
@@ -111,7 +113,8 @@ class CpuBackend final : public Backend, private ForwardOps {
   float* thread_scratch(int t) const { return thread_scratch_ + int64_t(t) * layout_.per_thread; }
 
   /// Several products sharing one input, rows spread over the pool in one job.
-  /// Q8_0 weights take the input quantized once per call (kernels.h).
+  /// Quantized weights take the input quantized once per call and
+  /// activation type (kernels.h, quant_types.h).
   struct Product {
     const Weight* w;
     const float* x;
@@ -146,7 +149,8 @@ class CpuBackend final : public Backend, private ForwardOps {
   float* rope_ = nullptr;   // (max_batch, n_rot): cos, sin of each pair's angle
   float* stage_ = nullptr;  // (max_batch, ld(x)): a product that adds into its output
   float* thread_scratch_ = nullptr;
-  cpu::BlockQ8Act* xq_ = nullptr;  // (max_batch, max_k / 32): the input of a Q8_0 product
+  cpu::BlockQ8Act* xq_ = nullptr;  // (max_batch, max_k / 32): the input of a product taking Q8_0 blocks
+  cpu::BlockQ8K* xk_ = nullptr;    // (max_batch, max_k / 256): the input of one taking Q8_K blocks
   std::span<const BatchToken> batch_;
   int64_t rows_ = 0;
   bool rope_ready_ = false;
@@ -176,16 +180,24 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
       left -= r1 - r0;
       r0 = r1;
     }
-  const Product* q8 = nullptr;
-  for (const Product& p : ps)
-    if (p.w->type == GgmlType::Q8_0) {
-      if (q8 && (p.x != q8->x || p.ldx != q8->ldx || p.w->cols != q8->w->cols))
-        throw Error("Q8_0 products in one matmul must share their input");
-      q8 = &p;
-    }
-  if (q8) {
-    const int64_t blocks = q8->w->cols / 32;
-    for_tokens(T, [&](int64_t t) { k_.quantize_q8(q8->x + t * q8->ldx, q8->w->cols, xq_ + t * blocks); });
+  // Each activation type the products' weights take (quant_types.h) is
+  // quantized once, from the input the products of that type share.
+  const Product* by_act[3] = {nullptr, nullptr, nullptr};
+  for (const Product& p : ps) {
+    const cpu::QuantType* qt = cpu::quant_type(p.w->type);
+    if (!qt || qt->act == cpu::ActType::F32) continue;
+    const Product*& q = by_act[int(qt->act)];
+    if (q && (p.x != q->x || p.ldx != q->ldx || p.w->cols != q->w->cols))
+      throw Error("products of one activation type in one matmul must share their input");
+    q = &p;
+  }
+  if (const Product* q = by_act[int(cpu::ActType::Q8_0)]) {
+    const int64_t blocks = q->w->cols / 32;
+    for_tokens(T, [&](int64_t t) { k_.quantize_q8(q->x + t * q->ldx, q->w->cols, xq_ + t * blocks); });
+  }
+  if (const Product* q = by_act[int(cpu::ActType::Q8_K)]) {
+    const int64_t blocks = q->w->cols / 256;
+    for_tokens(T, [&](int64_t t) { k_.quantize_q8k(q->x + t * q->ldx, q->w->cols, xk_ + t * blocks); });
   }
   std::atomic<int64_t> next{0};
   parallel(work, [&](int i, int) {
@@ -194,10 +206,10 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       const Product& p = *chunks[size_t(c)].p;
       MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x, p.ldx, T, p.y, p.ldy};
-      if (p.w->type == GgmlType::Q8_0) {
-        a.xq = xq_;
-        a.ldxq = p.w->cols / 32;
-      }
+      a.xq = xq_;
+      a.ldxq = p.w->cols / 32;
+      a.xk = xk_;
+      a.ldxk = p.w->cols / 256;
       k_.matmul_rows(a, chunks[size_t(c)].r0, chunks[size_t(c)].r1, scratch);
     }
   });

@@ -12,23 +12,33 @@
 ///
 /// Q8_0 weights with quantized activations (MatmulArgs::xq, what the engine
 /// uses, as llama.cpp does): each x row is first rounded per 32-block by
-/// quantize_q8 to d_x * q, q in [-127, 127]. Each output then takes, block by
+/// quantize_q8 to d_x * q, q in [-127, 127], the values ggml's x86 code gives. Each output then takes, block by
 /// block in order, the exact integer s = sum of q_w[k] * q_x[k] over the
 /// block's 32 positions and one fused multiply-add
 /// acc = fma(float(s), d_w * d_x, acc) (|s| < 2^24, so float(s) is exact).
 /// Integer sums are exact in any order, so the x86 tables may group them as
 /// their vectors like (eight outputs in the lanes of one register), and every
 /// table and batch size again gives the same bits.
+///
+/// The other quantized types (quant_types.h) follow the same pattern: each
+/// type names its activation blocks (Q8_0-style blocks of 32, or Q8_K-style
+/// blocks of 256 with their 16-sums), every output takes exact integer sums
+/// per weight block and a fixed sequence of float steps per block, in block
+/// order; quant_types.h spells out each type's steps. Without activations
+/// quantized (xq / xk unset) every type takes the f32 path above on its
+/// dequantized weights.
 
 #include <cstdint>
 #include <string_view>
 
 #include "shared/ggml_types.h"
+#include "worker/cpu/quant_types.h"
 
 namespace ds4::cpu {
 
 /// 32 activations rounded for the integer product with Q8_0 weights:
-/// x[i] ~ d * qs[i], d = max|x| / 127, qs = round-to-nearest-even(x * 127 / max|x|).
+/// x[i] ~ d * qs[i], qs = round-to-nearest-even(x * 127 / max|x|), d = max|x| / 127
+/// rounded to fp16 (as ggml stores it: the same activations as llama.cpp's).
 /// A block with max|x| below kQ8ActTiny (where 127 / max|x| could overflow) is all zeros.
 inline constexpr float kQ8ActTiny = 1e-30f;
 struct BlockQ8Act {
@@ -38,10 +48,12 @@ struct BlockQ8Act {
 
 /// y[t*ldy + n] = dot(W row n, x[t*ldx ...]) for n in [n0, n1), t in [0, T).
 /// x rows hold K floats followed by zeros up to a multiple of 8 (ldx >= that).
-/// For Q8_0 weights, `xq` (when set) holds the same rows quantized by
-/// quantize_q8, row t at xq + t * ldxq, and the integer product is used;
-/// without it the product takes the f32 x (exact weights, the reference that
-/// other backends' tests compare with).
+/// For a quantized weight type, the activation blocks its row names
+/// (quant_type(type)->act) hold the same rows quantized: `xq` (quantize_q8,
+/// row t at xq + t * ldxq) for act Q8_0, `xk` (quantize_q8k, row t at
+/// xk + t * ldxk) for act Q8_K, and the integer product is used; without them
+/// the product takes the f32 x (exact weights, the reference that other
+/// backends' tests compare with).
 struct MatmulArgs {
   GgmlType type = GgmlType::F32;
   const void* w = nullptr;  // N rows of K elements, row-major, as stored in GGUF
@@ -54,6 +66,10 @@ struct MatmulArgs {
   int64_t ldy = 0;
   const BlockQ8Act* xq = nullptr;
   int64_t ldxq = 0;
+  const BlockQ8K* xk = nullptr;
+  int64_t ldxk = 0;
+  /// True when the activation blocks this weight type's product takes are set.
+  bool quantized() const;
 };
 
 /// Floats of scratch one thread needs for matmul_rows with this K.
@@ -72,6 +88,8 @@ struct KernelTable {
   void (*to_f16)(const float* src, uint16_t* dst, int64_t n);
   /// The K floats of x (K a multiple of 32) as K/32 blocks for Q8_0 products.
   void (*quantize_q8)(const float* x, int64_t K, BlockQ8Act* out);
+  /// The K floats of x (K a multiple of 256) as K/256 blocks for K-quant products.
+  void (*quantize_q8k)(const float* x, int64_t K, BlockQ8K* out);
   /// SwiGLU: g[i] = g[i] / (1 + e^-g[i]) * u[i], e^x within 1 ulp of std::exp.
   void (*silu_mul)(float* g, const float* u, int64_t n);
 };
@@ -86,6 +104,10 @@ const KernelTable& cpu_kernels();
 void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float* out);
 /// Bytes of one row of K elements.
 int64_t row_bytes(GgmlType type, int64_t K);
+/// Rows [n0, n1) of a product with quantized activations (a.quantized()),
+/// through the reference dot product of the type's row: the fallback of every
+/// table for the types it has no own kernel for.
+void matmul_rows_quantized_generic(const MatmulArgs& a, int64_t n0, int64_t n1);
 
 /// The reduction order of the contract, for scalar code.
 inline float reduce8(const float l[8]) {

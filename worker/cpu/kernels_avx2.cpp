@@ -2,6 +2,7 @@
 // cpu_kernels() picks this table when the CPU has them. Same numerical
 // contract as kernels_generic.cpp (see kernels.h).
 #include "worker/cpu/x86_common.h"
+#include "worker/cpu/quants_x86.h"
 
 namespace ds4::cpu {
 namespace {
@@ -49,7 +50,8 @@ void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
 }
 
 void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8x(a, n0, n1, scratch);
+  if (a.quantized()) return matmul_rows_quantized_x86(a, n0, n1, scratch);
+  if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T >= 4) return gemm_rows(a, n0, n1, scratch);
   gemv_tokens(a, n0, n1);
 }
@@ -57,7 +59,7 @@ void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratc
 }  // namespace
 
 const KernelTable* avx2_kernels() {
-  static const KernelTable table{"avx2", matmul_rows_avx2, attend_x86, to_f16_x86, quantize_q8_x86,
+  static const KernelTable table{"avx2", matmul_rows_avx2, attend_x86, to_f16_x86, quantize_q8_x86, quantize_q8k_x86,
                                  silu_mul_x86};
   return &table;
 }

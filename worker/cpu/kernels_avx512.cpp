@@ -6,6 +6,7 @@
 // matrix-matrix path packs weight rows in interleaved pairs and runs 8-row x
 // 4-token tiles in 32 registers.
 #include "worker/cpu/x86_common.h"
+#include "worker/cpu/quants_x86.h"
 
 namespace ds4::cpu {
 namespace {
@@ -70,7 +71,8 @@ void gemm_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
 }
 
 void matmul_rows_avx512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8x(a, n0, n1, scratch);
+  if (a.quantized()) return matmul_rows_quantized_x86(a, n0, n1, scratch);
+  if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T >= 4) return gemm_rows512(a, n0, n1, scratch);
   gemv_tokens(a, n0, n1);
 }
@@ -78,7 +80,7 @@ void matmul_rows_avx512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
 }  // namespace
 
 const KernelTable* avx512_kernels() {
-  static const KernelTable table{"avx512", matmul_rows_avx512, attend_x86, to_f16_x86, quantize_q8_x86,
+  static const KernelTable table{"avx512", matmul_rows_avx512, attend_x86, to_f16_x86, quantize_q8_x86, quantize_q8k_x86,
                                  silu_mul_x86};
   return &table;
 }

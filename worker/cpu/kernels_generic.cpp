@@ -10,42 +10,33 @@
 
 namespace ds4::cpu {
 
+bool MatmulArgs::quantized() const {
+  const QuantType* q = quant_type(type);
+  if (!q) return false;
+  return (q->act == ActType::Q8_0 && xq) || (q->act == ActType::Q8_K && xk);
+}
+
 int64_t row_bytes(GgmlType type, int64_t K) {
-  switch (type) {
-    case GgmlType::F32: return K * 4;
-    case GgmlType::F16:
-    case GgmlType::BF16: return K * 2;
-    case GgmlType::Q8_0: return K / 32 * int64_t(sizeof(BlockQ8_0));
-    default: return 0;
-  }
+  const QuantType* q = quant_type(type);
+  return q ? K / q->block_elems * q->block_bytes : 0;
 }
 
 void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float* out) {
-  const auto* base = static_cast<const uint8_t*>(w) + row * row_bytes(type, K);
-  switch (type) {
-    case GgmlType::F32:
-      std::memcpy(out, base, size_t(K) * 4);
-      break;
-    case GgmlType::F16: {
-      const auto* h = reinterpret_cast<const uint16_t*>(base);
-      for (int64_t k = 0; k < K; ++k) out[k] = fp16_to_fp32(h[k]);
-      break;
+  const QuantType* q = quant_type(type);
+  if (!q) std::abort();  // the model loader refuses other types
+  q->dequantize(static_cast<const uint8_t*>(w) + row * row_bytes(type, K), K / q->block_elems, out);
+}
+
+void matmul_rows_quantized_generic(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  const QuantType& q = *quant_type(a.type);
+  const int64_t nb = a.K / q.block_elems, rb = nb * q.block_bytes;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * rb;
+    for (int64_t t = 0; t < a.T; ++t) {
+      const void* x = q.act == ActType::Q8_0 ? static_cast<const void*>(a.xq + t * a.ldxq)
+                                             : static_cast<const void*>(a.xk + t * a.ldxk);
+      a.y[t * a.ldy + n] = q.dot(w, x, nb);
     }
-    case GgmlType::BF16: {
-      const auto* h = reinterpret_cast<const uint16_t*>(base);
-      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_fp32(h[k]);
-      break;
-    }
-    case GgmlType::Q8_0: {
-      const auto* b = reinterpret_cast<const BlockQ8_0*>(base);
-      for (int64_t i = 0; i < K / 32; ++i) {
-        const float d = fp16_to_fp32(b[i].d);
-        for (int j = 0; j < 32; ++j) out[i * 32 + j] = float(b[i].qs[j]) * d;
-      }
-      break;
-    }
-    default:
-      std::abort();  // the model loader refuses other types
   }
 }
 
@@ -59,26 +50,8 @@ int64_t matmul_scratch_floats(int64_t K) {
 
 namespace {
 
-// Q8_0 weights times quantized activations, per the contract in kernels.h.
-void matmul_rows_q8_generic(const MatmulArgs& a, int64_t n0, int64_t n1) {
-  const int64_t nb = a.K / 32;
-  for (int64_t n = n0; n < n1; ++n) {
-    const BlockQ8_0* w = static_cast<const BlockQ8_0*>(a.w) + n * nb;
-    for (int64_t t = 0; t < a.T; ++t) {
-      const BlockQ8Act* x = a.xq + t * a.ldxq;
-      float acc = 0;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t s = 0;
-        for (int i = 0; i < 32; ++i) s += int32_t(w[b].qs[i]) * int32_t(x[b].qs[i]);
-        acc = std::fma(float(s), fp16_to_fp32(w[b].d) * x[b].d, acc);
-      }
-      a.y[t * a.ldy + n] = acc;
-    }
-  }
-}
-
 void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.type == GgmlType::Q8_0 && a.xq) return matmul_rows_q8_generic(a, n0, n1);
+  if (a.quantized()) return matmul_rows_quantized_generic(a, n0, n1);
   const int64_t kp = (a.K + 7) / 8 * 8;
   float* wrow = scratch;
   for (int64_t n = n0; n < n1; ++n) {
@@ -131,7 +104,7 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
     const bool zero = !(amax >= kQ8ActTiny);
     const float id = zero ? 0.0f : 127.0f / amax;
-    out[b].d = zero ? 0.0f : amax / 127.0f;
+    out[b].d = zero ? 0.0f : fp16_to_fp32(fp32_to_fp16(amax / 127.0f));  // the scale as ggml stores it
     // nearbyint rounds to nearest even in the default rounding mode, as the SIMD round does.
     for (int i = 0; i < 32; ++i) {
       const float q = std::nearbyint(v[i] * id);
@@ -144,7 +117,8 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
 
 const KernelTable& generic_kernels() {
   static const KernelTable table{"generic", matmul_rows_generic, attend_generic, to_f16_generic,
-                                 quantize_q8_generic, silu_mul_generic};
+                                 quantize_q8_generic, quantize_q8k_generic,
+                                 silu_mul_generic};
   return table;
 }
 

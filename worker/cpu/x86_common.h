@@ -32,6 +32,11 @@ inline __m256 hsums8(const __m256 v[8]) {
   return _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
 }
 
+// The types the f32 paths below convert themselves (others go through the generic table).
+inline bool simd_f32_type(GgmlType t) {
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 || t == GgmlType::Q8_0;
+}
+
 // Eight consecutive weights of one row, converted exactly to f32.
 inline __m256 load_f32(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load_f16(const uint16_t* p) {
@@ -164,7 +169,7 @@ void quantize_q8_x86(const float* x, int64_t K, BlockQ8Act* out) {
     const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
     const bool zero = !(amax >= kQ8ActTiny);
     const __m256 id = _mm256_set1_ps(zero ? 0.0f : 127.0f / amax);
-    out[b].d = zero ? 0.0f : amax / 127.0f;
+    out[b].d = zero ? 0.0f : _cvtsh_ss(_cvtss_sh(amax / 127.0f, _MM_FROUND_TO_NEAREST_INT));
     __m256i q[4];
     for (int j = 0; j < 4; ++j)
       q[j] = _mm256_cvtps_epi32(
@@ -204,7 +209,7 @@ inline int32_t total_i32(__m256i v) {
 
 inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Decode (T <= 3): eight rows at a time, one lane each, for every token: the
+// Decode (T <= 3): eight rows (their blocks from w on) at a time, one lane each, for every token: the
 // rows' block totals come out of one transposing sum, so a block costs one
 // conversion and one fused multiply-add for eight outputs. Each row asks for
 // the next group's block as it reads its own (the weights stream from memory).
@@ -217,7 +222,7 @@ void q8x_decode_rows8(const BlockQ8_0* w, int64_t nb, int64_t r0, const MatmulAr
       __m256i v[8];
       alignas(16) uint16_t dh[8];
       for (int i = 0; i < 8; ++i) {
-        const BlockQ8_0& blk = w[(r0 + i) * nb + b];
+        const BlockQ8_0& blk = w[i * nb + b];
         _mm_prefetch(reinterpret_cast<const char*>(&blk + 8 * nb), _MM_HINT_T0);
         const __m256i wv = load_i8x32(blk.qs);
         v[i] = block_dot_i32(wv, _mm256_sign_epi8(wv, wv), xv);
@@ -231,13 +236,13 @@ void q8x_decode_rows8(const BlockQ8_0* w, int64_t nb, int64_t r0, const MatmulAr
   }
 }
 
-// One row, any number of tokens (the rows after the last group of eight).
+// One row (its blocks at w), any number of tokens (the rows after the last group of eight).
 void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a) {
   for (int64_t t = 0; t < a.T; ++t) {
     const BlockQ8Act* x = a.xq + t * a.ldxq;
     float acc = 0;
     for (int64_t b = 0; b < nb; ++b) {
-      const BlockQ8_0& blk = w[r * nb + b];
+      const BlockQ8_0& blk = w[b];
       const __m256i wv = load_i8x32(blk.qs);
       const int32_t s = total_i32(block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b].qs)));
       acc = std::fma(float(s), _cvtsh_ss(blk.d) * x[b].d, acc);
@@ -326,29 +331,43 @@ void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb
   }
 }
 
-// Bytes of scratch the prefill path uses for K.
+// Bytes of scratch the prefill path uses for K: the token groups, the
+// panel's scales and |w|, and the panel as Q8_0 blocks (weights of another type).
 constexpr int64_t q8x_scratch_bytes(int64_t K) {
-  return kQ8PanelRows * (K / 32) * (32 + 4) + (K / 32) * int64_t(sizeof(Q8Group)) + 64;
+  return kQ8PanelRows * (K / 32) * (32 + 4 + 34) + (K / 32) * int64_t(sizeof(Q8Group)) + 64;
 }
 
-// Rows [n0, n1) for any number of tokens.
+// Rows [r0, r0 + rows) of a type whose weights are d * int8 as Q8_0 blocks (quants_x86.h).
+void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out);
+
+// Rows [n0, n1) for any number of tokens. Weights of another type than Q8_0
+// (Q4_0, Q5_0, IQ4_NL) are converted to Q8_0 blocks in scratch first, eight
+// rows (decode) or one panel (prefill) at a time.
 void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   assert(q8x_scratch_bytes(a.K) <= matmul_scratch_floats(a.K) * 4);
+  const bool direct = a.type == GgmlType::Q8_0;
   const auto* w = static_cast<const BlockQ8_0*>(a.w);
   const int64_t nb = a.K / 32;
+  auto* base = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) / 64 * 64);
+  auto rows_at = [&](int64_t r0, int64_t rows, BlockQ8_0* buf) -> const BlockQ8_0* {
+    if (direct) return w + r0 * nb;
+    to_q8_0_rows(a, r0, rows, buf);
+    return buf;
+  };
   if (a.T <= 3) {
+    auto* buf = reinterpret_cast<BlockQ8_0*>(base);
     int64_t r = n0;
-    for (; r + 8 <= n1; r += 8) q8x_decode_rows8(w, nb, r, a);
-    for (; r < n1; ++r) q8x_row(w, nb, r, a);
+    for (; r + 8 <= n1; r += 8) q8x_decode_rows8(rows_at(r, 8, buf), nb, r, a);
+    for (; r < n1; ++r) q8x_row(rows_at(r, 1, buf), nb, r, a);
     return;
   }
-  auto* base = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) / 64 * 64);
   auto* g = reinterpret_cast<Q8Group*>(base);
   auto* dw = reinterpret_cast<float*>(base + nb * int64_t(sizeof(Q8Group)));
   int8_t* wabs = reinterpret_cast<int8_t*>(dw + kQ8PanelRows * nb);
+  auto* conv = reinterpret_cast<BlockQ8_0*>(wabs + kQ8PanelRows * nb * 32);
   for (int64_t p0 = n0; p0 < n1; p0 += kQ8PanelRows) {
     const int64_t rows = std::min(kQ8PanelRows, n1 - p0);
-    const Q8Prefill p{w + p0 * nb, wabs, dw, g, nb};
+    const Q8Prefill p{rows_at(p0, rows, conv), wabs, dw, g, nb};
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t b = 0; b < nb; ++b) {
         const __m256i wv = load_i8x32(p.w[r * nb + b].qs);

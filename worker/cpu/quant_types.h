@@ -1,0 +1,106 @@
+#pragma once
+/// The weight types of the CPU backend, one row of traits each (quant_type()):
+/// how a row dequantizes (bit for bit as ggml's dequantize_row_*), which
+/// activation blocks its products take (ggml's vec_dot_type), and the
+/// reference dot product against those blocks. Each kernel table (generic,
+/// AVX2, AVX-512) computes products of the same value; kernels.h has the
+/// numerical contract, and the per-type integer sums are spelled out here.
+///
+/// Block layouts are ggml's (ggml-common.h), read byte for byte from GGUF.
+///
+/// Dot products with quantized activations. The activation row is rounded
+/// once per product input (quantize_q8 / quantize_q8k of the kernel table).
+/// Per weight block, in block order, each output takes exact integer sums and
+/// then the same float operations in the same order:
+///   Q8_0, Q4_0, Q5_0, IQ4_NL (act Q8_0, 32 values): the weights are d_w * q
+///     with q an int8 (q - 8, q - 16, the IQ4_NL table); s = sum q * q_x;
+///     acc = fma(float(s), d_w * d_x, acc).
+///   Q4_1, Q5_1 (act Q8_0): weights d_w * q + m_w, q unsigned; s = sum q * q_x,
+///     u = sum q_x; acc = fma(float(s), d_w * d_x, acc);
+///     acc = fma(float(u), m_w * d_x, acc).
+///   Q2_K, Q4_K, Q5_K (act Q8_K, 256 values): weights d * sc_j * q - dmin * m_j
+///     in sub-blocks j; S = sum_j sc_j * (sum q * q_x over j),
+///     M = sum_j m_j * (sum q_x over j); acc = fma(float(S), d * d_x, acc);
+///     acc = fma(-float(M), dmin * d_x, acc).
+///   Q3_K, Q6_K, IQ4_XS (act Q8_K): weights d * sc_j * q with signed sc_j and q;
+///     S as above; acc = fma(float(S), d * d_x, acc).
+/// Every |S| < 2^31. Integer sums are exact in any grouping, so a table may
+/// vectorise them as it likes; the float steps are the same everywhere (a lane
+/// of a vector doing one output's steps is fine).
+
+#include <cstdint>
+
+#include "shared/ggml_types.h"
+
+namespace ds4::cpu {
+
+/// Which activation blocks a weight type's products take.
+enum class ActType : uint8_t { F32, Q8_0, Q8_K };
+
+/// 256 activations rounded as one block: x[i] ~ d * qs[i], d = 1 / (127 / max|x|),
+/// qs = round-to-nearest-even(x * 127 / max|x|) (ggml's values, up to the sign
+/// it gives d and qs); bsums[j] = the sum of qs over
+/// positions 16j..16j+15. Zero when max|x| < kQ8ActTiny (kernels.h).
+struct BlockQ8K {
+  float d;
+  int8_t qs[256];
+  int16_t bsums[16];
+};
+static_assert(sizeof(BlockQ8K) == 292);
+
+// ggml's blocks (ggml-common.h), fp16 fields as raw bits.
+struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };
+struct BlockQ4_1 { uint16_t d, m; uint8_t qs[16]; };
+struct BlockQ5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
+struct BlockQ5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; };
+struct BlockIQ4NL { uint16_t d; uint8_t qs[16]; };
+struct BlockQ2K { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; };
+struct BlockQ3K { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; };
+struct BlockQ4K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
+struct BlockQ5K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+struct BlockQ6K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
+struct BlockIQ4XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
+              sizeof(BlockQ5_1) == 24 && sizeof(BlockIQ4NL) == 18);
+static_assert(sizeof(BlockQ2K) == 84 && sizeof(BlockQ3K) == 110 && sizeof(BlockQ4K) == 144 &&
+              sizeof(BlockQ5K) == 176 && sizeof(BlockQ6K) == 210 && sizeof(BlockIQ4XS) == 136);
+
+/// IQ4_NL's and IQ4_XS's 16 values (ggml's kvalues_iq4nl).
+inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+/// Q4_K's and Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = uint8_t((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = uint8_t((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+/// Q3_K's sixteen 6-bit scales, minus 32.
+void q3k_scales(const uint8_t packed[12], int8_t out[16]);
+
+/// One weight type's row of traits.
+struct QuantType {
+  GgmlType type;
+  ActType act;
+  int64_t block_elems;  // elements per block (1 for F32/F16/BF16)
+  int64_t block_bytes;
+  /// `nb` blocks of this type to nb * block_elems floats, as ggml's dequantize_row.
+  void (*dequantize)(const void* blocks, int64_t nb, float* out);
+  /// The reference dot product of nb weight blocks with nb activation blocks
+  /// (BlockQ8Act for act Q8_0, BlockQ8K for Q8_K), per the contract above.
+  /// Null for the float types.
+  float (*dot)(const void* w, const void* x, int64_t nb);
+};
+
+/// The row of a type the CPU backend computes with, or nullptr.
+const QuantType* quant_type(GgmlType t);
+
+/// The generic quantization of activations for K-quant products (K a multiple of 256).
+void quantize_q8k_generic(const float* x, int64_t K, BlockQ8K* out);
+
+}  // namespace ds4::cpu

@@ -1,0 +1,282 @@
+#pragma once
+// The quantized weight types' kernels for the AVX2 and AVX-512 tables
+// (included by kernels_avx2.cpp and kernels_avx512.cpp after x86_common.h,
+// under each file's flags). Every product computes the integer sums and then
+// the float steps of quant_types.h, so the results equal the generic row's
+// bit for bit:
+// - Q4_0, Q5_0, IQ4_NL weights are d * int8, exactly Q8_0 blocks once their
+//   values are unpacked: rows are converted to Q8_0 blocks in scratch and go
+//   through the Q8_0 kernels of x86_common.h.
+// - Q4_K, Q5_K, Q6_K, IQ4_XS take their super-block's sums with byte
+//   multiply-adds, scales applied by the pair multiply-add, for up to four
+//   tokens per pass over a weight row.
+// - Other types use the generic row (matmul_rows_quantized_generic).
+
+namespace ds4::cpu {
+namespace {
+
+// ---- activations for K-quant products --------------------------------------
+
+void quantize_q8k_x86(const float* x, int64_t K, BlockQ8K* out) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int64_t b = 0; b < K / 256; ++b) {
+    const float* v = x + b * 256;
+    __m256 mx = _mm256_setzero_ps();
+    for (int j = 0; j < 32; ++j) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(v + 8 * j), abs_mask));
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    const bool zero = !(amax >= kQ8ActTiny);
+    const __m256 id = _mm256_set1_ps(zero ? 0.0f : 127.0f / amax);
+    out[b].d = zero ? 0.0f : 1.0f / (127.0f / amax);
+    for (int g = 0; g < 8; ++g) {
+      __m256i q[4];
+      for (int j = 0; j < 4; ++j)
+        q[j] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 32 * g + 8 * j), id),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      const __m256i qs = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs + 32 * g), qs);
+      // Sums of each 16: widen to int16 and add pairs down to one value per half.
+      const __m256i ones = _mm256_set1_epi8(1);
+      const __m256i s16 = _mm256_maddubs_epi16(ones, qs);  // 16 pair sums
+      const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));  // 8 quad sums
+      const __m128i lo = _mm256_castsi256_si128(s32), hi = _mm256_extracti128_si256(s32, 1);
+      const __m128i h = _mm_hadd_epi32(lo, hi);  // lo: 0-7, 8-15; hi: 16-23, 24-31 (pairs of quads)
+      const __m128i h2 = _mm_hadd_epi32(h, h);
+      out[b].bsums[2 * g] = int16_t(_mm_cvtsi128_si32(h2));
+      out[b].bsums[2 * g + 1] = int16_t(_mm_extract_epi32(h2, 1));
+    }
+  }
+}
+
+// ---- Q4_0, Q5_0, IQ4_NL as Q8_0 blocks -------------------------------------
+
+inline __m256i nibbles32(const uint8_t* qs) {  // positions 0..15 low nibbles, 16..31 high
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m), _mm_and_si128(q, m));
+}
+
+// Byte i of the result: 0xFF when bit i of `bits` is set.
+inline __m256i bits_to_bytes(uint32_t bits) {
+  const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
+                                          0x0303030303030303);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(int(bits)), shuf);
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+inline void store_q8_block(BlockQ8_0& o, uint16_t d, __m256i q) {
+  o.d = d;
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), q);
+}
+
+// Rows [r0, r0 + rows) of a weight matrix as Q8_0 blocks, row by row.
+void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out) {
+  const int64_t nb = a.K / 32, n = rows * nb;
+  switch (a.type) {
+    case GgmlType::Q4_0: {
+      const auto* w = static_cast<const BlockQ4_0*>(a.w) + r0 * nb;
+      for (int64_t i = 0; i < n; ++i)
+        store_q8_block(out[i], w[i].d, _mm256_sub_epi8(nibbles32(w[i].qs), _mm256_set1_epi8(8)));
+      break;
+    }
+    case GgmlType::Q5_0: {
+      const auto* w = static_cast<const BlockQ5_0*>(a.w) + r0 * nb;
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t qh;
+        std::memcpy(&qh, w[i].qh, 4);
+        const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        store_q8_block(out[i], w[i].d, _mm256_sub_epi8(_mm256_or_si256(nibbles32(w[i].qs), hi), _mm256_set1_epi8(16)));
+      }
+      break;
+    }
+    case GgmlType::IQ4_NL: {
+      const auto* w = static_cast<const BlockIQ4NL*>(a.w) + r0 * nb;
+      const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+      for (int64_t i = 0; i < n; ++i) store_q8_block(out[i], w[i].d, _mm256_shuffle_epi8(table, nibbles32(w[i].qs)));
+      break;
+    }
+    default:
+      std::abort();
+  }
+}
+
+bool q8_convertible(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::IQ4_NL; }
+
+// ---- K-quants ----------------------------------------------------------------
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// sum of bsums[j] * m[j] over 16 int16 pairs (m as 16 int16): exact.
+inline int32_t madd_total(__m256i a, __m256i b) { return total_i32(_mm256_madd_epi16(a, b)); }
+
+// One weight row of nb Q4_K / Q5_K blocks times C tokens' activations.
+template <bool Q5, int C>
+void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
+  using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+  const auto* w = static_cast<const Block*>(wrow);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  float acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const Block& b = w[i];
+    alignas(32) int16_t mins[16];
+    int16_t sc[8];
+    for (int j = 0; j < 8; ++j) {
+      uint8_t s, m;
+      scale_min_k4(j, b.scales, s, m);
+      sc[j] = s;
+      mins[2 * j] = mins[2 * j + 1] = m;
+    }
+    __m256i sum[C];
+    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
+    __m256i hbits = _mm256_setzero_si256();
+    if constexpr (Q5) hbits = load256(b.qh);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i q = load256(b.qs + 32 * j);
+      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      if constexpr (Q5) {
+        const __m256i one = _mm256_set1_epi8(1);
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+      }
+      const __m256i s_lo = _mm256_set1_epi16(sc[2 * j]), s_hi = _mm256_set1_epi16(sc[2 * j + 1]);
+      for (int c = 0; c < C; ++c) {
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(x[c][i].qs + 64 * j)), s_lo);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(x[c][i].qs + 64 * j + 32)), s_hi);
+        sum[c] = _mm256_add_epi32(sum[c], _mm256_add_epi32(p0, p1));
+      }
+    }
+    const __m256i mv = _mm256_load_si256(reinterpret_cast<const __m256i*>(mins));
+    const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
+    for (int c = 0; c < C; ++c) {
+      const int32_t S = total_i32(sum[c]);
+      const int32_t M = madd_total(load256(x[c][i].bsums), mv);
+      acc[c] = std::fma(float(S), d * x[c][i].d, acc[c]);
+      acc[c] = std::fma(-float(M), dmin * x[c][i].d, acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = acc[c];
+}
+
+template <int C>
+void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
+  const auto* w = static_cast<const BlockQ6K*>(wrow);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  float acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const BlockQ6K& b = w[i];
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+    __m256i sum[C];
+    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
+    for (int n = 0; n < 2; ++n) {
+      const __m256i l0 = load256(b.ql + 64 * n), l1 = load256(b.ql + 64 * n + 32), h = load256(b.qh + 32 * n);
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+      for (int k = 0; k < 4; ++k) {
+        const int s = 8 * n + 2 * k;
+        const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(b.scales[s + 1]), _mm_set1_epi16(b.scales[s]));
+        for (int c = 0; c < C; ++c)
+          sum[c] = _mm256_add_epi32(
+              sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv));
+      }
+    }
+    const float d = _cvtsh_ss(b.d);
+    for (int c = 0; c < C; ++c) {
+      // q - 32: subtract 32 * sum_j sc_j * bsum_j.
+      const int32_t S = total_i32(sum[c]) - 32 * madd_total(load256(x[c][i].bsums), sc16);
+      acc[c] = std::fma(float(S), d * x[c][i].d, acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = acc[c];
+}
+
+template <int C>
+void dot_iq4xs_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
+  const auto* w = static_cast<const BlockIQ4XS*>(wrow);
+  const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+  float acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const BlockIQ4XS& b = w[i];
+    __m256i sum[C];
+    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ++ib) {
+      const int ls = ((b.scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((b.scales_h >> 2 * ib) & 3) << 4);
+      const __m256i q = _mm256_shuffle_epi8(table, nibbles32(b.qs + 16 * ib));
+      const __m256i qa = _mm256_sign_epi8(q, q);
+      const __m256i sv = _mm256_set1_epi16(int16_t(ls - 32));
+      for (int c = 0; c < C; ++c) {
+        const __m256i xv = load256(x[c][i].qs + 32 * ib);
+        sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, q)), sv));
+      }
+    }
+    const float d = _cvtsh_ss(b.d);
+    for (int c = 0; c < C; ++c) acc[c] = std::fma(float(total_i32(sum[c])), d * x[c][i].d, acc[c]);
+  }
+  for (int c = 0; c < C; ++c) out[c] = acc[c];
+}
+
+// A K-quant kernel for C tokens, by type; nullptr when the table has none.
+template <int C>
+using KDot = void (*)(const void*, const BlockQ8K* const[C], int64_t, float[C]);
+
+template <int C>
+KDot<C> kquant_dot(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return dot_q45k_x86<false, C>;
+    case GgmlType::Q5_K: return dot_q45k_x86<true, C>;
+    case GgmlType::Q6_K: return dot_q6k_x86<C>;
+    case GgmlType::IQ4_XS: return dot_iq4xs_x86<C>;
+    default: return nullptr;
+  }
+}
+
+// Rows [n0, n1) of a K-quant product: each weight row against four tokens at a time.
+void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  const QuantType& q = *quant_type(a.type);
+  const int64_t nb = a.K / 256, rb = nb * q.block_bytes;
+  const KDot<4> d4 = kquant_dot<4>(a.type);
+  const KDot<1> d1 = kquant_dot<1>(a.type);
+  const KDot<2> d2 = kquant_dot<2>(a.type);
+  const KDot<3> d3 = kquant_dot<3>(a.type);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * rb;
+    int64_t t = 0;
+    for (; t + 4 <= a.T; t += 4) {
+      const BlockQ8K* x[4] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk,
+                              a.xk + (t + 3) * a.ldxk};
+      float o[4];
+      d4(w, x, nb, o);
+      for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + n] = o[c];
+    }
+    const BlockQ8K* x[3] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk};
+    float o[3];
+    switch (a.T - t) {
+      case 3: d3(w, x, nb, o); break;
+      case 2: d2(w, x, nb, o); break;
+      case 1: d1(w, x, nb, o); break;
+      default: continue;
+    }
+    for (int64_t c = 0; c < a.T - t; ++c) a.y[(t + c) * a.ldy + n] = o[c];
+  }
+}
+
+// The quantized products of a table: rows [n0, n1) with a.quantized().
+void matmul_rows_quantized_x86(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  if (a.type == GgmlType::Q8_0 || q8_convertible(a.type)) return matmul_rows_q8x(a, n0, n1, scratch);
+  if (kquant_dot<1>(a.type)) return matmul_rows_kquant_x86(a, n0, n1);
+  matmul_rows_quantized_generic(a, n0, n1);
+}
+
+}  // namespace
+}  // namespace ds4::cpu
