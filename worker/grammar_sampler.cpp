@@ -40,13 +40,16 @@ std::shared_ptr<const TokenTable> TokenTable::from_model(const gguf::File& meta,
   const auto tokens = meta.get_string_array("tokenizer.ggml.tokens");
   const auto types = meta.get_int_array("tokenizer.ggml.token_type");
   const int32_t n = tok.n_vocab();
+  // A vocabulary without a BOS key still has llama.cpp's default BOS id (11
+  // for BPE: ',' in Qwen's), an ordinary token there: only a named BOS is kept out.
+  const bool named_bos = meta.get_int("tokenizer.ggml.bos_token_id").has_value();
   std::vector<std::string> texts(static_cast<size_t>(n));
   std::vector<bool> eog(static_cast<size_t>(n), false);
   for (int32_t i = 0; i < n; ++i) {
     const int64_t type = types && size_t(i) < types->size() ? (*types)[size_t(i)] : kNormal;
     if (tok.is_eog(i)) {
       eog[size_t(i)] = true;
-    } else if (i == tok.bos() || type == kUnknown || type == kUnused) {
+    } else if ((named_bos && i == tok.bos()) || type == kUnknown || type == kUnused) {
       // never part of an answer
     } else if (type == kControl || type == kUserDefined) {
       if (tokens && size_t(i) < tokens->size()) texts[size_t(i)] = (*tokens)[size_t(i)];

@@ -5,6 +5,7 @@
 
 #include "shared/error.h"
 #include "supervisor/proxy/json_util.h"
+#include "supervisor/proxy/tool_grammar.h"
 #include "text/reasoning.h"
 
 namespace ds4::proxy {
@@ -68,8 +69,8 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (endpoint == Endpoint::responses) {
     if (const json* t = given("text"); t && t->is_object())
       if (const json* f = t->contains("format") ? &(*t)["format"] : nullptr; f && !f->is_null() &&
-          !(f->is_object() && f->contains("type") && (*f)["type"] == "text"))
-        throw Error("'text.format': only {\"type\": \"text\"} is served; JSON modes (json_object, json_schema) are not supported");
+          !(f->is_object() && f->contains("type") && ((*f)["type"] == "text" || (*f)["type"] == "json_object" || (*f)["type"] == "json_schema")))
+        throw Error("'text.format': the type must be text, json_object or json_schema");
     if (const json* b = given("background"); b && *b != false) throw Error("'background': background responses are not supported");
     return;
   }
@@ -77,8 +78,9 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
     throw Error("'functions': function calls are not supported by this server (the model answers in text)");
   if (const json* f = given("function_call"); f && !one_of(f, {"none", "auto"}))
     throw Error("'function_call': function calls are not supported by this server");
-  if (const json* r = given("response_format"); r && !(r->is_object() && r->contains("type") && (*r)["type"] == "text"))
-    throw Error("'response_format': only {\"type\": \"text\"} is served; JSON modes (json_object, json_schema) are not supported");
+  if (const json* r = given("response_format"); r && !(r->is_object() && r->contains("type") &&
+                                                       ((*r)["type"] == "text" || (*r)["type"] == "json_object" || (*r)["type"] == "json_schema")))
+    throw Error("'response_format': the type must be text, json_object or json_schema");
   if (const json* r = given("repeat_penalty"); r && *r != 1 && *r != 1.0)
     throw Error("'repeat_penalty' is not supported: use 'frequency_penalty' or 'presence_penalty'");
   if (endpoint == Endpoint::completion) {
@@ -172,6 +174,27 @@ int depth_of(const json& j, int depth) {
 
 // A chat's prompt and what is read out of its answer. The thinking controls
 // reach the template as enable_thinking (unless chat_template_kwargs says).
+// response_format (chat) or text.format (Responses): json_object, json_schema.
+std::string answer_format_grammar(const json& body, Endpoint endpoint) {
+  const bool responses = endpoint == Endpoint::responses;
+  const json* f = nullptr;
+  if (responses) {
+    if (auto t = body.find("text"); t != body.end() && t->is_object())
+      if (auto g = t->find("format"); g != t->end() && g->is_object()) f = &*g;
+  } else if (auto r = body.find("response_format"); r != body.end() && r->is_object()) {
+    f = &*r;
+  }
+  if (!f || !f->contains("type")) return "";
+  const std::string field = responses ? "text.format" : "response_format";
+  if ((*f)["type"] == "json_object") return json_answer_grammar(nullptr, field);
+  if ((*f)["type"] != "json_schema") return "";
+  // Chat nests the schema in json_schema; Responses has it in the format itself.
+  const json* holder = responses ? f : (f->contains("json_schema") ? &(*f)["json_schema"] : nullptr);
+  if (!holder || !holder->is_object() || !holder->contains("schema"))
+    throw Error("'" + field + (responses ? "" : ".json_schema") + ".schema' is required for json_schema");
+  return json_answer_grammar(&(*holder)["schema"], field + (responses ? ".schema" : ".json_schema.schema"));
+}
+
 void chat_plan(Plan& p, Endpoint endpoint, const json* body, ChatInput in, const ModelText& model, const PlanLimits& limits) {
   if (body) {
     if (std::optional<bool> think = thinking_asked(*body, endpoint != Endpoint::chat && endpoint != Endpoint::responses);
@@ -187,6 +210,10 @@ void chat_plan(Plan& p, Endpoint endpoint, const json* body, ChatInput in, const
   p.gen.prompt = encode_prompt(model, text, limits, !template_bos);
   p.read_answer = true;
   p.tool_calls = !in.tools.empty();
+  // A forced call, and the JSON answer formats, are kept to their grammar by
+  // the worker's sampler: the call parses and its arguments fit the schema.
+  if (p.tool_calls) p.gen.grammar = forced_call_grammar(model.tool_syntax(), in.tools, p.tool_choice);
+  if (body && p.gen.grammar.empty()) p.gen.grammar = answer_format_grammar(*body, endpoint);
   p.tool_syntax = model.tool_syntax();
   p.thought_open = reasoning::prompt_opens_thought(text);
 }

