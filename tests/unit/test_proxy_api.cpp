@@ -283,7 +283,20 @@ TEST_CASE("requests: OpenAI's penalties and logit_bias reach the plan; what cann
   CHECK(err("/v1/completions", R"({"prompt":"x","logit_bias":{"5":101}})").find("-100 to 100") != std::string::npos);
   CHECK(err("/v1/completions", R"({"prompt":"x","logit_bias":[1]})").find("must be an object") != std::string::npos);
   CHECK(err("/v1/chat/completions", chat + R"("functions":[{"name":"f"}]})").find("'functions'") != std::string::npos);
-  CHECK(err("/v1/chat/completions", chat + R"("response_format":{"type":"json_object"}})").find("JSON modes") !=
+  // The JSON answer formats are served under a grammar; another type, or a schema it cannot keep, is a 400.
+  {
+    Route j = route(post("/v1/chat/completions", chat + R"("response_format":{"type":"json_object"}})"), c.get());
+    REQUIRE(j.plan);
+    CHECK(j.plan->gen.grammar.find("root ::=") != std::string::npos);
+    Route none = route(post("/v1/chat/completions", chat + R"("response_format":{"type":"text"}})"), c.get());
+    REQUIRE(none.plan);
+    CHECK(none.plan->gen.grammar.empty());
+  }
+  CHECK(err("/v1/chat/completions", chat + R"("response_format":{"type":"xml"}})").find("'response_format'") !=
+        std::string::npos);
+  CHECK(err("/v1/chat/completions", chat + R"("response_format":{"type":"json_schema","json_schema":{"name":"x",
+        "schema":{"type":"strin"}}}})").find("'response_format.json_schema.schema'") != std::string::npos);
+  CHECK(err("/v1/chat/completions", chat + R"("response_format":{"type":"json_schema"}})").find("schema' is required") !=
         std::string::npos);
   CHECK(err("/v1/chat/completions", chat + R"("repeat_penalty":1.1})").find("'repeat_penalty'") != std::string::npos);
   CHECK(err("/v1/completions", R"({"prompt":"x","best_of":3})").find("'best_of' must be 1") != std::string::npos);
