@@ -5,6 +5,7 @@
 
 #include "shared/error.h"
 #include "text/jinja_ast.h"
+#include "text/utf8.h"
 
 namespace ds4::jinja {
 
@@ -17,24 +18,6 @@ bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_name_char(char c) { return is_name_start(c) || is_digit(c); }
 
-void put_utf8(std::string& out, uint32_t cp) {
-  if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6));
-    out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18));
-    out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F));
-    out += char(0x80 | (cp & 0x3F));
-  }
-}
 
 class Lexer {
  public:
@@ -323,7 +306,7 @@ class Lexer {
             cp = cp * 16 + uint32_t(v);
             advance(1);
           }
-          put_utf8(s, cp);
+          append_utf8(s, cp);
           break;
         }
         case '\0': fail(p, std::string("unterminated string: expected ") + q);

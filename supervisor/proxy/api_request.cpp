@@ -7,6 +7,7 @@
 #include "supervisor/proxy/json_util.h"
 #include "supervisor/proxy/tool_grammar.h"
 #include "text/reasoning.h"
+#include "text/utf8.h"
 
 namespace ds4::proxy {
 
@@ -443,21 +444,7 @@ class Reader {
       if (!hex4(low) || low < 0xDC00 || low > 0xDFFF) return false;
       cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
     }
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    }
+    append_utf8(out, cp);
     return true;
   }
 
