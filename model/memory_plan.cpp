@@ -14,7 +14,6 @@ uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 // (worker/cuda/kernels.cu); the split count is ceil(4 * SMs / (T * heads)),
 // so T * heads * splits < T * heads + 4 * SMs for every T.
 constexpr int64_t kCudaAttnCounters = 4096;
-constexpr uint64_t kCudaBlasWorkspace = 32ull << 20;
 constexpr uint64_t kBatchTokenBytes = 16;  // sizeof(BatchToken)
 
 }  // namespace
@@ -40,7 +39,8 @@ WeightsSummary WeightsSummary::of(const ModelWeights& w) {
   WeightsSummary s;
   s.bytes = w.bytes;
   auto see = [&](const Weight& x) {
-    if (x && x.type == GgmlType::Q8_0) s.largest_q8_elems = std::max(s.largest_q8_elems, uint64_t(x.rows * x.cols));
+    const bool quantised = x.type != GgmlType::F32 && x.type != GgmlType::F16 && x.type != GgmlType::BF16;
+    if (x && quantised) s.largest_q8_elems = std::max(s.largest_q8_elems, uint64_t(x.rows * x.cols));
   };
   see(w.token_embd);
   see(w.output);
@@ -72,17 +72,31 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   return l;
 }
 
-uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const WeightsSummary& w) {
+ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& s) {
+  ScratchLayout l;
   int64_t at = 0;
-  auto take = [&](int64_t n) { at += (n + 63) / 64 * 64; };
+  auto take = [&](int64_t n) {
+    const int64_t r = at;
+    at += (n + 63) / 64 * 64;
+    return r;
+  };
   for (int i = 0; i < kActCount; ++i) {
     const ActShape a = act_shape(hp, s, Act(i));
-    take(a.rows * a.ld);
+    l.act[size_t(i)] = take(a.rows * a.ld);
   }
-  take(kCudaAttnCounters + (s.max_batch * hp.n_heads + 4 * kCudaPlanSms) * (hp.head_dim + 2));
-  const uint64_t act16 = align256(uint64_t(s.max_batch) * uint64_t(std::max({hp.dim, hp.q_dim(), hp.ff})) * 2);
-  return uint64_t(at) * 4 + act16 + w.largest_q8_elems * 2 + kCudaBlasWorkspace +
-         uint64_t(s.max_batch) * kBatchTokenBytes;
+  l.attn_floats = kCudaAttnCounters + (s.max_batch * hp.n_heads + 4 * kCudaPlanSms) * (hp.head_dim + 2);
+  l.attn = take(l.attn_floats);
+  l.total = at;
+  return l;
+}
+
+uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& s) {
+  return align256(uint64_t(s.max_batch) * uint64_t(std::max({hp.dim, hp.q_dim(), hp.ff})) * 2);
+}
+
+uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const WeightsSummary& w) {
+  return uint64_t(cuda_scratch_layout(hp, s).total) * 4 + cuda_act16_bytes(hp, s) + w.largest_q8_elems * 2 +
+         kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes;
 }
 
 MemoryPlan plan_memory(const HParams& hp, const EngineShape& s, const WeightsSummary& w,

@@ -60,7 +60,7 @@ ActShape act_shape(const HParams& hp, const EngineShape& shape, Act a);
 /// What of the weights the plan depends on besides their size.
 struct WeightsSummary {
   uint64_t bytes = 0;               // all tensors the model uses
-  uint64_t largest_q8_elems = 0;    // elements of the largest Q8_0 matrix (CUDA's prefill dequantisation)
+  uint64_t largest_q8_elems = 0;    // elements of the largest quantised matrix (CUDA's prefill dequantisation)
   static WeightsSummary of(const ModelWeights& w);
 };
 
@@ -78,6 +78,8 @@ struct ScratchLayout {
   // rows (max_batch x ld(x)), the quantized input of a product, and each
   // pool thread's scratch (matmul, attention scores, a head).
   int64_t rope = 0, stage = 0, xq = 0, xk = 0, threads = 0;
+  // CUDA backend: the attention's split scratch (its counters first).
+  int64_t attn = 0, attn_floats = 0;
   int64_t per_thread = 0;       // floats per thread
   int64_t matmul_per_thread = 0; // the part of it a matrix product may use
   int64_t xq_floats = 0;
@@ -91,12 +93,18 @@ struct ScratchLayout {
 /// the quantized input 9 floats (a BlockQ8Act) per 32 values of a row.
 ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& shape, int threads);
 
-/// Bytes of the CUDA backend's device scratch besides the KV cache: its
-/// activation layout (64-float aligned parts), the attention split scratch
-/// for any device (at most kCudaPlanSms multiprocessors), the 16-bit
-/// activation copy, the Q8_0 dequantisation buffer, the cuBLAS workspace and
-/// the batch.
+/// The CUDA layout of the float buffer: the activations (64-float aligned
+/// parts), then the attention split scratch for any device of at most
+/// kCudaPlanSms multiprocessors.
 inline constexpr int kCudaPlanSms = 256;
+ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& shape);
+
+/// Bytes of the CUDA backend's device scratch besides the KV cache: the
+/// float buffer of cuda_scratch_layout(), the 16-bit activation copy, the
+/// dequantisation buffer of the largest quantised matrix, the cuBLAS
+/// workspace and the batch.
+inline constexpr uint64_t kCudaBlasWorkspace = 32ull << 20;
+uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& shape);
 uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& shape, const WeightsSummary& w);
 
 /// The plan: weights (their size in the segment), the KV cache, the scratch.

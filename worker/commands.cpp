@@ -59,27 +59,11 @@ int cuda_index(const std::string& device) {
 /// build has the CUDA backend and a device answers, else the CPU). A GPU
 /// backend takes its weights as `--gpu-weights` (auto|holder|copy|host-mapped)
 /// and `--holder-socket` say.
-/// What of `model` the CUDA backend does not run yet (its forward pass is its
-/// own, not worker/forward.h's): "" when it runs all of it. Such a model runs
-/// on the CPU rather than give wrong tokens on the GPU.
-std::string cuda_unsupported(const Model& model) {
-  const HParams& hp = model.hp();
-  const ModelWeights& w = model.w();
-  for (const LayerWeights& l : w.layers) {
-    if (l.bq.data || l.bk.data || l.bv.data) return hp.arch + "'s QKV bias";
-    if (l.q_norm.data || l.k_norm.data) return hp.arch + "'s per-head Q/K norm";
-  }
-  if (hp.rope_type != RopeType::normal) return hp.arch + "'s NEOX RoPE";
-  if (w.rope_freqs.data) return "RoPE frequency factors (rope_freqs.weight)";
-  if (hp.rope_freq_scale != 1.0f) return "linear RoPE scaling";
-  return "";
-}
-
 std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedModel& lm, int threads, const Args& a) {
   const Model& model = lm.model;
   if (device == "cpu") return make_cpu_backend(model, threads);
 #ifdef DS4_HAVE_CUDA
-  if (const std::string why = cuda_unsupported(model); !why.empty()) {
+  if (const std::string why = cuda_unsupported(model.hp()); !why.empty()) {
     if (device == "auto") {
       log::warn("the CUDA backend does not run " + why + " yet; running on the CPU");
       return make_cpu_backend(model, threads);

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """Greedy answers of ds4-worker against llama.cpp's llama-server, prompt by prompt.
 
-usage: arch_compare.py WORKER MODEL PORT N_PREDICT NEAR_TIE PROMPT...
+usage: arch_compare.py WORKER MODEL PEER N_PREDICT NEAR_TIE PROMPT...
+       arch_compare.py --record OUT.json PORT N_PREDICT PROMPT...
+
+PEER is llama-server's port, or a file --record wrote from one earlier (the
+reference taken on one machine, checked on another: the CUDA backend on the
+GPU machine, which has no llama.cpp build). DS4_DEVICE, when set, is passed
+to ds4-worker as --device.
 
 For each prompt: the prompt tokens of `ds4-worker run --json` must equal
 llama-server's /tokenize (with the special tokens), and the greedy tokens
@@ -25,6 +31,7 @@ bias, a wrong RoPE pairing or head size) cannot hide under them; and most
 tokens must agree before any near tie (below).
 """
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -61,15 +68,39 @@ def peer_completion(port, prompt, n):
     return out
 
 
+def peer_reference(port, prompt, n):
+    """llama-server's prompt tokens and greedy answer for one prompt."""
+    tokens = json.loads(post(port, "/tokenize", {"content": prompt, "add_special": True}))["tokens"]
+    return {"prompt_tokens": tokens, "answer": peer_completion(port, prompt, n)}
+
+
+def record(out, port, n, prompts):
+    refs = {"n_predict": n, "prompts": {p: peer_reference(port, p, n) for p in prompts}}
+    with open(out, "w") as f:
+        json.dump(refs, f)
+    return 0
+
+
 def main():
-    worker, model, port, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if sys.argv[1] == "--record":
+        return record(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
+    worker, model, peer, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     near_tie = float(sys.argv[5])
     prompts = sys.argv[6:]
+    recorded = None
+    if peer.endswith(".json"):
+        with open(peer) as f:
+            recorded = json.load(f)
+        if recorded["n_predict"] != n:
+            print(f"FAIL: {peer} holds answers of {recorded['n_predict']} tokens, not {n}")
+            return 1
+    device = ["--device", os.environ["DS4_DEVICE"]] if os.environ.get("DS4_DEVICE") else []
     agreed = compared = 0
     for prompt in prompts:
-        want_prompt = json.loads(post(port, "/tokenize", {"content": prompt, "add_special": True}))["tokens"]
+        ref = recorded["prompts"][prompt] if recorded else peer_reference(int(peer), prompt, n)
+        want_prompt = ref["prompt_tokens"]
         r = subprocess.run([worker, "run", "--model", model, "-p", prompt, "-n", str(n), "--temp", "0",
-                            "--json", "--threads", "2"], capture_output=True, text=True)
+                            "--json", "--threads", "2"] + device, capture_output=True, text=True)
         if r.returncode != 0:
             print(f"FAIL: ds4-worker run on {prompt!r}: {r.stderr.strip()}")
             return 1
@@ -77,7 +108,7 @@ def main():
         if got["prompt_tokens"] != want_prompt:
             print(f"FAIL: {prompt!r}: prompt tokens {got['prompt_tokens']} but llama.cpp has {want_prompt}")
             return 1
-        peer = peer_completion(port, prompt, n)
+        peer = [(t, [tuple(c) for c in top]) for t, top in ref["answer"]]
         mine = got["tokens"] + ([END] if got["finish_reason"] == "stop" else [])
         m = min(len(mine), len(peer))
         same = 0

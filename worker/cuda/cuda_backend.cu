@@ -1,4 +1,5 @@
-// The CUDA backend: the forward pass of worker/cpu/cpu_backend.cpp on the GPU.
+// The CUDA backend: worker/forward.h's ops on the GPU (run_forward() sequences
+// them for every architecture; the CPU backend is the reference of each op).
 // The weights are a weight image (weights.cuh): mapped from the GPU's holder,
 // copied to device memory, or the shared pages used in place. The KV cache and
 // every scratch buffer are allocated in reserve(), so forward() allocates
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "shared/log.h"
+#include "worker/forward.h"
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/holder.cuh"
 #include "worker/cuda/kernels.cuh"
@@ -33,8 +35,6 @@ namespace {
 using cuda::DeviceBuffer;
 using cuda::DeviceWeight;
 
-int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
-uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 
 /// Pinned host memory (cudaMallocHost), for the transfers of every step.
 class PinnedBuffer {
@@ -63,11 +63,7 @@ class PinnedBuffer {
   size_t bytes_ = 0;
 };
 
-struct DeviceLayer {
-  DeviceWeight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down;
-};
-
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, ForwardOps {
  public:
   CudaBackend(const Model& model, int device, const CudaWeightsOptions& weights);
   ~CudaBackend() override;
@@ -83,14 +79,37 @@ class CudaBackend final : public Backend {
   void set_trace(TraceFn fn) override { trace_ = std::move(fn); }
 
  private:
-  struct Scratch {  // float offsets into one device buffer
-    int64_t x, xb, q, k, v, att, hb, hb2, xl, logits, attn, total;
-  };
-  Scratch layout(const EngineShape& s) const;
-  int64_t logit_rows() const { return shape_.slots + 1; }
-  uint64_t act_bytes(const EngineShape& s) const {
-    return align256(uint64_t(s.max_batch) * uint64_t(std::max({hp_.dim, hp_.q_dim(), hp_.ff})) * 2);
+  // --- ForwardOps (worker/forward.h) ------------------------------------
+  void begin_step(std::span<const BatchToken> batch, int64_t logit_rows) override;
+  void embed(const Weight& table, Act out) override;
+  void rmsnorm(Act in, const Weight& g, float eps, Act out) override;
+  void products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) override;
+  void ffn_swiglu(Act in, const NormSpec* norm, const Weight& gate, const Weight& up, Act h, Act h_up) override;
+  void swiglu(Act g, Act u) override;
+  void head_norm(Act qk, int64_t heads, const Weight& g, float eps) override;
+  void rope(Act qk, int64_t heads, const RopeSpec& r) override;
+  void kv_store(int layer, Act k, Act v) override;
+  void rope_kv_store(int layer, Act q, int64_t q_heads, Act k, int64_t kv_heads, Act v, const RopeSpec& r) override;
+  void attention(int layer, Act q, Act out, const AttentionSpec& a) override;
+  void add(Act x, Act o) override;
+  void gather_logit_rows(Act x, Act xl) override;
+  void trace(std::string_view name, int layer, Act a, int64_t cols) override {
+    trace_rows(name, layer, ptr(a), rows(a), cols, ld(a));
   }
+  bool tracing() const override { return bool(trace_); }
+  void step_point(StepPoint p, int layer) override;
+
+  float* ptr(Act a) const { return f(sc_.act[size_t(a)]); }
+  int64_t ld(Act a) const { return act_shape(hp_, shape_, a).ld; }
+  /// The rows an op on `a` covers this step.
+  int rows(Act a) const { return a == Act::xl || a == Act::logits ? step_rows_ : step_tokens_; }
+  const BatchToken* batch_dev() const { return tokens_dev_.as<BatchToken>(); }
+  /// The device view of one of the model's weights (keyed by its host data).
+  const DeviceWeight& dev(const Weight& w) const;
+  const float* dev_f32(const Weight& w) const { return static_cast<const float*>(dev(w).data); }
+  cuda::RopeArgs rope_args(const RopeSpec& r, int64_t q_heads, int64_t kv_heads) const;
+
+  int64_t logit_rows() const { return shape_.slots + 1; }
   int attention_splits(int T) const { return cuda::attention_splits(T, int(hp_.n_heads), shape_.ctx, n_sm_); }
 
   /// The weight image `o` asks for (holder, copy or host-mapped); falls back to a copy, saying why.
@@ -107,7 +126,7 @@ class CudaBackend final : public Backend {
   /// by kernel.
   bool launch_graph(int T, int rows);
   void no_room_for_graphs(int T, int rows);
-  void trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
+  void trace_rows(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
   __half* k_cache(int layer) const {
     return kv_.as<__half>() + int64_t(layer) * shape_.slots * shape_.ctx * hp_.kv_dim();
   }
@@ -124,16 +143,16 @@ class CudaBackend final : public Backend {
 
   cuda::ImageLayout layout_;
   std::unique_ptr<cuda::WeightImage> image_;
-  DeviceWeight token_embd_, output_norm_, output_;
-  std::vector<DeviceLayer> layers_;
-  uint64_t max_q8_elems_ = 0;  // largest quantised matrix (for the prefill dequantisation scratch)
+  std::unordered_map<const void*, DeviceWeight> views_;  // Weight::data -> its view in the image
+  WeightsSummary summary_;
 
   EngineShape shape_;
   bool reserved_ = false;
   DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_, picks_dev_;
   PinnedBuffer tokens_host_, logits_host_, picks_host_;
   int rows_ = 0;  // logit rows of the last step
-  Scratch sc_{};
+  int step_tokens_ = 0, step_rows_ = 0, step_reads_now_ = 0;  // the step being enqueued
+  ScratchLayout sc_{};
   cuda::GemmContext gemm_{};
 
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
@@ -161,8 +180,7 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   DS4_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   n_sm_ = prop.multiProcessorCount;
   device_name_ = std::to_string(device) + ": " + prop.name;
-  if (hp_.n_rot % 2 != 0 || hp_.n_heads % hp_.n_kv_heads != 0)
-    throw Error("CUDA backend: unsupported head layout");
+  if (const std::string why = cuda_unsupported(hp_); !why.empty()) throw Error("CUDA backend: " + why);
   if (const char* g = std::getenv("DS4_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
   if (const char* g = std::getenv("DS4_CUDA_GRAPH_TOKENS")) graph_tokens_ = std::max(1, std::atoi(g));
   if (const char* r = std::getenv("DS4_CUDA_STEP_READS")) step_reads_ = std::clamp(std::atoi(r), 0, 2);
@@ -170,7 +188,11 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   DS4_BLAS_CHECK(cublasCreate(&blas_));
   DS4_BLAS_CHECK(cublasSetStream(blas_, stream_));
   layout_ = cuda::ImageLayout::of(m_.w());
-  max_q8_elems_ = layout_.max_q8_elems;
+  summary_ = WeightsSummary::of(m_.w());
+  if (layout_.max_q8_elems > summary_.largest_q8_elems)
+    throw Error("CUDA backend: the memory plan's dequantisation scratch (" + std::to_string(summary_.largest_q8_elems) +
+                " values) is smaller than the largest repacked weight's (" + std::to_string(layout_.max_q8_elems) +
+                "): model/memory_plan.cpp must follow worker/cuda/weights.cu");
   image_ = make_image(weights);
   bind_weights();
 }
@@ -239,52 +261,21 @@ std::unique_ptr<cuda::WeightImage> CudaBackend::image_from_holder(const CudaWeig
 }
 
 void CudaBackend::bind_weights() {
-  const ModelWeights& W = m_.w();
-  const cuda::WeightImage& img = *image_;
-  token_embd_ = img.view(W.token_embd);
-  output_norm_ = img.view(W.output_norm);
-  output_ = img.view(W.output);
-  for (const LayerWeights& L : W.layers)
-    layers_.push_back({img.view(L.attn_norm), img.view(L.wq), img.view(L.wk), img.view(L.wv), img.view(L.wo),
-                       img.view(L.ffn_norm), img.view(L.w_gate), img.view(L.w_up), img.view(L.w_down)});
+  for (const cuda::ImageLayout::Entry& e : layout_.entries) views_.emplace(e.w->data, image_->view(*e.w));
 }
 
-CudaBackend::Scratch CudaBackend::layout(const EngineShape& s) const {
-  Scratch l{};
-  int64_t at = 0;
-  auto take = [&](int64_t n) {
-    const int64_t r = at;
-    at += (n + 63) / 64 * 64;
-    return r;
-  };
-  const int64_t B = s.max_batch, R = s.slots + 1;
-  l.x = take(B * pad8(hp_.dim));
-  l.xb = take(B * pad8(hp_.dim));
-  l.q = take(B * pad8(hp_.q_dim()));
-  l.k = take(B * pad8(hp_.kv_dim()));
-  l.v = take(B * pad8(hp_.kv_dim()));
-  l.att = take(B * pad8(hp_.q_dim()));
-  l.hb = take(B * pad8(hp_.ff));
-  l.hb2 = take(B * pad8(hp_.ff));
-  l.xl = take(R * pad8(hp_.dim));
-  l.logits = take(R * hp_.n_vocab);
-  int64_t attn = 0;
-  for (int T = 1; T <= int(B); ++T) {
-    const int splits = cuda::attention_splits(T, int(hp_.n_heads), s.ctx, n_sm_);
-    attn = std::max(attn, cuda::attention_scratch_floats(T, int(hp_.n_heads), int(hp_.head_dim), splits));
-  }
-  l.attn = take(attn);
-  l.total = at;
-  return l;
+const DeviceWeight& CudaBackend::dev(const Weight& w) const {
+  const auto it = views_.find(w.data);
+  if (it == views_.end()) throw Error("CUDA backend: a weight of " + std::to_string(w.rows) + " x " +
+                                      std::to_string(w.cols) + " is not in the weight image");
+  return it->second;
 }
 
+// The plan of model/memory_plan.h, except that the weights counted are the
+// image on the device (what this worker holds there), not the segment.
 MemoryPlan CudaBackend::plan(const EngineShape& s) const {
-  MemoryPlan p;
+  MemoryPlan p = plan_memory(hp_, s, summary_, {BackendKind::cuda, 1});
   p.weights = layout_.total;
-  p.kv = kv_cache_bytes(hp_, s);
-  const uint64_t blas_ws = 32ull << 20;
-  p.scratch = uint64_t(layout(s).total) * 4 + act_bytes(s) + max_q8_elems_ * 2 + blas_ws +
-              uint64_t(s.max_batch) * sizeof(BatchToken);
   return p;
 }
 
@@ -305,15 +296,22 @@ void CudaBackend::reserve(const EngineShape& s) {
     throw DoesNotFit("CUDA device " + device_name_ + ": the KV cache (" + std::to_string(p.kv >> 20) + " MiB) and scratch (" +
                 std::to_string(p.scratch >> 20) + " MiB) do not fit the " + std::to_string(free >> 20) +
                 " MiB of device memory free");
+  const ScratchLayout l = cuda_scratch_layout(hp_, s);
+  for (int T = 1; T <= int(s.max_batch); ++T) {
+    const int splits = cuda::attention_splits(T, int(hp_.n_heads), s.ctx, n_sm_);
+    if (cuda::attention_scratch_floats(T, int(hp_.n_heads), int(hp_.head_dim), splits) > l.attn_floats)
+      throw Error("CUDA backend: the attention of " + std::to_string(T) + " tokens needs more scratch than the memory "
+                  "plan gives (model/memory_plan.cpp must follow worker/cuda/kernels.cu)");
+  }
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
   graphs_.clear();
   shape_ = s;
-  sc_ = layout(s);
+  sc_ = l;
   kv_ = DeviceBuffer(kv_cache_bytes(hp_, s), "KV cache");
   scratch_ = DeviceBuffer(size_t(sc_.total) * 4, "activations");
-  act_ = DeviceBuffer(act_bytes(s), "16-bit activations");
-  deq_ = DeviceBuffer(max_q8_elems_ * 2, "weight dequantisation");
-  blas_ws_ = DeviceBuffer(32ull << 20, "cuBLAS workspace");
+  act_ = DeviceBuffer(cuda_act16_bytes(hp_, s), "16-bit activations");
+  deq_ = DeviceBuffer(summary_.largest_q8_elems * 2, "weight dequantisation");
+  blas_ws_ = DeviceBuffer(kCudaBlasWorkspace, "cuBLAS workspace");
   tokens_dev_ = DeviceBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
   tokens_host_ = PinnedBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
   logits_host_ = PinnedBuffer(size_t(logit_rows() * hp_.n_vocab) * 4, "logits");
@@ -328,7 +326,8 @@ void CudaBackend::reserve(const EngineShape& s) {
   reserved_ = true;
 }
 
-void CudaBackend::trace(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld) {
+void CudaBackend::trace_rows(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols,
+                             int64_t ld) {
   if (!trace_) return;
   std::vector<float> host(size_t(rows * ld));
   DS4_CUDA_CHECK(cudaMemcpyAsync(host.data(), dev, host.size() * 4, cudaMemcpyDeviceToHost, stream_));
@@ -336,78 +335,119 @@ void CudaBackend::trace(std::string_view name, int layer, const float* dev, int6
   trace_(name, layer, host.data(), rows, cols, ld);
 }
 
-void CudaBackend::enqueue(int T, int rows, int reads) {
-  const BatchToken* batch = tokens_dev_.as<BatchToken>();
-  const int64_t ld_dim = pad8(hp_.dim), ld_q = pad8(hp_.q_dim()), ld_kv = pad8(hp_.kv_dim()), ld_ff = pad8(hp_.ff);
-  float *x = f(sc_.x), *xb = f(sc_.xb), *q = f(sc_.q), *k = f(sc_.k), *v = f(sc_.v), *att = f(sc_.att);
-  float *hb = f(sc_.hb), *hb2 = f(sc_.hb2), *xl = f(sc_.xl), *logits = f(sc_.logits);
-  cudaStream_t s = stream_;
+// --- ForwardOps ------------------------------------------------------------
 
-  DS4_CUDA_CHECK(cudaMemcpyAsync(tokens_dev_.as<void>(), tokens_host_.as<void>(), size_t(T) * sizeof(BatchToken),
-                                 cudaMemcpyHostToDevice, s));
-  cuda::embed(token_embd_, batch, T, x, ld_dim, s);
-  cuda::RopeArgs ra{int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim), int(hp_.n_rot),
-                    std::pow(hp_.rope_base, -2.0f / float(hp_.n_rot)), shape_.ctx};
-  cuda::AttentionArgs aa{int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim), shape_.ctx,
-                         1.0f / std::sqrt(float(hp_.head_dim)), attention_splits(T)};
-  for (int layer = 0; layer < int(hp_.n_layers); ++layer) {
-    const DeviceLayer& L = layers_[size_t(layer)];
-    // RMSNorm goes into the products that read it (decode GEMVs fold it in;
-    // otherwise it writes xb first). Traced steps keep it separate.
-    const cuda::RmsNorm attn_norm{static_cast<const float*>(L.attn_norm.data), hp_.norm_eps, xb};
-    const cuda::Product qkv[3] = {{&L.wq, q, ld_q}, {&L.wk, k, ld_kv}, {&L.wv, v, ld_kv}};
-    if (trace_) {
-      cuda::rmsnorm(x, ld_dim, attn_norm.g, hp_.dim, hp_.norm_eps, xb, ld_dim, T, s);
-      trace("attn_norm", layer, xb, T, hp_.dim, ld_dim);
-      cuda::matmul(qkv, 3, xb, ld_dim, T, gemm_, s);
-    } else {
-      cuda::matmul(qkv, 3, x, ld_dim, T, gemm_, s, false, &attn_norm);
-    }
-    cuda::rope_store(q, ld_q, k, v, ld_kv, batch, T, ra, k_cache(layer), v_cache(layer), s);
-    cuda::attention(q, ld_q, k_cache(layer), v_cache(layer), batch, T, aa, f(sc_.attn), att, ld_q, s);
-    const cuda::Product wo{&L.wo, x, ld_dim, true};  // x += wo . att
-    cuda::matmul(&wo, 1, att, ld_q, T, gemm_, s);
-    if (reads >= 2) during_step();
-    // Feed-forward block (SwiGLU).
-    const cuda::RmsNorm ffn_norm{static_cast<const float*>(L.ffn_norm.data), hp_.norm_eps, xb};
-    cuda::matmul_swiglu(L.w_gate, L.w_up, x, ld_dim, T, hb, hb2, ld_ff, gemm_, s, false, &ffn_norm);
-    if (trace_) {
-      const cuda::Product down{&L.w_down, xb, ld_dim, false};
-      cuda::matmul(&down, 1, hb, ld_ff, T, gemm_, s);
-      trace("ffn_out", layer, xb, T, hp_.dim, ld_dim);
-      cuda::add(x, xb, ld_dim, hp_.dim, T, s);
-    } else {
-      const cuda::Product down{&L.w_down, x, ld_dim, true};  // x += w_down . h
-      cuda::matmul(&down, 1, hb, ld_ff, T, gemm_, s);
-    }
-    trace("l_out", layer, x, T, hp_.dim, ld_dim);
-    // A step launched kernel by kernel (prefill, or more tokens than a
-    // graph takes) keeps this thread busy for most of its time: the requests
-    // that come meanwhile are read here, as the CPU backend reads them
-    // between its layers, so that their timings start when they arrive.
-    if (reads >= 1) during_step();
-  }
+void CudaBackend::begin_step(std::span<const BatchToken> batch, int64_t logit_rows) {
+  step_tokens_ = int(batch.size());
+  step_rows_ = int(logit_rows);
+  // The kernels read the batch from device memory (a captured graph replays
+  // this copy from the pinned buffer forward() filled).
+  DS4_CUDA_CHECK(cudaMemcpyAsync(tokens_dev_.as<void>(), tokens_host_.as<void>(), batch.size_bytes(),
+                                 cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::embed(const Weight& table, Act out) {
+  cuda::embed(dev(table), batch_dev(), step_tokens_, ptr(out), ld(out), stream_);
+}
+
+void CudaBackend::rmsnorm(Act in, const Weight& g, float eps, Act out) {
+  cuda::rmsnorm(ptr(in), ld(in), dev_f32(g), g.cols, eps, ptr(out), ld(out), rows(in), stream_);
+}
+
+// RMSNorm goes into the products that read it (decode GEMVs fold it in;
+// otherwise it writes norm->out first), up to three products a launch; a
+// bias is added after its product.
+void CudaBackend::products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) {
+  if (ps.size() > 4) throw Error("CUDA backend: more than 4 products share one input");
+  cuda::Product cp[4];
+  for (size_t i = 0; i < ps.size(); ++i) cp[i] = {&dev(*ps[i].w), ptr(ps[i].out), ld(ps[i].out), ps[i].accumulate};
+  const cuda::RmsNorm rn{norm ? dev_f32(*norm->g) : nullptr, norm ? norm->eps : 0.0f, norm ? ptr(norm->out) : nullptr};
+  if (norm && ld(norm->out) != ld(in)) throw Error("CUDA backend: a folded norm writes rows of its input's stride");
+  cuda::matmul(cp, int(ps.size()), ptr(in), ld(in), rows(in), gemm_, stream_, false, norm ? &rn : nullptr);
+  for (const ProductSpec& p : ps)
+    if (p.bias) cuda::add_bias(ptr(p.out), ld(p.out), dev_f32(*p.bias), p.w->rows, rows(in), stream_);
+}
+
+void CudaBackend::ffn_swiglu(Act in, const NormSpec* norm, const Weight& gate, const Weight& up, Act h, Act h_up) {
+  const cuda::RmsNorm rn{norm ? dev_f32(*norm->g) : nullptr, norm ? norm->eps : 0.0f, norm ? ptr(norm->out) : nullptr};
+  cuda::matmul_swiglu(dev(gate), dev(up), ptr(in), ld(in), rows(in), ptr(h), ptr(h_up), ld(h), gemm_, stream_, false,
+                      norm ? &rn : nullptr);
+}
+
+void CudaBackend::swiglu(Act g, Act u) { cuda::swiglu(ptr(g), ptr(u), ld(g), hp_.ff, rows(g), stream_); }
+
+void CudaBackend::head_norm(Act qk, int64_t heads, const Weight& g, float eps) {
+  cuda::head_norm(ptr(qk), ld(qk), int(heads), g.cols, dev_f32(g), eps, rows(qk), stream_);
+}
+
+cuda::RopeArgs CudaBackend::rope_args(const RopeSpec& r, int64_t q_heads, int64_t kv_heads) const {
+  cuda::RopeArgs a;
+  a.n_heads = int(q_heads);
+  a.n_kv_heads = int(kv_heads);
+  a.head_dim = int(r.head_dim);
+  a.n_rot = int(r.n_rot);
+  a.theta_scale = std::pow(r.base, -2.0f / float(r.n_rot));  // as the CPU computes it
+  a.freq_scale = r.freq_scale;
+  a.neox = r.type == RopeType::neox;
+  a.freq_factors = r.freq_factors ? dev_f32(*r.freq_factors) : nullptr;
+  a.ctx = shape_.ctx;
+  return a;
+}
+
+void CudaBackend::rope(Act qk, int64_t heads, const RopeSpec& r) {
+  cuda::rope_store(ptr(qk), ld(qk), nullptr, nullptr, 0, batch_dev(), rows(qk), rope_args(r, heads, 0), nullptr, nullptr,
+                   stream_);
+}
+
+void CudaBackend::kv_store(int layer, Act k, Act v) {
+  cuda::RopeArgs a;
+  a.n_kv_heads = int(hp_.n_kv_heads);
+  a.head_dim = int(hp_.head_dim);
+  a.ctx = shape_.ctx;  // n_rot 0: nothing rotated, k and v stored
+  cuda::rope_store(nullptr, 0, ptr(k), ptr(v), ld(k), batch_dev(), rows(k), a, k_cache(layer), v_cache(layer), stream_);
+}
+
+void CudaBackend::rope_kv_store(int layer, Act q, int64_t q_heads, Act k, int64_t kv_heads, Act v, const RopeSpec& r) {
+  if (ld(k) != ld(v)) throw Error("CUDA backend: k and v rows of different strides");
+  cuda::rope_store(ptr(q), ld(q), ptr(k), ptr(v), ld(k), batch_dev(), rows(q), rope_args(r, q_heads, kv_heads),
+                   k_cache(layer), v_cache(layer), stream_);
+}
+
+void CudaBackend::attention(int layer, Act q, Act out, const AttentionSpec& a) {
+  const cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale,
+                               attention_splits(rows(q))};
+  cuda::attention(ptr(q), ld(q), k_cache(layer), v_cache(layer), batch_dev(), rows(q), aa, f(sc_.attn), ptr(out),
+                  ld(out), stream_);
+}
+
+void CudaBackend::add(Act x, Act o) { cuda::add(ptr(x), ptr(o), ld(x), hp_.dim, rows(x), stream_); }
+
+void CudaBackend::gather_logit_rows(Act x, Act xl) {
+  cuda::gather_logit_rows(ptr(x), ld(x), batch_dev(), step_tokens_, ptr(xl), stream_);
+}
+
+// A step launched kernel by kernel (prefill, or more tokens than a graph
+// takes) keeps this thread busy for most of its time: the requests that come
+// meanwhile are read here, as the CPU backend reads them between its layers,
+// so that their timings start when they arrive.
+void CudaBackend::step_point(StepPoint p, int) {
+  if (p == StepPoint::attention_done ? step_reads_now_ >= 2 : step_reads_now_ >= 1) during_step();
+}
+
+void CudaBackend::enqueue(int T, int rows, int reads) {
+  step_reads_now_ = reads;
+  run_forward(m_, *this, {tokens_host_.as<BatchToken>(), size_t(T)});
   if (rows == 0) return;
-  cuda::gather_logit_rows(x, ld_dim, batch, T, xl, s);
-  const cuda::RmsNorm out_norm{static_cast<const float*>(output_norm_.data), hp_.norm_eps, xl};  // in place
-  const cuda::Product out{&output_, logits, hp_.n_vocab};
-  if (trace_) {
-    cuda::rmsnorm(xl, ld_dim, out_norm.g, hp_.dim, hp_.norm_eps, xl, ld_dim, rows, s);
-    trace("result_norm", -1, xl, rows, hp_.dim, ld_dim);
-    cuda::matmul(&out, 1, xl, ld_dim, rows, gemm_, s);
-  } else {
-    cuda::matmul(&out, 1, xl, ld_dim, rows, gemm_, s, false, &out_norm);
-  }
   cuda::GreedyPick* picks = picks_dev_.as<cuda::GreedyPick>();
-  cuda::greedy_pick(logits, hp_.n_vocab, hp_.n_vocab, rows, picks, s);
+  cuda::greedy_pick(ptr(Act::logits), hp_.n_vocab, hp_.n_vocab, rows, picks, stream_);
   DS4_CUDA_CHECK(cudaMemcpyAsync(picks_host_.as<void>(), picks, size_t(rows) * sizeof(cuda::GreedyPick),
-                                 cudaMemcpyDeviceToHost, s));
+                                 cudaMemcpyDeviceToHost, stream_));
 }
 
 std::span<const float> CudaBackend::logits(int32_t row) const {
   if (row < 0 || row >= rows_) throw Error("CUDA backend: no logits for row " + std::to_string(row));
   float* host = logits_host_.as<float>() + int64_t(row) * hp_.n_vocab;
-  DS4_CUDA_CHECK(cudaMemcpyAsync(host, f(sc_.logits) + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab) * 4,
+  DS4_CUDA_CHECK(cudaMemcpyAsync(host, ptr(Act::logits) + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab) * 4,
                                  cudaMemcpyDeviceToHost, stream_));
   DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return {host, size_t(hp_.n_vocab)};
@@ -499,6 +539,17 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
 }
 
 }  // namespace
+
+std::string cuda_unsupported(const HParams& hp) {
+  const int64_t hd = hp.head_dim;
+  if (hd != 8 && hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256)
+    return "a head size of " + std::to_string(hd) + " (its attention takes 8, 16, 32, 64, 128 or 256)";
+  if (hp.n_rot % 2 != 0 || hp.n_rot > hd)
+    return "RoPE over " + std::to_string(hp.n_rot) + " values of a head of " + std::to_string(hd);
+  if (hp.n_kv_heads <= 0 || hp.n_heads % hp.n_kv_heads != 0)
+    return std::to_string(hp.n_heads) + " heads over " + std::to_string(hp.n_kv_heads) + " KV heads";
+  return "";
+}
 
 bool cuda_available(std::string* why) {
   int n = 0;

@@ -1,5 +1,5 @@
 #pragma once
-/// The CUDA backend: the llama forward pass on one NVIDIA GPU, behind the same
+/// The CUDA backend: worker/forward.h's ops on one NVIDIA GPU, behind the same
 /// interface as the CPU backend (worker/backend.h). This header includes no
 /// CUDA header, so the engine and the CLI can use it without nvcc.
 
@@ -56,6 +56,12 @@ struct CudaWeightsOptions {
 std::string default_holder_socket(int device_index);
 /// The identity a holder and a worker compare: segment name and GGUF identity.
 std::string holder_model_key(const store::Segment& segment);
+
+/// What of a model's shape the CUDA backend cannot run ("" when it runs it
+/// all): a head size its attention kernels do not take, an odd RoPE width, a
+/// head count that is not a multiple of the KV heads'. Such a model runs on
+/// the CPU under device auto and is refused naming this under cuda:N.
+std::string cuda_unsupported(const HParams& hp);
 
 /// Builds the backend on device `device_index` with the weights where
 /// `weights` says; reserve() then allocates the KV cache and scratch there.

@@ -145,13 +145,24 @@ void embed(const Weight& table, const std::vector<BatchToken>& batch, float* out
 void rope_store(std::vector<float>& q, std::vector<float>& k, const std::vector<float>& v,
                 const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int n_rot,
                 float rope_base, int64_t slots, int64_t ctx, std::vector<uint16_t>& k_cache,
-                std::vector<uint16_t>& v_cache) {
+                std::vector<uint16_t>& v_cache, const RopeVariant& var) {
   const int T = int(batch.size());
   DeviceBuffer dq = to_device(q.data(), q.size(), "q"), dk = to_device(k.data(), k.size(), "k");
   DeviceBuffer dv = to_device(v.data(), v.size(), "v"), db = to_device(batch.data(), batch.size(), "batch");
   DeviceBuffer kc = to_device(k_cache.data(), k_cache.size(), "k cache");
   DeviceBuffer vc = to_device(v_cache.data(), v_cache.size(), "v cache");
-  cuda::RopeArgs a{n_heads, n_kv_heads, head_dim, n_rot, std::pow(rope_base, -2.0f / float(n_rot)), ctx};
+  DeviceBuffer dff;
+  if (!var.freq_factors.empty()) dff = to_device(var.freq_factors.data(), var.freq_factors.size(), "freq factors");
+  cuda::RopeArgs a;
+  a.n_heads = n_heads;
+  a.n_kv_heads = n_kv_heads;
+  a.head_dim = head_dim;
+  a.n_rot = n_rot;
+  a.theta_scale = std::pow(rope_base, -2.0f / float(n_rot));
+  a.freq_scale = var.freq_scale;
+  a.neox = var.neox;
+  a.freq_factors = var.freq_factors.empty() ? nullptr : dff.as<float>();
+  a.ctx = ctx;
   (void)slots;
   cuda::rope_store(dq.as<float>(), int64_t(n_heads) * head_dim, dk.as<float>(), dv.as<float>(),
                    int64_t(n_kv_heads) * head_dim, db.as<BatchToken>(), T, a, kc.as<__half>(), vc.as<__half>(), nullptr);
@@ -186,6 +197,20 @@ void swiglu(std::vector<float>& g, const std::vector<float>& u) {
   DeviceBuffer dg = to_device(g.data(), g.size(), "g"), du = to_device(u.data(), u.size(), "u");
   cuda::swiglu(dg.as<float>(), du.as<float>(), int64_t(g.size()), int64_t(g.size()), 1, nullptr);
   to_host(dg, g.data(), g.size());
+}
+
+void head_norm(std::vector<float>& x, int64_t T, int heads, const std::vector<float>& g, float eps) {
+  const int64_t n = int64_t(g.size());
+  DeviceBuffer dx = to_device(x.data(), x.size(), "x"), dg = to_device(g.data(), g.size(), "g");
+  cuda::head_norm(dx.as<float>(), heads * n, heads, n, dg.as<float>(), eps, int(T), nullptr);
+  to_host(dx, x.data(), x.size());
+}
+
+void add_bias(std::vector<float>& y, int64_t T, const std::vector<float>& b) {
+  const int64_t n = int64_t(b.size());
+  DeviceBuffer dy = to_device(y.data(), y.size(), "y"), db = to_device(b.data(), b.size(), "b");
+  cuda::add_bias(dy.as<float>(), n, db.as<float>(), n, int(T), nullptr);
+  to_host(dy, y.data(), y.size());
 }
 
 }  // namespace ds4::cuda_ops

@@ -46,10 +46,22 @@ void embed(const Weight& table, const std::vector<BatchToken>& batch, float* out
 /// RoPE and the KV store of one layer. q: T x n_heads*hd, k and v: T x n_kv*hd
 /// (contiguous); on return q and k are rotated and k_cache/v_cache (slots x
 /// ctx x n_kv*hd halves, as uint16_t) hold the f16 rows at (slot, pos).
+/// `var`: NEOX pairing, frequency factors (n_rot / 2), linear scaling.
+struct RopeVariant {
+  bool neox = false;
+  std::vector<float> freq_factors;
+  float freq_scale = 1.0f;
+};
 void rope_store(std::vector<float>& q, std::vector<float>& k, const std::vector<float>& v,
                 const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int n_rot,
                 float rope_base, int64_t slots, int64_t ctx, std::vector<uint16_t>& k_cache,
-                std::vector<uint16_t>& v_cache);
+                std::vector<uint16_t>& v_cache, const RopeVariant& var = {});
+
+/// Per-head RMSNorm: x (T x heads*n) in place, gain g (n).
+void head_norm(std::vector<float>& x, int64_t T, int heads, const std::vector<float>& g, float eps);
+
+/// y (T x n) += b (n) on each row.
+void add_bias(std::vector<float>& y, int64_t T, const std::vector<float>& b);
 
 /// Attention of each token's heads over its slot's positions 0..pos of the
 /// given caches (slots x ctx x n_kv*hd f16). q and out: T x n_heads*hd.

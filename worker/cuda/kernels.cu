@@ -65,6 +65,8 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, const float* g, int6
 
 // One job a thread: a pair of q or k (rotated when it is among the first
 // n_rot / 2 pairs of its head; k then stored as f16), or a pair of v to store.
+// Pair i of a head is values (2i, 2i + 1), or for NEOX (i, i + n_rot/2) while
+// it is rotated; the values past n_rot are left as they are (stored for k).
 __global__ void rope_store_kernel(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv,
                                   const BatchToken* batch, RopeArgs a, __half* kc, __half* vc) {
   pdl_wait();
@@ -72,7 +74,8 @@ __global__ void rope_store_kernel(float* q, int64_t ldq, float* k, const float* 
   const int t = blockIdx.y;
   const BatchToken b = batch[t];
   const int pairs = a.n_rot / 2, half_hd = a.head_dim / 2;
-  const int qk_jobs = (a.n_heads + a.n_kv_heads) * half_hd, jobs = qk_jobs + a.n_kv_heads * half_hd;
+  const int n_k = k ? a.n_kv_heads : 0, n_v = v ? a.n_kv_heads : 0;
+  const int qk_jobs = (a.n_heads + n_k) * half_hd, jobs = qk_jobs + n_v * half_hd;
   const int64_t at = (int64_t(b.slot) * a.ctx + b.pos) * int64_t(a.n_kv_heads) * a.head_dim;
   for (int job = blockIdx.x * blockDim.x + threadIdx.x; job < jobs; job += gridDim.x * blockDim.x) {
     if (job >= qk_jobs) {
@@ -84,24 +87,50 @@ __global__ void rope_store_kernel(float* q, int64_t ldq, float* k, const float* 
     const int h = job / half_hd, i = job % half_hd;
     const bool is_q = h < a.n_heads;
     float* row = is_q ? q + t * ldq + int64_t(h) * a.head_dim : k + t * ldkv + int64_t(h - a.n_heads) * a.head_dim;
-    float x0 = row[2 * i], x1 = row[2 * i + 1];
-    if (i < pairs) {
+    const bool rotated = i < pairs;
+    const int i0 = rotated && a.neox ? i : 2 * i, i1 = rotated && a.neox ? i + pairs : 2 * i + 1;
+    float x0 = row[i0], x1 = row[i1];
+    if (rotated) {
       // theta_i = pos * scale^i, by the same repeated multiplication as the CPU.
       float theta = float(b.pos);
       for (int j = 0; j < i; ++j) theta *= a.theta_scale;
-      const float c = cosf(theta), s = sinf(theta);
+      const float angle = a.freq_scale * (a.freq_factors ? theta / a.freq_factors[i] : theta);
+      const float c = cosf(angle), s = sinf(angle);
       const float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
       x0 = r0;
       x1 = r1;
-      row[2 * i] = x0;
-      row[2 * i + 1] = x1;
+      row[i0] = x0;
+      row[i1] = x1;
     }
-    if (!is_q) {
-      const int64_t e = int64_t(h - a.n_heads) * a.head_dim + 2 * i;
-      kc[at + e] = __float2half_rn(x0);
-      kc[at + e + 1] = __float2half_rn(x1);
+    if (!is_q && kc) {
+      const int64_t e = int64_t(h - a.n_heads) * a.head_dim;
+      kc[at + e + i0] = __float2half_rn(x0);
+      kc[at + e + i1] = __float2half_rn(x1);
     }
   }
+}
+
+// One block a (token, head): RMSNorm of the head's n values.
+__global__ void head_norm_kernel(float* x, int64_t ldx, int heads, int64_t n, const float* g, float eps) {
+  __shared__ double partial[32];
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x / heads, h = blockIdx.x % heads;
+  float* xr = x + t * ldx + int64_t(h) * n;
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(xr[i] * xr[i]);
+  sum = block_sum(sum, partial);
+  const float mean = float(sum / double(n));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) xr[i] = (xr[i] * scale) * g[i];
+}
+
+__global__ void add_bias_kernel(float* y, int64_t ldy, const float* b, int64_t n) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.y;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    y[t * ldy + i] += b[i];
 }
 
 // Attention. A block takes one (token, head, split): the positions of its
@@ -496,9 +525,22 @@ void rmsnorm(const float* x, int64_t ldx, const float* g, int64_t n, float eps, 
 
 void rope_store(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T,
                 const RopeArgs& a, __half* k_cache, __half* v_cache, cudaStream_t s) {
-  const int jobs = (a.n_heads + 2 * a.n_kv_heads) * (a.head_dim / 2);
+  const int heads = a.n_heads + (k ? a.n_kv_heads : 0) + (v ? a.n_kv_heads : 0);
+  const int jobs = heads * (a.head_dim / 2);
+  if (jobs == 0 || T == 0) return;
   const dim3 grid(unsigned(std::min<int64_t>(ceil_div(jobs, kThreads), 64)), unsigned(T));
   launch(rope_store_kernel, grid, dim3(kThreads), s, q, ldq, k, v, ldkv, batch, a, k_cache, v_cache);
+  DS4_CUDA_LAUNCHED();
+}
+
+void head_norm(float* x, int64_t ldx, int heads, int64_t n, const float* g, float eps, int T, cudaStream_t s) {
+  if (heads == 0 || T == 0) return;
+  launch(head_norm_kernel, dim3(unsigned(T * heads)), dim3(n >= 128 ? 128 : 64), s, x, ldx, heads, n, g, eps);
+  DS4_CUDA_LAUNCHED();
+}
+
+void add_bias(float* y, int64_t ldy, const float* b, int64_t n, int T, cudaStream_t s) {
+  launch(add_bias_kernel, rows_grid(n, T), dim3(kThreads), s, y, ldy, b, n);
   DS4_CUDA_LAUNCHED();
 }
 

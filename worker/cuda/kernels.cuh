@@ -23,15 +23,28 @@ void rmsnorm(const float* x, int64_t ldx, const float* g, int64_t n, float eps, 
              cudaStream_t s);
 
 struct RopeArgs {
-  int n_heads = 0, n_kv_heads = 0, head_dim = 0, n_rot = 0;
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0, n_rot = 0;  // q heads, k (and v) heads
   float theta_scale = 1;  // rope_base^(-2/n_rot), computed on the host as the CPU does
+  float freq_scale = 1;   // linear RoPE scaling: the angle times this
+  bool neox = false;      // pairs (i, i + n_rot/2) instead of (2i, 2i + 1)
+  const float* freq_factors = nullptr;  // (n_rot / 2) f32 on the device: each angle divided by its factor
   int64_t ctx = 0;        // positions per slot in the cache
 };
-/// Rotates q and k in place (ggml's "normal" RoPE on adjacent pairs, theta =
-/// pos * theta_scale^i by repeated multiplication) and stores k and v as f16
-/// at (slot, pos) of this layer's cache.
+/// Rotates the first n_rot values of each of q's n_heads heads and of k's
+/// n_kv_heads heads in place (ggml's RoPE as the CPU backend computes it:
+/// theta_i = pos * theta_scale^i by repeated multiplication, then
+/// freq_scale * theta_i / ff[i]) and stores k and v as f16 at (slot, pos) of
+/// this layer's cache. Any of q, k, v may be null (n_heads 0 for no q): a
+/// RoPE alone leaves the caches null, a KV store alone has n_rot 0.
 void rope_store(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T,
                 const RopeArgs& a, __half* k_cache, __half* v_cache, cudaStream_t s);
+
+/// x[t][h] = rmsnorm(x[t][h]) * g for each of `heads` heads of n floats (the
+/// per-head Q/K norm), the sum of squares in double.
+void head_norm(float* x, int64_t ldx, int heads, int64_t n, const float* g, float eps, int T, cudaStream_t s);
+
+/// y[t][i] += b[i], i < n.
+void add_bias(float* y, int64_t ldy, const float* b, int64_t n, int T, cudaStream_t s);
 
 struct AttentionArgs {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;

@@ -218,10 +218,14 @@ class HostMappedImage final : public WeightImage {
 
 ImageLayout ImageLayout::of(const ModelWeights& W) {
   ImageLayout l;
+  // Every tensor the forward pass reads; the optional ones (QKV bias, Q/K
+  // norm, RoPE frequency factors) where the file has them.
   std::vector<const Weight*> all = {&W.token_embd, &W.output_norm, &W.output};
+  if (W.rope_freqs) all.push_back(&W.rope_freqs);
   for (const LayerWeights& L : W.layers)
-    for (const Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
-      all.push_back(w);
+    for (const Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
+                            &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
+      if (*w) all.push_back(w);
   l.hash = fnv1a(0xcbf29ce484222325ull, kImageLayoutVersion);
   l.host_lo = UINTPTR_MAX;
   for (const Weight* w : all) {

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Every architecture and weight type on the CUDA backend, against llama.cpp:
+# the GPU machine has no llama.cpp build, so the reference answers are
+# recorded here and checked there.
+#
+#   cuda_arch.sh refs DIR    (this machine: the peer, ds4-mkmodel) writes into DIR
+#                            the models (F16 and Q8_0 from ds4-mkmodel, K-quants
+#                            and Q4_0 from llama-quantize) and llama-server's
+#                            greedy answers for each (DIR/<model>.json); checks
+#                            the CPU backend against them on the way
+#   cuda_arch.sh check DIR   (the GPU machine) runs `ds4-worker run --device cuda:0`
+#                            on each model of DIR against its recorded answers,
+#                            with the near-tie rule of arch_compare.py
+#
+# F16 and Q8_0 files are not carried: `check` writes them again with the same
+# ds4-mkmodel arguments and refuses a file whose sha256 differs from the one
+# recorded. Environment: DS4_BIN (ds4-mkmodel, ds4-worker), DS4_MODELS
+# (stories260K.gguf), DS4_SRC, DS4_PEER (refs only). Port 19260.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+src=${DS4_SRC:-$(cd "$here/../.." && pwd)}
+bin=${DS4_BIN:?DS4_BIN must name the folder holding ds4-mkmodel and ds4-worker}
+models=${DS4_MODELS:?DS4_MODELS must name the folder holding stories260K.gguf}
+mode=${1:?usage: cuda_arch.sh refs|check DIR}
+dir=${2:?usage: cuda_arch.sh refs|check DIR}
+compare=$src/tests/integration/arch_compare.py
+n_predict=32
+prompts=("Once upon a time" "The little dog ran" "Lily and Tom" "One day, a girl named Sue")
+
+# Rows of multiples of 256 so that every matrix takes the K-quants; head
+# sizes the CUDA attention takes (qwen3: 64, not dim / heads = 32).
+common=(--vocab-from "$models/stories260K.gguf" --dim 256 --layers 2 --ff 512 --no-byte-tokens --ctx 512 --seed 11)
+declare -A arch_args=(
+  [llama3]="--arch llama --heads 4 --kv-heads 2 --rope-freqs --rope-scale 2"
+  [mistral]="--arch mistral --heads 4 --kv-heads 1"
+  [qwen2]="--arch qwen2 --heads 4 --kv-heads 2"
+  [qwen3]="--arch qwen3 --heads 8 --kv-heads 4 --head-dim 64"
+  [tied]="--arch llama --heads 4 --kv-heads 4 --tied"
+)
+archs=(llama3 mistral qwen2 qwen3 tied)
+quants=(Q4_K_M Q5_K_M Q6_K Q4_0 Q2_K)  # from the F16 file, for llama3 and qwen3
+# The near-tie thresholds of arch_compare.py (F16, Q8_0) and quants_greedy.sh
+# (the other types, 0.15: llama.cpp's CPU code against itself). On the GPU the
+# other types take 0.25, Q8_0's: the dp4a products round activations to 8 bits
+# per block of 32 (as llama.cpp's CUDA code does), where llama.cpp's CPU code
+# rounds them per block of 256 (Q8_K) for the K-quants: two grids, as with
+# Q8_0's CPU/GPU pair.
+near_tie() {  # near_tie TYPE MODE
+  case $1 in f16) echo 0.1 ;; q8_0) echo 0.25 ;; *) [[ $2 == check ]] && echo 0.25 || echo 0.15 ;; esac
+}
+
+mk() {  # mk ARCH TYPE OUT
+  # shellcheck disable=SC2086
+  "$bin/ds4-mkmodel" --out "$3" "${common[@]}" ${arch_args[$1]} --type "$2" >/dev/null 2>&1 ||
+    { echo "FAIL: ds4-mkmodel $1 $2" >&2; exit 1; }
+}
+
+case $mode in
+  refs)
+    source "$src/tests/integration/lib/peer.sh"
+    peer_require
+    mkdir -p "$dir"
+    trap peer_server_stop EXIT
+    for a in "${archs[@]}"; do
+      for t in f16 q8_0; do
+        mk "$a" "$t" "$dir/$a-$t.gguf"
+        sha256sum "$dir/$a-$t.gguf" | cut -d' ' -f1 >"$dir/$a-$t.sha256"
+      done
+      if [[ $a == llama3 || $a == qwen3 ]]; then
+        for q in "${quants[@]}"; do
+          "$peer_bin/llama-quantize" "$dir/$a-f16.gguf" "$dir/$a-${q,,}.gguf" "$q" >"$dir/quantize.log" 2>&1 ||
+            { tail -5 "$dir/quantize.log" >&2; echo "FAIL: llama-quantize $a $q" >&2; exit 1; }
+        done
+      fi
+    done
+    rm -f "$dir/quantize.log"
+    failed=0
+    for m in "$dir"/*.gguf; do
+      name=$(basename "$m" .gguf)
+      peer_server_start 19260 "$m" --no-jinja -t 1 -c 512 || { echo "FAIL: llama.cpp does not load $name" >&2; exit 1; }
+      python3 "$compare" --record "$dir/$name.json" 19260 "$n_predict" "${prompts[@]}"
+      peer_server_stop
+      echo "--- $name (cpu)"
+      DS4_DEVICE=cpu python3 "$compare" "$bin/ds4-worker" "$m" "$dir/$name.json" "$n_predict" \
+        "$(near_tie "${name#*-}" "$mode")" "${prompts[@]}" || failed=1
+    done
+    # The files ds4-mkmodel writes again where they are checked.
+    rm -f "$dir"/*-f16.gguf "$dir"/*-q8_0.gguf
+    [[ $failed == 0 ]] || { echo "FAIL: the CPU backend parts from llama.cpp (above)" >&2; exit 1; }
+    echo "ok: references in $dir"
+    ;;
+  check)
+    failed=0
+    for a in "${archs[@]}"; do
+      for t in f16 q8_0; do
+        mk "$a" "$t" "$dir/$a-$t.gguf"
+        [[ $(sha256sum "$dir/$a-$t.gguf" | cut -d' ' -f1) == $(cat "$dir/$a-$t.sha256") ]] ||
+          { echo "FAIL: ds4-mkmodel wrote another $a-$t.gguf here than where the references were taken" >&2; exit 1; }
+      done
+    done
+    for m in "$dir"/*.gguf; do
+      name=$(basename "$m" .gguf)
+      echo "--- $name (cuda:0)"
+      DS4_DEVICE=cuda:0 python3 "$compare" "$bin/ds4-worker" "$m" "$dir/$name.json" "$n_predict" \
+        "$(near_tie "${name#*-}" "$mode")" "${prompts[@]}" || failed=1
+    done
+    [[ $failed == 0 ]] || { echo "FAIL: the CUDA backend parts from llama.cpp (above)" >&2; exit 1; }
+    echo "ok: every model gives llama.cpp's greedy tokens on cuda:0"
+    ;;
+  *) echo "usage: cuda_arch.sh refs|check DIR" >&2; exit 2 ;;
+esac
