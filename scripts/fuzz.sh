@@ -4,10 +4,11 @@
 # translation (seeded with OpenAI and Anthropic requests) and the worker's
 # token protocol (seeded with its request and event lines), the Jinja
 # interpreter (seeded with the real chat templates of the npm packages in
-# tests/js, when installed) and the grammars (GBNF text with input for its
-# matcher, and JSON Schemas). Builds tests/fuzz with clang (libFuzzer, ASan,
-# UBSan) in build-fuzz/ and runs each for a bounded time: a fifth of
-# [seconds] each. Exits non-zero on any crash; the
+# tests/js, when installed), the grammars (GBNF text with input for its
+# matcher, and JSON Schemas) and what the proxy reads out of an answer (the
+# tool-call parser of each syntax and the thought splitter, fed whole and in
+# pieces). Builds tests/fuzz with clang (libFuzzer, ASan, UBSan) in
+# build-fuzz/ and runs each for a bounded time: a sixth of [seconds] each. Exits non-zero on any crash; the
 # input that caused it is left in build-fuzz/fuzz-artifacts/.
 #   scripts/fuzz.sh [seconds]     default 60
 set -euo pipefail
@@ -28,8 +29,8 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DDS4_FUZZ=ON -DDS4_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol fuzz_jinja fuzz_grammar -j"${JOBS:-2}"
-part=$(( (seconds + 4) / 5 ))
+cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol fuzz_jinja fuzz_grammar fuzz_answer -j"${JOBS:-2}"
+part=$(( (seconds + 5) / 6 ))
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
 # run NAME CORPUS: one target for its share of the time. Inputs are
@@ -98,3 +99,14 @@ ws ::= [ \t\n]?' '{a: 12, b:"x\u00e9"}' >"$corpus/gbnf.txt"
 printf '\000%s\000%s' 'root ::= "(" root ")" | [^()]{0,2} | "\U0001F600"' '((ab))' >"$corpus/nested.txt"
 printf '\001%s' '{"type":"object","properties":{"a":{"type":"integer","minimum":-5,"maximum":300},"b":{"type":"string","pattern":"^[A-Z]{2}\\d+$"},"c":{"type":"array","items":{"$ref":"#/$defs/n"},"maxItems":3}},"required":["a"],"$defs":{"n":{"anyOf":[{"type":"null"},{"enum":[1,"x"]}]}}}' >"$corpus/schema.json"
 run fuzz_grammar "$corpus"
+
+corpus="$build/fuzz-corpus/answer"
+mkdir -p "$corpus"
+# The first byte: the syntax (bits 0-1: hermes, llama3, mistral, deepseek),
+# a thought opened by the prompt (bit 2), the piece size - 1 (bits 3-7).
+printf '\000%s' 'Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> done' >"$corpus/hermes.txt"
+printf '\011%s' '{"name": "f", "parameters": {"a": [1, {"b": null}]}}' >"$corpus/llama3.txt"
+printf '\022%s' '[TOOL_CALLS][{"name": "f", "arguments": {"x": "y"}}, {"name": "g", "arguments": {}}] [TOOL_CALLS]h[ARGS]{}' >"$corpus/mistral.txt"
+printf '\033%s' $'<\xef\xbd\x9ctool\xe2\x96\x81calls\xe2\x96\x81begin\xef\xbd\x9c><\xef\xbd\x9ctool\xe2\x96\x81call\xe2\x96\x81begin\xef\xbd\x9c>function<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>f\n```json\n{"a": 1}\n```<\xef\xbd\x9ctool\xe2\x96\x81call\xe2\x96\x81end\xef\xbd\x9c><\xef\xbd\x9ctool\xe2\x96\x81calls\xe2\x96\x81end\xef\xbd\x9c>' >"$corpus/deepseek.txt"
+printf '\004%s' $'I think so.</think>\n\nThe answer <tool_call>{"name":"t","arguments":{}}</tool_call>' >"$corpus/think.txt"
+run fuzz_answer "$corpus"

@@ -133,7 +133,7 @@ size_t json_extent(std::string_view s, size_t from, bool& bad) {
   if (i == s.size()) return std::string_view::npos;
   if (s[i] != '{' && s[i] != '[') {
     bad = true;
-    return std::string_view::npos;
+    return i + 1;
   }
   std::string stack;
   bool in_string = false, escaped = false;
@@ -151,7 +151,7 @@ size_t json_extent(std::string_view s, size_t from, bool& bad) {
     else if (c == '}' || c == ']') {
       if (stack.empty() || stack.back() != c) {
         bad = true;
-        return std::string_view::npos;
+        return i + 1;
       }
       stack.pop_back();
       if (stack.empty()) return i + 1;
@@ -257,7 +257,7 @@ bool Parser::scan_call(std::vector<Event>& out, bool at_end) {
       bool bad = false;
       const size_t end = json_extent(buf_, 0, bad);
       const std::string_view opener = bare_ ? "" : kPythonTag;
-      if (bad) return answer_start_ = false, give_back(opener, buf_.size());
+      if (bad) return answer_start_ = false, give_back(opener, end);
       if (end == std::string::npos) return false;
       auto j = parse_json(std::string_view(buf_).substr(0, end));
       std::optional<ToolCall> c = j ? call_of(*j) : std::nullopt;
@@ -275,7 +275,7 @@ bool Parser::scan_call(std::vector<Event>& out, bool at_end) {
       if (buf_[i] == '[') {  // [TOOL_CALLS][{...}, ...]
         bool bad = false;
         const size_t end = json_extent(buf_, i, bad);
-        if (bad) return give_back(kMistralCalls, buf_.size());
+        if (bad) return give_back(kMistralCalls, end);
         if (end == std::string::npos) return false;
         auto j = parse_json(std::string_view(buf_).substr(i, end - i));
         std::vector<ToolCall> calls;
@@ -299,7 +299,7 @@ bool Parser::scan_call(std::vector<Event>& out, bool at_end) {
       name = trim(name);
       bool bad = false;
       const size_t end = json_extent(buf_, args + kMistralArgs.size(), bad);
-      if (bad || name.empty() || name.size() > kMaxMistralName) return give_back(kMistralCalls, bad ? buf_.size() : args);
+      if (bad || name.empty() || name.size() > kMaxMistralName) return give_back(kMistralCalls, bad ? end : args);
       if (end == std::string::npos) return false;
       auto j = parse_json(std::string_view(buf_).substr(args + kMistralArgs.size(), end - args - kMistralArgs.size()));
       if (!j || !j->is_object()) return give_back(kMistralCalls, end);

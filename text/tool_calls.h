@@ -80,7 +80,10 @@ std::vector<Event> parse(Syntax s, std::string_view text);
 
 /// The end of the JSON value starting at `s[from]` (after blanks), or npos
 /// when it is not complete yet; `bad` is set when it can never be valid
-/// (a stray closing bracket, a value that is not an object or array).
+/// (a stray closing bracket, a value that is not an object or array), and
+/// the index just past the character that made it so is returned: the text
+/// up to there is given back as content and the scan goes on after it, the
+/// same however the answer was cut into pieces.
 size_t json_extent(std::string_view s, size_t from, bool& bad);
 
 }  // namespace ds4::tools

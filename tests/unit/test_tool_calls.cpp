@@ -121,10 +121,41 @@ TEST_CASE("json_extent: the end of an object or array, strings and escapes respe
   CHECK_FALSE(bad);
   CHECK(json_extent(R"({"a": [1, 2)", 0, bad) == std::string::npos);
   CHECK_FALSE(bad);
-  CHECK(json_extent(R"({"a": ]})", 0, bad) == std::string::npos);
+  CHECK(json_extent(R"({"a": ]})", 0, bad) == 7);  // just past the stray bracket
   CHECK(bad);
-  CHECK(json_extent("42", 0, bad) == std::string::npos);
+  CHECK(json_extent("42", 0, bad) == 1);
   CHECK(bad);
+}
+
+TEST_CASE("tool calls: a malformed call is given back as text and a good call after it is still a call, whole or in pieces") {
+  // Found by fuzz_answer: the whole answer gave everything after the bad
+  // bracket back as text, pieces of 29 bytes found the second call.
+  const std::vector<std::pair<Syntax, std::string>> answers = {
+      {Syntax::mistral, R"(x [TOOL_CALLS][{"name": "f", "arguments":+}}] y [TOOL_CALLS][{"name": "g", "arguments": {}}])"},
+      {Syntax::mistral, R"([TOOL_CALLS]f[ARGS]}{ then [TOOL_CALLS]g[ARGS]{"a": 1})"},
+      {Syntax::llama3, R"(<|python_tag|>]oops <|python_tag|>{"name": "g", "parameters": {"a": 1}})"},
+  };
+  for (const auto& [syntax, answer] : answers) {
+    CAPTURE(answer);
+    const std::vector<Event> whole = parse(syntax, answer);
+    REQUIRE(!whole.empty());
+    CHECK(whole.back().kind == Event::Kind::call);
+    CHECK(whole.back().call.name == "g");
+    for (size_t piece : {1, 3, 29}) {
+      Parser p(syntax);
+      std::vector<Event> got;
+      for (size_t at = 0; at < answer.size(); at += piece)
+        for (Event& e : p.push(std::string_view(answer).substr(at, piece))) got.push_back(std::move(e));
+      for (Event& e : p.finish()) got.push_back(std::move(e));
+      std::string text_whole, text_got;
+      int calls_whole = 0, calls_got = 0;
+      for (const Event& e : whole) e.kind == Event::Kind::call ? void(++calls_whole) : void(text_whole += e.text);
+      for (const Event& e : got) e.kind == Event::Kind::call ? void(++calls_got) : void(text_got += e.text);
+      CAPTURE(piece);
+      CHECK(text_got == text_whole);
+      CHECK(calls_got == calls_whole);
+    }
+  }
 }
 
 namespace {
