@@ -3,17 +3,21 @@
 // every answer; with --reference, compares each with the same request's
 // answer from an undisturbed run (text, and token by token for streams).
 // With --fault-cmd, runs that shell command --faults times, evenly spread over
-// the run (the test uses it to SIGKILL and restart the worker).
+// the run (the test uses it to SIGKILL and restart the worker). With
+// --agents 1 the requests are an agent's: forced tool calls (chat streamed and
+// not, Anthropic tool_use streamed) and json_schema answers (streamed), whose
+// calls and JSON, assembled from the stream as each SDK does, are what is
+// compared (the grammar that forces them must resume with the answer).
 //
 //   node proxy_load.mjs --base URL [--key K] [--requests 300] [--concurrency 8] [--max-tokens 48]
-//        [--out FILE] [--reference FILE] [--fault-cmd CMD --faults 3]
+//        [--model NAME] [--agents 1] [--out FILE] [--reference FILE] [--fault-cmd CMD --faults 3]
 // Prints one JSON summary line; exit 1 on any failure or mismatch.
 import {exec} from "node:child_process";
 import fs from "node:fs";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 
-const args = {requests: 300, concurrency: 8, "max-tokens": 48, key: "none", faults: 0};
+const args = {requests: 300, concurrency: 8, "max-tokens": 48, key: "none", faults: 0, model: "stories", agents: "0"};
 for (let i = 2; i < process.argv.length; i += 2) args[process.argv[i].replace(/^--/, "")] = process.argv[i + 1];
 const N = Number(args.requests), C = Number(args.concurrency), maxTokens = Number(args["max-tokens"]);
 const openai = new OpenAI({baseURL: `${args.base}/v1`, apiKey: args.key, maxRetries: 0, timeout: 120000});
@@ -25,7 +29,82 @@ function prompt(i) {
   return `Once upon a time, there was a ${animals[i % animals.length]} named ${names[Math.floor(i / 7) % names.length]}.`;
 }
 // Kinds, so that half stream: chat stream, chat, messages stream, completions.
-const kinds = ["chat_stream", "chat", "messages_stream", "completion"];
+const agents = args.agents === "1";
+const kinds = agents ? ["tools_chat_stream", "tools_chat", "tools_messages_stream", "json_chat_stream"]
+                     : ["chat_stream", "chat", "messages_stream", "completion"];
+const model = args.model;
+
+// Parameters of finite values only, so that every forced answer ends.
+const enumOf = (...v) => ({type: "string", enum: v});
+const params = [
+  {type: "object", properties: {city: enumOf("Paris", "Rome", "Oslo", "Lima"), unit: enumOf("c", "f")},
+   required: ["city", "unit"], additionalProperties: false},
+  {type: "object", properties: {zone: enumOf("UTC", "CET", "PST")}, required: ["zone"], additionalProperties: false},
+];
+const chatTools = [
+  {type: "function", function: {name: "get_weather", description: "Weather in a city", parameters: params[0]}},
+  {type: "function", function: {name: "get_time", description: "Time in a zone", parameters: params[1]}},
+];
+const anthropicTools = chatTools.map((t) => ({name: t.function.name, description: t.function.description,
+                                              input_schema: t.function.parameters}));
+const answerSchema = {type: "object", properties: {animal: enumOf(...animals), happy: {type: "boolean"}},
+                      required: ["animal", "happy"], additionalProperties: false};
+
+// One agent request; r.text is what it answered, calls as JSON text.
+async function agentRequest(i, r, tick) {
+  const messages = [{role: "user", content: prompt(i)}];
+  if (r.kind === "tools_chat_stream") {
+    const s = await openai.chat.completions.create({model, messages, tools: chatTools, tool_choice: "required",
+                                                    max_tokens: 200, temperature: 0, stream: true,
+                                                    stream_options: {include_usage: true}});
+    const calls = [];
+    for await (const c of s) {
+      if (c.usage) r.completion_tokens = c.usage.completion_tokens;
+      const ch = c.choices[0];
+      if (!ch) continue;
+      for (const d of ch.delta?.tool_calls ?? []) {
+        tick();
+        calls[d.index] ??= {name: "", arguments: ""};
+        calls[d.index].name += d.function?.name ?? "";
+        calls[d.index].arguments += d.function?.arguments ?? "";
+      }
+      if (ch.finish_reason) r.finish = ch.finish_reason;
+    }
+    r.text = JSON.stringify(calls.map((c) => [c.name, JSON.parse(c.arguments)]));
+  } else if (r.kind === "tools_chat") {
+    const c = await openai.chat.completions.create({model, messages, tools: chatTools, tool_choice: "required",
+                                                    max_tokens: 200, temperature: 0});
+    r.text = JSON.stringify(c.choices[0].message.tool_calls.map((t) => [t.function.name, JSON.parse(t.function.arguments)]));
+    r.finish = c.choices[0].finish_reason;
+    r.completion_tokens = c.usage.completion_tokens;
+  } else if (r.kind === "tools_messages_stream") {
+    const s = await anthropic.messages.create({model, max_tokens: 200, temperature: 0, stream: true, messages,
+                                               tools: anthropicTools, tool_choice: {type: "any"}});
+    const uses = [];
+    for await (const ev of s) {
+      if (ev.type === "content_block_start" && ev.content_block.type === "tool_use")
+        uses[ev.index] = {name: ev.content_block.name, input: ""};
+      if (ev.type === "content_block_delta" && ev.delta.type === "input_json_delta") tick(), (uses[ev.index].input += ev.delta.partial_json);
+      if (ev.type === "message_delta") (r.finish = ev.delta.stop_reason), (r.completion_tokens = ev.usage.output_tokens);
+    }
+    r.text = JSON.stringify(uses.filter(Boolean).map((u) => [u.name, JSON.parse(u.input)]));
+  } else {
+    const s = await openai.chat.completions.create({model, messages, max_tokens: 200, temperature: 0, stream: true,
+                                                    stream_options: {include_usage: true},
+                                                    response_format: {type: "json_schema",
+                                                                      json_schema: {name: "a", schema: answerSchema}}});
+    for await (const c of s) {
+      if (c.usage) r.completion_tokens = c.usage.completion_tokens;
+      const ch = c.choices[0];
+      if (!ch) continue;
+      if (ch.delta?.content) tick(), (r.text += ch.delta.content);
+      if (ch.finish_reason) r.finish = ch.finish_reason;
+    }
+    const v = JSON.parse(r.text);
+    if (!animals.includes(v.animal) || typeof v.happy !== "boolean") throw new Error(`not the schema's JSON: ${r.text}`);
+  }
+  if (r.kind.startsWith("tools") && !["tool_calls", "tool_use"].includes(r.finish)) throw new Error(`finish ${r.finish}: ${r.text}`);
+}
 
 async function one(i) {
   const kind = kinds[i % kinds.length];
@@ -37,8 +116,10 @@ async function one(i) {
     last = now;
   };
   const r = {i, kind, text: "", tokens: null, finish: null, completion_tokens: null};
-  if (kind === "chat_stream") {
-    const s = await openai.chat.completions.create({model: "stories", messages: [{role: "user", content: prompt(i)}], max_tokens: maxTokens,
+  if (agents) {
+    await agentRequest(i, r, tick);
+  } else if (kind === "chat_stream") {
+    const s = await openai.chat.completions.create({model, messages: [{role: "user", content: prompt(i)}], max_tokens: maxTokens,
                                                     temperature: 0, stream: true, logprobs: true, stream_options: {include_usage: true}});
     r.tokens = [];
     for await (const c of s) {
@@ -51,12 +132,12 @@ async function one(i) {
       if (ch.finish_reason) r.finish = ch.finish_reason;
     }
   } else if (kind === "chat") {
-    const c = await openai.chat.completions.create({model: "stories", messages: [{role: "user", content: prompt(i)}], max_tokens: maxTokens, temperature: 0});
+    const c = await openai.chat.completions.create({model, messages: [{role: "user", content: prompt(i)}], max_tokens: maxTokens, temperature: 0});
     r.text = c.choices[0].message.content;
     r.finish = c.choices[0].finish_reason;
     r.completion_tokens = c.usage.completion_tokens;
   } else if (kind === "messages_stream") {
-    const s = await anthropic.messages.create({model: "stories", max_tokens: maxTokens, temperature: 0, stream: true,
+    const s = await anthropic.messages.create({model, max_tokens: maxTokens, temperature: 0, stream: true,
                                                messages: [{role: "user", content: prompt(i)}]});
     const seq = [];
     for await (const ev of s) {
@@ -67,7 +148,7 @@ async function one(i) {
     const want = ["message_start", "content_block_start", "content_block_stop", "message_delta", "message_stop"];
     if (seq.filter((t) => t !== "ping").join() !== want.join()) throw new Error(`event sequence ${seq.join(",")}`);
   } else {
-    const c = await openai.completions.create({model: "stories", prompt: prompt(i), max_tokens: maxTokens, temperature: 0});
+    const c = await openai.completions.create({model, prompt: prompt(i), max_tokens: maxTokens, temperature: 0});
     r.text = c.choices[0].text;
     r.finish = c.choices[0].finish_reason;
     r.completion_tokens = c.usage.completion_tokens;
