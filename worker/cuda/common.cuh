@@ -2,7 +2,7 @@
 // Shared pieces of the CUDA backend: error checks, owned device memory, and
 // weights in the layout the kernels read. Included only by worker/cuda/*.cu.
 
-#include <cublas_v2.h>
+#include "worker/cuda/blas.cuh"
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

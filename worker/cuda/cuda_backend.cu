@@ -185,8 +185,8 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   if (const char* g = std::getenv("DS4_CUDA_GRAPH_TOKENS")) graph_tokens_ = std::max(1, std::atoi(g));
   if (const char* r = std::getenv("DS4_CUDA_STEP_READS")) step_reads_ = std::clamp(std::atoi(r), 0, 2);
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  DS4_BLAS_CHECK(cublasCreate(&blas_));
-  DS4_BLAS_CHECK(cublasSetStream(blas_, stream_));
+  DS4_BLAS_CHECK(cuda::blas::create(&blas_));
+  DS4_BLAS_CHECK(cuda::blas::set_stream(blas_, stream_));
   layout_ = cuda::ImageLayout::of(m_.w());
   summary_ = WeightsSummary::of(m_.w());
   if (layout_.max_q8_elems > summary_.largest_q8_elems)
@@ -200,7 +200,7 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
 CudaBackend::~CudaBackend() {
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
   if (stream_) cudaStreamSynchronize(stream_);
-  if (blas_) cublasDestroy(blas_);
+  if (blas_) cuda::blas::destroy(blas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -320,7 +320,7 @@ void CudaBackend::reserve(const EngineShape& s) {
   // Touch everything now: a worker learns at start whether the memory is there.
   DS4_CUDA_CHECK(cudaMemsetAsync(kv_.as<void>(), 0, kv_.size(), stream_));
   DS4_CUDA_CHECK(cudaMemsetAsync(scratch_.as<void>(), 0, scratch_.size(), stream_));
-  DS4_BLAS_CHECK(cublasSetWorkspace(blas_, blas_ws_.as<void>(), blas_ws_.size()));
+  DS4_BLAS_CHECK(cuda::blas::set_workspace(blas_, blas_ws_.as<void>(), blas_ws_.size()));
   DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
   gemm_ = {blas_, act_.as<void>(), act_.size(), deq_.as<__half>(), deq_.size()};
   reserved_ = true;

@@ -47,7 +47,7 @@ void matmul(const Weight& w, const float* x, int64_t ldx, int64_t T, float* y, i
   DeviceBuffer other(size_t(T * ldy) * 4, "y2");
   DS4_CUDA_CHECK(cudaMemset(dy.as<void>(), 0xff, dy.size()));  // poison: every output must be written
   cublasHandle_t blas = nullptr;
-  DS4_BLAS_CHECK(cublasCreate(&blas));
+  DS4_BLAS_CHECK(cuda::blas::create(&blas));
   DeviceBuffer act(size_t(T * w.cols) * 2, "act"), deq(size_t(w.rows * w.cols) * 2, "deq");
   cuda::GemmContext g{blas, act.as<void>(), act.size(), deq.as<__half>(), deq.size()};
   try {
@@ -56,10 +56,10 @@ void matmul(const Weight& w, const float* x, int64_t ldx, int64_t T, float* y, i
     cuda::matmul(p, fused ? 3 : 1, dx.as<float>(), ldx, int(T), g, nullptr, force_gemm);
     to_host(dy, y, size_t(T * ldy));
   } catch (...) {
-    cublasDestroy(blas);
+    cuda::blas::destroy(blas);
     throw;
   }
-  cublasDestroy(blas);
+  cuda::blas::destroy(blas);
 }
 
 std::vector<float> dequantize(const Weight& w) {
@@ -81,7 +81,7 @@ void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t
   DeviceBuffer dh(size_t(T * ldh) * 4, "h"), dh2(size_t(T * ldh) * 4, "h2");
   DS4_CUDA_CHECK(cudaMemset(dh.as<void>(), 0xff, dh.size()));
   cublasHandle_t blas = nullptr;
-  DS4_BLAS_CHECK(cublasCreate(&blas));
+  DS4_BLAS_CHECK(cuda::blas::create(&blas));
   DeviceBuffer act(size_t(T * gate.cols) * 2, "act"), deq(size_t(gate.rows * gate.cols) * 2, "deq");
   cuda::GemmContext g{blas, act.as<void>(), act.size(), deq.as<__half>(), deq.size()};
   try {
@@ -89,10 +89,10 @@ void matmul_swiglu(const Weight& gate, const Weight& up, const float* x, int64_t
                         force_gemm);
     to_host(dh, h, size_t(T * ldh));
   } catch (...) {
-    cublasDestroy(blas);
+    cuda::blas::destroy(blas);
     throw;
   }
-  cublasDestroy(blas);
+  cuda::blas::destroy(blas);
 }
 
 void rmsnorm_matmul(const Weight& w, const Weight* up, const float* g, float eps, const float* x, int64_t ldx,
@@ -103,7 +103,7 @@ void rmsnorm_matmul(const Weight& w, const Weight* up, const float* g, float eps
   DeviceBuffer dy(size_t(T * ldy) * 4, "y"), dy2(size_t(T * ldy) * 4, "y2"), normed(size_t(T * ldx) * 4, "normed");
   DS4_CUDA_CHECK(cudaMemset(dy.as<void>(), 0xff, dy.size()));
   cublasHandle_t blas = nullptr;
-  DS4_BLAS_CHECK(cublasCreate(&blas));
+  DS4_BLAS_CHECK(cuda::blas::create(&blas));
   DeviceBuffer act(size_t(T * w.cols) * 2, "act"), deq(size_t(w.rows * w.cols) * 2, "deq");
   cuda::GemmContext gc{blas, act.as<void>(), act.size(), deq.as<__half>(), deq.size()};
   const cuda::RmsNorm norm{dg.as<float>(), eps, normed.as<float>()};
@@ -117,10 +117,10 @@ void rmsnorm_matmul(const Weight& w, const Weight* up, const float* g, float eps
     }
     to_host(dy, y, size_t(T * ldy));
   } catch (...) {
-    cublasDestroy(blas);
+    cuda::blas::destroy(blas);
     throw;
   }
-  cublasDestroy(blas);
+  cuda::blas::destroy(blas);
 }
 
 double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches) {

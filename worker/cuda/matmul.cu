@@ -681,7 +681,7 @@ __global__ void dequant_q8_kernel(const int8_t* qs, const __half* scales, int64_
 unsigned elem_grid(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, 256), 1, 4096)); }
 
 void gemm(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmContext& g, cudaStream_t s) {
-  DS4_BLAS_CHECK(cublasSetStream(g.blas, s));
+  DS4_BLAS_CHECK(blas::set_stream(g.blas, s));
   const int64_t K = ps[0].w->cols;
   bool have_f16 = false, have_bf16 = false;
   for (int i = 0; i < n; ++i) {
@@ -719,7 +719,7 @@ void gemm(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmCont
       }
     }
     // Column-major view: W is K x N (lda K), x is K x T, y is N x T (ldy).
-    DS4_BLAS_CHECK(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), T, int(K), &alpha, a, ta, int(K), b,
+    DS4_BLAS_CHECK(blas::gemm_ex(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), T, int(K), &alpha, a, ta, int(K), b,
                                 tb, int(ldb), &beta, ps[i].y, CUDA_R_32F, int(ps[i].ldy), CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
   }
