@@ -165,7 +165,7 @@ class GrammarBuilder {
   /// when taken). Throws ds4::Error naming the schema path
   /// ("schema.properties.x.type: ...") for what is too deep, too large or not
   /// supported; the builder is then unchanged.
-  std::string add_schema(const nlohmann::json& schema, const std::string& name);
+  std::string add_schema(const nlohmann::ordered_json& schema, const std::string& name);
   /// Adds `name ::= body` (body in GBNF). Throws ds4::Error when `name` is
   /// not a valid rule name or already has another body.
   void add_rule(const std::string& name, const std::string& body);
@@ -189,8 +189,8 @@ class GrammarBuilder {
 /// The GBNF text accepting exactly the JSON values `schema` allows, written in
 /// compact style (the whitespace rule allows at most a little whitespace, so
 /// that a small model cannot wander off in spaces); supported: type,
-/// properties (in the order the object holds its keys: nlohmann::json sorts
-/// them), required, additionalProperties (false, true, a schema; absent:
+/// properties (in the order the schema gives them: an ordered_json keeps the
+/// client's order), required, additionalProperties (false, true, a schema; absent:
 /// no other properties are generated, which is still valid), items,
 /// prefixItems, minItems/maxItems (up to 1000), enum, const, anyOf, oneOf
 /// (as anyOf: give disjoint alternatives), allOf of objects, $ref to
@@ -205,6 +205,6 @@ class GrammarBuilder {
 /// schema path ("schema.properties.x.type: ...") for what is too deep, too
 /// large or not supported. Equal to a GrammarBuilder's add_schema(schema,
 /// "root") and text().
-std::string schema_to_gbnf(const nlohmann::json& schema, const SchemaLimits& limits = {});
+std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const SchemaLimits& limits = {});
 
 }  // namespace ds4::grammar

@@ -22,7 +22,7 @@
 
 namespace ds4::grammar {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // properties in the order the schema gives them
 
 namespace {
 
@@ -532,11 +532,11 @@ std::string SchemaCompiler::pattern_rule(const std::string& pattern, const std::
 
 GrammarBuilder::GrammarBuilder(SchemaLimits limits) : limits_(limits) {}
 
-std::string GrammarBuilder::add_schema(const nlohmann::json& schema, const std::string& name) {
+std::string GrammarBuilder::add_schema(const nlohmann::ordered_json& schema, const std::string& name) {
   size_t bytes = 0;
   try {
     bytes = schema.dump().size();
-  } catch (const nlohmann::json::exception& e) {  // a string that is not UTF-8
+  } catch (const nlohmann::ordered_json::exception& e) {  // a string that is not UTF-8
     throw Error(std::string("schema: ") + e.what());
   }
   if (bytes > limits_.max_bytes)
@@ -584,7 +584,7 @@ std::string GrammarBuilder::text() const {
   return t;
 }
 
-std::string schema_to_gbnf(const nlohmann::json& schema, const SchemaLimits& limits) {
+std::string schema_to_gbnf(const nlohmann::ordered_json& schema, const SchemaLimits& limits) {
   GrammarBuilder b(limits);
   b.add_schema(schema, "root");
   return b.text();

@@ -7,7 +7,7 @@
 
 namespace ds4::tools {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // the model's arguments keep its key order
 
 namespace {
 

@@ -42,8 +42,8 @@ struct Plan {
   // Responses: the conversation so far (previous response's and this input,
   // without the instructions), stored with the answer; and what the
   // response object echoes (instructions, tools, tool_choice, ...).
-  nlohmann::json conversation;
-  nlohmann::json echo;
+  json conversation;
+  json echo;
   bool store = true;                  // Responses' store: false keeps it out of the store
   bool operator==(const Plan&) const = default;
 };

@@ -15,16 +15,16 @@
 #include <optional>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "supervisor/proxy/json_util.h"
 
 #include "supervisor/proxy/model_text.h"
 
 namespace ds4::proxy {
 
 struct ChatInput {
-  nlohmann::json messages = nlohmann::json::array();
-  nlohmann::json tools = nlohmann::json::array();
-  nlohmann::json kwargs = nlohmann::json::object();
+  json messages = json::array();
+  json tools = json::array();
+  json kwargs = json::object();
   bool operator==(const ChatInput&) const = default;
 };
 
@@ -38,14 +38,14 @@ struct ToolChoice {
 
 /// OpenAI chat: messages (system/developer anywhere, tool_calls, role tool),
 /// tools, tool_choice, parallel_tool_calls.
-ChatInput openai_chat_input(const nlohmann::json& body, ToolChoice& choice);
+ChatInput openai_chat_input(const json& body, ToolChoice& choice);
 /// Anthropic: system, messages with text/tool_use/tool_result/thinking blocks
 /// (a system message anywhere too), tools, tool_choice.
-ChatInput anthropic_input(const nlohmann::json& body, ToolChoice& choice);
+ChatInput anthropic_input(const json& body, ToolChoice& choice);
 /// Responses: instructions, input (a string or items: messages,
 /// function_call, function_call_output, reasoning), tools, tool_choice.
 /// `previous`: the stored conversation of previous_response_id, put first.
-ChatInput responses_input(const nlohmann::json& body, const nlohmann::json* previous, ToolChoice& choice);
+ChatInput responses_input(const json& body, const json* previous, ToolChoice& choice);
 
 /// The prompt text for `in`, ending where the assistant's answer begins. The
 /// model's own template is run when it has one (ModelText::chat_template());
@@ -56,6 +56,6 @@ std::string render_prompt(const ModelText& model, const ChatInput& in);
 /// The thinking switch a request's controls ask for (reasoning_effort,
 /// chat_template_kwargs.enable_thinking, Anthropic's and DeepSeek's
 /// `thinking`, Responses' reasoning.effort); nullopt when it says nothing.
-std::optional<bool> thinking_asked(const nlohmann::json& body, bool anthropic);
+std::optional<bool> thinking_asked(const json& body, bool anthropic);
 
 }  // namespace ds4::proxy

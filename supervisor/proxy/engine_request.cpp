@@ -8,7 +8,6 @@
 namespace ds4::proxy {
 
 namespace http = boost::beast::http;
-using json = nlohmann::json;
 
 namespace {
 

@@ -13,14 +13,14 @@
 
 namespace ds4::proxy {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in the order the client (or the model) wrote them
 
 /// Compact JSON; invalid UTF-8 in strings is replaced, never thrown.
 inline std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 /// Compact JSON written straight into a string, for the answers on the hot
 /// path: the text dump() gives for the same values, keys in the order
-/// written (write them sorted to match nlohmann's objects). Invalid UTF-8 in
+/// written (as the proxy's json, an ordered_json, keeps them). Invalid UTF-8 in
 /// strings becomes U+FFFD, as with dump().
 class JsonWriter {
  public:

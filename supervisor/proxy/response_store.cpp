@@ -18,7 +18,7 @@ size_t ResponseStore::size() const {
   return items_.size();
 }
 
-void ResponseStore::put(const std::string& id, nlohmann::json conversation) {
+void ResponseStore::put(const std::string& id, json conversation) {
   std::lock_guard lock(mu_);
   if (capacity_ == 0) return;
   auto [it, fresh] = items_.insert_or_assign(id, std::move(conversation));
@@ -26,7 +26,7 @@ void ResponseStore::put(const std::string& id, nlohmann::json conversation) {
   trim();
 }
 
-std::optional<nlohmann::json> ResponseStore::get(const std::string& id) const {
+std::optional<json> ResponseStore::get(const std::string& id) const {
   std::lock_guard lock(mu_);
   auto it = items_.find(id);
   if (it == items_.end()) return std::nullopt;

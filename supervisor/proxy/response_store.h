@@ -11,7 +11,7 @@
 #include <string>
 #include <unordered_map>
 
-#include <nlohmann/json.hpp>
+#include "supervisor/proxy/json_util.h"
 
 namespace ds4::proxy {
 
@@ -22,15 +22,15 @@ class ResponseStore {
   size_t capacity() const;
   size_t size() const;
   /// Keeps `conversation` (a JSON array of messages) under `id`.
-  void put(const std::string& id, nlohmann::json conversation);
-  std::optional<nlohmann::json> get(const std::string& id) const;
+  void put(const std::string& id, json conversation);
+  std::optional<json> get(const std::string& id) const;
 
  private:
   void trim();
   mutable std::mutex mu_;
   size_t capacity_;
   std::deque<std::string> order_;
-  std::unordered_map<std::string, nlohmann::json> items_;
+  std::unordered_map<std::string, json> items_;
 };
 
 }  // namespace ds4::proxy

@@ -191,7 +191,7 @@ void Session::start_job(Plan plan) {
   text_.emplace(plan_->stop);
   answer_.emplace(*plan_);
   answer_text_.clear();
-  answer_calls_ = nlohmann::json::array();
+  answer_calls_ = json::array();
   thought_tokens_ = earlier_tokens_ = 0;
   closing_thought_ = false;
   pending_tokens_.clear();
@@ -324,10 +324,10 @@ void Session::emit(std::vector<AnswerEvent> events) {
       case AnswerEvent::Kind::call: {
         const std::string id = core_.new_id(plan_->endpoint == Endpoint::messages ? "toolu_" : "call_");
         bytes += responder_->tool_call(id, ev.call);
-        nlohmann::json args = nlohmann::json::parse(ev.call.arguments, nullptr, false);
+        json args = json::parse(ev.call.arguments, nullptr, false);
         answer_calls_.push_back({{"id", id},
                                  {"type", "function"},
-                                 {"function", {{"name", ev.call.name}, {"arguments", args.is_object() ? args : nlohmann::json::object()}}}});
+                                 {"function", {{"name", ev.call.name}, {"arguments", args.is_object() ? args : json::object()}}}});
         break;
       }
     }
@@ -396,8 +396,8 @@ void Session::on_done(const JobResult& r) {
   f.completion_tokens = earlier_tokens_ + int64_t(job->gen.generated.size());
   f.timings = r.timings;
   if (plan_->endpoint == Endpoint::responses && plan_->store) {  // for a later previous_response_id
-    nlohmann::json conversation = plan_->conversation;
-    nlohmann::json said = {{"role", "assistant"}, {"content", answer_text_}};
+    json conversation = plan_->conversation;
+    json said = {{"role", "assistant"}, {"content", answer_text_}};
     if (!answer_calls_.empty()) said["tool_calls"] = answer_calls_;
     conversation.push_back(std::move(said));
     core_.responses.put(response_id_, std::move(conversation));
@@ -437,7 +437,7 @@ namespace {
 
 // The message of an error body in either protocol's shape.
 std::string error_message(const std::string& body) {
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+  json j = json::parse(body, nullptr, false);
   if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
       j["error"]["message"].is_string())
     return j["error"]["message"].get<std::string>().substr(0, 500);

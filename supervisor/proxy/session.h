@@ -95,7 +95,7 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   std::optional<AnswerParser> answer_;
   std::string response_id_;
   std::string answer_text_;       // the content, for the Responses store
-  nlohmann::json answer_calls_;   // the calls (template shape), for the Responses store
+  json answer_calls_;   // the calls (template shape), for the Responses store
   int64_t thought_tokens_ = 0;    // tokens inside the thought (a thinking budget counts them)
   int64_t earlier_tokens_ = 0;    // tokens of the answer before the thought was closed
   bool closing_thought_ = false;  // the budget is spent: the job stops and goes on after </think>

@@ -5,7 +5,6 @@
 
 namespace ds4::proxy {
 
-using nlohmann::json;
 
 namespace {
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "supervisor/proxy/json_util.h"
 
 #include "supervisor/proxy/chat_input.h"
 #include "text/tool_calls.h"
@@ -16,11 +16,11 @@ namespace ds4::proxy {
 /// The grammar of exactly one call of one of `tools` (OpenAI function shape),
 /// or of the tool `choice` names, written in `syntax`; "" when the choice
 /// forces no call (auto, none).
-std::string forced_call_grammar(tools::Syntax syntax, const nlohmann::json& tools, const ToolChoice& choice);
+std::string forced_call_grammar(tools::Syntax syntax, const json& tools, const ToolChoice& choice);
 
 /// The grammar of an answer that is one JSON value of `schema` (json_schema)
 /// or any JSON object (json_object: `schema` null). `field` names where the
 /// schema came from, for errors.
-std::string json_answer_grammar(const nlohmann::json* schema, const std::string& field);
+std::string json_answer_grammar(const json* schema, const std::string& field);
 
 }  // namespace ds4::proxy

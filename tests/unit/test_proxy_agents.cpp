@@ -12,9 +12,10 @@
 #include "supervisor/proxy/chat_input.h"
 #include "supervisor/proxy/json_util.h"
 #include "supervisor/proxy/router.h"
+#include "text/grammar.h"
 
 using namespace ds4::proxy;
-using nlohmann::json;
+using ds4::proxy::json;  // the proxy's (ordered) JSON
 namespace http = boost::beast::http;
 
 namespace {
@@ -102,6 +103,31 @@ TEST_CASE("agents: OpenAI tools and tool_choice reach the plan; the tools are in
   CHECK(e["error"]["message"].get<std::string>().find("repeats the name 'get_weather'") != std::string::npos);
 }
 
+TEST_CASE("agents: tools, their schemas and a call's arguments keep the client's key order in the prompt") {
+  // transformers and llama.cpp render what the client sent, in its order; a
+  // sorted object would put "function" before "type" and "alpha" before "zeta".
+  json body = json::parse(R"({"messages":[
+      {"role":"user","content":"Weather?"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+         "function":{"name":"f","arguments":"{\"zeta\":1,\"alpha\":2}"}}]},
+      {"role":"tool","tool_call_id":"c1","content":"ok"}],
+    "tools":[{"type":"function","function":{"name":"f","description":"d","parameters":
+      {"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"integer"}},"required":["zeta","alpha"]}}}]})");
+  ToolChoice choice;
+  ChatInput in = openai_chat_input(body, choice);
+  const std::string p = render_prompt(stories(), in);
+  CAPTURE(p);
+  CHECK(p.find(R"({"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{"zeta":)") !=
+        std::string::npos);
+  CHECK(p.find(R"("arguments":{"zeta":1,"alpha":2})") != std::string::npos);
+  // A forced JSON answer follows the schema's property order too.
+  const std::string g = ds4::grammar::schema_to_gbnf(in.tools[0]["function"]["parameters"]);
+  auto matcher = ds4::grammar::Matcher(ds4::grammar::Grammar::parse(g));
+  CHECK(matcher.accept(R"({"zeta":1,"alpha":2})"));
+  auto sorted = ds4::grammar::Matcher(ds4::grammar::Grammar::parse(g));
+  CHECK_FALSE(sorted.accept(R"({"alpha":2,"zeta":1})"));
+}
+
 TEST_CASE("agents: history with assistant tool_calls and role tool becomes the template's messages") {
   json body = json::parse(R"({"messages":[
       {"role":"system","content":"S"},
@@ -118,7 +144,7 @@ TEST_CASE("agents: history with assistant tool_calls and role tool becomes the t
   CHECK(in.messages[4]["role"] == "system");
   // The fallback writes the call and the result as Qwen's template does.
   const std::string p = render_prompt(stories(), in);
-  CHECK(p.find("<|im_start|>assistant\n<tool_call>\n{\"arguments\":{\"city\":\"Paris\"},\"name\":\"get_weather\"}\n</tool_call><|im_end|>") !=
+  CHECK(p.find("<|im_start|>assistant\n<tool_call>\n{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}\n</tool_call><|im_end|>") !=
         std::string::npos);
   CHECK(p.find("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>") != std::string::npos);
 

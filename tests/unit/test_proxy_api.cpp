@@ -10,7 +10,7 @@
 #include "supervisor/proxy/router.h"
 
 using namespace ds4::proxy;
-using nlohmann::json;
+using ds4::proxy::json;  // the proxy's (ordered) JSON
 namespace http = boost::beast::http;
 
 namespace {
