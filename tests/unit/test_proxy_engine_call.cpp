@@ -212,6 +212,35 @@ TEST_CASE("forward_request: the body must be a JSON object; stream a boolean") {
   CHECK(std::get<ApiError>(forward_request(req)).message.find("nests deeper") != std::string::npos);
 }
 
+TEST_CASE("forward_request: every API's reasoning controls reach an engine as chat_template_kwargs.enable_thinking") {
+  HttpRequest req{boost::beast::http::verb::post, "/v1/messages", 11};
+  auto body_of = [&](const std::string& target, const std::string& body) {
+    req.target(target);
+    req.body() = body;
+    auto f = forward_request(req);
+    REQUIRE(std::holds_alternative<EngineRequest>(f));
+    return nlohmann::json::parse(std::get<EngineRequest>(f).body);
+  };
+  auto think = [&](const std::string& target, const std::string& body) {
+    return body_of(target, body)["chat_template_kwargs"]["enable_thinking"];
+  };
+  CHECK(think("/v1/messages", R"({"model":"m","thinking":{"type":"disabled"},"max_tokens":4})") == false);
+  CHECK(think("/v1/messages", R"({"thinking":{"type":"enabled","budget_tokens":1024}})") == true);
+  CHECK(think("/v1/chat/completions", R"({"reasoning_effort":"minimal"})") == false);
+  CHECK(think("/v1/chat/completions?x=1", R"({"reasoning_effort":"high"})") == true);
+  CHECK(think("/v1/responses", R"({"reasoning":{"effort":"none"}})") == false);
+  // The client's own switch wins; its other kwargs stay; nothing asked, nothing added.
+  const auto own = body_of("/v1/chat/completions", R"({"reasoning_effort":"low","chat_template_kwargs":{"enable_thinking":false,"x":1}})");
+  CHECK(own["chat_template_kwargs"] == nlohmann::json{{"enable_thinking", false}, {"x", 1}});
+  CHECK(body_of("/v1/chat/completions", R"({"messages":[]})").dump() == R"({"messages":[]})");
+  CHECK(body_of("/v1/completions", R"({"reasoning_effort":"none"})").dump() == R"({"reasoning_effort":"none"})");
+  req.target("/v1/chat/completions");
+  req.body() = R"({"reasoning_effort":"very"})";
+  CHECK(std::get<ApiError>(forward_request(req)).message.find("reasoning_effort") != std::string::npos);
+  req.body() = R"({"reasoning_effort":"none","chat_template_kwargs":7})";
+  CHECK(std::holds_alternative<ApiError>(forward_request(req)));
+}
+
 TEST_CASE("sse_error_event: each API's error event, one line of data") {
   CHECK(sse_error_event(Api::openai, "{\"error\":\n{}}") == "data: {\"error\": {}}\n\n");
   CHECK(sse_error_event(Api::anthropic, "{\"type\":\"error\"}") == "event: error\ndata: {\"type\":\"error\"}\n\n");
