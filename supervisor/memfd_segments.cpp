@@ -61,15 +61,20 @@ bool MemfdSegments::systemd_fd_store_available() {
   return true;
 }
 
-void MemfdSegments::recover() {
+std::vector<int> MemfdSegments::recover() {
+  std::vector<int> sockets;
   char** names = nullptr;
   const int n = sd_listen_fds_with_names(1, &names);
-  if (n <= 0) return;
+  if (n <= 0) return sockets;
   for (int i = 0; i < n; ++i) {
     const int fd = SD_LISTEN_FDS_START + i;
     const std::string name = names && names[i] ? names[i] : "";
     std::free(names ? names[i] : nullptr);
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    if (sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1) > 0) {  // the socket unit's listening socket
+      sockets.push_back(fd);
+      continue;
+    }
     auto owned = std::make_shared<store::UniqueFd>(fd);
     const int seals = ::fcntl(fd, F_GET_SEALS);
     const std::optional<store::Identity> id =
@@ -90,6 +95,7 @@ void MemfdSegments::recover() {
     kept_[k.handle] = std::move(k);
   }
   std::free(names);
+  return sockets;
 }
 
 void MemfdSegments::add(const std::string& handle, std::shared_ptr<store::UniqueFd> fd) {

@@ -37,9 +37,11 @@ class MemfdSegments {
 
   /// Takes the descriptors the service manager passed back at this start
   /// (sd_listen_fds_with_names; named by FDNAME): each one that holds a ready
-  /// ds4 segment of this layout is kept; every other one is closed and
-  /// removed from the store (FDSTOREREMOVE=1). Logs one entry per descriptor.
-  void recover();
+  /// ds4 segment of this layout is kept; a listening stream socket (socket
+  /// activation: ds4-supervisor.socket) is returned for the proxy, untouched;
+  /// every other one is closed and removed from the store (FDSTOREREMOVE=1).
+  /// Logs one entry per descriptor.
+  std::vector<int> recover();
 
   /// Keeps `fd` as segment `handle` (and stores it in the fd store).
   void add(const std::string& handle, std::shared_ptr<store::UniqueFd> fd);

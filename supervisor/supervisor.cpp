@@ -1,5 +1,7 @@
 #include "supervisor/supervisor.h"
 
+#include <unistd.h>
+
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
@@ -65,12 +67,12 @@ constexpr bool kCudaBuilt =
 // port another process listens on, a device this build cannot use (a large
 // model's load takes minutes to end in these errors otherwise). The config's
 // own checks (load_config) cover the files it names.
-void check_before_load(const Config& c) {
+void check_before_load(const Config& c, bool socket_inherited) {
   if (c.workers.device.kind == Device::Kind::cuda && !kCudaBuilt)  // its workers and holder would crash-loop
     throw Error("workers.device " + c.workers.device.str() +
                 ": this build has no CUDA backend (configured with -DDS4_CUDA=OFF); use cpu or auto, or a CUDA build");
   const ListenAddress& l = c.proxy.listen;
-  if (l.port != 0) {
+  if (l.port != 0 && !socket_inherited) {  // an inherited socket is the proxy's already
     try {
       asio::io_context io;
       asio::ip::tcp::acceptor probe(io);
@@ -164,10 +166,17 @@ void Supervisor::prepare() {
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
   runtime_lock_ = RuntimeDirLock(runtime_dir_);
-  check_before_load(config_);
-  // Memfd segments a previous run of ours left in systemd's fd store.
+  // Memfd segments a previous run of ours left in systemd's fd store, and
+  // the socket unit's listening socket.
   memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
-  memfds_->recover();
+  const std::vector<int> sockets = memfds_->recover();
+  if (!sockets.empty()) listen_fd_ = sockets.front();
+  for (size_t i = 1; i < sockets.size(); ++i) {
+    log::warn("systemd passed " + std::to_string(sockets.size()) + " listening sockets; the proxy listens on the first, " +
+              "closing descriptor " + std::to_string(sockets[i]));
+    ::close(sockets[i]);
+  }
+  check_before_load(config_, listen_fd_ >= 0);
   try {
     model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_, signals.token());
   } catch (const store::LoadCancelled&) {

@@ -77,6 +77,10 @@ class Supervisor {
   asio::io_context& io() { return io_; }
   WorkerRegistry& registry();
   const Config& config() const { return config_; }
+  /// The listening socket systemd passed (ds4-supervisor.socket: socket
+  /// activation), for the proxy; -1 without one. It outlives this process:
+  /// connections that come while the supervisor restarts wait in its backlog.
+  int inherited_listen_fd() const { return listen_fd_; }
   const ModelInfo& model() const { return model_; }
   const std::string& segment_name() const { return model_.segment; }
 
@@ -141,6 +145,7 @@ class Supervisor {
   std::unique_ptr<UnitBackend> backend_;
   std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes
   std::unique_ptr<HolderKeeper> holder_;  // GPU weights holder (GPU workers only)
+  int listen_fd_ = -1;                       // socket activation: systemd's listening socket
   std::unique_ptr<MemfdSegments> memfds_;    // memfd segments kept (and in systemd's fd store)
   /// The segment socket runs on a thread of its own: it answers while io_'s
   /// thread waits (HolderKeeper::start() waits there for a holder that first

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     else if (text->jinja_template())
       ds4::log::info("chat prompts are rendered with the model's own template (tokenizer.chat_template)");
     ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(*text), sup.registry());
-    proxy.start();
+    proxy.start(sup.inherited_listen_fd());
     const auto ep = proxy.endpoint();
     const std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
     ds4::log::info("proxy listening on " + host + ":" + std::to_string(ep.port()) +

@@ -1,5 +1,12 @@
 #include "supervisor/proxy/proxy.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/request_trace.h"
@@ -87,9 +94,10 @@ Proxy::~Proxy() {
   close_sessions(*core_);
 }
 
-void Proxy::start() {
+void Proxy::start(int inherited_fd) {
   Core& c = *core_;
   reload_keys();
+  if (inherited_fd >= 0) return start_inherited(inherited_fd);
   if (!c.cfg.listen.is_loopback() && !c.keys->enabled() && !c.cfg.limits.allow_insecure_bind)
     throw Error("proxy.listen " + c.cfg.listen.str() +
                 " is not a loopback address and proxy.api_keys_file is empty: set api keys, or "
@@ -105,6 +113,41 @@ void Proxy::start() {
     c.acceptor.close(ignored);
     throw Error("proxy.listen " + c.cfg.listen.str() + ": cannot listen: " + e.code().message());
   }
+  accept_connections(c);
+}
+
+void Proxy::start_inherited(int fd) {
+  Core& c = *core_;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 || (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
+    throw Error("the listening socket systemd passed (descriptor " + std::to_string(fd) +
+                ") is not a TCP socket: ListenStream= of ds4-supervisor.socket must be an address and port");
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (own < 0) throw Error(std::string("cannot duplicate the listening socket systemd passed: ") + std::strerror(errno));
+  boost::system::error_code ec;
+  c.acceptor.assign(ss.ss_family == AF_INET ? tcp::v4() : tcp::v6(), own, ec);
+  if (ec) {
+    ::close(own);
+    throw Error("cannot listen on the socket systemd passed: " + ec.message());
+  }
+  const tcp::endpoint ep = c.acceptor.local_endpoint(ec);
+  if (!ep.address().is_loopback() && !c.keys->enabled() && !c.cfg.limits.allow_insecure_bind) {
+    c.acceptor.close(ec);
+    throw Error("the socket unit listens on " + ep.address().to_string() + ":" + std::to_string(ep.port()) +
+                ", not a loopback address, and proxy.api_keys_file is empty: set api keys, or "
+                "proxy.limits.allow_insecure_bind: true to serve without them");
+  }
+  const bool same = (c.cfg.listen.port == 0 || c.cfg.listen.port == ep.port()) &&
+                    (asio::ip::make_address(c.cfg.listen.host, ec) == ep.address() || ec);
+  if (!same)
+    log::warn("proxy.listen " + c.cfg.listen.str() + " differs from the socket systemd holds (" +
+                  ep.address().to_string() + ":" + std::to_string(ep.port()) +
+                  "): serving on the socket's address (ListenStream= of ds4-supervisor.socket sets it)",
+              {{"DS4_LISTEN", c.cfg.listen.str()}});
+  log::info("listening on the socket systemd holds (socket activation): connections made while the supervisor "
+            "restarts wait for it in the kernel's backlog",
+            {{"DS4_EVENT", "socket_inherited"}});
   accept_connections(c);
 }
 

@@ -35,7 +35,10 @@ class Proxy : public sup::ProxyStatsSource {
   /// Loads the key file and listens. Throws ds4::Error when the address
   /// cannot be bound, the key file cannot be read, or the address is not
   /// loopback, there are no keys and limits.allow_insecure_bind is off.
-  void start();
+  /// `inherited_fd` >= 0: a listening socket the service manager holds
+  /// (socket activation) is used instead of binding proxy.listen; the proxy
+  /// accepts on a duplicate and never closes the original.
+  void start(int inherited_fd = -1);
   /// The bound address (port 0 in the config: the one the kernel chose).
   boost::asio::ip::tcp::endpoint endpoint() const;
 
@@ -57,6 +60,7 @@ class Proxy : public sup::ProxyStatsSource {
   void set_metrics_extra(std::function<std::string()> fn);
 
  private:
+  void start_inherited(int fd);
   std::unique_ptr<Core> core_;
 };
 

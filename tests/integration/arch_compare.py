@@ -84,20 +84,20 @@ def record(out, port, n, prompts):
 def main():
     if sys.argv[1] == "--record":
         return record(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
-    worker, model, peer, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    worker, model, source, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     near_tie = float(sys.argv[5])
     prompts = sys.argv[6:]
     recorded = None
-    if peer.endswith(".json"):
-        with open(peer) as f:
+    if source.endswith(".json"):
+        with open(source) as f:
             recorded = json.load(f)
         if recorded["n_predict"] != n:
-            print(f"FAIL: {peer} holds answers of {recorded['n_predict']} tokens, not {n}")
+            print(f"FAIL: {source} holds answers of {recorded['n_predict']} tokens, not {n}")
             return 1
     device = ["--device", os.environ["DS4_DEVICE"]] if os.environ.get("DS4_DEVICE") else []
     agreed = compared = 0
     for prompt in prompts:
-        ref = recorded["prompts"][prompt] if recorded else peer_reference(int(peer), prompt, n)
+        ref = recorded["prompts"][prompt] if recorded else peer_reference(int(source), prompt, n)
         want_prompt = ref["prompt_tokens"]
         r = subprocess.run([worker, "run", "--model", model, "-p", prompt, "-n", str(n), "--temp", "0",
                             "--json", "--threads", "2"] + device, capture_output=True, text=True)
