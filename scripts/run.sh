@@ -17,8 +17,8 @@ if [ ! -f build/build.ninja ]; then
 fi
 targets=(ds4-supervisor ds4-worker ds4ctl ds4-mkmodel)
 if ! ninja -C build -n "${targets[@]}" | grep -q "no work to do"; then
-  echo "run.sh: building ${targets[*]} in build/ (the first time takes about 3 minutes on 2 idle cores," \
-       "more with the CUDA backend; later runs rebuild only what changed)" >&2
+  echo "run.sh: building ${targets[*]} in build/ (the first time takes about 6.5 minutes on 2 idle cores" \
+       "with the CUDA backend; later runs rebuild only what changed)" >&2
   start=$SECONDS
   cmake --build build --target "${targets[@]}"
   echo "run.sh: built in $((SECONDS - start)) s" >&2
