@@ -6,20 +6,11 @@
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
+import {check, finish} from "./checks.mjs";
 
 const [base, key, expected] = process.argv.slice(2);
 const openai = new OpenAI({baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 60000});
 const anthropic = new Anthropic({baseURL: base, apiKey: key, maxRetries: 0, timeout: 60000});
-let failures = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    console.log(`ok   - ${name}`);
-  } catch (e) {
-    failures++;
-    console.log(`FAIL - ${name}: ${e.stack || e}`);
-  }
-}
 
 const messages = [{role: "system", content: "You tell stories."}, {role: "user", content: "Tell me about a cat."}];
 
@@ -175,4 +166,4 @@ await check("a prompt over the context is 400 naming the context and the prompt 
                        (e) => e.status === 400 && /context is 256 tokens/.test(e.message) && /prompt has \d+ tokens/.test(e.message));
 });
 
-process.exit(failures ? 1 : 0);
+finish();

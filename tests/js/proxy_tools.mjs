@@ -13,20 +13,11 @@
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
+import {check, finish} from "./checks.mjs";
 
 const [base, key] = process.argv.slice(2);
 const openai = new OpenAI({baseURL: `${base}/v1`, apiKey: key, maxRetries: 0, timeout: 120000});
 const anthropic = new Anthropic({baseURL: base, apiKey: key, maxRetries: 0, timeout: 120000});
-let failures = 0;
-async function check(name, fn) {
-  try {
-    await fn();
-    console.log(`ok   - ${name}`);
-  } catch (e) {
-    failures++;
-    console.log(`FAIL - ${name}: ${e.stack || e}`);
-  }
-}
 
 // Parameters with finite values only, so that a forced answer always ends.
 const weatherParams = {
@@ -255,7 +246,4 @@ await check("a tool whose schema is not an object, and an unknown tool_choice, a
                        (e) => e.status === 400 && /nope/.test(e.message));
 });
 
-if (failures) {
-  console.log(`${failures} failed`);
-  process.exit(1);
-}
+finish();
