@@ -113,7 +113,7 @@ struct WorkersConfig {
   /// it sleeps: the next request then skips a wake-up. nullopt = auto
   /// (busy_poll_for()).
   std::optional<std::chrono::microseconds> busy_poll;
-  std::vector<std::uint32_t> ladder = {8192, 4096, 2048};  // tokens per slot, descending
+  std::vector<std::uint32_t> ladder = {32768, 16384, 8192, 4096, 2048};  // tokens per slot, descending (agents send 15-30K-token prompts)
   Bytes memory_max = 0;       // systemd MemoryMax= per worker; 0 = none
   Bytes reserve = Bytes(1) << 30;  // kept free when choosing a rung
   WorkerEngine engine = WorkerEngine::native;

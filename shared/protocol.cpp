@@ -70,6 +70,27 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& v) {
   return out;
 }
 
+// [{"text": "...", "at_start": bool}, ...]: a lazy grammar's triggers.
+std::vector<GrammarTrigger> grammar_triggers(const json& v) {
+  if (!v.is_array()) throw Error("'grammar_triggers' must be an array of {text, at_start} objects");
+  if (v.size() > kMaxGrammarTriggers)
+    throw Error("'grammar_triggers' has " + std::to_string(v.size()) + " entries, more than " + std::to_string(kMaxGrammarTriggers));
+  std::vector<GrammarTrigger> out;
+  for (const json& e : v) {
+    if (!e.is_object() || !e.contains("text") || !e["text"].is_string())
+      throw Error("'grammar_triggers' holds " + e.dump(-1, ' ', false, json::error_handler_t::replace) + ", not a {text, at_start} object");
+    GrammarTrigger t{e["text"].get<std::string>(), false};
+    if (t.text.empty() || t.text.size() > kMaxTriggerBytes)
+      throw Error("a 'grammar_triggers' text must have 1 to " + std::to_string(kMaxTriggerBytes) + " bytes");
+    if (e.contains("at_start")) {
+      if (!e["at_start"].is_boolean()) throw Error("'grammar_triggers[].at_start' must be true or false");
+      t.at_start = e["at_start"].get<bool>();
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 Request general_request(std::string_view line) {
   json j = json::parse(line, nullptr, false);
   if (j.is_discarded()) throw Error("request is not valid JSON");
@@ -114,6 +135,8 @@ Request general_request(std::string_view line) {
       if (g.grammar.size() > kMaxGrammarBytes)
         throw Error("'grammar' is " + std::to_string(g.grammar.size()) + " bytes, more than " + std::to_string(kMaxGrammarBytes));
     }
+    if (j.contains("grammar_triggers")) g.grammar_triggers = grammar_triggers(j["grammar_triggers"]);
+    if (!g.grammar_triggers.empty() && g.grammar.empty()) throw Error("'grammar_triggers' without a 'grammar'");
   } catch (const json::exception& e) {
     throw Error(std::string("bad request: ") + e.what());
   }
@@ -375,6 +398,16 @@ std::string to_line(const GenerateRequest& g, int64_t id) {
   if (!g.grammar.empty()) {
     s += R"(,"grammar":)";
     s += json(g.grammar).dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  if (!g.grammar_triggers.empty()) {
+    json triggers = json::array();
+    for (const GrammarTrigger& t : g.grammar_triggers) {
+      json one = {{"text", t.text}};
+      if (t.at_start) one["at_start"] = true;
+      triggers.push_back(std::move(one));
+    }
+    s += R"(,"grammar_triggers":)";
+    s += triggers.dump(-1, ' ', false, json::error_handler_t::replace);
   }
   s += "}\n";
   return s;

@@ -6,7 +6,7 @@
 ///                      "max_tokens":64,"temperature":0,"top_k":40,"top_p":0.95,
 ///                      "min_p":0.05,"seed":7,"logprobs":0,"ignore_eos":false
 ///                      [,"frequency_penalty":0.5,"presence_penalty":0.5,"logit_bias":[[13,-100],...],
-///                       "grammar":"root ::= ..."]}
+///                       "grammar":"root ::= ...","grammar_triggers":[{"text":"<tool_call>"},...]]}
 ///   worker → client   {"ev":"token","i":0,"id":7,"lp":-0.01,"t":432,"top":[[432,-0.01],...]}   (one per token)
 ///                     {"ev":"done","id":7,"reason":"stop|length|context|cancelled","timings":{...}}
 ///                  or {"ev":"error","id":7,"message":"..."}
@@ -46,6 +46,8 @@ inline constexpr size_t kMaxLineBytes = 32u << 20;
 inline constexpr size_t kMaxTokens = 1u << 22;
 inline constexpr size_t kMaxLogitBias = 1024;  // entries of a request's logit_bias
 inline constexpr size_t kMaxGrammarBytes = 1u << 20;  // a request's grammar text
+inline constexpr size_t kMaxGrammarTriggers = 16;     // a lazy grammar's triggers
+inline constexpr size_t kMaxTriggerBytes = 256;       // the text of one
 
 struct Sampling {
   float temperature = 0.8f;
@@ -59,6 +61,15 @@ struct Sampling {
   bool operator==(const Sampling&) const = default;
 };
 
+/// Where a lazy grammar starts: the first place in the answer where `text`
+/// appears (`at_start`: only as the answer's first text after blanks). The
+/// grammar then applies from that text on; before it, the answer is free.
+struct GrammarTrigger {
+  std::string text;
+  bool at_start = false;
+  bool operator==(const GrammarTrigger&) const = default;
+};
+
 struct GenerateRequest {
   std::vector<int32_t> prompt;
   std::vector<int32_t> generated;
@@ -70,6 +81,9 @@ struct GenerateRequest {
   /// inside; empty: none. Its state is a function of `generated`, so a
   /// resumed request stays exact. Sent only when not empty.
   std::string grammar;
+  /// Not empty: the grammar is lazy, waiting for one of these (a tool call
+  /// the model may or may not make). Sent only when not empty.
+  std::vector<GrammarTrigger> grammar_triggers;
   bool operator==(const GenerateRequest&) const = default;
 };
 

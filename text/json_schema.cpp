@@ -8,7 +8,7 @@
 // What a schema allows and the grammar does not generate (still valid
 // answers): properties that are not listed when additionalProperties is
 // absent (JSON Schema's default is to allow them; generating them only makes
-// small models wander), array items after prefixItems when items is absent.
+// small models wander) unless the schema lists none, array items after prefixItems when items is absent.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -430,8 +430,11 @@ std::string SchemaCompiler::object_rule(const json& s, const std::string& path, 
     }
   }
   std::string extra;  // the rule for one more member, when allowed
-  if (s.contains("additionalProperties")) {
-    const json& a = s["additionalProperties"];
+  // An object schema that lists no property ({"type": "object"}, OpenAI's
+  // json_object) takes any members: with none listed, "{}" would be all.
+  const bool open = !s.contains("properties") && !s.contains("additionalProperties");
+  if (s.contains("additionalProperties") || open) {
+    const json a = open ? json(true) : s["additionalProperties"];
     if (!(a.is_boolean() && !a.get<bool>())) {
       const std::string v = rule(base + "-extra-value", body(a, path + ".additionalProperties", depth + 1, base + "-extra"));
       extra = rule(base + "-extra", prim("json-string") + " " + ws + " \":\" " + ws + " " + v + " " + ws);

@@ -250,7 +250,8 @@ bool Engine::start_grammar(Active& a) {
     return false;
   }
   try {
-    a.grammar = std::make_unique<GrammarSampler>(grammar::Grammar::parse(a.req.grammar), tokens_, !a.req.ignore_eos);
+    a.grammar = std::make_unique<GrammarSampler>(grammar::Grammar::parse(a.req.grammar), tokens_, !a.req.ignore_eos,
+                                                 a.req.grammar_triggers);
     for (size_t i = 0; i < a.req.generated.size(); ++i) {
       const int32_t t = a.req.generated[i];
       if (t >= tokens_->size() || tokens_->eog(t) || !a.grammar->accept(t)) {
@@ -284,17 +285,41 @@ Sampled Engine::sample_row(Active& a, int32_t row, int64_t index) {
       return out;
     }
   }
+  // With a grammar, the token drawn without it is kept when the grammar takes
+  // it (llama.cpp does the same): greedy, that is the masked draw's token;
+  // sampled, a refused draw is redrawn from the masked row with its own
+  // randomness, which gives each allowed token its masked probability. The
+  // mask, the costly part, is then needed only at refusals. Alternatives
+  // (logprobs) come from the masked row.
+  const bool try_first = a.grammar && a.req.n_probs == 0;
+  bool tried = false;  // the drawn token was refused already
+  if (try_first && sp.temperature <= 0.0f && !sp.adjusts())
+    if (std::optional<TokenLogprob> picked = backend_.greedy(row)) {
+      if (a.grammar->fits(picked->token)) {
+        Sampled out;
+        out.token = picked->token;
+        out.logprob = picked->logprob;
+        return out;
+      }
+      tried = true;
+    }
   std::span<const float> logits = backend_.logits(row);
   if (sp.adjusts())
     logits = adjust_logits(logits, sp, std::span<const int32_t>(a.seq).subspan(a.req.prompt.size()), adjusted_,
                            counts_);
   if (!a.grammar) return sample(logits, sp, uint64_t(index), a.req.n_probs, sample_scratch_);
+  if (try_first && !tried) {
+    Sampled out = sample(logits, sp, uint64_t(index), 0, sample_scratch_);
+    if (a.grammar->fits(out.token)) return out;
+  }
   masked_.assign(logits.begin(), logits.end());
   if (a.grammar->mask(masked_) == 0) {
     finish(a, Finish::error, "grammar: no token of the vocabulary can continue the answer");
     return {};
   }
-  Sampled out = sample(masked_, sp, uint64_t(index), a.req.n_probs, sample_scratch_);
+  SamplingParams redraw = sp;
+  if (try_first) redraw.seed ^= 0x9e3779b97f4a7c15ull;  // independent of the refused draw
+  Sampled out = sample(masked_, redraw, uint64_t(index), a.req.n_probs, sample_scratch_);
   std::erase_if(out.top, [](const TokenLogprob& t) { return std::isinf(t.logprob); });  // masked alternatives
   return out;
 }

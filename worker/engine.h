@@ -39,6 +39,9 @@ struct GenerateRequest {
   /// as the undisturbed one would. A bad grammar finishes the request with
   /// an error "grammar:LINE:COL: ...".
   std::string grammar;
+  /// Not empty: the grammar is lazy and applies from the first of these on
+  /// (worker/grammar_sampler.h).
+  std::vector<GrammarTrigger> grammar_triggers;
 };
 
 enum class Finish { stop, length, context, cancelled, error };

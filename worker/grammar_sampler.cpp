@@ -61,17 +61,78 @@ std::shared_ptr<const TokenTable> TokenTable::from_model(const gguf::File& meta,
 }
 
 GrammarSampler::GrammarSampler(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const TokenTable> table,
-                               bool allow_eog)
-    : g_(std::move(g)), table_(std::move(table)), allow_eog_(allow_eog), matcher_(g_) {}
+                               bool allow_eog, std::vector<GrammarTrigger> triggers)
+    : g_(std::move(g)),
+      table_(std::move(table)),
+      allow_eog_(allow_eog),
+      matcher_(g_),
+      triggers_(std::move(triggers)),
+      active_(triggers_.empty()) {
+  start_settled_ = true;
+  std::erase_if(triggers_, [](const GrammarTrigger& t) { return t.text.empty(); });
+  active_ = triggers_.empty();
+  for (const GrammarTrigger& t : triggers_) {
+    if (t.at_start) {
+      start_settled_ = false;
+      start_len_ = std::max(start_len_, t.text.size());
+    } else {
+      keep_ = std::max(keep_, t.text.size() - 1);
+    }
+  }
+}
+
+size_t GrammarSampler::trigger_at(std::string_view text) const {
+  size_t best = std::string_view::npos;
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  for (const GrammarTrigger& t : triggers_) {
+    if (t.at_start) {
+      if (!start_settled_ && first != std::string_view::npos && text.substr(first).starts_with(t.text))
+        best = std::min(best, first);
+    } else if (size_t at = text.find(t.text); at != std::string_view::npos) {
+      best = std::min(best, at);
+    }
+  }
+  return best;
+}
+
+bool GrammarSampler::fits_waiting(int32_t token) const {
+  const std::string text = waiting_ + table_->text(token);
+  const size_t at = trigger_at(text);
+  return at == std::string::npos || matcher_.can_accept(std::string_view(text).substr(at));
+}
+
+bool GrammarSampler::fits(int32_t token) const {
+  if (token < 0 || token >= table_->size()) return false;
+  if (table_->eog(token)) return allow_eog_ && can_end();
+  if (table_->text(token).empty()) return false;
+  return active_ ? matcher_.can_accept(table_->text(token)) : fits_waiting(token);
+}
 
 bool GrammarSampler::accept(int32_t token) {
   if (token < 0 || token >= table_->size()) return false;
-  if (table_->eog(token)) return allow_eog_ && matcher_.can_end();
+  if (table_->eog(token)) return allow_eog_ && can_end();
   const std::string& text = table_->text(token);
-  return !text.empty() && matcher_.accept(text);
+  if (text.empty()) return false;
+  if (active_) return matcher_.accept(text);
+  waiting_ += text;
+  const size_t at = trigger_at(waiting_);
+  if (at == std::string::npos) {
+    // Keep only what a trigger could still start in.
+    if (!start_settled_) {
+      const size_t first = waiting_.find_first_not_of(" \t\r\n");
+      start_settled_ = first != std::string::npos && waiting_.size() - first >= start_len_;
+    }
+    if (start_settled_ && waiting_.size() > keep_) waiting_.erase(0, waiting_.size() - keep_);
+    return true;
+  }
+  active_ = true;
+  const bool ok = matcher_.accept(std::string_view(waiting_).substr(at));
+  waiting_.clear();
+  return ok;
 }
 
 size_t GrammarSampler::mask(std::span<float> logits) {
+  if (!active_) return mask_waiting(logits);
   const std::string key = matcher_.key();
   auto it = cache_.find(key);
   if (it == cache_.end()) {
@@ -92,6 +153,19 @@ size_t GrammarSampler::mask(std::span<float> logits) {
     else logits[i] = kOff;
   }
   for (size_t i = n; i < logits.size(); ++i) logits[i] = kOff;  // padding past the vocabulary
+  return allowed;
+}
+
+// Waiting for a trigger, every token is free but those that complete a
+// trigger with bytes the grammar refuses. Rare (the engine asks only when the
+// drawn token did not fit), so each token is tried.
+size_t GrammarSampler::mask_waiting(std::span<float> logits) const {
+  constexpr float kOff = -std::numeric_limits<float>::infinity();
+  size_t allowed = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (int32_t(i) < table_->size() && fits(int32_t(i))) ++allowed;
+    else logits[i] = kOff;
+  }
   return allowed;
 }
 

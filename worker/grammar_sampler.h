@@ -13,7 +13,14 @@
 /// accepts the end. BOS, unknown and unused tokens, and tokens with no
 /// text, are never allowed.
 ///
-/// Speed: the mask walks the tokens sorted by their bytes (a trie, implicit)
+/// A lazy grammar (triggers given) waits: the answer is free text until one
+/// of its triggers appears, and from the trigger's first byte on the answer
+/// must follow the grammar (a tool call the model may or may not make, kept
+/// to its schema once it starts). Its state is a function of the answer's
+/// tokens, as an eager grammar's, so a resumed request stays exact.
+///
+/// Speed: the engine tries the drawn token first (fits()) and masks only
+/// when the grammar refuses it, as llama.cpp does. The mask walks the tokens sorted by their bytes (a trie, implicit)
 /// with the matcher, so a prefix the grammar refuses rules out every token
 /// that starts with it at once; masks are cached by the matcher's state
 /// (Matcher::key), which repeats often (inside a string, between members).
@@ -54,10 +61,16 @@ class TokenTable {
   std::vector<int32_t> eog_ids_;
 };
 
+/// Where a lazy grammar starts (shared/protocol.h's GrammarTrigger).
+struct GrammarTrigger {
+  std::string text;
+  bool at_start = false;  // only as the answer's first text after blanks
+};
+
 class GrammarSampler {
  public:
   GrammarSampler(std::shared_ptr<const grammar::Grammar> g, std::shared_ptr<const TokenTable> table,
-                 bool allow_eog = true);
+                 bool allow_eog = true, std::vector<GrammarTrigger> triggers = {});
 
   /// Sets every token the grammar cannot take next to -inf in `logits`
   /// (TokenTable::size() floats). Returns how many tokens stay allowed (0:
@@ -68,9 +81,13 @@ class GrammarSampler {
   /// answer). Returns false when the grammar cannot take it; the sampler
   /// is then dead.
   bool accept(int32_t token);
+  /// Whether accept(token) would take it, without changing anything.
+  bool fits(int32_t token) const;
   /// The answer so far is complete and nothing can follow: finish with stop.
-  bool must_end() const { return matcher_.must_end(); }
-  bool can_end() const { return matcher_.can_end(); }
+  bool must_end() const { return active_ && matcher_.must_end(); }
+  bool can_end() const { return !active_ || matcher_.can_end(); }
+  /// The grammar applies: eager, or a trigger has appeared.
+  bool active() const { return active_; }
 
   /// Masks computed (cache misses) and served from the cache, for the cost
   /// measurements.
@@ -80,11 +97,24 @@ class GrammarSampler {
  private:
   void compute(std::vector<uint64_t>& bits) const;
   void walk(size_t lo, size_t hi, size_t depth, std::vector<uint64_t>& bits) const;
+  /// Where in `text` (the waiting answer's text) a trigger first appears,
+  /// or npos.
+  size_t trigger_at(std::string_view text) const;
+  /// Lazy and waiting: whether `token`'s text may follow (a trigger it
+  /// completes must be followed by bytes the grammar takes).
+  bool fits_waiting(int32_t token) const;
+  size_t mask_waiting(std::span<float> logits) const;
 
   std::shared_ptr<const grammar::Grammar> g_;
   std::shared_ptr<const TokenTable> table_;
   bool allow_eog_;
   grammar::Matcher matcher_;
+  std::vector<GrammarTrigger> triggers_;
+  bool active_ = true;
+  std::string waiting_;  // lazy, no trigger yet: the answer's text a trigger could still start in
+  bool start_settled_ = true;  // no at_start trigger can fire any more
+  size_t start_len_ = 0;       // the longest at_start trigger
+  size_t keep_ = 0;            // bytes of waiting_ kept: the longest other trigger's, less one
   mutable std::vector<grammar::Matcher> levels_;  // the walk's matcher per depth (reused buffers)
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // Matcher::key → allowed bits
   size_t computed_ = 0, cached_ = 0;

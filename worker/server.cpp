@@ -185,6 +185,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     r.n_probs = g.logprobs;
     r.ignore_eos = g.ignore_eos;
     r.grammar = std::move(g.grammar);
+    for (proto::GrammarTrigger& t : g.grammar_triggers) r.grammar_triggers.push_back({std::move(t.text), t.at_start});
     trace::mark(trace::Stage::worker_read, id);
     auto sink = std::make_shared<Sink>(st_, weak_from_this(), id);
     sink->engine_id = st_.engine.submit(std::move(r), sink);

@@ -215,6 +215,13 @@ void chat_plan(Plan& p, Endpoint endpoint, const json* body, ChatInput in, const
   // the worker's sampler: the call parses and its arguments fit the schema.
   if (p.tool_calls) p.gen.grammar = forced_call_grammar(model.tool_syntax(), in.tools, p.tool_choice);
   if (body && p.gen.grammar.empty()) p.gen.grammar = answer_format_grammar(*body, endpoint);
+  // Strict tools under auto: the calls the model chooses to make fit their
+  // schemas (a lazy grammar, from the call's marker on).
+  if (p.tool_calls && p.gen.grammar.empty()) {
+    LazyGrammar lazy = strict_calls_grammar(model.tool_syntax(), in.tools, p.tool_choice, in.strict);
+    p.gen.grammar = std::move(lazy.grammar);
+    p.gen.grammar_triggers = std::move(lazy.triggers);
+  }
   p.tool_syntax = model.tool_syntax();
   p.thought_open = reasoning::prompt_opens_thought(text);
 }

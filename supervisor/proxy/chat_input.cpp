@@ -98,8 +98,10 @@ const json* find(const json& obj, const char* key) {
 }
 
 // The tools array, each turned into the chat shape by `one`; names unique.
+// `strict`, when given, gets the names of the tools marked strict: true
+// (OpenAI chat's function.strict, Responses' and Anthropic's strict).
 template <class F>
-json tools_of(const json& body, F one) {
+json tools_of(const json& body, F one, std::vector<std::string>* strict = nullptr) {
   json out = json::array();
   const json* t = find(body, "tools");
   if (!t) return out;
@@ -113,6 +115,15 @@ json tools_of(const json& body, F one) {
     if (tool.is_null()) continue;  // a tool the server has no use for
     if (!names.insert(tool["function"]["name"].get<std::string>()).second)
       throw Error("'" + where + "' repeats the name '" + tool["function"]["name"].get<std::string>() + "'");
+    if (strict) {
+      const json& given = (*t)[i];
+      const json* f = find(given, "function");
+      const bool nested = f && f->is_object() && f->contains("strict");
+      if (const json* s = nested ? find(*f, "strict") : find(given, "strict")) {
+        if (!s->is_boolean()) throw Error("'" + where + (nested ? ".function" : "") + ".strict' must be true or false");
+        if (s->get<bool>()) strict->push_back(tool["function"]["name"]);
+      }
+    }
     out.push_back(std::move(tool));
   }
   return out;
@@ -152,7 +163,7 @@ ToolChoice openai_choice(const json& body, const json& tools, bool responses) {
   return c;
 }
 
-json openai_tools(const json& body) {
+json openai_tools(const json& body, std::vector<std::string>* strict) {
   return tools_of(body, [](const json& t, const std::string& where) {
     const std::string type = t.value("type", std::string("function"));
     if (type != "function") throw Error("'" + where + ".type' is '" + type + "': only function tools are served");
@@ -160,7 +171,7 @@ json openai_tools(const json& body) {
     const std::string fw = where + ".function";
     if (!f.is_object()) throw Error("'" + fw + "' must be an object");
     return function_tool(tool_name(f, "name", fw), find(f, "description"), find(f, "parameters"), fw, "parameters");
-  });
+  }, strict);
 }
 
 // The name of the call `id` among the messages so far (tool results may omit it).
@@ -197,7 +208,7 @@ void need_messages(const json& body, const char* key) {
 ChatInput openai_chat_input(const json& body, ToolChoice& choice) {
   need_messages(body, "messages");
   ChatInput in;
-  in.tools = openai_tools(body);
+  in.tools = openai_tools(body, &in.strict);
   choice = openai_choice(body, in.tools, false);
   in.kwargs = kwargs_of(body);
   size_t i = 0;
@@ -254,7 +265,7 @@ ChatInput anthropic_input(const json& body, ToolChoice& choice) {
     // Client tools: {name, description, input_schema}; Anthropic's own typed
     // tools (bash_…, text_editor_…) are client tools with a name too.
     return function_tool(tool_name(t, "name", where), find(t, "description"), find(t, "input_schema"), where, "input_schema");
-  });
+  }, &in.strict);
   if (const json* t = find(body, "tool_choice")) {
     const char* expected = "'tool_choice' must be an object with 'type' auto, any, tool or none";
     if (!t->is_object() || !t->contains("type") || !(*t)["type"].is_string()) throw Error(expected);
@@ -331,7 +342,7 @@ ChatInput responses_input(const json& body, const json* previous, ToolChoice& ch
     const std::string type = t.value("type", std::string("function"));
     if (type != "function") return nullptr;  // built-in tools (web_search, …) run nowhere here: the model is not offered them
     return function_tool(tool_name(t, "name", where), find(t, "description"), find(t, "parameters"), where, "parameters");
-  });
+  }, &in.strict);
   choice = openai_choice(body, in.tools, true);
   in.kwargs = kwargs_of(body);
   if (auto s = opt_string(body, "instructions")) in.messages.push_back({{"role", "system"}, {"content", *s}});

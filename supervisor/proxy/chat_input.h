@@ -25,6 +25,10 @@ struct ChatInput {
   json messages = json::array();
   json tools = json::array();
   json kwargs = json::object();
+  /// The tools marked `strict: true`: their calls must fit their schema,
+  /// under tool_choice auto too (kept apart so that the template sees the
+  /// tools as before).
+  std::vector<std::string> strict;
   bool operator==(const ChatInput&) const = default;
 };
 

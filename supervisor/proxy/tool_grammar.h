@@ -8,6 +8,7 @@
 
 #include "supervisor/proxy/json_util.h"
 
+#include "shared/protocol.h"
 #include "supervisor/proxy/chat_input.h"
 #include "text/tool_calls.h"
 
@@ -17,6 +18,18 @@ namespace ds4::proxy {
 /// or of the tool `choice` names, written in `syntax`; "" when the choice
 /// forces no call (auto, none).
 std::string forced_call_grammar(tools::Syntax syntax, const json& tools, const ToolChoice& choice);
+
+/// Under tool_choice auto with strict tools: a lazy grammar (the worker
+/// applies it from the first trigger on) of the calls the model may make in
+/// `syntax`, one call or (`choice.parallel`, where the syntax repeats calls)
+/// several. A strict tool's arguments fit its schema; another tool's are any
+/// JSON object. Empty when no tool is strict or the choice is not auto.
+struct LazyGrammar {
+  std::string grammar;
+  std::vector<proto::GrammarTrigger> triggers;
+};
+LazyGrammar strict_calls_grammar(tools::Syntax syntax, const json& tools, const ToolChoice& choice,
+                                 const std::vector<std::string>& strict);
 
 /// The grammar of an answer that is one JSON value of `schema` (json_schema)
 /// or any JSON object (json_object: `schema` null). `field` names where the

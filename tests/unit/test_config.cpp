@@ -75,7 +75,7 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.workers.device.kind == ds4::Device::Kind::automatic);
     CHECK(c.workers.slots == 2);
     CHECK(c.workers.threads == 0);
-    CHECK(c.workers.ladder == std::vector<std::uint32_t>{8192, 4096, 2048});
+    CHECK(c.workers.ladder == std::vector<std::uint32_t>{32768, 16384, 8192, 4096, 2048});
     CHECK(c.workers.memory_max == 0);
     CHECK(c.workers.reserve == 1 * GiB);
     CHECK(c.workers.engine == ds4::WorkerEngine::native);
@@ -184,7 +184,7 @@ TEST_CASE("config: a file with only model.path works; relative paths follow the 
   const ds4::Config c = parse("model:\n  path: models/stories260K.gguf\n");
   CHECK(c.model.path == "/etc/ds4test/models/stories260K.gguf");
   CHECK(c.model.name == "stories260K");  // the default name is the file's stem
-  CHECK(c.workers.ladder == std::vector<std::uint32_t>{8192, 4096, 2048});
+  CHECK(c.workers.ladder == std::vector<std::uint32_t>{32768, 16384, 8192, 4096, 2048});
 
   CHECK(parse("model:\n  path: ../m/x.gguf\n").model.path == "/etc/m/x.gguf");
   CHECK(parse("model:\n  path: /abs/y.gguf\n").model.path == "/abs/y.gguf");

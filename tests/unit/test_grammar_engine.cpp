@@ -228,6 +228,105 @@ TEST_CASE("grammar sampler: special tokens match literals by their text; the end
   CHECK(std::isinf(logits[5]));
 }
 
+TEST_CASE("grammar sampler: a lazy grammar waits for its trigger, then holds the answer to it") {
+  // 0 "<tool_call>" (special), 1 "<", 2 "tool_call>", 3 "{", 4 "}", 5 end of generation, 6 "x", 7 " ", 8 "tool_call>{"
+  auto table = std::make_shared<TokenTable>(
+      std::vector<std::string>{"<tool_call>", "<", "tool_call>", "{", "}", "</s>", "x", " ", "tool_call>{"},
+      std::vector<bool>{false, false, false, false, false, true, false, false, false});
+  auto g = grammar::Grammar::parse(R"(root ::= "<tool_call>" "{" "x"* "}")");
+  std::vector<float> logits(9, 0.0f);
+  auto allowed = [&](GrammarSampler& s) {
+    std::vector<int> out;
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    s.mask(logits);
+    for (int i = 0; i < 9; ++i)
+      if (!std::isinf(logits[size_t(i)])) out.push_back(i);
+    return out;
+  };
+  GrammarSampler s(g, table, true, {{"<tool_call>", false}});
+  CHECK_FALSE(s.active());
+  // Free text first, the end included: "x}{ " is no call.
+  for (int t : {6, 4, 3, 7}) CHECK(s.accept(t));
+  CHECK(s.can_end());
+  CHECK_FALSE(s.must_end());
+  // Waiting, every token but one that completes the trigger with bytes the
+  // grammar refuses ("<" then "tool_call>" is fine, "tool_call>{" too).
+  CHECK(s.accept(1));
+  CHECK(allowed(s) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(s.fits(8));
+  CHECK(s.accept(2));  // "<" "tool_call>": the trigger, spelled in pieces
+  CHECK(s.active());
+  CHECK_FALSE(s.can_end());
+  CHECK(allowed(s) == std::vector<int>{3});
+  CHECK_FALSE(s.fits(6));
+  CHECK(s.accept(3));
+  CHECK(s.accept(6));
+  CHECK(s.accept(4));
+  CHECK(s.must_end());
+  CHECK(allowed(s) == std::vector<int>{5});
+
+  // The special token itself triggers; a token that completes the trigger and
+  // goes on must go on as the grammar does.
+  GrammarSampler t(g, table, true, {{"<tool_call>", false}});
+  CHECK(t.accept(0));
+  CHECK(t.active());
+  CHECK(allowed(t) == std::vector<int>{3});
+  GrammarSampler u(grammar::Grammar::parse(R"(root ::= "<tool_call>" "x")"), table, true, {{"<tool_call>", false}});
+  CHECK(u.accept(1));
+  CHECK_FALSE(u.fits(8));  // "tool_call>{": "{" cannot follow the trigger here
+  CHECK(allowed(u) == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK_FALSE(u.accept(8));
+
+  // at_start: only as the answer's first text after blanks.
+  auto brace = grammar::Grammar::parse(R"(root ::= "{" "x"* "}")");
+  GrammarSampler v(brace, table, true, {{"{", true}});
+  CHECK(v.accept(7));  // blanks first
+  CHECK(v.accept(3));
+  CHECK(v.active());
+  CHECK(allowed(v) == std::vector<int>{4, 6});
+  GrammarSampler w(brace, table, true, {{"{", true}});
+  CHECK(w.accept(6));
+  CHECK(w.accept(3));  // "x{": not at the start, stays text
+  CHECK_FALSE(w.active());
+  CHECK(w.accept(4));
+}
+
+TEST_CASE("grammar engine: a lazy grammar leaves the story free until its trigger, then ends it as the grammar says") {
+  Fixture& f = fixture();
+  // stories260K writes " was" often: from there, " was happy." or " was sad." and the end.
+  const std::string gbnf = R"(root ::= " was " ("happy" | "sad") ".")";
+  Rig rig;
+  int triggered = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    CAPTURE(seed);
+    GenerateRequest r = request(gbnf, 1.0f, seed, 200);
+    r.grammar_triggers = {{" was", false}};
+    const auto c = rig.run(r);
+    CHECK(c->error == "");
+    const std::string text = f.tok.decode(c->tokens);
+    CAPTURE(text);
+    const size_t at = text.find(" was");
+    if (at == std::string::npos) {  // never triggered: free text to its end
+      CHECK((c->reason == Finish::stop || c->reason == Finish::length));
+      continue;
+    }
+    ++triggered;
+    CHECK(c->reason == Finish::stop);
+    const std::string tail = text.substr(at);
+    CHECK((tail == " was happy." || tail == " was sad."));
+    // Resumed anywhere, the same answer.
+    for (size_t cut : {size_t(1), c->tokens.size() / 2, c->tokens.size() - 1}) {
+      CAPTURE(cut);
+      Rig b({512, 1, 16});
+      GenerateRequest resumed = r;
+      resumed.generated.assign(c->tokens.begin(), c->tokens.begin() + long(cut));
+      const auto rest = b.run(resumed);
+      CHECK(rest->tokens == std::vector<int32_t>(c->tokens.begin() + long(cut), c->tokens.end()));
+    }
+  }
+  CHECK(triggered >= 4);  // the story model writes " was" in most answers
+}
+
 namespace {
 
 // Qwen 3's vocabulary as bytes: tokenizer.json stores byte-level BPE tokens

@@ -63,6 +63,29 @@ TEST_CASE("protocol: penalties and logit_bias travel only when set, and read bac
   CHECK_THROWS_WITH_AS(parse_request(bad("[13,-100]", "[13]")), doctest::Contains("[token, bias] pair"), ds4::Error);
 }
 
+TEST_CASE("protocol: a lazy grammar's triggers travel with its grammar, and read back") {
+  GenerateRequest g;
+  g.prompt = {1, 2};
+  g.grammar = R"(root ::= "<tool_call>" "x")";
+  CHECK(to_line(g).find("grammar_triggers") == std::string::npos);
+  g.grammar_triggers = {{"<tool_call>", false}, {"{", true}};
+  const std::string line = to_line(g, 3);
+  CHECK(parse_request(line).generate == g);
+  auto bad = [&](const std::string& from, const std::string& to) {
+    std::string l = line;
+    REQUIRE(l.find(from) != std::string::npos);
+    return l.replace(l.find(from), from.size(), to);
+  };
+  CHECK_THROWS_WITH_AS(parse_request(bad(R"("at_start":true)", R"("at_start":1)")), doctest::Contains("at_start"), ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(bad(R"({"at_start":true,"text":"{"})", R"("{")")), doctest::Contains("grammar_triggers"),
+                       ds4::Error);
+  CHECK_THROWS_WITH_AS(parse_request(bad(R"("text":"<tool_call>")", R"("text":"")")), doctest::Contains("1 to 256 bytes"), ds4::Error);
+  GenerateRequest none;
+  none.prompt = {1};
+  none.grammar_triggers = {{"x", false}};
+  CHECK_THROWS_WITH_AS(parse_request(to_line(none)), doctest::Contains("without a 'grammar'"), ds4::Error);
+}
+
 TEST_CASE("protocol: a request line in another form, or out of range, reads as the general parser says") {
   GenerateRequest g;
   g.prompt = {1, 2};

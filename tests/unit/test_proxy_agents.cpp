@@ -12,6 +12,7 @@
 #include "supervisor/proxy/chat_input.h"
 #include "supervisor/proxy/json_util.h"
 #include "supervisor/proxy/router.h"
+#include "supervisor/proxy/tool_grammar.h"
 #include "text/grammar.h"
 
 using namespace ds4::proxy;
@@ -461,4 +462,112 @@ TEST_CASE("agents: HEAD / and GET / answer 200; count_tokens counts the prompt")
   REQUIRE(full.plan);
   CHECK(body["input_tokens"] == full.plan->gen.prompt.size());
   CHECK(api_of("/v1/messages/count_tokens") == Api::anthropic);
+}
+
+TEST_CASE("agents: strict tools under tool_choice auto get a lazy grammar from the call's marker on") {
+  Ctx c;
+  const std::string strict_weather =
+      R"({"type":"function","function":{"name":"get_weather","strict":true,
+          "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"],"additionalProperties":false}}})";
+  const std::string loose = R"({"type":"function","function":{"name":"note","parameters":{"type":"object"}}})";
+  const std::string msgs = R"({"messages":[{"role":"user","content":"Weather in Paris?"}],)";
+  Route r = post(c, "/v1/chat/completions", msgs + R"("tools":[)" + strict_weather + "," + loose + "]}");
+  REQUIRE(r.plan);
+  REQUIRE_FALSE(r.plan->gen.grammar.empty());
+  REQUIRE(r.plan->gen.grammar_triggers.size() == 1);
+  CHECK(r.plan->gen.grammar_triggers[0].text == "<tool_call>");  // Hermes: the call's own marker
+  CHECK_FALSE(r.plan->gen.grammar_triggers[0].at_start);
+  auto g = ds4::grammar::Grammar::parse(r.plan->gen.grammar);
+  auto takes = [&](const std::string& text) {
+    ds4::grammar::Matcher m(g);
+    return m.accept(text) && m.can_end();
+  };
+  // From the marker on: a call of a known tool; the strict one's arguments fit its schema.
+  CHECK(takes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"));
+  CHECK(takes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n"
+              "<tool_call>\n{\"name\": \"note\", \"arguments\": {\"anything\": [1, 2]}}\n</tool_call>"));
+  CHECK_FALSE(takes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Paris\"}}\n</tool_call>"));
+  CHECK_FALSE(takes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+  CHECK_FALSE(takes("<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"));
+  // One call only when parallel calls are off.
+  Route one = post(c, "/v1/chat/completions", msgs + R"("parallel_tool_calls":false,"tools":[)" + strict_weather + "]}");
+  REQUIRE(one.plan);
+  g = ds4::grammar::Grammar::parse(one.plan->gen.grammar);
+  CHECK(takes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"));
+  CHECK_FALSE(takes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"
+                    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
+
+  // No strict tool, or a choice that is not auto: no lazy grammar (forced calls have their own).
+  Route plain = post(c, "/v1/chat/completions", msgs + R"("tools":[)" + kWeatherTool + "]}");
+  REQUIRE(plain.plan);
+  CHECK(plain.plan->gen.grammar.empty());
+  Route forced = post(c, "/v1/chat/completions", msgs + R"("tool_choice":"required","tools":[)" + strict_weather + "]}");
+  REQUIRE(forced.plan);
+  CHECK_FALSE(forced.plan->gen.grammar.empty());
+  CHECK(forced.plan->gen.grammar_triggers.empty());
+  Route none = post(c, "/v1/chat/completions", msgs + R"("tool_choice":"none","tools":[)" + strict_weather + "]}");
+  REQUIRE(none.plan);
+  CHECK(none.plan->gen.grammar.empty());
+
+  // Anthropic's and the Responses API's strict are at the tool's top level.
+  Route a = post(c, "/v1/messages",
+                 R"({"model":"m","max_tokens":64,"messages":[{"role":"user","content":"Weather?"}],
+                     "tools":[{"name":"get_weather","strict":true,"input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}]})");
+  REQUIRE(a.plan);
+  CHECK(a.plan->gen.grammar_triggers.size() == 1);
+  Route resp = post(c, "/v1/responses",
+                    R"({"input":"Weather?","tools":[{"type":"function","name":"get_weather","strict":true,
+                        "parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}]})");
+  REQUIRE(resp.plan);
+  CHECK(resp.plan->gen.grammar_triggers.size() == 1);
+
+  // strict must be a boolean: a 400 naming it.
+  json e = error_of(post(c, "/v1/chat/completions",
+                         msgs + R"("tools":[{"type":"function","function":{"name":"f","strict":"yes"}}]})"));
+  CHECK(e["error"]["param"] == "tools[0].function.strict");
+}
+
+TEST_CASE("agents: each call syntax's lazy grammar starts at that syntax's marker") {
+  using ds4::tools::Syntax;
+  const json tools = json::parse(
+      R"([{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}}}])");
+  ToolChoice choice;
+  const std::vector<std::string> strict = {"f"};
+  struct Case {
+    Syntax syntax;
+    std::string call;  // a call as the family writes it, from its trigger on
+  };
+  const std::string ds_begin = "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>";
+  for (const Case& k : std::vector<Case>{
+           {Syntax::hermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 3}}\n</tool_call>"},
+           {Syntax::llama3, "{\"name\": \"f\", \"parameters\": {\"n\": 3}}"},
+           {Syntax::llama3, "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"n\": 3}}"},
+           {Syntax::mistral, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"n\": 3}}]"},
+           {Syntax::deepseek, ds_begin + "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>function"
+                                         "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>f\n```json\n{\"n\": 3}\n```"
+                                         "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+                                         "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"},
+       }) {
+    CAPTURE(ds4::tools::syntax_name(k.syntax));
+    const LazyGrammar lazy = strict_calls_grammar(k.syntax, tools, choice, strict);
+    REQUIRE_FALSE(lazy.triggers.empty());
+    // The call starts with one of the triggers, and the grammar takes it whole.
+    bool starts = false;
+    for (const auto& t : lazy.triggers) starts |= k.call.rfind(t.text, 0) == 0;
+    CHECK(starts);
+    auto g = ds4::grammar::Grammar::parse(lazy.grammar);
+    ds4::grammar::Matcher m(g);
+    CHECK(m.accept(k.call));
+    CHECK(m.can_end());
+    // The same call with an argument of the wrong type is refused.
+    std::string bad = k.call;
+    bad.replace(bad.find("3"), 1, "\"3\"");
+    ds4::grammar::Matcher m2(g);
+    CHECK_FALSE((m2.accept(bad) && m2.can_end()));
+  }
+  // Llama 3's bare JSON call is recognised only as the answer's start.
+  const LazyGrammar l3 = strict_calls_grammar(Syntax::llama3, tools, choice, strict);
+  bool at_start_brace = false;
+  for (const auto& t : l3.triggers) at_start_brace |= t.text == "{" && t.at_start;
+  CHECK(at_start_brace);
 }
