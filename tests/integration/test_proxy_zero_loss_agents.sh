@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Zero loss for agents: what test_proxy_zero_loss.sh checks for text, for
-# forced tool calls (chat streamed and not, Anthropic tool_use streamed) and
-# json_schema answers (streamed), through ds4-supervisor (process backend):
+# forced tool calls (chat streamed and not, Anthropic tool_use streamed),
+# json_schema answers (streamed), calls of strict tools under tool_choice auto
+# (sampled, a lazy grammar) and reasoning cut by a thinking budget (streamed),
+# through ds4-supervisor (process backend):
 # 8 concurrent clients send 120 such requests through the official SDKs,
 # first undisturbed, then while the worker is SIGKILLed 3 times. A resumed
 # answer continues under the same grammar from where it stopped, so every

