@@ -551,6 +551,9 @@ std::string GrammarBuilder::add_schema(const nlohmann::ordered_json& schema, con
   try {
     Grammar::parse(c.rules_text(rule));
   } catch (const Error& e) {
+    // Left recursion comes only from $ref cycles: say so in the schema's terms.
+    if (std::string_view(e.what()).find("left-recursive") != std::string_view::npos)
+      throw Error("schema: a $ref cycle comes back to itself before any value, so no JSON value of it can end");
     throw Error(std::string("schema: ") + e.what());
   }
   c.commit();

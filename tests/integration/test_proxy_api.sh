@@ -132,6 +132,52 @@ s, e = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "H
                                      "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"})
 assert s == 400 and "'tool_choice'" in e["error"]["message"] and e["error"]["param"] == "tool_choice", (s, e)
 PY
+# What a hostile agent may send: each a clear error in the protocol's shape,
+# and the proxy and the worker serve on.
+check "agents' hostile input: a 10 MB tools array, too many tools, recursive and too deep schemas, a tool result that is not text, bad strict: clear 4xx naming the field; still serving" \
+  python3 - "$U" <<'PY'
+import json, sys, urllib.request, urllib.error
+u = sys.argv[1]
+def post(path, body):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(u + path, data, {"Authorization": "Bearer sk-test-1", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+user = [{"role": "user", "content": "Weather?"}]
+def tool(name, params):
+    return {"type": "function", "function": {"name": name, "parameters": params}}
+# 10 MB of tools: past max_body_bytes (1MiB here), 413, in each protocol's shape.
+big = [tool("f%d" % i, {"type": "object", "description": "x" * 1000}) for i in range(10000)]
+s, e = post("/v1/chat/completions", {"messages": user, "tools": big})
+assert s == 413 and e["error"]["type"], (s, e)
+s, e = post("/v1/messages", {"model": "m", "max_tokens": 8, "messages": user,
+                             "tools": [{"name": "f%d" % i, "input_schema": {"type": "object", "description": "x" * 1000}} for i in range(10000)]})
+assert s == 413 and e["type"] == "error" and e["error"]["type"], (s, e)
+# More tools than the limit, in a body that fits.
+s, e = post("/v1/chat/completions", {"messages": user, "tools": [tool("f%d" % i, {"type": "object"}) for i in range(1100)]})
+assert s == 400 and "more than" in e["error"]["message"] and e["error"]["param"] == "tools", (s, e)
+# Schemas: a $ref to itself, and nesting past the limit, under a forced call.
+for params, says in [({"$ref": "#"}, "$ref cycle"),
+                     ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}, "$ref cycle")]:
+    s, e = post("/v1/chat/completions", {"messages": user, "tools": [tool("f", params)], "tool_choice": "required", "max_tokens": 8})
+    assert s == 400 and says in e["error"]["message"] and e["error"]["param"] == "tools[0].function.parameters", (s, e)
+deep = json.loads('{"type":"object","properties":{"a":' * 100 + '{"type":"integer"}' + '}}' * 100)
+s, e = post("/v1/chat/completions", {"messages": user, "tools": [tool("f", deep)], "tool_choice": "required", "max_tokens": 8})
+assert s == 400 and "nests deeper than" in e["error"]["message"], (s, e)
+# A tool result that is not text; strict that is not a boolean.
+hist = user + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+               "function": {"name": "f", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c1", "content": {"temp": 21}}]
+s, e = post("/v1/chat/completions", {"messages": hist, "tools": [tool("f", {"type": "object"})], "max_tokens": 4})
+assert s == 400 and e["error"]["param"] == "messages[2].content", (s, e)
+s, e = post("/v1/chat/completions", {"messages": user, "tools": [{"type": "function", "function": {"name": "f", "strict": 1}}]})
+assert s == 400 and e["error"]["param"] == "tools[0].function.strict", (s, e)
+# Still serving (this worker's context is 256 tokens: a short question).
+s, r = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0})
+assert s == 200 and r["usage"]["completion_tokens"] > 0, (s, r)
+PY
 # HTTP-level answers: a body that stops coming, a malformed chunked body, a
 # body too large on Anthropic's path, other methods, HEAD.
 check "HTTP: a late body gets 408 after body_timeout; a bad chunk 400; 413 in Anthropic's shape on /v1/messages; 405 with Allow; HEAD's length" \
