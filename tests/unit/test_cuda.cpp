@@ -1030,6 +1030,53 @@ std::vector<Pick> greedy_ids(Backend& b, const std::vector<int32_t>& prompt, int
 
 }  // namespace
 
+TEST_CASE("cuda: under a grammar (eager and lazy), greedy and sampled answers are the CPU backend's") {
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  auto table = TokenTable::from_model(f.file, f.tok);
+  // The GPU's greedy pick is tried against the grammar first, the row
+  // fetched only when the grammar refuses it: the same tokens as the CPU's.
+  struct Case {
+    std::string grammar;
+    std::vector<GrammarTrigger> triggers;
+    float temperature;
+  };
+  const std::string object = R"(root ::= "{" ws "\"name\":" ws "\"" [a-z]{1,8} "\"" ws "}"
+ws ::= [ ]?)";
+  const std::vector<Case> cases{{object, {}, 0.0f},
+                                {object, {}, 1.0f},
+                                {R"(root ::= " was " ("happy" | "sad") ".")", {{" was", false}}, 0.0f},
+                                {R"(root ::= " was " ("happy" | "sad") ".")", {{" was", false}}, 1.0f}};
+  auto run = [&](Backend& b, const Case& c, uint64_t seed) {
+    const EngineShape shape{256, 1, 32};
+    b.reserve(shape);
+    Engine engine(b, f.model.hp(), f.tok.eos(), shape);
+    engine.set_token_table(table);
+    GenerateRequest r;
+    r.prompt = f.tok.encode("Once upon a time", true);
+    r.max_tokens = 60;
+    r.sampling.temperature = c.temperature;
+    r.sampling.seed = seed;
+    r.grammar = c.grammar;
+    r.grammar_triggers = c.triggers;
+    auto sink = std::make_shared<Collect>();
+    engine.submit(r, sink);
+    engine.run_until_idle();
+    CHECK(sink->error == "");
+    return sink->tokens;
+  };
+  auto cpu = make_cpu_backend(f.model, 2);
+  auto gpu = make_cuda_backend(f.model, 0);
+  for (size_t k = 0; k < cases.size(); ++k)
+    for (uint64_t seed : {1u, 2u}) {
+      CAPTURE(k);
+      CAPTURE(seed);
+      const auto want = run(*cpu, cases[k], seed);
+      CHECK_FALSE(want.empty());
+      CHECK(run(*gpu, cases[k], seed) == want);
+    }
+}
+
 TEST_CASE("cuda: every architecture's variations give the CPU backend's logits and greedy tokens") {
   if (!have_gpu()) return;
   const std::vector<ArchCase> cases = {
