@@ -30,6 +30,7 @@ sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start"; sup_finish; 
 sup_wait 60 'w[0]["state"] == "ready"' && pass "worker ready" || fail "worker not ready"
 url=$(sup_proxy_url)
 [[ $(sup_complete "$url" stories260K | tail -1) == 200 ]] && pass "one completion answered" || fail "the completion"
+curl -s -o /dev/null "$url/v1/no-such-path"   # an error, so that the error counters have samples too
 curl -s --max-time 10 "$url/metrics" >"$SUP_DIR/metrics.txt"
 
 python3 - "$DS4_SRC/docs/grafana/ds4.json" "$DS4_SRC/docs/grafana/prometheus.yml" "$SUP_DIR/metrics.txt" <<'PY'
@@ -41,8 +42,16 @@ def check(ok, what):
     print(("ok   - " if ok else "FAIL - ") + what)
     fails += not ok
 
+# A name counts when /metrics has samples of it or declares it (# TYPE: a
+# labelled counter such as ds4_http_errors_total has no sample before its
+# first error; a histogram's or summary's series are NAME_bucket, _sum, _count).
 exported = set()
 for line in open(metrics_file):
+    m = re.match(r"# TYPE (\S+) (\S+)", line)
+    if m:
+        exported.add(m.group(1))
+        if m.group(2) in ("histogram", "summary"):
+            exported |= {m.group(1) + s for s in ("_bucket", "_sum", "_count")}
     if line.startswith("#") or not line.strip(): continue
     exported.add(re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0))
 check(len(exported) > 20, f"/metrics exports {len(exported)} series names")
