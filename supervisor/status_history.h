@@ -25,12 +25,12 @@ namespace ds4::sup {
 /// One DS4_EVENT journal entry, as the page's timeline shows it.
 struct StatusEvent {
   int64_t time_ms = 0;      // CLOCK_REALTIME
-  std::string event;        // DS4_EVENT: oom, downgrade, upgrade, hang, backoff, restart, reload, ...
+  std::string event{};      // DS4_EVENT: oom, downgrade, upgrade, hang, backoff, restart, reload, ...
   int worker = -1;          // DS4_WORKER; -1 = not about one worker (reload, holder, segments)
   int64_t context_from = 0; // DS4_CONTEXT_FROM / DS4_CONTEXT_TO; 0 = not given
   int64_t context_to = 0;
-  std::string level;        // error, warning, info
-  std::string message;      // MESSAGE
+  std::string level{};      // error, warning, info
+  std::string message{};    // MESSAGE
 };
 
 /// The events of a journal entry's fields, or none when it carries no

@@ -53,7 +53,7 @@ struct RouteContext {
   bool forward = false;                        // workers are exec engines: requests go to them as they came
   /// /status.json (the supervisor's status_json()); null: a short one made
   /// here from the registry (ds4-proxy on its own).
-  std::function<std::string()> status;
+  std::function<std::string()> status = nullptr;
 };
 
 struct Route {
