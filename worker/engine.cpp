@@ -136,17 +136,29 @@ void Engine::admit() {
       finish(*a, Finish::length);
       continue;
     }
-    int best = -1;
+    // The free slot whose cache this request continues (it keeps at least
+    // half of what the slot holds: an agent's next turn, a retry), the
+    // longest match first; when none does, the least recently used free
+    // slot, so that a new conversation evicts the oldest prefix rather than
+    // one that a few shared tokens (BOS, a system prompt) made look closest.
+    int best = -1, lru = -1;
     size_t best_len = 0;
+    std::vector<size_t> match(slots_.size(), 0);
     for (size_t i = 0; i < slots_.size(); ++i) {
       if (slots_[i].req) continue;
       const auto& c = slots_[i].cache;
       const size_t n = std::min(c.size(), a->seq.size());
       size_t l = 0;
       while (l < n && c[l] == a->seq[l]) ++l;
-      if (best < 0 || l > best_len) best = int(i), best_len = l;
+      match[i] = l;
+      if (lru < 0 || slots_[i].used < slots_[size_t(lru)].used) lru = int(i);
+      if (2 * l < c.size()) continue;  // would throw away most of this slot's cache
+      if (best < 0 || l > best_len || (l == best_len && slots_[i].used < slots_[size_t(best)].used))
+        best = int(i), best_len = l;
     }
+    if (best < 0) best = lru, best_len = match[size_t(lru)];
     Slot& s = slots_[size_t(best)];
+    s.used = ++use_clock_;
     a->slot = best;
     // Keep at least the last token to evaluate: its logits give the next token.
     a->n_past = int64_t(std::min(best_len, a->seq.size() - 1));

@@ -4,7 +4,9 @@
 /// prompt chunks (chunked prefill). A request names its prompt and the tokens
 /// already generated for it (possibly by another worker that died), so it can
 /// resume from exactly there. A new request takes the free slot whose cached
-/// tokens share the longest prefix with it and skips that much prefill.
+/// tokens it continues (the longest shared prefix, keeping at least half of
+/// the slot's cache) and skips that much prefill; else the least recently
+/// used free slot, so that more conversations than slots evict the oldest.
 ///
 /// Threading: submit() and cancel() may be called from any thread; step() and
 /// the sinks' callbacks run on the one engine thread.
@@ -100,7 +102,9 @@ class Engine {
   struct Slot {
     std::vector<int32_t> cache;  // tokens whose K/V sit at positions [0, size)
     std::shared_ptr<Active> req;
+    uint64_t used = 0;  // use_clock_ when a request last took it (least recently used goes first)
   };
+  uint64_t use_clock_ = 0;
   void admit();
   void end_step();
   void finish(Active& a, Finish reason, const std::string& error = "");

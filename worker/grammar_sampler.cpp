@@ -66,9 +66,7 @@ GrammarSampler::GrammarSampler(std::shared_ptr<const grammar::Grammar> g, std::s
       table_(std::move(table)),
       allow_eog_(allow_eog),
       matcher_(g_),
-      triggers_(std::move(triggers)),
-      active_(triggers_.empty()) {
-  start_settled_ = true;
+      triggers_(std::move(triggers)) {
   std::erase_if(triggers_, [](const GrammarTrigger& t) { return t.text.empty(); });
   active_ = triggers_.empty();
   for (const GrammarTrigger& t : triggers_) {

@@ -320,6 +320,30 @@ TEST_CASE("engine: a request reuses the longest cached prefix of a free slot") {
   CHECK(fresh.run(greedy(longer, 8))->tokens == second->tokens);
 }
 
+TEST_CASE("engine: with more conversations than slots, the least recently used prefix is the one evicted") {
+  Fixture& f = fixture();
+  Rig rig({256, 2, 64});
+  auto turn = [&](std::vector<int32_t>& convo, const char* more) {
+    const auto add = f.tok.encode(more, false);
+    convo.insert(convo.end(), add.begin(), add.end());
+    const auto r = rig.run(greedy(convo, 6));
+    convo.insert(convo.end(), r->tokens.begin(), r->tokens.end());
+    return r->timings.cache_n;
+  };
+  std::vector<int32_t> a = f.tok.encode("Once upon a time, there was a little girl named Lily.", true);
+  std::vector<int32_t> b = f.tok.encode("Tom had a big red ball and a small dog.", true);
+  std::vector<int32_t> c = f.tok.encode("The sun was hot and the bird sang.", true);
+  CHECK(turn(a, " She") == 0);
+  CHECK(turn(b, " He") == 0);  // the empty slot, not A's (one shared BOS token would have evicted A)
+  // A's slot, whole (all but an answer's last token, which was never fed, is cached).
+  const int64_t a_len = int64_t(a.size());
+  CHECK(turn(a, " Then") >= a_len - 1);  // A is now the most recent
+  CHECK(turn(c, " It") <= 1);         // a third conversation evicts B, the least recently used
+  const int64_t a2 = int64_t(a.size());
+  CHECK(turn(a, " And") >= a2 - 1);   // A's prefix survived
+  CHECK(turn(b, " So") <= 1);         // B's did not
+}
+
 TEST_CASE("engine: a request resumed from its generated tokens continues exactly") {
   Fixture& f = fixture();
   for (float temp : {0.0f, 0.9f}) {
