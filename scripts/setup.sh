@@ -11,7 +11,8 @@ packages=(
   libboost-dev libsystemd-dev libyaml-cpp-dev doctest-dev nlohmann-json3-dev
   clang                      # libFuzzer target for the GGUF reader
   systemd dbus dbus-user-session procps   # real user manager + journald in tests
-  curl jq python3            # integration tests
+  curl jq python3 python3-yaml   # integration tests (yaml: the Prometheus config check)
+  chromium                   # the status page's browser test (driven by playwright-core, no browser download)
 )
 missing=()
 for p in "${packages[@]}"; do

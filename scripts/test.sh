@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 # Real-client tests use the npm packages (openai, @anthropic-ai/sdk) and a
 # prebuilt llama.cpp (node-llama-cpp) as the reference implementation.
-if [ -f tests/js/package.json ] && [ ! -d tests/js/node_modules ]; then
+# Again when package.json changed since (a new test client: playwright-core).
+if [ -f tests/js/package.json ] && { [ ! -d tests/js/node_modules ] ||
+     [ tests/js/package.json -nt tests/js/node_modules/.package-lock.json ]; }; then
   (cd tests/js && npm install --no-audit --no-fund --loglevel=error) ||
     echo "test.sh: npm install failed; tests that need the npm packages will skip" >&2
 fi

@@ -191,7 +191,7 @@ std::string Device::str() const {
 
 bool Config::operator==(const Config& o) const {
   return model == o.model && proxy == o.proxy && workers == o.workers && headroom == o.headroom &&
-         restart == o.restart && gpu == o.gpu;
+         restart == o.restart && gpu == o.gpu && status == o.status;
 }
 
 // ---------------------------------------------------------------------------
@@ -633,6 +633,13 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
         }},
       });
     }},
+    {"status", [&](const Entry& e) {
+      r.mapping(e.value, e.mark, e.path, {
+        {"sample_every", [&](const Entry& x) { r.duration(x, c.status.sample_every); }},
+        {"history", [&](const Entry& x) { r.duration(x, c.status.history); }},
+        {"events_kept", [&](const Entry& x) { r.integer(x, c.status.events_kept, 1, 1000000); }},
+      });
+    }},
   });
 }
 
@@ -728,6 +735,10 @@ void check(Reader& r, Config& c, const LoadOptions& options) {
     r.error_at("restart.hang_timeout", "restart.hang_timeout " + format_duration(c.restart.hang_timeout) +
                                            " is too short: at least 500ms, or 0 to turn hang detection off");
   check_positive(r, "restart.drain_deadline", c.restart.drain_deadline);
+  if (c.status.sample_every < std::chrono::milliseconds(100))
+    r.error_at("status.sample_every", "status.sample_every: must be at least 100ms");
+  else if (c.status.history < c.status.sample_every || c.status.history / c.status.sample_every > 100000)
+    r.error_at("status.history", "status.history: must hold from 1 to 100000 samples of status.sample_every");
 
   if (c.model.name.empty() && !c.model.path.empty()) c.model.name = c.model.path.stem().string();
 }
@@ -859,6 +870,9 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(a.restart.hang_timeout != b.restart.hang_timeout, "restart.hang_timeout", c.in_place);
   note(a.restart.start_timeout != b.restart.start_timeout, "restart.start_timeout", c.in_place);
   note(a.restart.drain_deadline != b.restart.drain_deadline, "restart.drain_deadline", c.in_place);
+  note(a.status.sample_every != b.status.sample_every, "status.sample_every", c.in_place);
+  note(a.status.history != b.status.history, "status.history", c.in_place);
+  note(a.status.events_kept != b.status.events_kept, "status.events_kept", c.in_place);
   return c;
 }
 

@@ -167,6 +167,14 @@ struct GpuConfig {
   bool operator==(const GpuConfig&) const = default;
 };
 
+/// What the status page (GET /status, `ds4ctl status`) keeps in memory.
+struct StatusConfig {
+  Duration sample_every = std::chrono::seconds(5);  // headroom, queue, tokens/s, latency: one sample each
+  Duration history = std::chrono::hours(1);         // samples kept (history / sample_every of them)
+  std::uint32_t events_kept = 2000;                 // decisions kept (those of the last day shown)
+  bool operator==(const StatusConfig&) const = default;
+};
+
 struct Config {
   ModelConfig model;
   ProxyConfig proxy;
@@ -174,6 +182,7 @@ struct Config {
   HeadroomConfig headroom;
   RestartConfig restart;
   GpuConfig gpu;
+  StatusConfig status;
 
   std::filesystem::path file;  // what was loaded, as given; empty for built-in defaults
   bool file_found = false;     // false: the file did not exist, all defaults

@@ -19,6 +19,7 @@ namespace {
 std::mutex g_mutex;  // guards g_identifier and whole-line writes to stderr
 std::string g_identifier = "ds4";
 std::atomic<int> g_level{static_cast<int>(Level::debug)};
+std::shared_ptr<const Observer> g_observer;  // guarded by g_mutex; called outside it
 
 /// Where stderr leads, decided once: systemd tells a service that its stderr
 /// is a journal stream through JOURNAL_STREAM=<dev>:<ino>.
@@ -112,10 +113,13 @@ std::string format_line(std::string_view identifier, Level level, std::string_vi
 void write(Level level, std::string_view message, std::span<const Field> fields, Where where) {
   if (static_cast<int>(level) > g_level.load(std::memory_order_relaxed)) return;
   std::string identifier;
+  std::shared_ptr<const Observer> observer;
   {
     std::lock_guard lock(g_mutex);
     identifier = g_identifier;
+    observer = g_observer;
   }
+  if (observer) (*observer)(level, message, fields);
   const bool journaled = send_to_journal(identifier, level, message, fields, where);
   // A stderr that is a journal stream is the fallback when the native
   // socket failed, and otherwise stays quiet: the entry is already there.
@@ -146,6 +150,11 @@ void debug(std::string_view message, Fields fields, Where where) {
 void set_identifier(std::string_view identifier) {
   std::lock_guard lock(g_mutex);
   g_identifier = std::string(identifier);
+}
+
+void set_observer(Observer observer) {
+  std::lock_guard lock(g_mutex);
+  g_observer = observer ? std::make_shared<const Observer>(std::move(observer)) : nullptr;
 }
 
 void set_level(Level level) { g_level.store(static_cast<int>(level), std::memory_order_relaxed); }

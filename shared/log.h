@@ -9,7 +9,9 @@
 /// journal stream ($JOURNAL_STREAM names it) that the entry already reached,
 /// so that nothing is logged twice under systemd. All functions are thread-safe.
 
+#include <functional>
 #include <initializer_list>
+#include <memory>
 #include <source_location>
 #include <span>
 #include <string>
@@ -45,6 +47,12 @@ void set_identifier(std::string_view identifier);
 /// Entries less severe than `level` are dropped; the default is debug (the
 /// journal keeps everything; `journalctl -p info` filters).
 void set_level(Level level);
+
+/// Sees every entry written (after the level filter), on the thread that
+/// wrote it; it must not log itself. The supervisor keeps its DS4_EVENT
+/// entries for the status page. An empty function removes it.
+using Observer = std::function<void(Level level, std::string_view message, std::span<const Field> fields)>;
+void set_observer(Observer observer);
 
 /// The stderr line for an entry: "ident: warning: message (KEY=value, ...)".
 /// Exposed for tests.

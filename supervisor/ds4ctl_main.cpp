@@ -2,6 +2,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <string>
@@ -14,12 +15,16 @@
 #include "supervisor/admin.h"
 #include "supervisor/paths.h"
 #include "supervisor/policy.h"
+#include "supervisor/status_client.h"
 
 namespace {
 
 const char* kUsage =
     "usage: ds4ctl [--socket PATH] COMMAND\n"
-    "  status [--json]      workers, headroom, queue and model\n"
+    "  status [--json] [--url http://HOST:PORT [--key KEY]]\n"
+    "                       workers, headroom, queue and model; with --url, read over\n"
+    "                       HTTP from the proxy's GET /status.json (the status page's;\n"
+    "                       the key also from $DS4_API_KEY)\n"
     "  events [--json]      the supervisor's last decisions\n"
     "  drain N              stop giving worker N work, then stop it\n"
     "  restart N            restart worker N at its current context\n"
@@ -37,7 +42,21 @@ int parse_int(const std::string& s, const char* what) {
   return int(v);
 }
 
-void print_status(const nlohmann::json& s) {
+// "1h02m", "3m05s", "12.3s": how long a worker has been up.
+std::string uptime_text(int64_t ms) {
+  char b[32];
+  const int64_t s = ms / 1000;
+  if (s >= 86400) std::snprintf(b, sizeof b, "%lldd%02lldh", (long long)(s / 86400), (long long)(s % 86400 / 3600));
+  else if (s >= 3600) std::snprintf(b, sizeof b, "%lldh%02lldm", (long long)(s / 3600), (long long)(s % 3600 / 60));
+  else if (s >= 60) std::snprintf(b, sizeof b, "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+  else std::snprintf(b, sizeof b, "%.1fs", double(ms) / 1000.0);
+  return b;
+}
+
+void print_status(nlohmann::json s) {
+  for (const char* part : {"model", "headroom", "queue"})  // a proxy without a supervisor has none of these
+    if (!s.contains(part) || !s[part].is_object()) s[part] = nlohmann::json::object();
+  if (!s.contains("workers") || !s["workers"].is_array()) s["workers"] = nlohmann::json::array();
   const auto& m = s["model"];
   std::printf("model     %s  segment %s  %s in %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
               ds4::sup::human_size(m.value("bytes", uint64_t(0))).c_str(), m.value("backing", "shared memory").c_str(),
@@ -70,8 +89,8 @@ void print_status(const nlohmann::json& s) {
                 pid.c_str(), (long long)g.value("restarts", int64_t(0)), last.c_str());
   }
   std::printf("\n");
-  std::printf("%-3s %-22s %-10s %-8s %-8s %-5s %-8s %-4s %s\n", "ID", "UNIT", "STATE", "PID", "CONTEXT", "SLOTS",
-              "RESTARTS", "OOM", "HEARTBEAT");
+  std::printf("%-3s %-22s %-10s %-8s %-8s %-5s %-8s %-4s %-10s %s\n", "ID", "UNIT", "STATE", "PID", "CONTEXT", "SLOTS",
+              "RESTARTS", "OOM", "HEARTBEAT", "UP");
   for (const auto& w : s["workers"]) {
     std::string state = w.value("state", "");
     if (w.value("degraded", false)) state += "!";
@@ -82,9 +101,11 @@ void print_status(const nlohmann::json& s) {
       std::snprintf(b, sizeof b, "%.1fs ago", double(w["heartbeat_age_ms"].get<int64_t>()) / 1000.0);
       beat = b;
     }
-    std::printf("%-3d %-22s %-10s %-8d %-8u %-5u %-8lld %-4lld %s\n", w.value("id", 0), w.value("unit", "").c_str(),
+    const std::string up = w.contains("uptime_ms") && w["uptime_ms"].is_number() ? uptime_text(w["uptime_ms"].get<int64_t>()) : "-";
+    std::printf("%-3d %-22s %-10s %-8d %-8u %-5u %-8lld %-4lld %-10s %s\n", w.value("id", 0), w.value("unit", "").c_str(),
                 state.c_str(), w.value("pid", 0), w.value("context", 0u), w.value("slots", 0u),
-                (long long)w.value("restarts", int64_t(0)), (long long)w.value("oom_kills", int64_t(0)), beat.c_str());
+                (long long)w.value("restarts", int64_t(0)), (long long)w.value("oom_kills", int64_t(0)), beat.c_str(),
+                up.c_str());
     if (w.contains("counters")) {
       const auto& c = w["counters"];
       std::printf("    served: %llu requests, %llu tokens in, %llu out, %llu errors\n",
@@ -134,6 +155,22 @@ int run(std::vector<std::string> args) {
     return args.empty() ? 2 : 0;
   }
   const std::string cmd = args[0];
+  std::string url, key;
+  if (cmd == "status") {  // --url and --key: over HTTP instead of the admin socket
+    for (size_t i = 1; i < args.size();) {
+      if ((args[i] == "--url" || args[i] == "--key") && i + 1 < args.size()) {
+        (args[i] == "--url" ? url : key) = args[i + 1];
+        args.erase(args.begin() + std::ptrdiff_t(i), args.begin() + std::ptrdiff_t(i) + 2);
+      } else if (args[i] == "--url" || args[i] == "--key") {
+        throw ds4::Error(args[i] + " needs a value\n" + kUsage);
+      } else {
+        ++i;
+      }
+    }
+    if (!key.empty() && url.empty()) throw ds4::Error(std::string("--key goes with --url\n") + kUsage);
+    if (key.empty())
+      if (const char* k = std::getenv("DS4_API_KEY")) key = k;
+  }
   const bool json = args.size() > 1 && args.back() == "--json";
   nlohmann::json req = {{"cmd", cmd}};
   auto want = [&](size_t n) {
@@ -154,7 +191,13 @@ int run(std::vector<std::string> args) {
   } else {
     throw ds4::Error("unknown command '" + cmd + "'\n" + kUsage);
   }
-  const nlohmann::json a = ds4::sup::admin_call(socket, req);
+  nlohmann::json a;
+  if (!url.empty()) {
+    a = ds4::sup::fetch_status(url, key);
+    a["ok"] = true;
+  } else {
+    a = ds4::sup::admin_call(socket, req);
+  }
   if (!a.value("ok", false)) {
     std::fprintf(stderr, "ds4ctl: %s\n", a.value("error", "failed").c_str());
     return 1;

@@ -144,7 +144,18 @@ Supervisor::Supervisor(SupervisorOptions options) : opts_(std::move(options)) {
   if (opts_.bin_dir.empty()) opts_.bin_dir = self_dir();
 }
 
-Supervisor::~Supervisor() { stop_segment_server(); }
+Supervisor::~Supervisor() {
+  log::set_observer(nullptr);
+  stop_segment_server();
+}
+
+namespace {
+int64_t wall_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+size_t samples_kept(const StatusConfig& s) { return size_t(std::max<int64_t>(1, s.history / s.sample_every)); }
+}  // namespace
 
 void Supervisor::stop_segment_server() {
   segments_io_.stop();
@@ -166,7 +177,13 @@ void Supervisor::prepare() {
   // Until run() handles them, SIGTERM and SIGINT stop the model load instead
   // of ending the process in the middle of it (start_signals.h).
   StartSignals signals;
+  // Every DS4_EVENT entry from here on is kept for the status page too.
+  log::set_observer([ring = events_](log::Level level, std::string_view message, std::span<const log::Field> fields) {
+    if (auto e = status_event(level, message, fields, wall_ms())) ring->add(std::move(*e));
+  });
   config_ = load_config(opts_.config_path, {.model_file_must_exist = true});
+  events_->set_capacity(config_.status.events_kept);
+  samples_.set_capacity(samples_kept(config_.status));
   if (!config_.file_found && opts_.config_given)  // a typo must not run a random-weights model
     throw Error(opts_.config_path + ": no such config file (copy config/ds4.yaml there and set model.path, or "
                                     "leave --config out to run on the defaults)");
@@ -329,8 +346,46 @@ int Supervisor::run() {
   wait_signals();
   StartSignals::unblock();  // one that came after the model load reaches shutdown() now
   manager_->start();
+  status_timer_ = std::make_unique<asio::steady_timer>(io_);
+  sample_status();
+  schedule_status_sample();
   run_busy_polling(io_, [this] { return busy_poll_for(config_.proxy.busy_poll); });
   return exit_status_;
+}
+
+void Supervisor::schedule_status_sample() {
+  status_timer_->expires_after(config_.status.sample_every);
+  status_timer_->async_wait([this](boost::system::error_code ec) {
+    if (ec || stopping_workers_) return;
+    sample_status();
+    schedule_status_sample();
+  });
+}
+
+void Supervisor::sample_status() {
+  const auto now = std::chrono::steady_clock::now();
+  const ProxyActivity activity = stats_ ? stats_->proxy_activity() : ProxyActivity{};
+  const ProxyStats ps = stats_ ? stats_->proxy_stats() : ProxyStats{};
+  const Readings r = manager_->last_readings();
+  StatusSample s;
+  s.time_ms = wall_ms();
+  s.host_available = int64_t(r.available);
+  if (r.gpu_free) s.gpu_free = int64_t(*r.gpu_free);
+  s.min_available = int64_t(config_.headroom.min_available);
+  s.waiting = ps.waiting;
+  s.in_flight = ps.in_flight;
+  if (last_sample_) {  // the first sample has no interval to measure rates over
+    const ActivityDelta d =
+        activity_delta(last_activity_, activity, std::chrono::duration<double>(now - *last_sample_).count());
+    s.tokens_per_s = d.tokens_per_s;
+    s.answered = d.answered;
+    s.latency_p50_s = d.latency_p50_s;
+    s.latency_max_s = d.latency_max_s;
+  }
+  samples_.push(s);
+  last_activity_ = activity;
+  last_activity_.requests.clear();
+  last_sample_ = now;
 }
 
 void Supervisor::wait_signals() {
@@ -494,6 +549,8 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
                              ch.changed("workers.engine") || ch.changed("gpu.weights");
     const Config before = config_;
     config_ = next;
+    events_->set_capacity(config_.status.events_kept);
+    samples_.set_capacity(samples_kept(config_.status));
     // The holder follows workers.device, gpu.weights and the model: stopped
     // when no longer wanted or on another GPU, given the new model when it
     // stays, started when wanted and not running. Each copy of the weights is
@@ -546,7 +603,7 @@ void Supervisor::finish_reload(const Config& before, ManagerSettings settings, b
   sd_notify(0, "READY=1");
 }
 
-nlohmann::json Supervisor::status_json() const {
+nlohmann::json Supervisor::status_json(bool page) const {
   nlohmann::json workers = manager_->status_json();
   for (auto& w : workers) {
     const int pid = w["pid"].get<int>();
@@ -587,6 +644,14 @@ nlohmann::json Supervisor::status_json() const {
   out["control_block"] = health_->name();
   out["hang_timeout_ms"] = config_.restart.hang_timeout.count();
   out["holder"] = holder_ ? holder_->status() : nlohmann::json(nullptr);
+  if (!page) return out;
+  // For the page: what is happening, what happened today, the last hour.
+  const int64_t now_ms = wall_ms();
+  out["time_ms"] = now_ms;
+  out["requests"] = requests_json(stats_ ? stats_->proxy_activity().requests : std::vector<RequestView>{});
+  out["events"] = events_json(events_->since(now_ms - 24 * 3600 * 1000));
+  out["history"] = samples_json(samples_.samples());
+  out["sample_every_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(config_.status.sample_every).count();
   return out;
 }
 

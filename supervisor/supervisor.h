@@ -34,6 +34,7 @@
 #include "supervisor/model_setup.h"
 #include "supervisor/paths.h"
 #include "supervisor/resident_file.h"
+#include "supervisor/status_history.h"
 #include "supervisor/worker_manager.h"
 #include "supervisor/worker_registry.h"
 
@@ -107,8 +108,14 @@ class Supervisor {
   /// applied, every other reload is refused.
   /// `error`: why, when refused; a note for the admin when applied with one.
   bool reload(std::string* error = nullptr);
-  /// `ds4ctl status --json`.
-  nlohmann::json status_json() const;
+  /// `ds4ctl status --json`, and GET /status.json for the page: the
+  /// workers, headroom, queue, model and holder now, the requests in flight,
+  /// the last day's decisions ("events") and the sampled figures of the last
+  /// status.history ("history", samples_json()). Without `page`, only the
+  /// state now (for /metrics).
+  nlohmann::json status_json(bool page = true) const;
+  /// One sample for the page's graphs (every status.sample_every from run()).
+  void sample_status();
   /// One admin request (admin.h) → its answer.
   nlohmann::json handle_admin(const nlohmann::json& request);
 
@@ -135,6 +142,7 @@ class Supervisor {
   void stop_workers();
   void stop_segment_server();
   void wait_signals();
+  void schedule_status_sample();
 
   SupervisorOptions opts_;
   asio::io_context io_{1};  // one thread runs it
@@ -163,6 +171,13 @@ class Supervisor {
   std::unique_ptr<AdminServer> admin_;
   std::unique_ptr<asio::signal_set> signals_;
   const ProxyStatsSource* stats_ = nullptr;
+  // The status page's memory: DS4_EVENT entries (from the journal observer,
+  // any thread) and the sampled figures.
+  std::shared_ptr<EventRing> events_ = std::make_shared<EventRing>(2000);
+  SampleRing samples_{720};
+  ProxyActivity last_activity_;
+  std::optional<std::chrono::steady_clock::time_point> last_sample_;
+  std::unique_ptr<asio::steady_timer> status_timer_;
   std::vector<ReloadFn> reload_listeners_;
   std::vector<StopFn> stop_listeners_;
   std::function<bool()> ready_gate_;

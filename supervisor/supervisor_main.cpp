@@ -10,6 +10,7 @@
 #include "shared/log.h"
 #include "shared/model_store.h"
 #include "supervisor/proxy/proxy.h"
+#include "supervisor/status_history.h"
 #include "supervisor/supervisor.h"
 
 static const char* kUsage =
@@ -63,15 +64,15 @@ int main(int argc, char** argv) {
     const auto ep = proxy.endpoint();
     const std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
     ds4::log::info("proxy listening on " + host + ":" + std::to_string(ep.port()) +
-                   " (OpenAI and Anthropic APIs at http://" + host + ":" + std::to_string(ep.port()) + "/v1)");
+                   " (OpenAI and Anthropic APIs at http://" + host + ":" + std::to_string(ep.port()) +
+                   "/v1, the status page at http://" + host + ":" + std::to_string(ep.port()) + "/status)");
     sup.set_proxy_stats(&proxy);
-    // /metrics also shows the supervisor's headroom readings (ds4ctl status's).
-    proxy.set_metrics_extra([&sup] {
-      std::string out = "# HELP ds4_headroom Memory headroom readings (bytes; psi in %).\n# TYPE ds4_headroom gauge\n";
-      const nlohmann::json headroom = sup.status_json().value("headroom", nlohmann::json::object());
-      for (const auto& [key, value] : headroom.items())
-        if (value.is_number()) out += "ds4_headroom{reading=\"" + key + "\"} " + value.dump() + "\n";
-      return out;
+    // /metrics also shows the supervisor's headroom readings (ds4ctl status's),
+    // each worker's uptime and the model's size (the status page's figures).
+    proxy.set_metrics_extra([&sup] { return ds4::sup::status_metrics(sup.status_json(false)); });
+    // GET /status.json: what ds4ctl status shows, with the page's history.
+    proxy.set_status_source([&sup] {
+      return sup.status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     });
     sup.on_reload([&](const ds4::Config&, const ds4::Config& after, const ds4::ConfigChanges& changes) {
       if (changes.listen) ds4::log::warn("proxy.listen changed: it applies at the next start, ignoring");

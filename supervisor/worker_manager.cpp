@@ -239,6 +239,7 @@ void WorkerManager::on_ready(int id, int pid) {
   auto it = slots_.find(id);
   if (it == slots_.end()) return;
   Slot& sl = it->second;
+  if (!sl.ready_since || sl.pid != pid) sl.ready_since = now();
   sl.pid = pid;
   sl.probe_failed_since.reset();
   std::string extra;
@@ -267,6 +268,7 @@ void WorkerManager::on_exit(int id, ExitKind kind, const std::string& message) {
   sl.running = false;
   sl.pid = 0;
   sl.drain_since.reset();
+  sl.ready_since.reset();
   if (kind != ExitKind::clean) {
     if (!sl.down_since) sl.down_since = now();
   } else {
@@ -513,6 +515,10 @@ nlohmann::json WorkerManager::status_json() const {
                         {"memory_plan", p.own_bytes(p.rung())},
                         {"decisions", sl.decisions}};
     if (sl.last_downtime_ms >= 0) w["last_downtime_ms"] = sl.last_downtime_ms;
+    // Since its current process said READY=1; null while it is not up.
+    w["uptime_ms"] = sl.ready_since && sl.pid > 0
+                         ? nlohmann::json(std::chrono::duration_cast<std::chrono::milliseconds>(t - *sl.ready_since).count())
+                         : nlohmann::json(nullptr);
     if (!s_.exec_command.empty()) w["port"] = sl.port;
     // From the worker's own control block record: null when it keeps none.
     w["heartbeat_age_ms"] = nullptr;

@@ -108,6 +108,7 @@ class WorkerManager : public WorkerRegistry {
     std::optional<TimePoint> probe_failed_since;
     bool probing = false;
     int64_t last_downtime_ms = -1;        // went away → ready again
+    std::optional<TimePoint> ready_since; // the current process's READY=1
     std::map<std::string, int64_t> decisions;  // by event, since the supervisor started
     std::string last_exit;
     int port = 0;  // exec engines: the current process's HTTP port

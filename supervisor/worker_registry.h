@@ -50,10 +50,35 @@ struct ProxyStats {
   std::map<int, int64_t> in_flight_by_worker;
 };
 
+/// A request the proxy holds, as the status page lists it.
+struct RequestView {
+  std::string endpoint;        // "POST /v1/chat/completions"
+  bool running = false;        // on a worker; false = waiting in the queue
+  int worker = -1;             // running: on which worker
+  int64_t age_ms = 0;          // since the proxy had it
+  int64_t prompt_tokens = 0;
+  int64_t generated = 0;       // tokens so far
+  int64_t resumes = 0;         // times it moved to another worker mid-answer
+};
+
+/// The proxy's running totals, read now and then by the status sampler.
+struct ProxyActivity {
+  int64_t generated_tokens = 0;  // since the proxy started
+  int64_t answered = 0;          // generation requests answered, since the proxy started
+  /// The latencies (seconds, request in to last byte out) of the last
+  /// answered requests, newest last; at most kRecentLatencies of them.
+  std::vector<double> recent_latency_s;
+  std::vector<RequestView> requests;  // waiting and running, oldest first (at most kListedRequests)
+  static constexpr size_t kRecentLatencies = 4096;
+  static constexpr size_t kListedRequests = 100;
+};
+
 class ProxyStatsSource {
  public:
   virtual ~ProxyStatsSource() = default;
   virtual ProxyStats proxy_stats() const = 0;
+  /// For the status page; a source that keeps none answers nothing.
+  virtual ProxyActivity proxy_activity() const { return {}; }
 };
 
 }  // namespace ds4::sup

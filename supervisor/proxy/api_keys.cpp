@@ -60,14 +60,48 @@ bool ApiKeys::accepts(std::string_view key) const {
   return ok && !key.empty();
 }
 
-std::string_view ApiKeys::presented(std::string_view authorization, std::string_view x_api_key) {
+std::string ApiKeys::presented(std::string_view authorization, std::string_view x_api_key) {
   authorization = trim(authorization);
-  if (authorization.size() > 7) {
-    std::string scheme(authorization.substr(0, 7));
-    for (char& c : scheme) c = char(std::tolower(static_cast<unsigned char>(c)));
-    if (scheme == "bearer ") return trim(authorization.substr(7));
+  auto scheme_is = [&](std::string_view want) {  // case-insensitive, with its blank
+    if (authorization.size() <= want.size()) return false;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(authorization[i])) != want[i]) return false;
+    return true;
+  };
+  if (scheme_is("bearer ")) return std::string(trim(authorization.substr(7)));
+  if (scheme_is("basic ")) {
+    const std::string pair = base64_decode(trim(authorization.substr(6)));
+    const size_t colon = pair.find(':');
+    if (colon == std::string::npos) return pair;
+    return colon + 1 < pair.size() ? pair.substr(colon + 1) : pair.substr(0, colon);
   }
-  return trim(x_api_key);
+  return std::string(trim(x_api_key));
+}
+
+std::string base64_decode(std::string_view in) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62;
+    if (c == '/' || c == '_') return 63;
+    return -1;
+  };
+  std::string out;
+  uint32_t bits = 0;
+  int n = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    const int v = value(c);
+    if (v < 0) return {};  // not base64: no key
+    bits = (bits << 6) | uint32_t(v);
+    n += 6;
+    if (n >= 8) {
+      n -= 8;
+      out += char((bits >> n) & 0xff);
+    }
+  }
+  return out;
 }
 
 }  // namespace ds4::proxy

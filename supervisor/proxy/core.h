@@ -51,6 +51,7 @@ struct Core {
   boost::asio::ip::tcp::acceptor acceptor;
   std::map<Session*, std::weak_ptr<Session>> sessions;
   std::function<std::string()> metrics_extra;
+  std::function<std::string()> status_source;  // /status.json; null: the router's short one
   /// Where the requests with long bodies are parsed and tokenized (route()),
   /// so that the io thread goes on with everyone else's answers meanwhile
   /// (a prompt of 100k tokens takes about 0.2 s).

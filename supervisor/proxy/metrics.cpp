@@ -8,6 +8,9 @@ namespace ds4::proxy {
 
 namespace {
 constexpr int64_t kRateWindow = 10;  // seconds behind ds4_tokens_per_second
+// Upper bounds of ds4_request_duration_seconds's buckets: a short answer on
+// a small model to a long one on a big model.
+constexpr double kLatencyBuckets[] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
 
 int64_t now_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -20,6 +23,22 @@ void Metrics::add_tokens_out(int64_t n) {
   if (per_second_.empty() || per_second_.back().first != s) per_second_.emplace_back(s, 0);
   per_second_.back().second += n;
   while (per_second_.front().first < s - kRateWindow) per_second_.pop_front();
+}
+
+void Metrics::observe_answer(double seconds) {
+  ++answered_;
+  answer_seconds_sum_ += seconds;
+  if (answer_buckets_.empty()) answer_buckets_.assign(std::size(kLatencyBuckets), 0);
+  for (size_t i = 0; i < std::size(kLatencyBuckets); ++i)
+    if (seconds <= kLatencyBuckets[i]) ++answer_buckets_[i];
+  recent_latency_.push_back(seconds);
+  while (recent_latency_.size() > sup::ProxyActivity::kRecentLatencies) recent_latency_.pop_front();
+}
+
+void Metrics::fill(sup::ProxyActivity& a) const {
+  a.generated_tokens = tokens_out_;
+  a.answered = answered_;
+  a.recent_latency_s.assign(recent_latency_.begin(), recent_latency_.end());
 }
 
 std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const Scheduler& sched) const {
@@ -63,6 +82,15 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
   for (auto& [sec, n] : per_second_)
     if (sec >= s - kRateWindow && sec < s) recent += n;
   o << "ds4_tokens_per_second " << double(recent) / double(kRateWindow) << '\n';
+
+  head("ds4_request_duration_seconds", "histogram",
+       "Generation requests answered in full: seconds from the request read to the last byte of the answer.");
+  for (size_t i = 0; i < std::size(kLatencyBuckets); ++i)
+    o << "ds4_request_duration_seconds_bucket{le=\"" << kLatencyBuckets[i] << "\"} "
+      << (answer_buckets_.empty() ? 0 : answer_buckets_[i]) << '\n';
+  o << "ds4_request_duration_seconds_bucket{le=\"+Inf\"} " << answered_ << '\n';
+  o << "ds4_request_duration_seconds_sum " << answer_seconds_sum_ << "\nds4_request_duration_seconds_count "
+    << answered_ << '\n';
 
   const sup::ProxyStats st = sched.stats();
   head("ds4_worker_context", "gauge", "Context (tokens per slot) of each worker.");

@@ -40,6 +40,7 @@ RouteContext Core::route_context() {
   limits.responses = &responses;
   RouteContext ctx{model, *keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
                    stopping};
+  ctx.status = status_source;
   for (const auto& w : scheduler.workers())
     if (w.http_port > 0) ctx.forward = true;
   return ctx;
@@ -204,6 +205,15 @@ void Proxy::stop(Duration deadline, std::function<void()> done) {
 }
 
 sup::ProxyStats Proxy::proxy_stats() const { return core_->scheduler.stats(); }
+
+sup::ProxyActivity Proxy::proxy_activity() const {
+  sup::ProxyActivity a;
+  core_->metrics.fill(a);
+  a.requests = core_->scheduler.requests(sup::ProxyActivity::kListedRequests);
+  return a;
+}
+
+void Proxy::set_status_source(std::function<std::string()> fn) { core_->status_source = std::move(fn); }
 
 std::string Proxy::metrics_text() const { return core_->metrics_text(); }
 

@@ -54,10 +54,14 @@ class Proxy : public sup::ProxyStatsSource {
   void stop(Duration deadline, std::function<void()> done);
 
   sup::ProxyStats proxy_stats() const override;
+  sup::ProxyActivity proxy_activity() const override;
   /// The /metrics text.
   std::string metrics_text() const;
   /// More Prometheus text for /metrics (the supervisor's headroom figures).
   void set_metrics_extra(std::function<std::string()> fn);
+  /// The body of GET /status.json (the supervisor's status); without one
+  /// it holds the workers and the queue only.
+  void set_status_source(std::function<std::string()> fn);
 
  private:
   void start_inherited(int fd);

@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "supervisor/proxy/json_util.h"
+#include "supervisor/proxy/status_page_html.h"
 
 namespace ds4::proxy {
 
@@ -81,7 +82,8 @@ PathRoute route_of(std::string_view path) {
   if (path == "/v1/messages") return {"POST, OPTIONS", Endpoint::messages};
   if (path == "/v1/messages/count_tokens") return {"POST, OPTIONS", Endpoint::count_tokens};
   if (path == "/v1/responses" || path == "/responses") return {"POST, OPTIONS", Endpoint::responses};
-  if (path == "/" || path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models" || !model_of(path).empty())
+  if (path == "/" || path == "/health" || path == "/metrics" || path == "/v1/models" || path == "/models" ||
+      path == "/status" || path == "/status.json" || !model_of(path).empty())
     return {"GET, HEAD, OPTIONS", std::nullopt};
   return {};
 }
@@ -127,7 +129,38 @@ Response models(const RouteContext& ctx) {
   return json_response(200, {{"object", "list"}, {"data", json::array({model_object(ctx)})}});
 }
 
+// /status.json without a supervisor behind the proxy: the workers and the queue.
+std::string short_status(const RouteContext& ctx) {
+  json workers = json::array();
+  if (ctx.workers)  // not on the planner's threads (a GET with a long body goes there)
+    for (const auto& w : ctx.workers())
+      workers.push_back({{"id", w.id},
+                       {"state", worker_state_name(w.state)},
+                       {"pid", w.pid},
+                       {"context", w.context},
+                       {"slots", w.slots},
+                       {"restarts", w.restarts},
+                       {"oom_kills", w.oom_kills}});
+  return dump(json{{"workers", workers}, {"model", {{"name", ctx.model.name()}}}});
+}
+
+// The page and its data are the service's state: never cached, and the
+// page may load nothing from anywhere (everything it needs is inline).
+Response status_response(std::string content_type, std::string body) {
+  Response r;
+  r.content_type = std::move(content_type);
+  r.body = std::move(body);
+  r.headers.emplace_back("Cache-Control", "no-store");
+  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  r.headers.emplace_back("Content-Security-Policy",
+                         "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                         "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'");
+  return r;
+}
+
 }  // namespace
+
+std::string_view status_page() { return kStatusPageHtml; }
 
 Api api_of(std::string_view target) { return api_for(route_of(path_of(target))); }
 
@@ -178,8 +211,14 @@ Route route(const HttpRequest& req, const RouteContext& ctx) {
   };
   if (!ctx.keys.accepts(ApiKeys::presented(header(http::field::authorization), x_api_key()))) {
     out.response = error_response(out.api, {ErrorKind::unauthorized, "invalid or missing API key"});
+    if (target == "/status" || target == "/status.json")  // a browser asks for the key (as the password)
+      out.response->headers = {{"WWW-Authenticate", "Basic realm=\"ds4\", charset=\"UTF-8\""}};
     return out;
   }
+
+  if (target == "/status") return out.response = status_response("text/html; charset=utf-8", std::string(status_page())), out;
+  if (target == "/status.json")
+    return out.response = status_response("application/json", ctx.status ? ctx.status() : short_status(ctx)), out;
 
   if (target == "/v1/models" || target == "/models") return out.response = models(ctx), out;
   if (const std::string_view name = model_of(target); !name.empty()) {

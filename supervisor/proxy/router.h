@@ -51,6 +51,9 @@ struct RouteContext {
   std::function<std::string()> metrics;        // /metrics text
   bool stopping = false;                       // shutting down: no new work
   bool forward = false;                        // workers are exec engines: requests go to them as they came
+  /// /status.json (the supervisor's status_json()); null: a short one made
+  /// here from the registry (ds4-proxy on its own).
+  std::function<std::string()> status = nullptr;
 };
 
 struct Route {
@@ -65,6 +68,10 @@ struct Route {
 std::variant<EngineRequest, ApiError> forward_request(const HttpRequest& req);
 
 Route route(const HttpRequest& req, const RouteContext& ctx);
+
+/// The status page (GET /status): one HTML document, its script and style
+/// inline, that draws /status.json every few seconds.
+std::string_view status_page();
 
 /// DESIGN.md's state names (also in the supervisor; kept here so the proxy
 /// library stands alone).

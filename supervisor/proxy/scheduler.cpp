@@ -67,6 +67,7 @@ bool Scheduler::submit(std::shared_ptr<Job> job) {
   job->seq = next_seq_++;
   job->state = Job::State::queued;
   job->queued_at = Clock::now();
+  if (job->submitted == Clock::time_point{}) job->submitted = job->queued_at;
   queue_.push_back(job);
   pump();
   if (job->state == Job::State::queued) {  // no worker took it at once
@@ -95,6 +96,29 @@ sup::ProxyStats Scheduler::stats() const {
   for (auto& [id, n] : in_flight_)
     if (n > 0) s.in_flight_by_worker[id] = n;
   return s;
+}
+
+std::vector<sup::RequestView> Scheduler::requests(size_t limit) const {
+  std::vector<const Job*> jobs;
+  for (const auto& j : queue_) jobs.push_back(j.get());
+  for (const auto& [p, j] : running_) jobs.push_back(p);
+  std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->submitted < b->submitted; });
+  if (jobs.size() > limit) jobs.resize(limit);
+  const auto now = Clock::now();
+  std::vector<sup::RequestView> out;
+  out.reserve(jobs.size());
+  for (const Job* j : jobs) {
+    sup::RequestView v;
+    v.endpoint = j->endpoint;
+    v.running = j->state == Job::State::running;
+    v.worker = v.running ? j->worker : -1;
+    v.age_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - j->submitted).count();
+    v.prompt_tokens = int64_t(j->gen.prompt.size());
+    v.generated = int64_t(j->gen.generated.size());
+    v.resumes = j->resumes;
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 int64_t Scheduler::max_context() const {

@@ -64,6 +64,11 @@ struct Job {
   /// it came to a worker's HTTP port instead of tokens to its socket.
   std::shared_ptr<const EngineRequest> forward;
 
+  /// For the status page: "POST /v1/chat/completions", and when the
+  /// scheduler first had it.
+  std::string endpoint;
+  std::chrono::steady_clock::time_point submitted{};
+
   // For DS4_TRACE (shared/request_trace.h): when the proxy had the request, and the client's port.
   int64_t trace_received = 0;
   int trace_port = 0;
@@ -150,6 +155,8 @@ class Scheduler {
   void set_options(const SchedulerOptions& o) { opt_ = o; }
   const SchedulerOptions& options() const { return opt_; }
   sup::ProxyStats stats() const;
+  /// The jobs waiting and running, oldest first, at most `limit` (the status page).
+  std::vector<sup::RequestView> requests(size_t limit) const;
   const SchedulerCounters& counters() const { return counters_; }
   /// The largest context among the registry's workers (0 when none is known).
   int64_t max_context() const;

@@ -135,11 +135,14 @@ constexpr size_t kTrimAfterBytes = 1024 * 1024;
 
 void Session::handle() {
   if (trace::on()) trace_received_ = trace::now_ns();
+  received_ = std::chrono::steady_clock::now();
   const HttpRequest& req = parser_->get();
   target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
   keep_alive_ = req.keep_alive() && !core_.stopping;
   const RouteContext ctx = core_.route_context();
-  if (req.body().size() >= kPlanAsideBytes) return plan_aside(ctx);
+  // Only generation requests (POST) are worth it; the reads (health,
+  // metrics, status) need the io thread's registry and come without a body.
+  if (req.body().size() >= kPlanAsideBytes && req.method() == http::verb::post) return plan_aside(ctx);
   routed(route(req, ctx), req.method() == http::verb::head);
 }
 
@@ -152,6 +155,7 @@ void Session::plan_aside(const RouteContext& ctx) {
   RouteContext aside = ctx;
   aside.workers = nullptr;  // read only for /health and /metrics, which come with no body
   aside.metrics = nullptr;
+  aside.status = nullptr;
   ++core_.planning;
   asio::post(core_.planner, [req, aside, keys = core_.keys, core = &core_, w = weak_from_this(), alive = core_alive_,
                              head]() mutable {
@@ -207,6 +211,7 @@ void Session::start_job(Plan plan) {
   job_->sink = this;
   job_->trace_received = trace_received_;
   job_->trace_port = trace_port_;
+  job_->endpoint = target_;
   core_.metrics.add_tokens_in(int64_t(plan_->gen.prompt.size()));
   if (!core_.scheduler.submit(job_)) {
     job_.reset();
@@ -231,6 +236,7 @@ void Session::start_forward(EngineRequest f) {
   job_ = std::make_shared<Job>();
   job_->forward = std::make_shared<const EngineRequest>(std::move(f));
   job_->sink = this;
+  job_->endpoint = target_;
   if (!core_.scheduler.submit(job_)) {
     job_.reset();
     return respond_error({ErrorKind::unavailable,
@@ -261,6 +267,8 @@ void Session::end_forward(const JobResult& r) {
     keep_alive_ = false;
     return end_exchange();
   }
+  if (!engine_status_ || engine_status_ == 200)
+    core_.metrics.observe_answer(std::chrono::duration<double>(std::chrono::steady_clock::now() - received_).count());
   if (!head_sent_) {
     Response resp;
     resp.status = engine_status_ ? engine_status_ : 200;
@@ -350,6 +358,7 @@ bool Session::close_thought(const Job& done) {
   job_->gen.generated.clear();
   job_->gen.max_tokens = left - int32_t(tail.size());
   job_->sink = this;
+  job_->endpoint = target_;
   if (!core_.scheduler.submit(job_)) {
     job_.reset();
     return false;
@@ -395,6 +404,7 @@ void Session::on_done(const JobResult& r) {
   f.prompt_tokens = int64_t(plan_->gen.prompt.size());
   f.completion_tokens = earlier_tokens_ + int64_t(job->gen.generated.size());
   f.timings = r.timings;
+  core_.metrics.observe_answer(std::chrono::duration<double>(std::chrono::steady_clock::now() - received_).count());
   if (plan_->endpoint == Endpoint::responses && plan_->store) {  // for a later previous_response_id
     json conversation = plan_->conversation;
     json said = {{"role", "assistant"}, {"content", answer_text_}};

@@ -82,7 +82,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   std::chrono::steady_clock::time_point deadline_;  // of the limit in force
   int64_t trace_received_ = 0;  // DS4_TRACE: when the request was all read
   int trace_port_ = 0;          // DS4_TRACE: the client's port
-  std::string target_;          // the request's path, for the refusals' journal lines
+  std::string target_;          // the request's path, for the refusals' journal lines and the status page
+  std::chrono::steady_clock::time_point received_{};  // when the request was all read: its latency starts
   bool timer_waiting_ = false;
 
   // The exchange in progress.

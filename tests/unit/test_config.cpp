@@ -257,7 +257,7 @@ TEST_CASE("config: wrong types") {
         "config/ds4.yaml:1:10: workers: expected a mapping with keys backend, count, device, slots, threads, busy_poll, "
         "context, memory_max, reserve, engine, exec, got '3'");
   CHECK(errors("- a\n- b\n") ==
-        "config/ds4.yaml:1:1: expected a mapping with keys model, proxy, workers, headroom, restart, gpu, got a list");
+        "config/ds4.yaml:1:1: expected a mapping with keys model, proxy, workers, headroom, restart, gpu, status, got a list");
   CHECK(errors("headroom:\n  for: 10\n") ==
         "config/ds4.yaml:2:8: headroom.for: missing unit: write ms, s, m or h (e.g. 30s), got '10'");
   CHECK(errors("proxy:\n  queue:\n    max_wait: 10 minutes\n") ==
@@ -603,4 +603,20 @@ TEST_CASE("config: diff tells what a reload must do") {
   d = ds4::diff(a, b);
   CHECK(d.keys == std::vector<std::string>{"model.backing"});
   CHECK(d.model);
+}
+
+TEST_CASE("config: status (what the status page keeps)") {
+  ds4::Config c = parse("model:\n  path: \"\"\n");
+  CHECK(c.status.sample_every == 5s);
+  CHECK(c.status.history == 1h);
+  CHECK(c.status.events_kept == 2000);
+  c = parse("status:\n  sample_every: 1s\n  history: 10m\n  events_kept: 50\n");
+  CHECK(c.status.sample_every == 1s);
+  CHECK(c.status.history == 10min);
+  CHECK(c.status.events_kept == 50);
+  CHECK(errors("status:\n  sample_every: 10ms\n").find("status.sample_every: must be at least 100ms") != std::string::npos);
+  CHECK(errors("status:\n  history: 1s\n").find("status.history") != std::string::npos);
+  ds4::Config a, b;
+  b.status.history = 5min;
+  CHECK(ds4::diff(a, b).changed("status.history"));
 }

@@ -1416,7 +1416,7 @@ TEST_CASE("cuda: auto weights are read in place on an integrated GPU, else the h
   CHECK(resolve_weight_source(W::copy, true, true) == W::copy);
   CHECK(resolve_weight_source(W::holder, true, false) == W::holder);
   CHECK(resolve_weight_source(W::host_mapped, false, true) == W::host_mapped);
-  if (have_gpu()) MESSAGE("cuda:0 is " << (cuda_integrated(0) ? "an integrated" : "a discrete") << " GPU");
+  if (have_gpu()) MESSAGE("cuda:0 is " << std::string(cuda_integrated(0) ? "an integrated" : "a discrete") << " GPU");
 }
 
 TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens") {

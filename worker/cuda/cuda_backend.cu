@@ -315,7 +315,8 @@ void CudaBackend::reserve(const EngineShape& s) {
   tokens_dev_ = DeviceBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
   tokens_host_ = PinnedBuffer(size_t(s.max_batch) * sizeof(BatchToken), "batch");
   logits_host_ = PinnedBuffer(size_t(logit_rows() * hp_.n_vocab) * 4, "logits");
-  picks_dev_ = DeviceBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
+  picks_dev_ = DeviceBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick) + cuda::greedy_scratch_bytes(int(logit_rows())),
+                            "greedy picks");
   picks_host_ = PinnedBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
   // Touch everything now: a worker learns at start whether the memory is there.
   DS4_CUDA_CHECK(cudaMemsetAsync(kv_.as<void>(), 0, kv_.size(), stream_));
@@ -439,7 +440,7 @@ void CudaBackend::enqueue(int T, int rows, int reads) {
   run_forward(m_, *this, {tokens_host_.as<BatchToken>(), size_t(T)});
   if (rows == 0) return;
   cuda::GreedyPick* picks = picks_dev_.as<cuda::GreedyPick>();
-  cuda::greedy_pick(ptr(Act::logits), hp_.n_vocab, hp_.n_vocab, rows, picks, stream_);
+  cuda::greedy_pick(ptr(Act::logits), hp_.n_vocab, hp_.n_vocab, rows, picks, picks + logit_rows(), stream_);
   DS4_CUDA_CHECK(cudaMemcpyAsync(picks_host_.as<void>(), picks, size_t(rows) * sizeof(cuda::GreedyPick),
                                  cudaMemcpyDeviceToHost, stream_));
 }

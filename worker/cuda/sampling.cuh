@@ -15,6 +15,10 @@ struct GreedyPick {
 /// For each of `rows` rows of `n` logits (`ld` floats apart): the token with
 /// the highest logit (ties to the lowest id, NaN never wins) and its
 /// log-softmax, summed in double as worker/sampler.cpp does.
-void greedy_pick(const float* logits, int64_t n, int64_t ld, int rows, GreedyPick* out, cudaStream_t s);
+/// `scratch`: greedy_scratch_bytes(rows) of device memory for the chunks'
+/// partial results.
+void greedy_pick(const float* logits, int64_t n, int64_t ld, int rows, GreedyPick* out, void* scratch,
+                 cudaStream_t s);
+size_t greedy_scratch_bytes(int rows);
 
 }  // namespace ds4::cuda
