@@ -545,6 +545,11 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
           r.choice(x, c.model.backing,
                    {{"auto", ModelBacking::automatic}, {"shm", ModelBacking::shm}, {"memfd", ModelBacking::memfd}});
         }},
+        {"keep_resident", [&](const Entry& x) {
+          int v = 0;
+          r.choice(x, v, {{"auto", 0}, {"on", 1}, {"off", 2}, {"true", 1}, {"false", 2}});
+          c.model.keep_resident = v == 0 ? std::nullopt : std::optional<bool>(v == 1);
+        }},
       });
     }},
     {"proxy", [&](const Entry& e) {
@@ -595,7 +600,10 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
           r.choice(x, W.engine, {{"native", WorkerEngine::native}, {"exec", WorkerEngine::exec}});
         }},
         {"exec", [&](const Entry& x) {
-          r.mapping(x.value, x.mark, x.path, {{"command", [&](const Entry& cmd) { r.string(cmd, W.exec_command); }}});
+          r.mapping(x.value, x.mark, x.path, {
+            {"command", [&](const Entry& cmd) { r.string(cmd, W.exec_command); }},
+            {"overhead", [&](const Entry& o) { r.size(o, W.exec_overhead); }},
+          });
         }},
       });
     }},
@@ -817,6 +825,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(a.model.name != b.model.name, "model.name", c.in_place);
   // The model is loaded again into the new backing, while the old one serves.
   note(a.model.backing != b.model.backing, "model.backing", c.model);
+  note(a.model.keep_resident != b.model.keep_resident, "model.keep_resident", c.model);
 
   const auto &P = a.proxy, &Q = b.proxy;
   note(P.listen != Q.listen, "proxy.listen", c.listen);
@@ -848,6 +857,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(V.reserve != W.reserve, "workers.reserve", c.in_place);  // policy only
   note(V.engine != W.engine, "workers.engine", c.worker_settings);
   note(V.exec_command != W.exec_command, "workers.exec.command", c.worker_settings);
+  note(V.exec_overhead != W.exec_overhead, "workers.exec.overhead", c.in_place);  // the plan only
   note(a.gpu.weights != b.gpu.weights, "gpu.weights", c.worker_settings);
 
   note(a.headroom.min_available != b.headroom.min_available, "headroom.min_available", c.in_place);

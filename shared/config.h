@@ -50,6 +50,11 @@ struct ModelConfig {
   std::filesystem::path path;  // absolute once loaded; empty = none configured
   std::string name;            // served at /v1/models; defaults to path's stem
   ModelBacking backing = ModelBacking::automatic;
+  /// Exec engines load the file themselves: the supervisor maps it and keeps
+  /// its pages resident (MADV_WILLNEED + mlock, else re-touched now and
+  /// then), so an engine's restart reads no disk. nullopt = auto: on for
+  /// workers.engine exec, off for native workers (their segment is resident).
+  std::optional<bool> keep_resident;
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -121,6 +126,9 @@ struct WorkersConfig {
   /// {ctx}, {port}, {slots}, {threads}, {model} substituted. Split on blanks
   /// (no shell); {port} is required.
   std::string exec_command;
+  /// engine: exec — what the engine takes besides its weights and KV cache
+  /// (compute buffers, logits, runtime), for the memory plan of each rung.
+  Bytes exec_overhead = Bytes(512) << 20;
   bool operator==(const WorkersConfig&) const = default;
 };
 
@@ -191,6 +199,11 @@ struct LoadOptions {
   /// test's config may name one that is not there).
   bool model_file_must_exist = false;
 };
+
+/// model.keep_resident as it applies: auto is on for exec engines only.
+inline bool keep_resident(const Config& c) {
+  return c.model.keep_resident.value_or(c.workers.engine == WorkerEngine::exec);
+}
 
 /// Reads and validates `file`. A missing file gives the defaults (file_found
 /// false); relative paths in it are resolved against its folder.

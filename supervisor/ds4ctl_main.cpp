@@ -61,6 +61,11 @@ void print_status(nlohmann::json s) {
   std::printf("model     %s  segment %s  %s in %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
               ds4::sup::human_size(m.value("bytes", uint64_t(0))).c_str(), m.value("backing", "shared memory").c_str(),
               m.value("synthetic", false) ? "  (SYNTHETIC, RANDOM WEIGHTS)" : "");
+  if (m.contains("resident") && m["resident"].is_object())
+    std::printf("resident  %s of %s kept in memory for the engine (%s)\n",
+                ds4::sup::human_size(m["resident"].value("resident", uint64_t(0))).c_str(),
+                ds4::sup::human_size(m["resident"].value("bytes", uint64_t(0))).c_str(),
+                m["resident"].value("mode", "").c_str());
   const auto& h = s["headroom"];
   std::printf("headroom  %s available (min %s), PSI some avg10 %.2f%%\n",
               ds4::sup::human_size(h.value("host_available", uint64_t(0))).c_str(),

@@ -14,7 +14,9 @@
 #include "shared/model_store.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
+#include "model/exec_plan.h"
 #include "model/memory_plan.h"
+#include "shared/exec_command.h"
 #include "model/weights.h"
 
 namespace ds4::sup {
@@ -178,6 +180,36 @@ std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_
     shape.slots = slots;
     shape.max_batch = 256;  // ds4-worker serve's default --batch
     out.push_back(plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own());
+  }
+  return out;
+}
+
+std::vector<Bytes> plan_exec_ladder(const std::string& model_path, const WorkersConfig& w, bool resident,
+                                    std::string* detail) {
+  const gguf::File f = gguf::File::open(model_path);
+  const ExecKvGeometry g = read_exec_kv_geometry(f);
+  const Bytes file = Bytes(fs::file_size(model_path));
+  std::vector<Bytes> out;
+  for (uint32_t ctx : w.ladder) {
+    ExecValues v;
+    v.ctx = ctx;
+    v.port = 1;  // not known yet; it does not change the plan
+    v.slots = w.slots;
+    v.threads = w.threads;
+    v.model = model_path;
+    const ExecKvArgs a = read_exec_kv_args(expand_exec_command(w.exec_command, v));
+    const int64_t tokens = a.tokens > 0 ? a.tokens : int64_t(ctx) * int64_t(w.slots);
+    auto bytes_of = [](const std::string& type) {
+      if (auto b = kv_cache_type_bytes(type)) return *b;
+      log::warn("workers.exec.command: KV cache type '" + type + "' unknown to the plan; counted as f32, ignoring");
+      return 4.0;
+    };
+    const Bytes kv = exec_kv_bytes(g, tokens, w.slots, bytes_of(a.type_k), bytes_of(a.type_v));
+    out.push_back(kv + w.exec_overhead + (resident ? 0 : file));
+    if (detail)
+      *detail += "context " + std::to_string(ctx) + ": " + human_size(out.back()) + " (KV " + human_size(kv) + " for " +
+                 std::to_string(tokens) + " tokens, " + a.type_k + "/" + a.type_v + ", + overhead " +
+                 human_size(w.exec_overhead) + (resident ? "" : ", + the file " + human_size(file)) + "); ";
   }
   return out;
 }

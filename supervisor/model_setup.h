@@ -60,6 +60,15 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder,
                                uint32_t slots, uint32_t threads);
 
+/// workers.engine: exec — each rung's plan: the KV cache the engine's
+/// command line asks for at that rung (model/exec_plan.h: its -c, else ctx x
+/// slots; its -ctk/-ctv), workers.exec.overhead, and the file's size unless
+/// the supervisor keeps the file resident (`resident`: it holds those pages
+/// already, outside MemAvailable). Throws ds4::Error when the file lacks the
+/// hyper-parameters; `detail` gets one line per rung for the log.
+std::vector<Bytes> plan_exec_ladder(const std::string& model_path, const WorkersConfig& w, bool resident,
+                                    std::string* detail = nullptr);
+
 /// Writes a GGUF holding only a byte-level llama vocabulary (<unk>, <s>,
 /// </s>, <0x00>..<0xFF>), which is all ds4-mkmodel needs from --vocab-from.
 void write_byte_vocab(const std::string& path);

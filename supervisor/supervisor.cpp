@@ -97,9 +97,18 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
   ManagerSettings s;
   s.policy = PolicyConfig::from(c);
   if (c.workers.engine == WorkerEngine::exec) {
-    // An external engine's memory plan is unknown: it starts at the largest
-    // rung and only an OOM kill, a failed start or low headroom steps it down.
-    s.own_bytes.assign(c.workers.ladder.size(), 0);
+    // The engine's plan from the file's hyper-parameters, so that its first
+    // start takes the largest rung that fits. A file without them: the
+    // largest rung, and only an OOM kill, a failed start or low headroom
+    // steps it down.
+    try {
+      std::string detail;
+      s.own_bytes = plan_exec_ladder(m.path, c.workers, keep_resident(c), &detail);
+      log::info("exec engine plan: " + detail.substr(0, detail.size() - 2), {{"DS4_EVENT", "exec_plan"}});
+    } catch (const Error& e) {
+      log::warn(std::string(e.what()) + "; the exec engine starts at the largest rung, ignoring");
+      s.own_bytes.assign(c.workers.ladder.size(), 0);
+    }
     s.exec_command = c.workers.exec_command;
     s.model_path = m.path;
   } else {
@@ -207,7 +216,15 @@ void Supervisor::prepare() {
                {"DS4_MODEL", model_.path},
                {"DS4_BACKING", store::backing_name(model_.backing)},
                {"DS4_REUSED", model_.reused ? "1" : "0"}});
-  // Workers and the holder get a memfd segment's descriptor here, from before
+  if (model_.file_only && keep_resident(config_)) {
+    resident_ = std::make_unique<ResidentFile>(model_.path);
+    log::info("model.keep_resident: " + model_.path + " (" + human_size(resident_->bytes()) +
+                  ") mapped by the supervisor; reading and locking its pages",
+              {{"DS4_EVENT", "keep_resident"}, {"DS4_MODEL", model_.path}});
+    resident_timer_ = std::make_unique<asio::steady_timer>(io_);
+    keep_resident_now();
+  }
+    // Workers and the holder get a memfd segment's descriptor here, from before
   // either starts (start_holder() waits for the holder on this thread).
   segments_ = std::make_unique<SegmentServer>(segments_io_, runtime_dir_ + "/segments.sock", *memfds_);
   segments_thread_ = std::thread([this] { segments_io_.run(); });
@@ -233,6 +250,30 @@ void Supervisor::prepare() {
   sweeper_->watch(*manager_);  // an old model's segment goes once its last worker has
   admin_ = std::make_unique<AdminServer>(io_, runtime_dir_ + "/admin.sock",
                                          [this](const nlohmann::json& r) { return handle_admin(r); });
+}
+
+// Every 10 s: where the lock was refused, what the kernel evicted comes back.
+void Supervisor::keep_resident_now() {
+  if (!resident_) return;
+  const ResidentFile::Mode m = resident_->mode();
+  if (m == ResidentFile::Mode::touched) {
+    if (!resident_warned_) {
+      resident_warned_ = true;
+      log::warn("model.keep_resident: cannot lock " + model_.path + " in memory: " + resident_->lock_error() +
+                "; re-touching its pages every 10s instead (raise LimitMEMLOCK= to lock them)");
+    }
+    if (const uint64_t back = resident_->touch(); back > 0)
+      log::info("model.keep_resident: " + human_size(back) + " of " + model_.path + " had been evicted; read back");
+  } else if (m == ResidentFile::Mode::locked && !resident_warned_) {
+    resident_warned_ = true;
+    log::info("model.keep_resident: " + model_.path + " locked in memory (" + human_size(resident_->resident_bytes()) +
+                  " resident)",
+              {{"DS4_EVENT", "keep_resident"}, {"DS4_MODEL", model_.path}});
+  }
+  resident_timer_->expires_after(m == ResidentFile::Mode::loading ? std::chrono::milliseconds(200) : std::chrono::seconds(10));
+  resident_timer_->async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) keep_resident_now();
+  });
 }
 
 void Supervisor::start_backend() {
@@ -591,6 +632,12 @@ nlohmann::json Supervisor::status_json(bool page) const {
   out["model"] = {{"name", model_.name},     {"path", model_.path},       {"segment", model_.segment},
                   {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic},
                   {"reused", model_.reused},  {"backing", backing_text(model_, *memfds_)}};
+  if (resident_) {
+    const uint64_t held = resident_->resident_bytes();
+    out["model"]["resident"] = {{"bytes", resident_->bytes()}, {"resident", held},
+                                {"mode", ResidentFile::mode_name(resident_->mode())}};
+    out["headroom"]["resident_model"] = held;  // outside host_available once locked
+  }
   out["backend"] = backend_->name();
   out["ladder"] = config_.workers.ladder;
   out["config"] = opts_.config_path;

@@ -33,6 +33,7 @@
 #include "supervisor/asio.h"
 #include "supervisor/model_setup.h"
 #include "supervisor/paths.h"
+#include "supervisor/resident_file.h"
 #include "supervisor/status_history.h"
 #include "supervisor/worker_manager.h"
 #include "supervisor/worker_registry.h"
@@ -162,6 +163,10 @@ class Supervisor {
   std::unique_ptr<SegmentServer> segments_;  // hands them to workers and holders
   std::thread segments_thread_;
   std::unique_ptr<SegmentSweeper> sweeper_;  // maps model_.segment, removes old ones
+  std::unique_ptr<ResidentFile> resident_;   // model.keep_resident: an exec engine's file kept in memory
+  std::unique_ptr<asio::steady_timer> resident_timer_;
+  bool resident_warned_ = false;
+  void keep_resident_now();
   std::unique_ptr<WorkerManager> manager_;
   std::unique_ptr<AdminServer> admin_;
   std::unique_ptr<asio::signal_set> signals_;

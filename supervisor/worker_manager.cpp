@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "shared/error.h"
@@ -52,11 +54,14 @@ namespace {
 /// A TCP port on 127.0.0.1 that nobody listens on now, for an exec engine.
 /// Another process may take it before the engine binds it: the engine then
 /// fails to start and the next start picks another one.
-int free_tcp_port() {
+/// DS4_EXEC_PORTS=LO-HI (tests on a shared machine) takes one of that range,
+/// in turn, else the kernel picks.
+int bind_port(int want) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw Error(std::string("cannot pick a port for the engine: socket: ") + std::strerror(errno));
   sockaddr_in a{};
   a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(want));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
   int port = 0;
@@ -64,6 +69,21 @@ int free_tcp_port() {
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
     port = ntohs(a.sin_port);
   ::close(fd);
+  return port;
+}
+
+int free_tcp_port() {
+  int lo = 0, hi = 0;
+  if (const char* r = std::getenv("DS4_EXEC_PORTS"); r && std::sscanf(r, "%d-%d", &lo, &hi) == 2 && 0 < lo && lo <= hi &&
+                                                       hi < 65536) {
+    static int next = 0;
+    for (int i = 0; i <= hi - lo; ++i) {
+      const int p = lo + (next++ % (hi - lo + 1));
+      if (bind_port(p) == p) return p;
+    }
+    throw Error("no free port for the engine in DS4_EXEC_PORTS=" + std::string(r));
+  }
+  const int port = bind_port(0);
   if (port == 0) throw Error("cannot pick a port for the engine on 127.0.0.1");
   return port;
 }

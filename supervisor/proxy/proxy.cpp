@@ -24,6 +24,7 @@ SchedulerOptions scheduler_options(const ProxyConfig& cfg) {
   o.max_wait = cfg.queue.max_wait;
   o.engine.max_header_bytes = uint32_t(std::min<Bytes>(cfg.limits.max_header_bytes, UINT32_MAX));
   o.engine.max_body_bytes = cfg.limits.max_body_bytes;
+  o.resume_engines = true;
   return o;
 }
 

@@ -4,6 +4,7 @@
 
 #include "shared/log.h"
 #include "shared/request_trace.h"
+#include "supervisor/proxy/engine_probe.h"
 
 namespace ds4::proxy {
 
@@ -44,6 +45,8 @@ Scheduler::Scheduler(asio::io_context& io, sup::WorkerRegistry& registry, Schedu
     if (alive.expired()) return;
     workers_ = registry_.workers();
     pool_.retain(workers_);
+    for (const sup::WorkerInfo& w : workers_)  // an exec engine that just started: asked what it resumes at once
+      if (w.state == sup::WorkerState::ready && w.socket_path.empty() && w.http_port > 0) engine_probed(w);
     pump();
   });
 }
@@ -153,6 +156,7 @@ void Scheduler::pump() {
       if (b->second.generation != w.generation) blocked_.erase(b);  // a new process: try it at once
       else if (now < b->second.until) continue;
     }
+    if (w.socket_path.empty() && !engine_probed(w)) continue;  // asked what it can resume first
     cands.push_back({w.id, w.context, w.slots - in_flight_[w.id], &history_[w.id], w.socket_path.empty()});
   }
   // The job at queue position i leaves the queue and starts on worker `id`.
@@ -250,7 +254,37 @@ void Scheduler::start(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w)
   }
 }
 
+EngineCaps Scheduler::engine_caps(int worker) const {
+  auto it = engines_.find(worker);
+  return it == engines_.end() ? EngineCaps{} : it->second.caps;
+}
+
+bool Scheduler::engine_probed(const sup::WorkerInfo& w) {
+  if (!opt_.resume_engines) return true;
+  EngineState& e = engines_[w.id];
+  if (e.generation != w.generation) e = {w.generation, {}, false};
+  if (e.caps.probed) return true;
+  if (e.probing) return false;
+  e.probing = true;
+  const int id = w.id;
+  const uint64_t gen = w.generation;
+  probe_engine(io_, w.http_port, opt_.engine, opt_.probe_timeout,
+               [this, id, gen, alive = std::weak_ptr<bool>(alive_)](EngineCaps caps) {
+                 if (alive.expired()) return;
+                 EngineState& e = engines_[id];
+                 if (e.generation != gen) return;
+                 e.caps = caps;
+                 e.probing = false;
+                 log::info("worker " + std::to_string(id) + ": the exec engine resumes answers cut mid-stream: " +
+                               caps.describe(),
+                           {{"DS4_WORKER", std::to_string(id)}});
+                 pump();
+               });
+  return false;
+}
+
 void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w) {
+  if (job->forwarded && job->resumable) return start_resume(job, w);
   std::weak_ptr<Job> wj = job;
   std::weak_ptr<bool> alive = alive_;
   auto with = [this, wj, alive](auto fn) {
@@ -260,12 +294,30 @@ void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::Worker
       if (j && j->state == Job::State::running) fn(j, a...);
     };
   };
+  // Nothing went out yet: the request as this engine can resume it.
+  const EngineRequest* req = job->forward.get();
+  EngineRequest asking_ids;
+  job->resumable.reset();
+  job->resume_kind = resume_kind(*job->forward, engine_caps(w.id));
+  if (job->resume_kind != ResumeKind::none) {
+    bool strip = false;
+    asking_ids = with_token_ids(*job->forward, job->resume_kind, strip);
+    req = &asking_ids;
+    job->resumable = std::make_unique<ResumableStream>(job->resume_kind, strip, wants_usage_chunk(*job->forward));
+  }
   EngineCall::Handler h;
   h.head = with([this](const std::shared_ptr<Job>& j, int status, const std::string& ct, bool streaming) {
     blocked_.erase(j->worker);  // it answers: no backoff
     if (j->sink) j->sink->on_engine_head(status, ct, streaming);
   });
   h.data = with([](const std::shared_ptr<Job>& j, std::string_view bytes) {
+    if (j->resumable) {
+      const std::string out = j->resumable->feed(bytes);
+      if (out.empty()) return;
+      j->forwarded = true;
+      if (j->sink) j->sink->on_engine_data(out);
+      return;
+    }
     j->forwarded = true;
     if (j->sink) j->sink->on_engine_data(bytes);
   });
@@ -278,13 +330,134 @@ void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::Worker
   h.broken = with([this](const std::shared_ptr<Job>& j, const std::string& why, bool replay) {
     on_engine_broken(j, why, replay);
   });
-  job->engine_call = EngineCall::start(io_, w.http_port, *job->forward, opt_.engine, std::move(h));
+  job->engine_call = EngineCall::start(io_, w.http_port, *req, opt_.engine, std::move(h));
+}
+
+// The answer went out in part and the engine that gave it is gone: the
+// prompt's ids (the engine's own tokenisation, once), then the continuation.
+void Scheduler::start_resume(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w) {
+  const EngineCaps caps = engine_caps(w.id);
+  const bool chat = job->resume_kind == ResumeKind::chat;
+  if (chat ? !caps.resumes_chat() : !caps.resumes_completions())
+    return fail_forward(job, "worker " + std::to_string(w.id) + " (exec engine) cannot continue the answer cut mid-stream: it resumes " +
+                                 caps.describe() + "; send the request again");
+  const int port = w.http_port;
+  if (job->prompt_ids) return send_continuation(job, port);
+  std::weak_ptr<Job> wj = job;
+  std::weak_ptr<bool> alive = alive_;
+  const uint64_t gen = w.generation;
+  // Each step's answer: on to `next`, or the job back to the queue / ended.
+  auto step = [this, wj, alive, gen](std::function<void(const std::shared_ptr<Job>&, std::string)> next) {
+    return [this, wj, alive, gen, next](EngineReply r) {
+      if (alive.expired()) return;
+      auto j = wj.lock();
+      if (!j || j->state != Job::State::running || j->worker_generation != gen) return;
+      j->engine_call.reset();
+      if (r.status == 0) return on_engine_broken(j, r.why, r.replay);
+      if (r.status != 200)
+        return fail_forward(j, "worker " + std::to_string(j->worker) + " (exec engine) refused a step of the resume: HTTP " +
+                                   std::to_string(r.status) + ": " + r.body.substr(0, 300));
+      next(j, std::move(r.body));
+    };
+  };
+  auto tokenize = [this, port, step](const std::shared_ptr<Job>& j, const std::string& text) {
+    EngineRequest t;
+    t.target = "/tokenize";
+    t.body = tokenize_body(text);
+    j->engine_call = fetch_whole(io_, port, t, opt_.engine, step([this, port](const std::shared_ptr<Job>& j, std::string body) {
+      j->prompt_ids = read_tokens(body);
+      if (!j->prompt_ids) return fail_forward(j, "the exec engine's /tokenize answer has no tokens: " + body.substr(0, 300));
+      send_continuation(j, port);
+    }));
+  };
+  if (!chat) {
+    std::string text;
+    job->prompt_ids = prompt_ids(*job->forward, text);
+    if (job->prompt_ids) return send_continuation(job, port);
+    return tokenize(job, text);
+  }
+  job->engine_call = fetch_whole(io_, port, apply_template_request(*job->forward), opt_.engine,
+                                 step([this, tokenize](const std::shared_ptr<Job>& j, std::string body) {
+                                   std::optional<std::string> prompt = read_prompt(body);
+                                   if (!prompt)
+                                     return fail_forward(j, "the exec engine's /apply-template answer has no prompt: " +
+                                                                body.substr(0, 300));
+                                   tokenize(j, *prompt);
+                                 }));
+}
+
+void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {
+  ResumableStream& s = *job->resumable;
+  std::optional<EngineRequest> req =
+      continuation_request(*job->forward, job->resume_kind, *job->prompt_ids, s.generated(), s.top_logprobs());
+  if (!req) {  // every token the client asked for is out: only the end was missing
+    const std::string end = s.end_length(int64_t(job->prompt_ids->size()));
+    if (job->sink) job->sink->on_engine_data(end);
+    leave_worker(job);
+    finish(job, {true, "length", job->timings, {}});
+    return pump();
+  }
+  s.begin_continuation();
+  job->continuation_status = 0;
+  std::weak_ptr<Job> wj = job;
+  std::weak_ptr<bool> alive = alive_;
+  auto with = [this, wj, alive](auto fn) {
+    return [this, wj, alive, fn](auto&&... a) {
+      if (alive.expired()) return;
+      auto j = wj.lock();
+      if (j && j->state == Job::State::running) fn(j, a...);
+    };
+  };
+  EngineCall::Handler h;
+  h.head = with([this](const std::shared_ptr<Job>& j, int status, const std::string&, bool) {
+    blocked_.erase(j->worker);
+    j->continuation_status = status;
+  });
+  h.data = with([](const std::shared_ptr<Job>& j, std::string_view bytes) {
+    if (j->continuation_status != 200) return;
+    const std::string out = j->resumable->feed(bytes);
+    if (!out.empty() && j->sink) j->sink->on_engine_data(out);
+  });
+  h.done = with([this](const std::shared_ptr<Job>& j) {
+    j->engine_call.reset();
+    if (j->continuation_status != 200)
+      return fail_forward(j, "worker " + std::to_string(j->worker) + " (exec engine) refused the continuation: HTTP " +
+                                 std::to_string(j->continuation_status));
+    leave_worker(j);
+    finish(j, {true, "stop", j->timings, {}});
+    pump();
+  });
+  h.broken = with([this](const std::shared_ptr<Job>& j, const std::string& why, bool replay) {
+    on_engine_broken(j, why, replay);
+  });
+  log::debug("worker " + std::to_string(job->worker) + ": continuing an answer after " +
+                 std::to_string(s.generated().size()) + " tokens",
+             {{"DS4_WORKER", std::to_string(job->worker)}});
+  job->engine_call = EngineCall::start(io_, port, *req, opt_.engine, std::move(h));
+}
+
+void Scheduler::fail_forward(const std::shared_ptr<Job>& job, const std::string& message) {
+  ++counters_.broken_calls;
+  log::info("an exec engine's answer failed: " + message, {{"DS4_WORKER", std::to_string(job->worker)}});
+  leave_worker(job);
+  finish(job, {false, "", job->timings, {ErrorKind::internal, message}});
+  pump();
 }
 
 void Scheduler::on_engine_broken(const std::shared_ptr<Job>& job, const std::string& why, bool replay) {
   if (!job->forwarded && replay) return on_broken(job, why, false);  // nothing reached the client: replay it
-  // Part of the answer is out (an engine's answer cannot be resumed
-  // elsewhere), or the engine's answer is one no retry would mend.
+  if (job->forwarded && job->resumable) {
+    ResumableStream& s = *job->resumable;
+    if (s.ended() || s.finished()) {  // the answer was whole: only the connection's end was missing
+      if (!s.ended() && job->sink) job->sink->on_engine_data("data: [DONE]\n\n");
+      leave_worker(job);
+      finish(job, {true, "stop", job->timings, {}});
+      return pump();
+    }
+    if (replay && s.resumable()) return on_broken(job, why, true);  // continues on the next ready engine
+  }
+  // Part of the answer is out and this engine cannot resume it, or the
+  // engine's answer is one no retry would mend.
   ++counters_.broken_calls;
   const int w = job->worker;
   log::info("an exec engine's answer failed" + std::string(job->forwarded ? " after its first byte" : "") +
@@ -294,7 +467,7 @@ void Scheduler::on_engine_broken(const std::shared_ptr<Job>& job, const std::str
   const std::string what = job->forwarded ? " (exec engine) failed mid-answer: " : " (exec engine): ";
   finish(job, {false, "", job->timings,
                {ErrorKind::internal, "worker " + std::to_string(w) + what + why +
-                                         (job->forwarded ? "; an engine's answer cannot be resumed, send the request again"
+                                         (job->forwarded ? "; this engine's answer cannot be resumed, send the request again"
                                                          : "")}});
   pump();
 }

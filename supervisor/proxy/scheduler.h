@@ -27,6 +27,7 @@
 #include "shared/protocol.h"
 #include "supervisor/proxy/api_error.h"
 #include "supervisor/proxy/engine_call.h"
+#include "supervisor/proxy/engine_resume.h"
 #include "supervisor/proxy/worker_call.h"
 #include "supervisor/worker_registry.h"
 
@@ -80,6 +81,12 @@ struct Job {
   std::shared_ptr<WorkerCall> call;
   std::shared_ptr<EngineCall> engine_call;
   bool forwarded = false;    // engine bytes reached the sink: it can no longer be replayed
+  /// Exec engines that resume (engine_resume.h): the stream's filter (it
+  /// knows the generated ids), and the prompt's ids once a resume asked for them.
+  std::unique_ptr<ResumableStream> resumable;
+  ResumeKind resume_kind = ResumeKind::none;
+  std::optional<std::vector<int32_t>> prompt_ids;
+  int continuation_status = 0;
   std::chrono::steady_clock::time_point queued_at{}, call_started{}, first_token{}, last_token{};
   std::chrono::steady_clock::duration waited{};  // in the queue, all visits summed
   int64_t call_tokens = 0;   // tokens from the current call
@@ -97,6 +104,10 @@ struct SchedulerOptions {
   Duration retry_max = std::chrono::milliseconds(200); // … doubling up to this
   size_t prefix_history = 8;                           // recent sequences kept per worker
   EngineLimits engine;                                 // answers of exec engines
+  /// Exec engines are probed at each start for what they can resume
+  /// (engine_probe.h) before their first job; off: none resumes.
+  bool resume_engines = false;
+  std::chrono::milliseconds probe_timeout{std::chrono::seconds(5)};
 };
 
 /// A worker as dispatch sees it.
@@ -155,6 +166,8 @@ class Scheduler {
   const WorkerPool& pool() const { return pool_; }
   /// The registry's workers as last reported.
   const std::vector<sup::WorkerInfo>& workers() const { return workers_; }
+  /// What an exec engine was probed to resume (probed false: not yet).
+  EngineCaps engine_caps(int worker) const;
 
  private:
   struct Block {
@@ -167,6 +180,10 @@ class Scheduler {
   void on_event(const std::shared_ptr<Job>& job, proto::Event&& e);
   void start_forward(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
   void on_engine_broken(const std::shared_ptr<Job>& job, const std::string& why, bool replay);
+  bool engine_probed(const sup::WorkerInfo& w);
+  void start_resume(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
+  void send_continuation(const std::shared_ptr<Job>& job, int port);
+  void fail_forward(const std::shared_ptr<Job>& job, const std::string& message);
   void on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered);
   void requeue_front(const std::shared_ptr<Job>& job);
   void enqueue_timer(const std::shared_ptr<Job>& job);
@@ -185,6 +202,12 @@ class Scheduler {
   std::map<int, int64_t> in_flight_;
   std::map<int, Block> blocked_;
   std::map<int, std::deque<std::vector<int32_t>>> history_;
+  struct EngineState {
+    uint64_t generation = 0;
+    EngineCaps caps;
+    bool probing = false;
+  };
+  std::map<int, EngineState> engines_;  // exec engines' probed caps, per worker and start
   boost::asio::steady_timer notice_timer_;
   boost::asio::steady_timer retry_timer_;
   bool notices_armed_ = false;

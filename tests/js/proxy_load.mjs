@@ -12,7 +12,10 @@
 // compared (the grammar that forces them must resume with the answer).
 //
 //   node proxy_load.mjs --base URL [--key K] [--requests 300] [--concurrency 8] [--max-tokens 48]
-//        [--model NAME] [--agents 1] [--out FILE] [--reference FILE] [--fault-cmd CMD --faults 3]
+//        [--model NAME] [--agents 1] [--kinds chat_stream,chat,completion_stream,completion]
+//        [--out FILE] [--reference FILE] [--fault-cmd CMD --faults 3]
+// (--kinds: the request kinds in turn; an exec engine such as llama-server gets
+// completion_stream, a completions stream, instead of Anthropic messages.)
 // Prints one JSON summary line; exit 1 on any failure or mismatch.
 import {exec} from "node:child_process";
 import fs from "node:fs";
@@ -32,7 +35,7 @@ function prompt(i) {
 }
 // Kinds, so that half stream: chat stream, chat, messages stream, completions.
 const agents = args.agents === "1";
-const kinds = agents ? ["tools_chat_stream", "tools_chat", "tools_messages_stream", "json_chat_stream", "strict_auto_chat",
+const kinds = args.kinds ? args.kinds.split(",") : agents ? ["tools_chat_stream", "tools_chat", "tools_messages_stream", "json_chat_stream", "strict_auto_chat",
                          "reasoning_chat_stream"]
                      : ["chat_stream", "chat", "messages_stream", "completion"];
 const model = args.model;
@@ -188,6 +191,16 @@ async function one(i) {
     }
     const want = ["message_start", "content_block_start", "content_block_stop", "message_delta", "message_stop"];
     if (seq.filter((t) => t !== "ping").join() !== want.join()) throw new Error(`event sequence ${seq.join(",")}`);
+  } else if (kind === "completion_stream") {
+    const s = await openai.completions.create({model, prompt: prompt(i), max_tokens: maxTokens, temperature: 0, stream: true});
+    for await (const c of s) {
+      if (c.usage) r.completion_tokens = c.usage.completion_tokens;
+      const ch = c.choices[0];
+      if (!ch) continue;
+      if (ch.text) tick();
+      r.text += ch.text ?? "";
+      if (ch.finish_reason) r.finish = ch.finish_reason;
+    }
   } else {
     const c = await openai.completions.create({model, prompt: prompt(i), max_tokens: maxTokens, temperature: 0});
     r.text = c.choices[0].text;
