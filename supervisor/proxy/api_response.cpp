@@ -32,11 +32,14 @@ json bytes_of(const std::string& s) {
 }
 
 // OpenAI's usage block.
+// prompt_tokens_details.cached_tokens: the prompt's tokens a slot's cache
+// already held (the prefix cache), as OpenAI reports its prompt caching.
 void put_usage(JsonWriter& w, const Finish& f) {
   w.begin_object()
       .key("completion_tokens").value(f.completion_tokens)
       .key("prompt_tokens").value(f.prompt_tokens)
       .key("total_tokens").value(f.prompt_tokens + f.completion_tokens)
+      .key("prompt_tokens_details").begin_object().key("cached_tokens").value(f.timings.cache_n).end_object()
       .end_object();
 }
 

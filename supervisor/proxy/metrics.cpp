@@ -74,6 +74,9 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
   o << "ds4_worker_connections_opened_total " << sched.pool().opened() << '\n';
   head("ds4_prompt_tokens_total", "counter", "Prompt tokens received.");
   o << "ds4_prompt_tokens_total " << tokens_in_ << '\n';
+  head("ds4_prompt_tokens_cached_total", "counter",
+       "Prompt tokens taken from a slot's cache (a repeated prefix: an agent's next turn) instead of computed.");
+  o << "ds4_prompt_tokens_cached_total " << tokens_cached_ << '\n';
   head("ds4_generated_tokens_total", "counter", "Tokens generated for clients.");
   o << "ds4_generated_tokens_total " << tokens_out_ << '\n';
   head("ds4_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s.");

@@ -20,6 +20,8 @@ class Metrics {
  public:
   void count(int status) { ++by_status_[status]; }
   void add_tokens_in(int64_t n) { tokens_in_ += n; }
+  /// Prompt tokens a worker took from a slot's cache instead of computing them.
+  void add_tokens_cached(int64_t n) { tokens_cached_ += n; }
   void add_tokens_out(int64_t n);
   /// A generation request answered in full, `seconds` after it was read.
   void observe_answer(double seconds);
@@ -30,6 +32,7 @@ class Metrics {
  private:
   std::map<int, int64_t> by_status_;
   int64_t tokens_in_ = 0;
+  int64_t tokens_cached_ = 0;
   int64_t tokens_out_ = 0;
   int64_t answered_ = 0;
   double answer_seconds_sum_ = 0;

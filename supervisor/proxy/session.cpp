@@ -404,6 +404,7 @@ void Session::on_done(const JobResult& r) {
   f.prompt_tokens = int64_t(plan_->gen.prompt.size());
   f.completion_tokens = earlier_tokens_ + int64_t(job->gen.generated.size());
   f.timings = r.timings;
+  core_.metrics.add_tokens_cached(r.timings.cache_n);
   core_.metrics.observe_answer(std::chrono::duration<double>(std::chrono::steady_clock::now() - received_).count());
   if (plan_->endpoint == Endpoint::responses && plan_->store) {  // for a later previous_response_id
     json conversation = plan_->conversation;

@@ -132,6 +132,31 @@ s, e = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "H
                                      "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "sometimes"})
 assert s == 400 and "'tool_choice'" in e["error"]["message"] and e["error"]["param"] == "tool_choice", (s, e)
 PY
+# The prefix cache shows: a request that repeats a prompt (an agent's next
+# turn) reports the tokens its slot already held, in usage and /metrics.
+check "prefix cache: a repeated prompt's usage has prompt_tokens_details.cached_tokens, and /metrics counts them" \
+  python3 - "$U" <<'PY'
+import json, sys, urllib.request
+u = sys.argv[1]
+def post(body):
+    req = urllib.request.Request(u + "/v1/completions", json.dumps(body).encode(), {"Authorization": "Bearer sk-test-1"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+def cached_total():
+    with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("ds4_prompt_tokens_cached_total "):
+                return int(float(line.split()[1]))
+    raise AssertionError("no ds4_prompt_tokens_cached_total in /metrics")
+body = {"prompt": "Lily and Ben went to the park to play with their red ball", "max_tokens": 4, "temperature": 0}
+post(body)
+before = cached_total()
+again = post(body)
+n = again["usage"]["prompt_tokens"]
+cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert cached == n - 1, again["usage"]  # all but the last prompt token, whose logits give the answer
+assert cached_total() - before == cached, (before, cached_total(), cached)
+PY
 # What a hostile agent may send: each a clear error in the protocol's shape,
 # and the proxy and the worker serve on.
 check "agents' hostile input: a 10 MB tools array, too many tools, recursive and too deep schemas, a tool result that is not text, bad strict: clear 4xx naming the field; still serving" \
