@@ -8,6 +8,21 @@
 
 namespace ds4::proxy {
 
+namespace {
+
+// An engine call's callback of a job: `fn(job, args...)`, run only while the
+// scheduler (`alive`) and the job live and the job still runs.
+template <class F>
+auto while_running(std::weak_ptr<Job> wj, std::weak_ptr<bool> alive, F fn) {
+  return [wj, alive, fn](auto&&... a) {
+    if (alive.expired()) return;
+    auto j = wj.lock();
+    if (j && j->state == Job::State::running) fn(j, a...);
+  };
+}
+
+}  // namespace
+
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
@@ -285,14 +300,8 @@ bool Scheduler::engine_probed(const sup::WorkerInfo& w) {
 
 void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w) {
   if (job->forwarded && job->resumable) return start_resume(job, w);
-  std::weak_ptr<Job> wj = job;
-  std::weak_ptr<bool> alive = alive_;
-  auto with = [this, wj, alive](auto fn) {
-    return [this, wj, alive, fn](auto&&... a) {
-      if (alive.expired()) return;
-      auto j = wj.lock();
-      if (j && j->state == Job::State::running) fn(j, a...);
-    };
+  auto with = [wj = std::weak_ptr<Job>(job), alive = std::weak_ptr<bool>(alive_)](auto fn) {
+    return while_running(wj, alive, fn);
   };
   // Nothing went out yet: the request as this engine can resume it.
   const EngineRequest* req = job->forward.get();
@@ -399,14 +408,8 @@ void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {
   }
   s.begin_continuation();
   job->continuation_status = 0;
-  std::weak_ptr<Job> wj = job;
-  std::weak_ptr<bool> alive = alive_;
-  auto with = [this, wj, alive](auto fn) {
-    return [this, wj, alive, fn](auto&&... a) {
-      if (alive.expired()) return;
-      auto j = wj.lock();
-      if (j && j->state == Job::State::running) fn(j, a...);
-    };
+  auto with = [wj = std::weak_ptr<Job>(job), alive = std::weak_ptr<bool>(alive_)](auto fn) {
+    return while_running(wj, alive, fn);
   };
   EngineCall::Handler h;
   h.head = with([this](const std::shared_ptr<Job>& j, int status, const std::string&, bool) {
