@@ -20,24 +20,7 @@ model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 command -v node >/dev/null || { echo "SKIP: no node"; exit 77; }
 [[ -d $DS4_SRC/tests/js/node_modules/playwright-core ]] \
   || { echo "SKIP: tests/js/node_modules lacks playwright-core (scripts/test.sh installs it)"; exit 77; }
-((EUID == 0)) || { echo "SKIP: the forced OOM kill needs a memory cgroup, which needs root"; exit 77; }
-own=$(sed -n 's/^[0-9]*:memory:\(.*\)$/\1/p' /proc/self/cgroup)
-if [[ -z $own || ! -d /sys/fs/cgroup/memory$own ]]; then
-  echo "SKIP: no cgroup-v1 memory hierarchy here to force an OOM kill in (test_supervisor_process_oom has the same need)"
-  exit 77
-fi
-cg=/sys/fs/cgroup/memory${own%/}/ds4-status-test-$$
-mkdir "$cg" 2>/dev/null || { echo "SKIP: cannot create memory cgroup $cg"; exit 77; }
-
-sup_init || { rmdir "$cg"; exit 77; }
-cleanup() {
-  sup_cleanup
-  local d
-  for d in "$cg"/ds4-worker-*; do [[ -d $d ]] && rmdir "$d" 2>/dev/null; done
-  rmdir "$cg" 2>/dev/null || echo "note - could not remove $cg"
-}
-trap cleanup EXIT
-export DS4_WORKER_CGROUP_PARENT=$cg
+sup_init_memory_cgroup ds4-status-test  # the forced OOM kill needs one
 artifacts=$(cd "$DS4_BIN/.." && pwd)/test-artifacts/status_page
 rm -rf "$artifacts"
 

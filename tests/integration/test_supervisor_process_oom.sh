@@ -13,26 +13,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 model=${DS4_OOM_MODEL:-${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf}
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-((EUID == 0)) || { echo "SKIP: making a memory cgroup needs root"; exit 77; }
-# Our own cgroup-v1 memory cgroup; worker cgroups go in a test cgroup below it.
-own=$(sed -n 's/^[0-9]*:memory:\(.*\)$/\1/p' /proc/self/cgroup)
-if [[ -z $own || ! -d /sys/fs/cgroup/memory$own ]]; then
-  echo "SKIP: no cgroup-v1 memory hierarchy here (cgroup v2 needs a delegated subtree; the systemd test covers it)"
-  exit 77
-fi
-cg=/sys/fs/cgroup/memory${own%/}/ds4-test-$$
-if ! mkdir "$cg" 2>/dev/null; then echo "SKIP: cannot create memory cgroup $cg"; exit 77; fi
-
-sup_init || { rmdir "$cg"; exit 77; }
-cleanup() {
-  sup_cleanup
-  # Worker cgroups (ds4-worker-N) are removed by the supervisor; then ours.
-  local d
-  for d in "$cg"/ds4-worker-*; do [[ -d $d ]] && rmdir "$d" 2>/dev/null; done
-  rmdir "$cg" 2>/dev/null || echo "note - could not remove $cg"
-}
-trap cleanup EXIT
-export DS4_WORKER_CGROUP_PARENT=$cg
+sup_init_memory_cgroup ds4-test
+cg=$SUP_CGROUP
 
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:

@@ -187,3 +187,32 @@ sup_synthetic_model() {
   "$DS4_BIN/ds4-mkmodel" --out "$out" --vocab-from "$vocab" "$@" >/dev/null 2>&1 \
     || { echo "SKIP: ds4-mkmodel could not write $out (disk space?)"; exit 77; }
 }
+
+# A cgroup-v1 memory cgroup of the test's own (root), under which the
+# supervisor puts its workers' cgroups (DS4_WORKER_CGROUP_PARENT), for a real
+# OOM kill. Then sup_init; on EXIT, sup_cleanup and the cgroups go.
+# Sets SUP_CGROUP. Exits 77 with the reason where it cannot be made.
+sup_init_memory_cgroup() {
+  local name=$1
+  ((EUID == 0)) || { echo "SKIP: making a memory cgroup needs root"; exit 77; }
+  local own
+  own=$(sed -n 's/^[0-9]*:memory:\(.*\)$/\1/p' /proc/self/cgroup)
+  if [[ -z $own || ! -d /sys/fs/cgroup/memory$own ]]; then
+    echo "SKIP: no cgroup-v1 memory hierarchy here (cgroup v2 needs a delegated subtree; the systemd test covers it)"
+    exit 77
+  fi
+  SUP_CGROUP=/sys/fs/cgroup/memory${own%/}/$name-$$
+  mkdir "$SUP_CGROUP" 2>/dev/null || { echo "SKIP: cannot create memory cgroup $SUP_CGROUP"; exit 77; }
+  sup_init || { rmdir "$SUP_CGROUP"; exit 77; }
+  trap sup_cleanup_memory_cgroup EXIT
+  export DS4_WORKER_CGROUP_PARENT=$SUP_CGROUP
+}
+
+sup_cleanup_memory_cgroup() {
+  sup_cleanup
+  # Worker cgroups (ds4-worker-N) are removed by the supervisor; then ours.
+  local d
+  for d in "$SUP_CGROUP"/ds4-worker-*; do [[ -d $d ]] && rmdir "$d" 2>/dev/null; done
+  rmdir "$SUP_CGROUP" 2>/dev/null || echo "note - could not remove $SUP_CGROUP"
+}
+
