@@ -91,12 +91,7 @@ std::optional<std::string> read_prompt(std::string_view body) {
   return it->get<std::string>();
 }
 
-bool stream_has_ids(std::string_view sse) {
-  ResumableStream s(ResumeKind::completions, true);
-  s.feed(sse);
-  s.feed("\n\n");
-  return !s.generated().empty();
-}
+bool stream_has_ids(std::string_view sse) { return first_token_id(sse).has_value(); }
 
 ResumeKind resume_kind(const EngineRequest& req, const EngineCaps& caps) {
   if (!req.stream || req.method != "POST") return ResumeKind::none;
@@ -119,16 +114,21 @@ ResumeKind resume_kind(const EngineRequest& req, const EngineCaps& caps) {
   return ResumeKind::chat;
 }
 
-EngineRequest with_token_ids(const EngineRequest& req, ResumeKind kind, bool& strip) {
-  strip = false;
+EngineRequest with_token_ids(const EngineRequest& req, ResumeKind kind, Added& added) {
+  added = {};
   if (kind == ResumeKind::none) return req;
   std::optional<json> b = body_of(req);
   if (!b) return req;
   const bool asked = kind == ResumeKind::chat ? set(*b, "logprobs") : (set(*b, "logprobs") || set(*b, "n_probs"));
-  if (asked) return req;  // its own log-probs carry the ids
-  strip = true;
-  (*b)["n_probs"] = 1;
-  (*b)["post_sampling_probs"] = true;  // the sampler's candidates: no sort of the vocabulary
+  if (!asked) {  // else its own log-probs carry the ids
+    added.ids = true;
+    (*b)["n_probs"] = 1;
+    (*b)["post_sampling_probs"] = true;  // the sampler's candidates: no sort of the vocabulary
+  }
+  if (!set(*b, "timings_per_token")) {
+    added.timings = true;
+    (*b)["timings_per_token"] = true;
+  }
   EngineRequest out = req;
   out.body = dump(*b);
   return out;
@@ -197,10 +197,68 @@ std::optional<EngineRequest> continuation_request(const EngineRequest& req, Resu
   } else if (kind == ResumeKind::chat) {
     body["n_probs"] = std::max(top, 1);  // the client's top_logprobs, as its first answer had them
   }
+  if (!set(body, "timings_per_token")) body["timings_per_token"] = true;  // the count of each event's tokens
   return post("/v1/completions", body, true);
 }
 
+EngineRequest hole_request(const EngineRequest& req, ResumeKind kind, const std::vector<int32_t>& prompt,
+                           const std::vector<int32_t>& generated, size_t at) {
+  const std::vector<int32_t> before(generated.begin(), generated.begin() + std::min(at, generated.size()));
+  std::optional<EngineRequest> r = continuation_request(req, kind, prompt, before, -1);
+  std::optional<json> b = r ? body_of(*r) : std::nullopt;
+  if (!b) b = json{{"prompt", prompt}};
+  json& body = *b;
+  body["max_tokens"] = 1;
+  body["temperature"] = 0;
+  body["n_probs"] = 1;
+  body["post_sampling_probs"] = true;
+  body["stream"] = true;
+  return post("/v1/completions", body, true);
+}
+
+std::optional<int32_t> first_token_id(std::string_view sse) {
+  ResumableStream s(ResumeKind::completions, Added{true, true});
+  s.feed(sse);
+  s.feed("\n\n");
+  for (int32_t id : s.generated())
+    if (id != ResumableStream::kHole) return id;
+  return std::nullopt;
+}
+
 // ---- the stream ----
+
+std::optional<size_t> ResumableStream::first_hole() const {
+  auto it = std::find(generated_.begin(), generated_.end(), kHole);
+  if (it == generated_.end()) return std::nullopt;
+  return size_t(it - generated_.begin());
+}
+
+// An event's timings.predicted_n is the count of tokens generated so far
+// (since the continuation began): more than the ids seen means the stream
+// left out the ids of tokens before this event's own (llama-server's chat
+// stream drops the event of a token that adds no text). They become holes.
+void ResumableStream::count_tokens(const json& event, size_t before) {
+  auto t = event.find("timings");
+  if (t == event.end() || !t->is_object()) return;
+  auto n = t->find("predicted_n");
+  if (n == t->end() || !n->is_number_integer()) return;
+  const int64_t total = n->get<int64_t>() + base_;
+  const int64_t have = int64_t(generated_.size());
+  if (total <= have || total - have > (int64_t(1) << 20)) return;
+  generated_.insert(generated_.begin() + int64_t(before), size_t(total - have), kHole);
+}
+
+// The per-token timings the filter asked for, out of an event the client
+// would not have had them in (the last event keeps them: llama-server
+// always sends them there).
+bool ResumableStream::strip_event_timings(json& event) const {
+  if (!strip_timings_ || !event.contains("timings") || event.contains("usage")) return false;
+  if (auto ch = event.find("choices"); ch != event.end() && ch->is_array())
+    for (const json& c : *ch)
+      if (c.is_object() && c.contains("finish_reason") && !c["finish_reason"].is_null()) return false;
+  event.erase("timings");
+  return true;
+}
 
 std::string ResumableStream::feed(std::string_view bytes) {
   pending_.append(bytes);
@@ -266,9 +324,13 @@ std::string ResumableStream::event(std::string_view ev) {
     fingerprint_ = j->value("system_fingerprint", json());
   }
   auto ch = j->find("choices");
-  if (ch == j->end() || !ch->is_array() || ch->empty()) return raw();
+  if (ch == j->end() || !ch->is_array() || ch->empty())
+    return strip_event_timings(*j) ? "data: " + dump(*j) + "\n\n" : raw();
   json& c = (*ch)[0];
+  const size_t before = generated_.size();
   take_ids(c);
+  count_tokens(*j, before);
+  const bool timings_out = strip_event_timings(*j);
   if (kind_ == ResumeKind::chat && c.contains("delta") && c["delta"].is_object()) {
     const json& d = c["delta"];
     for (const char* k : {"reasoning_content", "tool_calls", "function_call"})
@@ -276,9 +338,11 @@ std::string ResumableStream::event(std::string_view ev) {
         resumable_ = false;
   }
   if (c.contains("finish_reason") && !c["finish_reason"].is_null()) finished_ = true;
-  if (!strip_ || !c.contains("logprobs")) return raw();
-  if (kind_ == ResumeKind::chat) c.erase("logprobs");
-  else c["logprobs"] = nullptr;
+  if (!timings_out && (!strip_ || !c.contains("logprobs"))) return raw();
+  if (strip_ && c.contains("logprobs")) {
+    if (kind_ == ResumeKind::chat) c.erase("logprobs");
+    else c["logprobs"] = nullptr;
+  }
   return "data: " + dump(*j) + "\n\n";
 }
 
@@ -293,7 +357,10 @@ std::string ResumableStream::continued(json& j) {
   };
   json* choice = nullptr;
   if (auto ch = j.find("choices"); ch != j.end() && ch->is_array() && !ch->empty()) choice = &(*ch)[0];
+  const size_t before = generated_.size();
   if (choice) take_ids(*choice);
+  count_tokens(j, before);
+  strip_event_timings(j);
   const bool finish = choice && choice->contains("finish_reason") && !(*choice)["finish_reason"].is_null();
   if (finish) finished_ = true;
   if (kind_ == ResumeKind::completions) {

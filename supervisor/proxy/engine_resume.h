@@ -54,22 +54,39 @@ enum class ResumeKind { none, completions, chat };
 /// Non-streams are replayed whole instead; Anthropic messages are not resumed.
 ResumeKind resume_kind(const EngineRequest& req, const EngineCaps& caps);
 
+/// What with_token_ids added to the client's request, for the filter to
+/// take out again.
+struct Added {
+  bool ids = false;      // n_probs 1, post_sampling_probs: the client asked no log-probs
+  bool timings = false;  // timings_per_token: the client did not ask it
+};
+
 /// `req` asking for the generated ids (n_probs 1, post_sampling_probs) when
-/// the client asked no log-probs itself; `strip` tells the filter to take
-/// them out again.
-EngineRequest with_token_ids(const EngineRequest& req, ResumeKind kind, bool& strip);
+/// the client asked no log-probs itself, and for the count of generated
+/// tokens in each event (timings_per_token: predicted_n). llama-server's
+/// chat stream leaves out the ids of a token whose text adds nothing to the
+/// message (a control token such as a BOS in the answer): the count shows
+/// where one is missing.
+EngineRequest with_token_ids(const EngineRequest& req, ResumeKind kind, Added& added);
 
 /// The engine's stream on its way to the client (SSE events, split anywhere).
 class ResumableStream {
  public:
   /// `usage_chunk`: a chat client asked stream_options.include_usage.
-  ResumableStream(ResumeKind kind, bool strip, bool usage_chunk = false)
-      : kind_(kind), strip_(strip), usage_chunk_(usage_chunk) {}
+  ResumableStream(ResumeKind kind, Added added, bool usage_chunk = false)
+      : kind_(kind), strip_(added.ids), strip_timings_(added.timings), usage_chunk_(usage_chunk) {}
+  /// A generated token whose id the engine's stream left out (its count
+  /// showed it): the resume asks the engine for it (hole_request).
+  static constexpr int32_t kHole = -1;
   /// Bytes of the engine's answer in; the bytes for the client out.
   std::string feed(std::string_view bytes);
   /// The next bytes come from a continuation (a /v1/completions stream).
   void begin_continuation();
+  /// The ids generated so far, kHole where the stream left one out.
   const std::vector<int32_t>& generated() const { return generated_; }
+  /// The first position whose id is missing.
+  std::optional<size_t> first_hole() const;
+  void fill_hole(size_t at, int32_t id) { generated_.at(at) = id; }
   bool finished() const { return finished_; }  // a finish_reason went out
   bool ended() const { return ended_; }        // [DONE] went out
   /// Every token that went out has its id, and nothing went out that a
@@ -83,9 +100,11 @@ class ResumableStream {
  private:
   std::string event(std::string_view data);
   void take_ids(const json& choice);
+  void count_tokens(const json& event, size_t before);
+  bool strip_event_timings(json& event) const;
   std::string continued(json& j);
   ResumeKind kind_;
-  bool strip_, usage_chunk_;
+  bool strip_, strip_timings_, usage_chunk_;
   std::string pending_;  // an event not yet complete
   std::vector<int32_t> generated_;
   bool continuing_ = false, finished_ = false, ended_ = false, resumable_ = true;
@@ -111,5 +130,14 @@ EngineRequest apply_template_request(const EngineRequest& req);
 /// nullopt when nothing is left to generate (max_tokens reached).
 std::optional<EngineRequest> continuation_request(const EngineRequest& req, ResumeKind kind, const std::vector<int32_t>& prompt,
                                    const std::vector<int32_t>& generated, int top);
+/// The request for the id missing at generated[at] (a ResumableStream
+/// hole): one greedy token after the prompt and generated[0, at), with the
+/// request's other sampling settings (logit_bias, ignore_eos). Greedy: the
+/// token left out carried no text, and the most likely one is the token
+/// an undisturbed greedy answer had there.
+EngineRequest hole_request(const EngineRequest& req, ResumeKind kind, const std::vector<int32_t>& prompt,
+                           const std::vector<int32_t>& generated, size_t at);
+/// The first token id of a /v1/completions stream asked with ids.
+std::optional<int32_t> first_token_id(std::string_view sse);
 
 }  // namespace ds4::proxy

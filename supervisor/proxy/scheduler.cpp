@@ -309,10 +309,10 @@ void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::Worker
   job->resumable.reset();
   job->resume_kind = resume_kind(*job->forward, engine_caps(w.id));
   if (job->resume_kind != ResumeKind::none) {
-    bool strip = false;
-    asking_ids = with_token_ids(*job->forward, job->resume_kind, strip);
+    Added added;
+    asking_ids = with_token_ids(*job->forward, job->resume_kind, added);
     req = &asking_ids;
-    job->resumable = std::make_unique<ResumableStream>(job->resume_kind, strip, wants_usage_chunk(*job->forward));
+    job->resumable = std::make_unique<ResumableStream>(job->resume_kind, added, wants_usage_chunk(*job->forward));
   }
   EngineCall::Handler h;
   h.head = with([this](const std::shared_ptr<Job>& j, int status, const std::string& ct, bool streaming) {
@@ -351,7 +351,7 @@ void Scheduler::start_resume(const std::shared_ptr<Job>& job, const sup::WorkerI
     return fail_forward(job, "worker " + std::to_string(w.id) + " (exec engine) cannot continue the answer cut mid-stream: it resumes " +
                                  caps.describe() + "; send the request again");
   const int port = w.http_port;
-  if (job->prompt_ids) return send_continuation(job, port);
+  if (job->prompt_ids) return fill_holes(job, port);
   std::weak_ptr<Job> wj = job;
   std::weak_ptr<bool> alive = alive_;
   const uint64_t gen = w.generation;
@@ -376,13 +376,13 @@ void Scheduler::start_resume(const std::shared_ptr<Job>& job, const sup::WorkerI
     j->engine_call = fetch_whole(io_, port, t, opt_.engine, step([this, port](const std::shared_ptr<Job>& j, std::string body) {
       j->prompt_ids = read_tokens(body);
       if (!j->prompt_ids) return fail_forward(j, "the exec engine's /tokenize answer has no tokens: " + body.substr(0, 300));
-      send_continuation(j, port);
+      fill_holes(j, port);
     }));
   };
   if (!chat) {
     std::string text;
     job->prompt_ids = prompt_ids(*job->forward, text);
-    if (job->prompt_ids) return send_continuation(job, port);
+    if (job->prompt_ids) return fill_holes(job, port);
     return tokenize(job, text);
   }
   job->engine_call = fetch_whole(io_, port, apply_template_request(*job->forward), opt_.engine,
@@ -393,6 +393,34 @@ void Scheduler::start_resume(const std::shared_ptr<Job>& job, const sup::WorkerI
                                                                 body.substr(0, 300));
                                    tokenize(j, *prompt);
                                  }));
+}
+
+// The ids the first answer's stream left out, one greedy token each, before
+// the continuation goes on from them.
+void Scheduler::fill_holes(const std::shared_ptr<Job>& job, int port) {
+  ResumableStream& s = *job->resumable;
+  const std::optional<size_t> hole = s.first_hole();
+  if (!hole) return send_continuation(job, port);
+  std::weak_ptr<Job> wj = job;
+  std::weak_ptr<bool> alive = alive_;
+  const uint64_t gen = job->worker_generation;
+  const size_t at = *hole;
+  job->engine_call = fetch_whole(
+      io_, port, hole_request(*job->forward, job->resume_kind, *job->prompt_ids, s.generated(), at), opt_.engine,
+      [this, wj, alive, gen, port, at](EngineReply r) {
+        if (alive.expired()) return;
+        auto j = wj.lock();
+        if (!j || j->state != Job::State::running || j->worker_generation != gen) return;
+        j->engine_call.reset();
+        if (r.status == 0) return on_engine_broken(j, r.why, r.replay);
+        const std::optional<int32_t> id = r.status == 200 ? first_token_id(r.body) : std::nullopt;
+        if (!id)
+          return fail_forward(j, "worker " + std::to_string(j->worker) +
+                                     " (exec engine) gave no id for a token its stream left out: HTTP " +
+                                     std::to_string(r.status) + ": " + r.body.substr(0, 300));
+        j->resumable->fill_hole(at, *id);
+        fill_holes(j, port);
+      });
 }
 
 void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {

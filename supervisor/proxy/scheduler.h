@@ -182,6 +182,7 @@ class Scheduler {
   void on_engine_broken(const std::shared_ptr<Job>& job, const std::string& why, bool replay);
   bool engine_probed(const sup::WorkerInfo& w);
   void start_resume(const std::shared_ptr<Job>& job, const sup::WorkerInfo& w);
+  void fill_holes(const std::shared_ptr<Job>& job, int port);
   void send_continuation(const std::shared_ptr<Job>& job, int port);
   void fail_forward(const std::shared_ptr<Job>& job, const std::string& message);
   void on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered);

@@ -69,14 +69,17 @@ text_of() {  # an SSE file's text: completions' text or chat's content, in order
 }
 # ---- one long stream cut mid-answer, for each API: it goes on, same text ----
 for api in completions chat; do
-  if [[ $api == completions ]]; then path=/v1/completions body='"prompt":"Once upon a time"'
-  else path=/v1/chat/completions body='"messages":[{"role":"user","content":"Tell me a story."}]'; fi
+  # Chat is cut late: its answer has a BOS (id 1, no text) near token 467,
+  # a token whose event llama-server's chat stream leaves out, so the resume
+  # must ask the engine for the id it never saw.
+  if [[ $api == completions ]]; then path=/v1/completions body='"prompt":"Once upon a time"' cut_at=20
+  else path=/v1/chat/completions body='"messages":[{"role":"user","content":"Tell me a story."}]' cut_at=600; fi
   req="{$body,\"max_tokens\":1500,\"temperature\":0,\"ignore_eos\":true,\"stream\":true}"
   curl -sN --max-time 120 "$U$path" -H 'content-type: application/json' -d "$req" >"$T/$api.ref"
   sup_wait 60 'w[0]["state"] == "ready"'
   curl -sN --max-time 120 "$U$path" -H 'content-type: application/json' -d "$req" >"$T/$api.cut" &
   client=$!
-  for _ in $(seq 200); do [[ $(grep -c '^data: {' "$T/$api.cut" 2>/dev/null) -ge 20 ]] && break; sleep 0.01; done
+  for _ in $(seq 400); do [[ $(grep -c '^data: {' "$T/$api.cut" 2>/dev/null) -ge $cut_at ]] && break; sleep 0.01; done
   e=$(engine_pid)
   got_before=$(grep -c '^data: {' "$T/$api.cut")
   kill -9 "$e"
@@ -86,7 +89,8 @@ for api in completions chat; do
   elif [[ $cut_text == "$ref_text" && -n $ref_text ]]; then
     pass "$api: a stream cut by SIGKILL of llama-server (pid $e) after $got_before events went on, its text equal to the undisturbed one (${#ref_text} bytes)"
   else
-    fail "$api: the cut stream's text differs from the undisturbed one (cut after $got_before events; ${#cut_text} against ${#ref_text} bytes)"
+    at=$(cmp <(printf %s "$ref_text") <(printf %s "$cut_text") 2>/dev/null | awk '{print $5}' | tr -d ,)
+    fail "$api: the cut stream's text differs from the undisturbed one (cut after $got_before events; ${#cut_text} against ${#ref_text} bytes, first difference at byte ${at:-?}: '${cut_text:$(( ${at:-1} - 1 )):40}' against '${ref_text:$(( ${at:-1} - 1 )):40}')"
   fi
   if grep -q '^data: \[DONE\]' "$T/$api.cut"; then pass "$api: the cut stream ends with [DONE]"; else fail "$api: no [DONE] at the end of the cut stream"; fi
   u_ref=$(sed -n 's/^data: //p' "$T/$api.ref" | grep -v DONE | jq -c 'select(.usage) | .usage | {completion_tokens, prompt_tokens}' | tail -1)

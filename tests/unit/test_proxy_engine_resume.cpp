@@ -23,6 +23,8 @@ EngineRequest req(std::string target, std::string body, bool stream = true) {
   return r;
 }
 
+const Added kIds{true, false};
+
 json body(const EngineRequest& r) { return std::get<json>(parse_body(r.body)); }
 
 // llama-server's chunks, as it writes them (with n_probs 1, post_sampling_probs).
@@ -33,11 +35,13 @@ std::string cmpl_chunk(const std::string& text, int id, const char* finish = nul
          extra + R"("id":"cmpl-B"})" + "\n\n";
 }
 
-std::string chat_chunk(const std::string& delta, int id) {
+std::string chat_chunk(const std::string& delta, int id, int predicted_n = -1) {
+  const std::string timings =
+      predicted_n < 0 ? "" : R"(,"timings":{"prompt_n":5,"predicted_n":)" + std::to_string(predicted_n) + "}";
   return R"(data: {"choices":[{"finish_reason":null,"index":0,"delta":)" + delta +
          R"(,"logprobs":{"content":[{"id":)" + std::to_string(id) +
-         R"(,"token":"x","bytes":[120],"prob":1.0,"top_probs":[]}]}}],"created":3,"id":"chatcmpl-A","model":"m","object":"chat.completion.chunk"})" +
-         "\n\n";
+         R"(,"token":"x","bytes":[120],"prob":1.0,"top_probs":[]}]}}],"created":3,"id":"chatcmpl-A","model":"m","object":"chat.completion.chunk")" +
+         timings + "}\n\n";
 }
 
 }  // namespace
@@ -66,17 +70,21 @@ TEST_CASE("engine resume: which requests resume, by API and engine") {
 }
 
 TEST_CASE("engine resume: ids are asked for, and hidden again from a client that did not ask") {
-  bool strip = false;
-  EngineRequest r = with_token_ids(req("/v1/completions", R"({"prompt":"a","max_tokens":4})"), ResumeKind::completions, strip);
-  CHECK(strip);
+  Added added;
+  EngineRequest r = with_token_ids(req("/v1/completions", R"({"prompt":"a","max_tokens":4})"), ResumeKind::completions, added);
+  CHECK(added.ids);
+  CHECK(added.timings);
   CHECK(body(r)["n_probs"] == 1);
   CHECK(body(r)["post_sampling_probs"] == true);
+  CHECK(body(r)["timings_per_token"] == true);
   CHECK(body(r)["max_tokens"] == 4);
-  r = with_token_ids(req("/v1/chat/completions", R"({"messages":[],"logprobs":true})"), ResumeKind::chat, strip);
-  CHECK_FALSE(strip);  // its own log-probs carry the ids
+  r = with_token_ids(req("/v1/chat/completions", R"({"messages":[],"logprobs":true,"timings_per_token":true})"),
+                     ResumeKind::chat, added);
+  CHECK_FALSE(added.ids);  // its own log-probs carry the ids
+  CHECK_FALSE(added.timings);
   CHECK_FALSE(body(r).contains("n_probs"));
 
-  ResumableStream s(ResumeKind::completions, true);
+  ResumableStream s(ResumeKind::completions, kIds);
   const std::string all = cmpl_chunk("Once", 10) + cmpl_chunk(" upon", 11);
   // Split anywhere: nothing goes out before an event is whole.
   std::string out = s.feed(all.substr(0, 30));
@@ -90,15 +98,15 @@ TEST_CASE("engine resume: ids are asked for, and hidden again from a client that
 }
 
 TEST_CASE("engine resume: text without ids, a thought or a tool call cannot be continued") {
-  ResumableStream a(ResumeKind::completions, true);
+  ResumableStream a(ResumeKind::completions, kIds);
   a.feed(cmpl_chunk("x", -1));
   CHECK_FALSE(a.resumable());
-  ResumableStream b(ResumeKind::chat, true);
+  ResumableStream b(ResumeKind::chat, kIds);
   b.feed(chat_chunk(R"({"content":"Hi"})", 5));
   CHECK(b.resumable());
   b.feed(chat_chunk(R"({"reasoning_content":"hmm"})", 6));
   CHECK_FALSE(b.resumable());
-  ResumableStream c(ResumeKind::chat, true);
+  ResumableStream c(ResumeKind::chat, kIds);
   c.feed(chat_chunk(R"({"tool_calls":[{"index":0}]})", 6));
   CHECK_FALSE(c.resumable());
 }
@@ -127,7 +135,7 @@ TEST_CASE("engine resume: a completions continuation is the prompt's ids plus th
 }
 
 TEST_CASE("engine resume: the continuation's stream goes on as the first answer's (id, created, usage)") {
-  ResumableStream s(ResumeKind::completions, true);
+  ResumableStream s(ResumeKind::completions, kIds);
   s.feed(cmpl_chunk("Once", 10));
   s.feed(cmpl_chunk(" up", 11).substr(0, 20));  // the engine died in the middle of an event
   s.begin_continuation();
@@ -155,7 +163,7 @@ TEST_CASE("engine resume: a chat continuation is the template's prompt plus the 
   CHECK_FALSE(b.contains("messages"));
   CHECK_FALSE(b.contains("chat_template_kwargs"));
 
-  ResumableStream s(ResumeKind::chat, true, wants_usage_chunk(orig));
+  ResumableStream s(ResumeKind::chat, kIds, wants_usage_chunk(orig));
   std::string first = s.feed(chat_chunk(R"({"content":"Hi"})", 5));
   CHECK(first.find("logprobs") == std::string::npos);
   CHECK(first.find(R"("delta":{"content":"Hi"})") != std::string::npos);
@@ -171,6 +179,43 @@ TEST_CASE("engine resume: a chat continuation is the template's prompt plus the 
   CHECK(out.find(R"("completion_tokens":2,"prompt_tokens":2,"total_tokens":4)") != std::string::npos);
   CHECK(out.ends_with("data: [DONE]\n\n"));
   CHECK(s.generated() == std::vector<int32_t>{5, 6});
+}
+
+TEST_CASE("engine resume: a token whose event the chat stream left out is a hole, asked for before the continuation") {
+  // llama-server's chat stream has no event for a token that adds no text
+  // (here a BOS in the answer, id 1): its id is missing, the count shows it.
+  ResumableStream s(ResumeKind::chat, Added{true, true});
+  std::string out = s.feed(chat_chunk(R"({"content":"."})", 426, 1) + chat_chunk(R"({"content":" Once"})", 403, 3) +
+                           chat_chunk(R"({"content":" upon"})", 407, 4));
+  CHECK(out.find("timings") == std::string::npos);  // asked by the filter, not by the client
+  CHECK(s.generated() == std::vector<int32_t>{426, ResumableStream::kHole, 403, 407});
+  REQUIRE(s.first_hole() == 1u);
+  CHECK(s.resumable());
+
+  const EngineRequest orig = req("/v1/chat/completions",
+                                 R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":50,"temperature":0.8,"ignore_eos":true})");
+  const EngineRequest h = hole_request(orig, ResumeKind::chat, {1, 2}, s.generated(), 1);
+  CHECK(h.target == "/v1/completions");
+  const json b = body(h);
+  CHECK(b["prompt"] == json::parse("[1,2,426]"));  // the prompt and the ids before the hole
+  CHECK(b["max_tokens"] == 1);
+  CHECK(b["temperature"] == 0);  // the most likely token: the greedy answer's
+  CHECK(b["ignore_eos"] == true);
+  CHECK_FALSE(b.contains("messages"));
+  CHECK(first_token_id(cmpl_chunk("", 1) + "data: [DONE]\n\n") == 1);
+  CHECK_FALSE(first_token_id(R"(data: {"error":"x"})"));
+  s.fill_hole(1, 1);
+  CHECK_FALSE(s.first_hole());
+  // The continuation counts its own tokens from its start.
+  s.begin_continuation();
+  s.feed(cmpl_chunk(" a", 264, nullptr, R"("timings":{"predicted_n":2},)"));
+  CHECK(s.generated() == std::vector<int32_t>{426, 1, 403, 407, ResumableStream::kHole, 264});
+
+  // The client asked the timings itself: they stay; the last event keeps them either way.
+  ResumableStream own(ResumeKind::chat, Added{true, false});
+  CHECK(own.feed(chat_chunk(R"({"content":"a"})", 5, 1)).find("predicted_n") != std::string::npos);
+  ResumableStream last(ResumeKind::completions, Added{true, true});
+  CHECK(last.feed(cmpl_chunk("", -1, "stop", R"("timings":{"predicted_n":0},)")).find("predicted_n") != std::string::npos);
 }
 
 TEST_CASE("engine resume: probe answers") {
