@@ -67,8 +67,6 @@ void gemv_tile(const Elem* w, int64_t K, int64_t r0, const float* x, int64_t ldx
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const int64_t kmain = K / 8 * 8;
   for (int64_t k = 0; k < kmain; k += 8) {
-    // One row per step, in turn: a 64-byte line holds 4 steps of 16-bit weights.
-    _mm_prefetch(reinterpret_cast<const char*>(w + (r0 + R + (k / 8) % R) * K + k), _MM_HINT_T0);
     __m256 xv[C];
     for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + k);
     for (int r = 0; r < R; ++r) {
@@ -135,9 +133,10 @@ void gemv_rows(const MatmulArgs& a, int64_t n0, int64_t n1, const float* x, floa
         break;
     }
   };
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) run.template operator()<4>(n);
-  for (; n < n1; ++n) run.template operator()<1>(n);
+  // One row at a time: a single sequential stream is what the hardware
+  // prefetcher follows best. On Zen 4, 4 rows side by side (4 streams 2 KB
+  // apart) read 8 GB/s a core, one row 13-14 GB/s, as a plain read.
+  for (int64_t n = n0; n < n1; ++n) run.template operator()<1>(n);
 }
 
 // All tokens of a small batch (T <= 3), three at a time, weights converted on the fly.
@@ -209,39 +208,33 @@ inline int32_t total_i32(__m256i v) {
 
 inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// Decode (T <= 3): eight rows (their blocks from w on) at a time, one lane each, for every token: the
-// rows' block totals come out of one transposing sum, so a block costs one
-// conversion and one fused multiply-add for eight outputs. Each row asks for
-// the next group's block as it reads its own (the weights stream from memory).
-void q8x_decode_rows8(const BlockQ8_0* w, int64_t nb, int64_t r0, const MatmulArgs& a) {
-  for (int64_t t = 0; t < a.T; ++t) {
-    const BlockQ8Act* x = a.xq + t * a.ldxq;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i xv = load_i8x32(x[b].qs);
-      __m256i v[8];
-      alignas(16) uint16_t dh[8];
-      for (int i = 0; i < 8; ++i) {
-        const BlockQ8_0& blk = w[i * nb + b];
-        _mm_prefetch(reinterpret_cast<const char*>(&blk + 8 * nb), _MM_HINT_T0);
-        const __m256i wv = load_i8x32(blk.qs);
-        v[i] = block_dot_i32(wv, _mm256_sign_epi8(wv, wv), xv);
-        dh[i] = blk.d;
-      }
-      const __m256 d = _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
-                                     _mm256_set1_ps(x[b].d));
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(v)), d, acc);
-    }
-    _mm256_storeu_ps(a.y + t * a.ldy + r0, acc);
-  }
-}
-
-// One row (its blocks at w), any number of tokens (the rows after the last group of eight).
+// Decode (T <= 3): one row at a time (a single sequential stream is what
+// the hardware prefetcher follows: on Zen 4 one row reads 12-14 GB/s a core,
+// eight rows side by side 7-9), eight of its blocks at a time: their totals
+// come out of one transposing sum, then the float steps go block by block
+// in order, as the generic row's.
 void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a) {
   for (int64_t t = 0; t < a.T; ++t) {
     const BlockQ8Act* x = a.xq + t * a.ldxq;
     float acc = 0;
-    for (int64_t b = 0; b < nb; ++b) {
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+      __m256i v[8];
+      alignas(16) uint16_t dh[8];
+      alignas(32) float dx[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m256i wv = load_i8x32(w[b + i].qs);
+        v[i] = block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b + i].qs));
+        dh[i] = w[b + i].d;
+        dx[i] = x[b + i].d;
+      }
+      alignas(32) float s[8], d[8];
+      _mm256_store_ps(s, _mm256_cvtepi32_ps(totals8_i32(v)));
+      _mm256_store_ps(d, _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
+                                       _mm256_load_ps(dx)));
+      for (int i = 0; i < 8; ++i) acc = std::fma(s[i], d[i], acc);
+    }
+    for (; b < nb; ++b) {
       const BlockQ8_0& blk = w[b];
       const __m256i wv = load_i8x32(blk.qs);
       const int32_t s = total_i32(block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b].qs)));
@@ -356,9 +349,7 @@ void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch
   };
   if (a.T <= 3) {
     auto* buf = reinterpret_cast<BlockQ8_0*>(base);
-    int64_t r = n0;
-    for (; r + 8 <= n1; r += 8) q8x_decode_rows8(rows_at(r, 8, buf), nb, r, a);
-    for (; r < n1; ++r) q8x_row(rows_at(r, 1, buf), nb, r, a);
+    for (int64_t r = n0; r < n1; ++r) q8x_row(rows_at(r, 1, buf), nb, r, a);
     return;
   }
   auto* g = reinterpret_cast<Q8Group*>(base);
