@@ -32,7 +32,8 @@ model_of() {  # the file of a set, made when missing
       *)
         local src=build/models/$preset-f16.gguf
         [ -f "$src" ] || "$bin/ds4-mkmodel" --out "$src" --vocab-from "$vocab" --preset "$preset" --type f16 >&2
-        "$peer/llama-quantize" "$src" "$f" "${type^^}" >&2
+        "$peer/llama-quantize" "$src" "$f" "${type^^}" >"$f.quantize.log" 2>&1 ||
+          { tail -20 "$f.quantize.log" >&2; exit 1; }
         ;;
     esac
   fi
@@ -47,12 +48,16 @@ fi
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 echo "load before: $(uptime)"
+# ds4 reads its weights from shared memory, llama.cpp from the file's page
+# cache: which of the two the kernel gives 2 MiB pages decides much of the
+# decode speed (ds4's figure below says how much of its segment had them).
+echo "/dev/shm: $(findmnt -no OPTIONS /dev/shm 2>/dev/null); shmem_enabled: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null)"
 for s in $sets; do model_of "$s" >/dev/null; done
 for r in $(seq 1 "$rounds"); do
   for s in $sets; do
     f=$(model_of "$s")
     ds4=$("$bin/ds4-worker" bench --model "$f" -p 128 -n 128 -r "$reps" --threads "$threads")
-    [ "$r" = 1 ] && echo "ds4 on $s: $(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["backend"])' "$ds4")"
+    [ "$r" = 1 ] && echo "ds4 on $s: $(python3 -c 'import json,sys; j = json.loads(sys.argv[1]); print(j["backend"] + ", %d of %d MiB of its segment in 2 MiB pages" % (j["huge_page_bytes"] >> 20, j["weights_bytes"] >> 20))' "$ds4")"
     echo "{\"round\":$r,\"set\":\"$s\",\"engine\":\"ds4\",\"result\":$ds4}" >>"$results"
     if [ $have_llama = 1 ]; then
       out=$("$peer/llama-bench" -m "$f" -p 128 -n 128 -r "$reps" -t "$threads" -o jsonl 2>"$results.err") ||

@@ -339,10 +339,12 @@ std::optional<LoadResult> create_segment(const std::string& name, const gguf::Fi
   }
   const int fd = shm->get_mapping_handle().handle;
   ::flock(fd, LOCK_EX);  // held until `shm` closes: others see a live loader
+  uint64_t huge = 0;
   try {
     reserve(fd, p.total, f.source(), opts);
     bip::mapped_region region(*shm, bip::read_write, 0, p.total);
     write_segment(static_cast<uint8_t*>(region.get_address()), p, f, id, opts);
+    huge = pmd_mapped_bytes(region.get_address());
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(name.c_str());
     throw Error(segment_label(name) + ": cannot map " + format_bytes(p.total) + ": " + e.what());
@@ -353,6 +355,7 @@ std::optional<LoadResult> create_segment(const std::string& name, const gguf::Fi
   LoadResult r;
   r.name = name;
   r.bytes = p.total;
+  r.huge_page_bytes = huge;
   return r;
 }
 
@@ -435,6 +438,7 @@ LoadResult create_memfd_segment(const std::string& base_name, const gguf::File& 
     ::munmap(base, p.total);  // with the descriptor, the last reference: the pages go
     throw;
   }
+  const uint64_t huge = pmd_mapped_bytes(base);
   ::munmap(base, p.total);
   // No writable mapping is left, so the write seal takes: readers may trust it.
   if (::fcntl(fd->get(), F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SEAL) != 0)
@@ -444,6 +448,7 @@ LoadResult create_memfd_segment(const std::string& base_name, const gguf::File& 
   r.backing = Backing::memfd;
   r.fd = std::move(fd);
   r.bytes = p.total;
+  r.huge_page_bytes = huge;
   return r;
 }
 
@@ -1014,6 +1019,36 @@ const VocabView& Segment::vocab() const { return impl_->vocab; }
 const TensorRef* Segment::find_tensor(std::string_view name) const {
   const auto it = impl_->index.find(name);
   return it == impl_->index.end() ? nullptr : &impl_->tensors[it->second];
+}
+
+uint64_t pmd_mapped_bytes(const void* addr) {
+  const std::optional<std::string> smaps = read_whole_file("/proc/self/smaps");
+  if (!smaps) return 0;
+  const auto a = reinterpret_cast<uintptr_t>(addr);
+  bool in = false;
+  uint64_t kib = 0;
+  size_t at = 0;
+  while (at < smaps->size()) {
+    size_t end = smaps->find('\n', at);
+    if (end == std::string::npos) end = smaps->size();
+    const std::string_view line(smaps->data() + at, end - at);
+    at = end + 1;
+    unsigned long long lo = 0, hi = 0;
+    int used = 0;
+    // A mapping's first line: "lo-hi perms offset dev inode path".
+    if (std::sscanf(std::string(line.substr(0, 40)).c_str(), "%llx-%llx %n", &lo, &hi, &used) == 2 && used > 0) {
+      if (in) break;  // past our mapping
+      in = a >= lo && a < hi;
+      continue;
+    }
+    if (!in) continue;
+    for (const char* key : {"ShmemPmdMapped:", "FilePmdMapped:", "AnonHugePages:"})
+      if (line.starts_with(key)) {
+        unsigned long long v = 0;
+        if (std::sscanf(std::string(line.substr(std::strlen(key))).c_str(), "%llu", &v) == 1) kib += v;
+      }
+  }
+  return kib * 1024;
 }
 
 }  // namespace ds4::store

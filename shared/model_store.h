@@ -267,7 +267,16 @@ struct LoadResult {
   uint64_t bytes = 0;    // segment size
   std::string rebuild_reason;  // why an existing segment was replaced; empty when none was
   std::string memfd_reason;    // why a memfd backs it ("/dev/shm has ... free"); empty for shm
+  uint64_t huge_page_bytes = 0;  // of a segment written now: the part in 2 MiB pages (pmd_mapped_bytes)
 };
+
+/// How much of this process's mapping that starts at or contains `addr` the
+/// kernel maps with 2 MiB pages (smaps' ShmemPmdMapped / FilePmdMapped /
+/// AnonHugePages); 0 when it cannot tell. Weights read from 2 MiB pages
+/// stream up to 1.4x faster on the CPU backend: shared memory gets them
+/// where /dev/shm is mounted with huge=within_size (named segments) or
+/// /sys/kernel/mm/transparent_hugepage/shmem_enabled allows them (memfd).
+uint64_t pmd_mapped_bytes(const void* addr);
 
 /// ensure_loaded(), also telling whether the segment was reused.
 LoadResult load(const std::string& gguf_path, const LoadOptions& opts = {});

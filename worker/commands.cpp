@@ -246,6 +246,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                         {"n_gen", ng},
                         {"repetitions", reps},
                         {"weights_bytes", lm->model.w().bytes},
+                        // Of the segment as this process maps it (after the runs touched it).
+                        {"huge_page_bytes", store::pmd_mapped_bytes(lm->segment.base())},
                         {"attach_ms", attach_ms},
                         {"pp_tok_s", pp},
                         {"pp_sd", pp_sd},

@@ -780,3 +780,29 @@ TEST_CASE("store: a worker refuses a segment that is not the model it names") {
     CHECK(Segment::attach(g.name).identity_mismatch() == std::nullopt);
   }
 }
+
+TEST_CASE("model store: pmd_mapped_bytes tells how much of a mapping has 2 MiB pages") {
+  constexpr size_t kHuge = size_t(2) << 20, kLen = 3 * kHuge;
+  void* raw = ::mmap(nullptr, kLen + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(raw != MAP_FAILED);
+  auto* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
+  // Small pages only: none.
+  REQUIRE(::madvise(p, kLen, MADV_NOHUGEPAGE) == 0);
+  std::memset(p, 1, kLen);
+  CHECK(ds4::store::pmd_mapped_bytes(p) == 0);
+  ::munmap(raw, kLen + kHuge);
+  raw = ::mmap(nullptr, kLen + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(raw != MAP_FAILED);
+  p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
+  const std::optional<std::string> thp = ds4::read_whole_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  if (!thp || thp->find("[never]") != std::string::npos || ::madvise(p, kLen, MADV_HUGEPAGE) != 0) {
+    MESSAGE("skipped the 2 MiB half: transparent huge pages are off on this machine");
+  } else {
+    std::memset(p, 1, kLen);
+    const uint64_t huge = ds4::store::pmd_mapped_bytes(p + 100);  // any address inside the mapping
+    CHECK(huge >= kHuge);
+    CHECK(huge <= kLen + kHuge);
+  }
+  ::munmap(raw, kLen + kHuge);
+  CHECK(ds4::store::pmd_mapped_bytes(nullptr) == 0);  // no mapping there
+}
