@@ -109,8 +109,47 @@ bool q8_convertible(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q
 
 inline __m256i load256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// sum of bsums[j] * m[j] over 16 int16 pairs (m as 16 int16): exact.
-inline int32_t madd_total(__m256i a, __m256i b) { return total_i32(_mm256_madd_epi16(a, b)); }
+
+// Q4_K's / Q5_K's eight 6-bit scales and mins (scale_min_k4 for j = 0..7),
+// as bytes, from the 12 packed bytes taken as three 32-bit words: sub-blocks
+// 0-3 keep their low six bits, 4-7 take four bits of the third word and the
+// top two bits of the first (scales) or second (mins) as bits 4-5.
+inline void scales_mins_k4(const uint8_t* q, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t a, b, c;
+  std::memcpy(&a, q, 4);
+  std::memcpy(&b, q + 4, 4);
+  std::memcpy(&c, q + 8, 4);
+  const uint32_t sc_lo = a & 0x3f3f3f3fu, mn_lo = b & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+  const uint32_t mn_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+  std::memcpy(sc, &sc_lo, 4);
+  std::memcpy(sc + 4, &sc_hi, 4);
+  std::memcpy(mn, &mn_lo, 4);
+  std::memcpy(mn + 4, &mn_hi, 4);
+}
+
+// The totals of C tokens' two sums of a K-quant block (the scaled products
+// and the min or offset products), all at once: one transposing sum instead
+// of two reductions per token. Integer totals: exact in any grouping.
+template <int C>
+inline void pair_totals(const __m256i a[C], const __m256i b[C], int32_t ta[C], int32_t tb[C]) {
+  if constexpr (C == 1) {
+    const __m256i h = _mm256_hadd_epi32(a[0], b[0]);  // a01 a23 b01 b23 | a45 a67 b45 b67
+    const __m256i h2 = _mm256_hadd_epi32(h, h);       // a0-3 b0-3 . . | a4-7 b4-7 . .
+    const __m128i t = _mm_add_epi32(_mm256_castsi256_si128(h2), _mm256_extracti128_si256(h2, 1));
+    ta[0] = _mm_cvtsi128_si32(t);
+    tb[0] = _mm_extract_epi32(t, 1);
+  } else {
+    __m256i v[8];
+    for (int c = 0; c < 4; ++c) {
+      v[c] = c < C ? a[c] : _mm256_setzero_si256();
+      v[4 + c] = c < C ? b[c] : _mm256_setzero_si256();
+    }
+    alignas(32) int32_t t[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(t), totals8_i32(v));
+    for (int c = 0; c < C; ++c) ta[c] = t[c], tb[c] = t[4 + c];
+  }
+}
 
 // One weight row of nb Q4_K / Q5_K blocks times C tokens' activations.
 template <bool Q5, int C>
@@ -122,14 +161,11 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   for (int c = 0; c < C; ++c) acc[c] = 0;
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
-    alignas(32) int16_t mins[16];
-    int16_t sc[8];
-    for (int j = 0; j < 8; ++j) {
-      uint8_t s, m;
-      scale_min_k4(j, b.scales, s, m);
-      sc[j] = s;
-      mins[2 * j] = mins[2 * j + 1] = m;
-    }
+    alignas(16) uint8_t sc[8], mn[8];
+    scales_mins_k4(b.scales, sc, mn);
+    // Each min twice (it covers two 16-value sums of bsums), as int16.
+    const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
+    const __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
     __m256i sum[C];
     for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
     __m256i hbits = _mm256_setzero_si256();
@@ -149,13 +185,14 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
         sum[c] = _mm256_add_epi32(sum[c], _mm256_add_epi32(p0, p1));
       }
     }
-    const __m256i mv = _mm256_load_si256(reinterpret_cast<const __m256i*>(mins));
+    __m256i mprod[C];
+    for (int c = 0; c < C; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv);
+    int32_t S[C], M[C];
+    pair_totals<C>(sum, mprod, S, M);
     const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
-    for (int c = 0; c < C; ++c) {
-      const int32_t S = total_i32(sum[c]);
-      const int32_t M = madd_total(load256(x[c][i].bsums), mv);
-      acc[c] = std::fma(float(S), d * x[c][i].d, acc[c]);
-      acc[c] = std::fma(-float(M), dmin * x[c][i].d, acc[c]);
+    for (int c = 0; c < C; ++c) {  // the generic row's float steps
+      acc[c] = std::fma(float(S[c]), d * x[c][i].d, acc[c]);
+      acc[c] = std::fma(-float(M[c]), dmin * x[c][i].d, acc[c]);
     }
   }
   for (int c = 0; c < C; ++c) out[c] = acc[c];
@@ -191,11 +228,12 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
       }
     }
     const float d = _cvtsh_ss(b.d);
-    for (int c = 0; c < C; ++c) {
-      // q - 32: subtract 32 * sum_j sc_j * bsum_j.
-      const int32_t S = total_i32(sum[c]) - 32 * madd_total(load256(x[c][i].bsums), sc16);
-      acc[c] = std::fma(float(S), d * x[c][i].d, acc[c]);
-    }
+    __m256i offs[C];
+    for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), sc16);
+    int32_t T[C], O[C];
+    pair_totals<C>(sum, offs, T, O);
+    for (int c = 0; c < C; ++c)  // q - 32: subtract 32 * sum_j sc_j * bsum_j
+      acc[c] = std::fma(float(T[c] - 32 * O[c]), d * x[c][i].d, acc[c]);
   }
   for (int c = 0; c < C; ++c) out[c] = acc[c];
 }
