@@ -151,6 +151,20 @@ inline void pair_totals(const __m256i a[C], const __m256i b[C], int32_t ta[C], i
   }
 }
 
+// How far ahead in a row the K-quant products prefetch, in blocks. A row
+// streams from memory, and an out-of-order window holds only ~4 blocks of a
+// K-quant product's work: without it 1B Q4_K_M decoded 29-33 tok/s on two
+// Zen 4 cores, with it 38-41 (4 and 16 blocks ahead: 35-38).
+constexpr int64_t kPrefetchBlocks = 8;
+
+// Asks for every cache line of the block at p (a prefetch never faults,
+// past the row's end included).
+template <typename Block>
+inline void prefetch_block(const Block* p) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (size_t at = 0; at < sizeof(Block); at += 64) _mm_prefetch(c + at, _MM_HINT_T0);
+}
+
 // One weight row of nb Q4_K / Q5_K blocks times C tokens' activations.
 template <bool Q5, int C>
 void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
@@ -161,6 +175,7 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   for (int c = 0; c < C; ++c) acc[c] = 0;
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
+    prefetch_block(w + i + kPrefetchBlocks);
     alignas(16) uint8_t sc[8], mn[8];
     scales_mins_k4(b.scales, sc, mn);
     // Each min twice (it covers two 16-value sums of bsums), as int16.
@@ -206,6 +221,7 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
   for (int c = 0; c < C; ++c) acc[c] = 0;
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ6K& b = w[i];
+    prefetch_block(w + i + kPrefetchBlocks);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
     __m256i sum[C];
     for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
@@ -246,6 +262,7 @@ void dot_iq4xs_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, flo
   for (int c = 0; c < C; ++c) acc[c] = 0;
   for (int64_t i = 0; i < nb; ++i) {
     const BlockIQ4XS& b = w[i];
+    prefetch_block(w + i + kPrefetchBlocks);
     __m256i sum[C];
     for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
     for (int ib = 0; ib < 8; ++ib) {

@@ -219,6 +219,9 @@ void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a) {
     float acc = 0;
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
+      // Two groups ahead: the out-of-order window alone holds too little of the stream.
+      const char* ahead = reinterpret_cast<const char*>(w + b + 16);
+      for (int l = 0; l < 5; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
       __m256i v[8];
       alignas(16) uint16_t dh[8];
       alignas(32) float dx[8];
