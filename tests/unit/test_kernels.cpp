@@ -86,6 +86,11 @@ std::vector<const KernelTable*> tables() {
     t.push_back(avx512_kernels());
   else
     MESSAGE("this CPU has no AVX-512: the avx512 table is not exercised here");
+  if (avx512vnni_kernels() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
+    t.push_back(avx512vnni_kernels());
+  else
+    MESSAGE("this CPU has no AVX-512 VNNI: the avx512vnni table is not exercised here");
   return t;
 }
 

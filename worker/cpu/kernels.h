@@ -97,7 +97,8 @@ struct KernelTable {
 const KernelTable& generic_kernels();
 const KernelTable* avx2_kernels();    // nullptr when not built
 const KernelTable* avx512_kernels();  // nullptr when not built
-/// The best table this CPU runs (env DS4_CPU_KERNELS=generic|avx2|avx512 forces one).
+const KernelTable* avx512vnni_kernels();  // the same with VNNI; nullptr when not built
+/// The best table this CPU runs (env DS4_CPU_KERNELS=generic|avx2|avx512|avx512vnni forces one).
 const KernelTable& cpu_kernels();
 
 /// Row `row` of a weight matrix with K columns, converted exactly to f32.

@@ -131,7 +131,9 @@ const KernelTable& cpu_kernels() {
                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                       __builtin_cpu_supports("f16c");
+    const bool vnni = has512 && __builtin_cpu_supports("avx512vnni");
     if (want == "generic") return &generic_kernels();
+    if (want != "avx2" && want != "avx512" && vnni && avx512vnni_kernels()) return avx512vnni_kernels();
     if (want != "avx2" && has512 && avx512_kernels()) return avx512_kernels();
     if (has2 && avx2_kernels()) return avx2_kernels();
     return &generic_kernels();

@@ -195,9 +195,8 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
       }
       const __m256i s_lo = _mm256_set1_epi16(sc[2 * j]), s_hi = _mm256_set1_epi16(sc[2 * j + 1]);
       for (int c = 0; c < C; ++c) {
-        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(x[c][i].qs + 64 * j)), s_lo);
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(x[c][i].qs + 64 * j + 32)), s_hi);
-        sum[c] = _mm256_add_epi32(sum[c], _mm256_add_epi32(p0, p1));
+        sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(lo, load256(x[c][i].qs + 64 * j)), s_lo);
+        sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(hi, load256(x[c][i].qs + 64 * j + 32)), s_hi);
       }
     }
     __m256i mprod[C];
@@ -212,6 +211,69 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   }
   for (int c = 0; c < C; ++c) out[c] = acc[c];
 }
+
+#ifdef __AVX512F__
+// Prefill: two weight rows of Q4_K / Q5_K blocks times four tokens, sharing
+// the activations' loads between the rows and the unpacked weights between
+// the tokens (20 of the AVX-512 table's 32 vector registers). Each row's
+// integer totals and float steps are dot_q45k_x86's, so are its results.
+template <bool Q5>
+void dot_q45k_2x4(const void* w0row, const void* w1row, const BlockQ8K* const x[4], int64_t nb, float out[2][4]) {
+  using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+  const Block* w[2] = {static_cast<const Block*>(w0row), static_cast<const Block*>(w1row)};
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  float acc[2][4] = {};
+  for (int64_t i = 0; i < nb; ++i) {
+    alignas(16) uint8_t sc[2][8], mn[2][8];
+    __m256i mv[2], hbits[2], sum[2][4];
+    for (int r = 0; r < 2; ++r) {
+      prefetch_block(w[r] + i + kPrefetchBlocks);
+      scales_mins_k4(w[r][i].scales, sc[r], mn[r]);
+      const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn[r])));
+      mv[r] = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+      hbits[r] = _mm256_setzero_si256();
+      if constexpr (Q5) hbits[r] = load256(w[r][i].qh);
+      for (int c = 0; c < 4; ++c) sum[r][c] = _mm256_setzero_si256();
+    }
+    for (int j = 0; j < 4; ++j) {
+      __m256i lo[2], hi[2], s_lo[2], s_hi[2];
+      for (int r = 0; r < 2; ++r) {
+        const __m256i q = load256(w[r][i].qs + 32 * j);
+        lo[r] = _mm256_and_si256(q, m4);
+        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if constexpr (Q5) {
+          const __m256i one = _mm256_set1_epi8(1);
+          lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], 2 * j), one), 4));
+          hi[r] = _mm256_or_si256(hi[r],
+                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], 2 * j + 1), one), 4));
+        }
+        s_lo[r] = _mm256_set1_epi16(sc[r][2 * j]);
+        s_hi[r] = _mm256_set1_epi16(sc[r][2 * j + 1]);
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m256i x0 = load256(x[c][i].qs + 64 * j), x1 = load256(x[c][i].qs + 64 * j + 32);
+        for (int r = 0; r < 2; ++r) {
+          sum[r][c] = madd_acc(sum[r][c], _mm256_maddubs_epi16(lo[r], x0), s_lo[r]);
+          sum[r][c] = madd_acc(sum[r][c], _mm256_maddubs_epi16(hi[r], x1), s_hi[r]);
+        }
+      }
+    }
+    for (int r = 0; r < 2; ++r) {
+      __m256i mprod[4];
+      for (int c = 0; c < 4; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv[r]);
+      int32_t S[4], M[4];
+      pair_totals<4>(sum[r], mprod, S, M);
+      const float d = _cvtsh_ss(w[r][i].d), dmin = _cvtsh_ss(w[r][i].dmin);
+      for (int c = 0; c < 4; ++c) {
+        acc[r][c] = std::fma(float(S[c]), d * x[c][i].d, acc[r][c]);
+        acc[r][c] = std::fma(-float(M[c]), dmin * x[c][i].d, acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 4; ++c) out[r][c] = acc[r][c];
+}
+#endif
 
 template <int C>
 void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
@@ -239,8 +301,7 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
         const int s = 8 * n + 2 * k;
         const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(b.scales[s + 1]), _mm_set1_epi16(b.scales[s]));
         for (int c = 0; c < C; ++c)
-          sum[c] = _mm256_add_epi32(
-              sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv));
+          sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv);
       }
     }
     const float d = _cvtsh_ss(b.d);
@@ -272,7 +333,7 @@ void dot_iq4xs_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, flo
       const __m256i sv = _mm256_set1_epi16(int16_t(ls - 32));
       for (int c = 0; c < C; ++c) {
         const __m256i xv = load256(x[c][i].qs + 32 * ib);
-        sum[c] = _mm256_add_epi32(sum[c], _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, q)), sv));
+        sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, q)), sv);
       }
     }
     const float d = _cvtsh_ss(b.d);
@@ -304,7 +365,33 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const KDot<1> d1 = kquant_dot<1>(a.type);
   const KDot<2> d2 = kquant_dot<2>(a.type);
   const KDot<3> d3 = kquant_dot<3>(a.type);
-  for (int64_t n = n0; n < n1; ++n) {
+  int64_t n = n0;
+#ifdef __AVX512F__
+  // Prefill of Q4_K / Q5_K: two rows times four tokens per pass.
+  if ((a.type == GgmlType::Q4_K || a.type == GgmlType::Q5_K) && a.T >= 4) {
+    const auto d2x4 = a.type == GgmlType::Q4_K ? dot_q45k_2x4<false> : dot_q45k_2x4<true>;
+    for (; n + 2 <= n1; n += 2) {
+      const uint8_t* w0 = static_cast<const uint8_t*>(a.w) + n * rb;
+      int64_t t = 0;
+      for (; t + 4 <= a.T; t += 4) {
+        const BlockQ8K* x[4] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk,
+                                a.xk + (t + 3) * a.ldxk};
+        float o[2][4];
+        d2x4(w0, w0 + rb, x, nb, o);
+        for (int r = 0; r < 2; ++r)
+          for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + n + r] = o[r][c];
+      }
+      for (; t < a.T; ++t)
+        for (int r = 0; r < 2; ++r) {
+          const BlockQ8K* x[1] = {a.xk + t * a.ldxk};
+          float o[1];
+          d1(w0 + r * rb, x, nb, o);
+          a.y[t * a.ldy + n + r] = o[0];
+        }
+    }
+  }
+#endif
+  for (; n < n1; ++n) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * rb;
     int64_t t = 0;
     for (; t + 4 <= a.T; t += 4) {

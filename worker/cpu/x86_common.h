@@ -186,7 +186,21 @@ void quantize_q8_x86(const float* x, int64_t K, BlockQ8Act* out) {
 // its pair sums within int16, and w = -128 works because |w| = 128 is read
 // unsigned.
 inline __m256i block_dot_i32(__m256i w, __m256i w_abs, __m256i x) {
+#ifdef __AVX512VNNI__
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w_abs, _mm256_sign_epi8(x, w));
+#else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+#endif
+}
+
+// acc + the int16 pair products of a and b summed into int32 lanes (one
+// vpdpwssd with VNNI). Exact either way.
+inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
+#ifdef __AVX512VNNI__
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
 }
 
 // Lane i of the result: the total of v[i]'s eight lanes.
@@ -288,8 +302,12 @@ void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
       for (int i = 0; i < R; ++i) {
         const __m256i wq = broadcast_i32(p.w[(r + i) * nb + b].qs + 4 * j);
         const __m256i aq = broadcast_i32(p.wabs + ((r + i) * nb + b) * 32 + 4 * j);
+#ifdef __AVX512VNNI__
+        s[i] = _mm256_dpbusd_epi32(s[i], aq, _mm256_sign_epi8(xv, wq));
+#else
         s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, wq)),
                                                         _mm256_set1_epi16(1)));
+#endif
       }
     }
     const __m256 dx = _mm256_loadu_ps(g.d);
