@@ -1,5 +1,7 @@
 #include "supervisor/proxy/api_response.h"
 
+#include <algorithm>
+
 #include "supervisor/proxy/json_util.h"
 
 namespace ds4::proxy {
@@ -274,14 +276,14 @@ class AnthropicResponder : public Responder {
       return out +
              sse_event("message_delta", {{"type", "message_delta"},
                                          {"delta", {{"stop_reason", reason}, {"stop_sequence", seq}}},
-                                         {"usage", {{"output_tokens", f.completion_tokens}}}}) +
+                                         {"usage", usage(f)}}) +
              sse_event("message_stop", {{"type", "message_stop"}});
     }
     if (blocks_.empty()) blocks_.push_back({{"type", "text"}, {"text", ""}});
     json msg = message(std::move(blocks_));
     msg["stop_reason"] = reason;
     msg["stop_sequence"] = seq;
-    msg["usage"] = {{"input_tokens", f.prompt_tokens}, {"output_tokens", f.completion_tokens}};
+    msg["usage"] = usage(f);
     return dump(msg);
   }
 
@@ -290,6 +292,18 @@ class AnthropicResponder : public Responder {
   }
 
  private:
+  // Anthropic counts a prompt in three parts: read from the cache (the
+  // tokens the slot already held: an agent's earlier turns), written to it,
+  // and the rest. The slot keeps every prompt, so nothing is billed as
+  // written: input_tokens + cache_read_input_tokens is the whole prompt.
+  // Streams give the final figures in message_delta (its usage is cumulative).
+  static json usage(const Finish& f) {
+    const int64_t cached = std::clamp<int64_t>(f.timings.cache_n, 0, f.prompt_tokens);
+    return {{"input_tokens", f.prompt_tokens - cached},
+            {"cache_creation_input_tokens", 0},
+            {"cache_read_input_tokens", cached},
+            {"output_tokens", f.completion_tokens}};
+  }
   json message(json content) const {
     return {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", plan_.model}, {"content", std::move(content)},
             {"stop_reason", nullptr}, {"stop_sequence", nullptr}};

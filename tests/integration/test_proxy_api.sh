@@ -134,7 +134,7 @@ assert s == 400 and "'tool_choice'" in e["error"]["message"] and e["error"]["par
 PY
 # The prefix cache shows: a request that repeats a prompt (an agent's next
 # turn) reports the tokens its slot already held, in usage and /metrics.
-check "prefix cache: a repeated prompt's usage has prompt_tokens_details.cached_tokens, and /metrics counts them" \
+check "prefix cache: a repeated prompt's usage has prompt_tokens_details.cached_tokens (Anthropic: cache_read_input_tokens), and /metrics counts them" \
   python3 - "$U" <<'PY'
 import json, sys, urllib.request
 u = sys.argv[1]
@@ -156,6 +156,24 @@ n = again["usage"]["prompt_tokens"]
 cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
 assert cached == n - 1, again["usage"]  # all but the last prompt token, whose logits give the answer
 assert cached_total() - before == cached, (before, cached_total(), cached)
+# Anthropic's usage splits the prompt: what the cache held, and the rest
+# (Claude Code shows both); whole answers and the stream's message_delta.
+def post_msg(body):
+    req = urllib.request.Request(u + "/v1/messages", json.dumps(body).encode(),
+                                 {"x-api-key": "sk-test-1", "anthropic-version": "2023-06-01", "content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.read().decode()
+msg = {"model": "m", "max_tokens": 4, "temperature": 0,
+       "messages": [{"role": "user", "content": "Lily and Ben went to the park to play with their red ball"}]}
+first = json.loads(post_msg(msg))["usage"]
+second = json.loads(post_msg(msg))["usage"]
+total = first["input_tokens"] + first["cache_read_input_tokens"]
+assert second["input_tokens"] + second["cache_read_input_tokens"] == total, (first, second)
+assert second["cache_read_input_tokens"] == total - 1 and second["input_tokens"] == 1, second
+assert second["cache_creation_input_tokens"] == 0 and second["output_tokens"] == 4, second
+events = [json.loads(l[6:]) for l in post_msg(dict(msg, stream=True)).splitlines() if l.startswith("data: ")]
+delta = [e for e in events if e["type"] == "message_delta"][0]["usage"]
+assert delta["cache_read_input_tokens"] == total - 1 and delta["input_tokens"] == 1, delta
 PY
 # What a hostile agent may send: each a clear error in the protocol's shape,
 # and the proxy and the worker serve on.
@@ -307,7 +325,8 @@ check "the proxy is still running" kill -0 "$(cat "$T/proxy.pid")"
 # SIGTERM: stops accepting, finishes what runs, exits 0.
 curl -sN --max-time 30 -H "Authorization: Bearer sk-test-2" "$U/v1/completions" \
   -d '{"prompt":"Once","max_tokens":200,"stream":true}' >"$T/last" &
-sleep 0.05
+# In flight: its stream has begun (a fixed sleep lost the race on a busy machine).
+for _ in $(seq 200); do grep -q '^data: ' "$T/last" 2>/dev/null && break; sleep 0.025; done
 kill -TERM "$(cat "$T/proxy.pid")"
 stopped=no
 for _ in $(seq 100); do kill -0 "$(cat "$T/proxy.pid")" 2>/dev/null || { stopped=yes; break; }; sleep 0.1; done
