@@ -590,6 +590,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
         {"device", [&](const Entry& x) { read_device(r, x, W.device); }},
         {"slots", [&](const Entry& x) { r.integer(x, W.slots, 1, 4096); }},
         {"threads", [&](const Entry& x) { r.integer(x, W.threads, 0, 4096); }},
+        {"prefill_chunk", [&](const Entry& x) { r.integer(x, W.prefill_chunk, 16, 8192); }},
         {"busy_poll", [&](const Entry& x) { r.busy_poll(x, W.busy_poll); }},
         {"context", [&](const Entry& x) {
           r.mapping(x.value, x.mark, x.path, {{"ladder", [&](const Entry& l) { read_ladder(r, l, W.ladder); }}});
@@ -851,6 +852,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(V.device != W.device, "workers.device", c.worker_settings);
   note(V.slots != W.slots, "workers.slots", c.worker_settings);
   note(V.threads != W.threads, "workers.threads", c.worker_settings);
+  note(V.prefill_chunk != W.prefill_chunk, "workers.prefill_chunk", c.worker_settings);
   note(V.busy_poll != W.busy_poll, "workers.busy_poll", c.worker_settings);
   note(V.ladder != W.ladder, "workers.context.ladder", c.worker_settings);
   note(V.memory_max != W.memory_max, "workers.memory_max", c.worker_settings);

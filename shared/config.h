@@ -114,6 +114,11 @@ struct WorkersConfig {
   Device device;
   std::uint32_t slots = 2;    // concurrent sequences per worker
   std::uint32_t threads = 0;  // CPU threads; 0 = all cores
+  /// The most prompt tokens one engine step takes (ds4-worker serve --batch):
+  /// a long prompt is prefilled in chunks this size, each step also
+  /// advancing every generating slot by a token. Smaller: shorter stalls
+  /// of the running streams while a long prompt arrives, slower prefill.
+  std::uint32_t prefill_chunk = 256;
   /// How long a worker's thread keeps polling its sockets once idle, before
   /// it sleeps: the next request then skips a wake-up. nullopt = auto
   /// (busy_poll_for()).

@@ -181,7 +181,7 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
 }
 
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder, uint32_t slots,
-                               uint32_t threads) {
+                               uint32_t threads, uint32_t prefill_chunk) {
   const store::Segment seg = attach_served(model);
   const Model m = Model::bind(seg.metadata(), segment_tensors(seg));
   const WeightsSummary w = WeightsSummary::of(m.w());
@@ -192,7 +192,7 @@ std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_
     EngineShape shape;
     shape.ctx = ctx;
     shape.slots = slots;
-    shape.max_batch = 256;  // ds4-worker serve's default --batch
+    shape.max_batch = prefill_chunk;  // ds4-worker serve --batch
     out.push_back(plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own());
   }
   return out;

@@ -58,7 +58,7 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
 /// KV + scratch of a worker at each context in `ladder` (slots and threads as
 /// configured), computed by the CPU backend's own planner on the segment.
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder,
-                               uint32_t slots, uint32_t threads);
+                               uint32_t slots, uint32_t threads, uint32_t prefill_chunk = 256);
 
 /// workers.engine: exec — each rung's plan: the KV cache the engine's
 /// command line asks for at that rung (model/exec_plan.h: its -c, else ctx x

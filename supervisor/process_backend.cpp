@@ -179,7 +179,8 @@ void ProcessBackend::start(const LaunchSpec& spec) {
                                    "--segment", spec.segment, "--socket", spec.socket_path,
                                    "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),
                                    "--device", spec.device, "--threads", std::to_string(spec.threads),
-                                   "--busy-poll-us", std::to_string(spec.busy_poll.count())};
+                                   "--busy-poll-us", std::to_string(spec.busy_poll.count()),
+                                   "--batch", std::to_string(spec.prefill_chunk)};
   if (!spec.exec_command.empty())  // workers.engine: exec: the external server as the worker
     args = {opts_.worker_binary, "engine", "--id", std::to_string(spec.id), "--port", std::to_string(spec.port),
             "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),

@@ -112,7 +112,7 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
     s.exec_command = c.workers.exec_command;
     s.model_path = m.path;
   } else {
-    s.own_bytes = plan_ladder(m, c.workers.ladder, c.workers.slots, c.workers.threads);
+    s.own_bytes = plan_ladder(m, c.workers.ladder, c.workers.slots, c.workers.threads, c.workers.prefill_chunk);
   }
   s.count = c.workers.count;
   s.slots = c.workers.slots;
@@ -120,6 +120,7 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
   s.gpu_workers = workers_on_gpu(c.workers.device);
   s.gpu_weights = c.gpu.weights == GpuWeights::host_mapped ? "host-mapped" : "auto";
   s.threads = c.workers.threads;
+  s.prefill_chunk = c.workers.prefill_chunk;
   s.busy_poll = busy_poll_for(c.workers.busy_poll);
   s.memory_max = c.workers.memory_max;
   s.segment = m.segment;
@@ -545,6 +546,7 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
     ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name());
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
                              ch.changed("workers.threads") || ch.changed("workers.busy_poll") ||
+                             ch.changed("workers.prefill_chunk") ||
                              ch.changed("workers.memory_max") ||
                              ch.changed("workers.engine") || ch.changed("gpu.weights");
     const Config before = config_;

@@ -280,7 +280,7 @@ class SystemdBackend : public UnitBackend {
     o << "# Written by ds4-supervisor for ds4-worker@" << s.id << ".service; rewritten at every start.\n"
       << "DS4_SEGMENT=" << s.segment << "\nDS4_SOCKET=" << s.socket_path << "\nDS4_CONTEXT=" << s.context
       << "\nDS4_SLOTS=" << s.slots << "\nDS4_DEVICE=" << s.device << "\nDS4_THREADS=" << s.threads
-      << "\nDS4_BUSY_POLL_US=" << s.busy_poll.count()
+      << "\nDS4_BUSY_POLL_US=" << s.busy_poll.count() << "\nDS4_PREFILL_CHUNK=" << s.prefill_chunk
       << "\nDS4_CONTROL=" << s.control << "\nDS4_GPU_WEIGHTS=" << s.gpu_weights
       << "\nDS4_SEGMENT_SOCKET=" << opts_.runtime_dir << "/segments.sock\n";
     if (!s.exec_command.empty())  // `serve` runs the engine then (worker/exec_engine.h)

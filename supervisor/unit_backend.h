@@ -26,6 +26,7 @@ struct LaunchSpec {
   std::string device = "auto";
   std::string gpu_weights = "auto";  // DS4_GPU_WEIGHTS: auto (the holder's, else a copy) | host-mapped
   uint32_t threads = 0;
+  uint32_t prefill_chunk = 256;  // workers.prefill_chunk: ds4-worker serve --batch
   std::chrono::microseconds busy_poll{0};  // workers.busy_poll, resolved
   Bytes memory_max = 0;     // 0 = no limit
   std::string control;      // the control block's name (DS4_CONTROL); "" = none

@@ -206,6 +206,7 @@ void WorkerManager::launch(int id, uint32_t context) {
   spec.device = s_.device;
   spec.gpu_weights = s_.gpu_weights;
   spec.threads = s_.threads;
+  spec.prefill_chunk = s_.prefill_chunk;
   spec.busy_poll = s_.busy_poll;
   spec.memory_max = s_.memory_max;
   spec.control = s_.control;

@@ -33,6 +33,7 @@ struct ManagerSettings {
   bool gpu_workers = false;  // workers run on a GPU: their plans are checked against its free memory
   std::string gpu_weights = "auto";
   uint32_t threads = 0;
+  uint32_t prefill_chunk = 256;  // workers.prefill_chunk: ds4-worker serve --batch
   std::chrono::microseconds busy_poll{0};  // workers.busy_poll, resolved
   Bytes memory_max = 0;
   std::string segment;

@@ -297,7 +297,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   o.socket_path = a.required("socket");
   o.shape.ctx = a.integer("context", 4096, kMinContext, kMaxContext);
   o.shape.slots = a.integer("slots", 1, 1, 256);
-  o.shape.max_batch = a.integer("batch", 256, 1, 8192);
+  // workers.prefill_chunk: on the command line, or for ds4-worker@.service in its environment file.
+  int64_t batch = 256;
+  if (const char* v = std::getenv("DS4_PREFILL_CHUNK"); v && *v) batch = std::clamp<int64_t>(std::atoll(v), 1, 8192);
+  o.shape.max_batch = a.integer("batch", batch, 1, 8192);
   o.threads = int(a.integer("threads", 0, 0, 1024));
   o.device = a.str("device", "auto");
   // workers.busy_poll: on the command line, or for ds4-worker@.service in its environment file.

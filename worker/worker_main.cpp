@@ -19,6 +19,7 @@ static const char* kUsage =
     "  serve  (--segment SEGMENT | --model FILE) --socket PATH [--context N] [--slots N]\n"
     "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"
     "         [--busy-poll-us U]  poll U us once idle before sleeping (default 0, or $DS4_BUSY_POLL_US)\n"
+    "         [--batch B]  prompt tokens per step, a long prompt in chunks (default 256, or $DS4_PREFILL_CHUNK)\n"
     "  engine --port P --command TEMPLATE [--context N] [--slots N] [--threads T] [--model FILE] [--id N]\n"
     "         [--start-timeout MS]  an external OpenAI-compatible server as the worker ({ctx} {port} ...)\n"
     "  hold   (--segment SEGMENT | --model FILE) [--device cuda:N] [--socket PATH]\n"

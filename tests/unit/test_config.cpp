@@ -75,6 +75,7 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.workers.device.kind == ds4::Device::Kind::automatic);
     CHECK(c.workers.slots == 2);
     CHECK(c.workers.threads == 0);
+    CHECK(c.workers.prefill_chunk == 256);
     CHECK(c.workers.ladder == std::vector<std::uint32_t>{32768, 16384, 8192, 4096, 2048});
     CHECK(c.workers.memory_max == 0);
     CHECK(c.workers.reserve == 1 * GiB);
@@ -254,8 +255,10 @@ TEST_CASE("config: wrong types") {
   CHECK(errors("workers:\n  slots: [1, 2]\n") ==
         "config/ds4.yaml:2:10: workers.slots: expected a whole number, got a list");
   CHECK(errors("workers: 3\n") ==
-        "config/ds4.yaml:1:10: workers: expected a mapping with keys backend, count, device, slots, threads, busy_poll, "
-        "context, memory_max, reserve, engine, exec, got '3'");
+        "config/ds4.yaml:1:10: workers: expected a mapping with keys backend, count, device, slots, threads, prefill_chunk, "
+        "busy_poll, context, memory_max, reserve, engine, exec, got '3'");
+  CHECK(errors("workers:\n  prefill_chunk: 8\n") ==
+        "config/ds4.yaml:2:18: workers.prefill_chunk: 8 is out of range (16 to 8192)");
   CHECK(errors("- a\n- b\n") ==
         "config/ds4.yaml:1:1: expected a mapping with keys model, proxy, workers, headroom, restart, gpu, status, got a list");
   CHECK(errors("headroom:\n  for: 10\n") ==
@@ -572,6 +575,12 @@ TEST_CASE("config: diff tells what a reload must do") {
   CHECK_FALSE(d.worker_count);
   CHECK_FALSE(d.model);
   CHECK(d.changed("workers.slots"));
+
+  b = a;
+  b.workers.prefill_chunk = 64;  // ds4-worker serve --batch: the workers restart
+  d = ds4::diff(a, b);
+  CHECK(d.keys == std::vector<std::string>{"workers.prefill_chunk"});
+  CHECK(d.worker_settings);
 
   b = a;
   b.workers.count = 2;
