@@ -72,6 +72,10 @@ struct BackendPlanOptions {
 };
 
 /// Float offsets of each part of a backend's scratch buffer.
+/// Queries of one sequence and head the CPU backend attends in one pass over
+/// the cached K and V (cpu::kAttendBlock): each thread keeps a score row for each.
+inline constexpr int64_t kAttendQueriesPerThread = 8;
+
 struct ScratchLayout {
   std::array<int64_t, kActCount> act{};  // offset of each Act
   // CPU backend: RoPE cos/sin (max_batch x n_rot), the residual-add staging

@@ -219,6 +219,43 @@ TEST_CASE("kernels: attention agrees across tables and with a direct softmax") {
   }
 }
 
+TEST_CASE("kernels: a block of queries attends exactly as each query alone (a prompt chunk equals its tokens one by one)") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int64_t hd : {64, 100, 128}) {
+    const int64_t most = 301, stride = hd * 2, score_stride = 304;
+    std::vector<uint16_t> k(size_t(most * stride)), v(size_t(most * stride));
+    for (auto& e : k) e = fp32_to_fp16(nd(rng));
+    for (auto& e : v) e = fp32_to_fp16(nd(rng));
+    const float scale = 1.0f / std::sqrt(float(hd));
+    for (int nq = 1; nq <= kAttendBlock; ++nq) {
+      // Consecutive positions of one sequence, the last query at the deepest one (301: past 4 tiles of 64, not a multiple of 8).
+      std::vector<std::vector<float>> q{size_t(nq), std::vector<float>(size_t(hd))};
+      std::vector<int64_t> n_pos(static_cast<size_t>(nq));
+      for (int j = 0; j < nq; ++j) {
+        for (auto& e : q[size_t(j)]) e = nd(rng);
+        n_pos[size_t(j)] = most - (nq - 1 - j);
+      }
+      for (const KernelTable* kt : tables()) {
+        std::vector<std::vector<float>> one{size_t(nq), std::vector<float>(size_t(hd))}, block = one;
+        std::vector<float> scores(static_cast<size_t>(kAttendBlock * score_stride));
+        const float* qs[kAttendBlock];
+        float* outs[kAttendBlock];
+        for (int j = 0; j < nq; ++j) {
+          kt->attend(q[size_t(j)].data(), k.data(), v.data(), n_pos[size_t(j)], hd, stride, scale, one[size_t(j)].data(),
+                     scores.data());
+          qs[j] = q[size_t(j)].data();
+          outs[j] = block[size_t(j)].data();
+        }
+        kt->attend_block(qs, n_pos.data(), nq, k.data(), v.data(), hd, stride, scale, outs, scores.data(), score_stride);
+        for (int j = 0; j < nq; ++j)
+          REQUIRE_MESSAGE(std::memcmp(one[size_t(j)].data(), block[size_t(j)].data(), size_t(hd) * 4) == 0,
+                          kt->name << ": query " << j << " of " << nq << ", head size " << hd);
+      }
+    }
+  }
+}
+
 TEST_CASE("kernels: f16 conversions are exact and round to nearest even") {
   for (uint32_t h = 0; h < 65536; ++h) {
     const float f = fp16_to_fp32(uint16_t(h));

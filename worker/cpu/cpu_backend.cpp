@@ -351,22 +351,42 @@ void CpuBackend::kv_store(int layer, Act k, Act v) {
 }
 
 void CpuBackend::attention(int layer, Act qa, Act outa, const AttentionSpec& a) {
+  static_assert(cpu::kAttendBlock == kAttendQueriesPerThread, "the memory plan's score rows per thread");
   const int64_t T = rows(qa), hd = a.head_dim, kvd = hp_.kv_dim();
   const int64_t group = a.n_heads / a.n_kv_heads, ldq = ld(qa), ldo = ld(outa);
   const float* q = ptr(qa);
   float* out = ptr(outa);
+  // Blocks of up to kAttendBlock tokens of one sequence (a prompt chunk's
+  // tokens follow each other in the batch): one pass over a head's cached K
+  // and V serves the whole block. A generating slot's token is a block alone.
+  std::vector<std::pair<int64_t, int64_t>> blocks;  // [t0, t1)
+  for (int64_t t = 0; t < T;) {
+    int64_t e = t + 1;
+    while (e < T && e - t < cpu::kAttendBlock && batch_[size_t(e)].slot == batch_[size_t(t)].slot) ++e;
+    blocks.push_back({t, e});
+    t = e;
+  }
+  const int64_t jobs = int64_t(blocks.size()) * a.n_heads, score_stride = (shape_.ctx + 7) / 8 * 8;
   std::atomic<int64_t> next_job{0};
   // A cached position costs several multiply-adds of a product: two f16
   // rows (K and V) and its share of the softmax.
   parallel(8 * T * a.n_heads * hd * (batch_.back().pos + 1), [&](int i, int) {
     float* scores = thread_scratch(i) + layout_.matmul_per_thread;
-    for (int64_t job = next_job.fetch_add(1, std::memory_order_relaxed); job < T * a.n_heads;
+    for (int64_t job = next_job.fetch_add(1, std::memory_order_relaxed); job < jobs;
          job = next_job.fetch_add(1, std::memory_order_relaxed)) {
-      const int64_t t = job / a.n_heads, h = job % a.n_heads;
-      const BatchToken& b = batch_[size_t(t)];
-      const int64_t kvh = h / group;
-      k_.attend(q + t * ldq + h * hd, k_cache(layer, b.slot) + kvh * hd, v_cache(layer, b.slot) + kvh * hd,
-                int64_t(b.pos) + 1, hd, kvd, a.scale, out + t * ldo + h * hd, scores);
+      const auto [t0, t1] = blocks[size_t(job / a.n_heads)];
+      const int64_t h = job % a.n_heads, kvh = h / group;
+      const int slot = batch_[size_t(t0)].slot;
+      const float* qs[cpu::kAttendBlock];
+      float* outs[cpu::kAttendBlock];
+      int64_t n_pos[cpu::kAttendBlock];
+      for (int64_t t = t0; t < t1; ++t) {
+        qs[t - t0] = q + t * ldq + h * hd;
+        outs[t - t0] = out + t * ldo + h * hd;
+        n_pos[t - t0] = int64_t(batch_[size_t(t)].pos) + 1;
+      }
+      k_.attend_block(qs, n_pos, int(t1 - t0), k_cache(layer, slot) + kvh * hd, v_cache(layer, slot) + kvh * hd, hd,
+                      kvd, a.scale, outs, scores, score_stride);
     }
   });
 }

@@ -84,6 +84,14 @@ struct KernelTable {
   /// `scores` holds n_pos floats.
   void (*attend)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos,
                  int64_t hd, int64_t stride, float scale, float* out, float* scores);
+  /// attend() for nq queries of one head over the same cached K and V (the
+  /// tokens of one sequence in a prefill chunk): query j attends its first
+  /// n_pos[j] positions, out[j] gets its result, bit for bit attend()'s.
+  /// Reads each tile of K and V once for all of them. `scores` holds
+  /// nq * score_stride floats (score_stride >= every n_pos).
+  void (*attend_block)(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
+                       int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
+                       int64_t score_stride);
   /// dst[i] = f16(src[i]), round to nearest even.
   void (*to_f16)(const float* src, uint16_t* dst, int64_t n);
   /// The K floats of x (K a multiple of 32) as K/32 blocks for Q8_0 products.
@@ -93,6 +101,14 @@ struct KernelTable {
   /// SwiGLU: g[i] = g[i] / (1 + e^-g[i]) * u[i], e^x within 1 ulp of std::exp.
   void (*silu_mul)(float* g, const float* u, int64_t n);
 };
+
+/// The queries a block of attend_block takes at most (scratch: that many score rows).
+inline constexpr int kAttendBlock = 8;
+
+/// attend_block as nq calls of attend (the generic table's).
+void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq,
+                           const uint16_t* k, const uint16_t* v, int64_t hd, int64_t stride, float scale,
+                           float* const* out, float* scores, int64_t score_stride);
 
 const KernelTable& generic_kernels();
 const KernelTable* avx2_kernels();    // nullptr when not built

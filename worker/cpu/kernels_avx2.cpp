@@ -59,7 +59,7 @@ void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratc
 }  // namespace
 
 const KernelTable* avx2_kernels() {
-  static const KernelTable table{"avx2", matmul_rows_avx2, attend_x86, to_f16_x86, quantize_q8_x86, quantize_q8k_x86,
+  static const KernelTable table{"avx2", matmul_rows_avx2, attend_x86, attend_block_x86, to_f16_x86, quantize_q8_x86, quantize_q8k_x86,
                                  silu_mul_x86};
   return &table;
 }

@@ -81,13 +81,13 @@ void matmul_rows_avx512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
 
 #ifdef __AVX512VNNI__
 const KernelTable* avx512vnni_kernels() {
-  static const KernelTable table{"avx512vnni", matmul_rows_avx512, attend_x86, to_f16_x86, quantize_q8_x86,
+  static const KernelTable table{"avx512vnni", matmul_rows_avx512, attend_x86, attend_block_x86, to_f16_x86, quantize_q8_x86,
                                  quantize_q8k_x86, silu_mul_x86};
   return &table;
 }
 #else
 const KernelTable* avx512_kernels() {
-  static const KernelTable table{"avx512", matmul_rows_avx512, attend_x86, to_f16_x86, quantize_q8_x86, quantize_q8k_x86,
+  static const KernelTable table{"avx512", matmul_rows_avx512, attend_x86, attend_block_x86, to_f16_x86, quantize_q8_x86, quantize_q8k_x86,
                                  silu_mul_x86};
   return &table;
 }

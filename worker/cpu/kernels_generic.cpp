@@ -115,8 +115,22 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
 
 }  // namespace
 
+void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq,
+                           const uint16_t* k, const uint16_t* v, int64_t hd, int64_t stride, float scale,
+                           float* const* out, float* scores, int64_t score_stride) {
+  for (int j = 0; j < nq; ++j) t.attend(q[j], k, v, n_pos[j], hd, stride, scale, out[j], scores + j * score_stride);
+}
+
+namespace {
+void attend_block_generic(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
+                          int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
+                          int64_t score_stride) {
+  attend_block_by_query(generic_kernels(), q, n_pos, nq, k, v, hd, stride, scale, out, scores, score_stride);
+}
+}  // namespace
+
 const KernelTable& generic_kernels() {
-  static const KernelTable table{"generic", matmul_rows_generic, attend_generic, to_f16_generic,
+  static const KernelTable table{"generic", matmul_rows_generic, attend_generic, attend_block_generic, to_f16_generic,
                                  quantize_q8_generic, quantize_q8k_generic,
                                  silu_mul_generic};
   return table;

@@ -554,6 +554,115 @@ void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_
     for (int64_t i = hmain; i < hd; ++i) out[i] += scores[p] * inv * fp16_to_fp32(v[p * stride + i]);
 }
 
+// attend_values over positions [0, n) of a tile, its running sums carried
+// in `out` from the tile before (zero for the first): the same additions in
+// the same order as one pass, so the same result.
+template <int N>
+void attend_values_tile(const float* scores, float inv, const uint16_t* v, int64_t n, int64_t stride, float* out,
+                        bool first) {
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * j);
+  for (int64_t p = 0; p < n; ++p) {
+    const __m256 w = _mm256_set1_ps(scores[p] * inv);
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(w, load_f16(v + p * stride + 8 * j), acc[j]);
+  }
+  for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
+}
+
+// Several queries of one head (a prefill chunk's tokens of one sequence):
+// each query's arithmetic is attend_x86's, in its order, but the loops run
+// over tiles of K and V positions outside the queries, so that a tile is
+// read from memory once for all of them (at a depth of 16K positions one
+// head's K and V are 4 MB: one pass per query streamed them from L3 each time).
+void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
+                      int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
+                      int64_t score_stride) {
+  const int64_t hmain = hd / 8 * 8;
+  int64_t most = 0;
+  for (int j = 0; j < nq; ++j) most = std::max(most, n_pos[j]);
+  float mx[kAttendBlock], inv[kAttendBlock];
+  for (int j = 0; j < nq; ++j) mx[j] = -INFINITY;
+  // Scores: eight positions at a time for every query whose range holds all eight.
+  for (int64_t p0 = 0; p0 + 8 <= most; p0 += 8)
+    for (int j = 0; j < nq; ++j) {
+      if (p0 + 8 > n_pos[j]) continue;
+      __m256 acc[8];
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < hmain; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q[j] + i);
+        for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load_f16(k + (p0 + r) * stride + i), acc[r]);
+      }
+      alignas(32) float sums[8];
+      _mm256_store_ps(sums, hsums8(acc));
+      float* sc = scores + j * score_stride;
+      for (int r = 0; r < 8; ++r) {
+        float s = sums[r];
+        for (int64_t i = hmain; i < hd; ++i) s += q[j][i] * fp16_to_fp32(k[(p0 + r) * stride + i]);
+        sc[p0 + r] = s * scale;
+        mx[j] = std::max(mx[j], sc[p0 + r]);
+      }
+    }
+  for (int j = 0; j < nq; ++j) {  // each query's last few positions one by one, then its softmax
+    float* sc = scores + j * score_stride;
+    const int64_t np = n_pos[j];
+    for (int64_t p = np / 8 * 8; p < np; ++p) {
+      const uint16_t* kp = k + p * stride;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < hmain; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), load_f16(kp + i), acc);
+      float s = hsum(acc);
+      for (int64_t i = hmain; i < hd; ++i) s += q[j][i] * fp16_to_fp32(kp[i]);
+      sc[p] = s * scale;
+      mx[j] = std::max(mx[j], sc[p]);
+    }
+    const __m256 vmx = _mm256_set1_ps(mx[j]);
+    __m256 vsum = _mm256_setzero_ps();
+    int64_t e0 = 0;
+    for (; e0 + 8 <= np; e0 += 8) {
+      const __m256 e = exp_x86(_mm256_sub_ps(_mm256_loadu_ps(sc + e0), vmx));
+      _mm256_storeu_ps(sc + e0, e);
+      vsum = _mm256_add_ps(vsum, e);
+    }
+    if (e0 < np) {
+      alignas(32) float tail[8];
+      for (int i = 0; i < 8; ++i) tail[i] = e0 + i < np ? sc[e0 + i] : -INFINITY;
+      const __m256 e = exp_x86(_mm256_sub_ps(_mm256_load_ps(tail), vmx));
+      _mm256_store_ps(tail, e);
+      vsum = _mm256_add_ps(vsum, e);
+      for (int64_t i = e0; i < np; ++i) sc[i] = tail[i - e0];
+    }
+    inv[j] = 1.0f / hsum(vsum);
+  }
+  // Values: tiles of positions, each read once for every query that reaches it.
+  constexpr int64_t kTile = 64;
+  for (int64_t c0 = 0; c0 < hmain; c0 += 64) {
+    const int n8 = int(std::min<int64_t>(8, (hmain - c0) / 8));
+    for (int64_t t0 = 0; t0 < most; t0 += kTile)
+      for (int j = 0; j < nq; ++j) {
+        if (t0 >= n_pos[j]) continue;
+        const int64_t n = std::min(kTile, n_pos[j] - t0);
+        const float* sc = scores + j * score_stride + t0;
+        const uint16_t* vt = v + t0 * stride + c0;
+        float* o = out[j] + c0;
+        switch (n8) {
+          case 8: attend_values_tile<8>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+          case 7: attend_values_tile<7>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+          case 6: attend_values_tile<6>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+          case 5: attend_values_tile<5>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+          case 4: attend_values_tile<4>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+          case 3: attend_values_tile<3>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+          case 2: attend_values_tile<2>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+          default: attend_values_tile<1>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
+        }
+      }
+  }
+  for (int j = 0; j < nq; ++j) {
+    const float* sc = scores + j * score_stride;
+    for (int64_t i = hmain; i < hd; ++i) out[j][i] = 0;
+    for (int64_t p = 0; p < n_pos[j]; ++p)
+      for (int64_t i = hmain; i < hd; ++i) out[j][i] += sc[p] * inv[j] * fp16_to_fp32(v[p * stride + i]);
+  }
+}
+
 // Eight values of SwiGLU's gate: g / (1 + e^-g) * u, in the scalar order.
 inline __m256 silu_mul8(__m256 g, __m256 u) {
   const __m256 e = exp_x86(_mm256_sub_ps(_mm256_setzero_ps(), g));
