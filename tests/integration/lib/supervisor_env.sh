@@ -173,6 +173,16 @@ sup_cleanup() {
   sup_stop
   local s
   for s in "${SUP_SEGMENTS[@]:-}"; do [[ -n $s ]] && rm -f "/dev/shm/$s"; done
+  # The model segments this test's supervisor served (its runtime folder's
+  # ledger): no later sweep knows them once that folder is gone, so they go
+  # now, unless a process still maps one (a test running beside this one).
+  local ledger=${XDG_RUNTIME_DIR:-}/ds4/segments.list
+  if [[ -n ${SUP_DIR:-} && $ledger == "$SUP_DIR"/* && -f $ledger && ${SUP_KEEP:-0} != 1 ]]; then
+    while read -r s; do
+      [[ $s =~ ^ds4-model-[0-9a-f]+$ && -f /dev/shm/$s ]] || continue
+      grep -qs "/dev/shm/$s" /proc/[0-9]*/maps || rm -f "/dev/shm/$s"
+    done <"$ledger"
+  fi
   [[ -n ${SUP_DIR:-} && ${SUP_KEEP:-0} != 1 ]] && rm -rf "$SUP_DIR"
 }
 
