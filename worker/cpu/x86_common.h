@@ -474,89 +474,69 @@ inline __m256 exp_x86(__m256 x) {
   return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
 }
 
-// out[0..8N) = sum over positions of (scores[p] * inv) * V[p], in position
-// order, the running sums held in registers.
-template <int N>
-void attend_values(const float* scores, float inv, const uint16_t* v, int64_t n_pos, int64_t stride,
-                   float* out) {
-  __m256 acc[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t p = 0; p < n_pos; ++p) {
-    const __m256 w = _mm256_set1_ps(scores[p] * inv);
-    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(w, load_f16(v + p * stride + 8 * j), acc[j]);
+// The steps of one query's attention, shared by attend_x86 (one query) and
+// attend_block_x86 (several over the same K and V, loops in another order):
+// each query's arithmetic is these steps in this order, whichever calls them.
+
+// Scores of positions p0..p0+8 (eight sums in one transposing reduction).
+inline void score8(const float* q, const uint16_t* k, int64_t p0, int64_t hd, int64_t stride, float scale, float* sc,
+                   float& mx) {
+  const int64_t hmain = hd / 8 * 8;
+  __m256 acc[8];
+  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < hmain; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load_f16(k + (p0 + r) * stride + i), acc[r]);
   }
-  for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, hsums8(acc));
+  for (int r = 0; r < 8; ++r) {
+    float s = sums[r];
+    for (int64_t i = hmain; i < hd; ++i) s += q[i] * fp16_to_fp32(k[(p0 + r) * stride + i]);
+    sc[p0 + r] = s * scale;
+    mx = std::max(mx, sc[p0 + r]);
+  }
 }
 
-void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
-                 int64_t stride, float scale, float* out, float* scores) {
+// The score of position p alone.
+inline void score1(const float* q, const uint16_t* k, int64_t p, int64_t hd, int64_t stride, float scale, float* sc,
+                   float& mx) {
   const int64_t hmain = hd / 8 * 8;
-  float mx = -INFINITY;
-  int64_t p0 = 0;
-  for (; p0 + 8 <= n_pos; p0 += 8) {  // eight positions at a time, their sums in one transposing reduction
-    __m256 acc[8];
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < hmain; i += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + i);
-      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, load_f16(k + (p0 + j) * stride + i), acc[j]);
-    }
-    alignas(32) float sums[8];
-    _mm256_store_ps(sums, hsums8(acc));
-    for (int j = 0; j < 8; ++j) {
-      float s = sums[j];
-      for (int64_t i = hmain; i < hd; ++i) s += q[i] * fp16_to_fp32(k[(p0 + j) * stride + i]);
-      scores[p0 + j] = s * scale;
-      mx = std::max(mx, scores[p0 + j]);
-    }
-  }
-  for (int64_t p = p0; p < n_pos; ++p) {
-    const uint16_t* kp = k + p * stride;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < hmain; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_f16(kp + i), acc);
-    float s = hsum(acc);
-    for (int64_t i = hmain; i < hd; ++i) s += q[i] * fp16_to_fp32(kp[i]);
-    scores[p] = s * scale;
-    mx = std::max(mx, scores[p]);
-  }
-  // exp(score - max) eight positions at a time; the last few through a padded
-  // copy, where exp(-inf) gives exactly zero.
+  const uint16_t* kp = k + p * stride;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < hmain; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_f16(kp + i), acc);
+  float s = hsum(acc);
+  for (int64_t i = hmain; i < hd; ++i) s += q[i] * fp16_to_fp32(kp[i]);
+  sc[p] = s * scale;
+  mx = std::max(mx, sc[p]);
+}
+
+// exp(score - max) in place, eight positions at a time; the last few
+// through a padded copy, where exp(-inf) gives exactly zero. Returns 1 / sum.
+inline float softmax_x86(float* sc, int64_t n, float mx) {
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 vsum = _mm256_setzero_ps();
   int64_t e0 = 0;
-  for (; e0 + 8 <= n_pos; e0 += 8) {
-    const __m256 e = exp_x86(_mm256_sub_ps(_mm256_loadu_ps(scores + e0), vmx));
-    _mm256_storeu_ps(scores + e0, e);
+  for (; e0 + 8 <= n; e0 += 8) {
+    const __m256 e = exp_x86(_mm256_sub_ps(_mm256_loadu_ps(sc + e0), vmx));
+    _mm256_storeu_ps(sc + e0, e);
     vsum = _mm256_add_ps(vsum, e);
   }
-  if (e0 < n_pos) {
+  if (e0 < n) {
     alignas(32) float tail[8];
-    for (int i = 0; i < 8; ++i) tail[i] = e0 + i < n_pos ? scores[e0 + i] : -INFINITY;
+    for (int i = 0; i < 8; ++i) tail[i] = e0 + i < n ? sc[e0 + i] : -INFINITY;
     const __m256 e = exp_x86(_mm256_sub_ps(_mm256_load_ps(tail), vmx));
     _mm256_store_ps(tail, e);
     vsum = _mm256_add_ps(vsum, e);
-    for (int64_t i = e0; i < n_pos; ++i) scores[i] = tail[i - e0];
+    for (int64_t i = e0; i < n; ++i) sc[i] = tail[i - e0];
   }
-  const float inv = 1.0f / hsum(vsum);
-  for (int64_t c0 = 0; c0 < hmain; c0 += 64) {
-    switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
-      case 8: attend_values<8>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-      case 7: attend_values<7>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-      case 6: attend_values<6>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-      case 5: attend_values<5>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-      case 4: attend_values<4>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-      case 3: attend_values<3>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-      case 2: attend_values<2>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-      default: attend_values<1>(scores, inv, v + c0, n_pos, stride, out + c0); break;
-    }
-  }
-  for (int64_t i = hmain; i < hd; ++i) out[i] = 0;
-  for (int64_t p = 0; p < n_pos; ++p)
-    for (int64_t i = hmain; i < hd; ++i) out[i] += scores[p] * inv * fp16_to_fp32(v[p * stride + i]);
+  return 1.0f / hsum(vsum);
 }
 
-// attend_values over positions [0, n) of a tile, its running sums carried
-// in `out` from the tile before (zero for the first): the same additions in
-// the same order as one pass, so the same result.
+// out[0..8N) += sum over positions [0, n) of (scores[p] * inv) * V[p], in
+// position order, the running sums in registers; `first`: they start at
+// zero, else from `out` (the tile before: the same additions in the same
+// order as one pass, so the same result).
 template <int N>
 void attend_values_tile(const float* scores, float inv, const uint16_t* v, int64_t n, int64_t stride, float* out,
                         bool first) {
@@ -569,11 +549,51 @@ void attend_values_tile(const float* scores, float inv, const uint16_t* v, int64
   for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
 }
 
+// Value dims [c0, c0 + 64) (fewer at the end of hmain) over positions [t0, t0 + n).
+inline void attend_values_at(const float* scores, float inv, const uint16_t* v, int64_t hmain, int64_t c0,
+                             int64_t t0, int64_t n, int64_t stride, float* out) {
+  const float* sc = scores + t0;
+  const uint16_t* vt = v + t0 * stride + c0;
+  float* o = out + c0;
+  const bool first = t0 == 0;
+  switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
+    case 8: attend_values_tile<8>(sc, inv, vt, n, stride, o, first); break;
+    case 7: attend_values_tile<7>(sc, inv, vt, n, stride, o, first); break;
+    case 6: attend_values_tile<6>(sc, inv, vt, n, stride, o, first); break;
+    case 5: attend_values_tile<5>(sc, inv, vt, n, stride, o, first); break;
+    case 4: attend_values_tile<4>(sc, inv, vt, n, stride, o, first); break;
+    case 3: attend_values_tile<3>(sc, inv, vt, n, stride, o, first); break;
+    case 2: attend_values_tile<2>(sc, inv, vt, n, stride, o, first); break;
+    default: attend_values_tile<1>(sc, inv, vt, n, stride, o, first); break;
+  }
+}
+
+// The value dims past the last multiple of 8, position by position.
+inline void attend_values_rest(const float* scores, float inv, const uint16_t* v, int64_t n_pos, int64_t hd,
+                               int64_t stride, float* out) {
+  const int64_t hmain = hd / 8 * 8;
+  for (int64_t i = hmain; i < hd; ++i) out[i] = 0;
+  for (int64_t p = 0; p < n_pos; ++p)
+    for (int64_t i = hmain; i < hd; ++i) out[i] += scores[p] * inv * fp16_to_fp32(v[p * stride + i]);
+}
+
+void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
+                 int64_t stride, float scale, float* out, float* scores) {
+  const int64_t hmain = hd / 8 * 8;
+  float mx = -INFINITY;
+  int64_t p = 0;
+  for (; p + 8 <= n_pos; p += 8) score8(q, k, p, hd, stride, scale, scores, mx);
+  for (; p < n_pos; ++p) score1(q, k, p, hd, stride, scale, scores, mx);
+  const float inv = softmax_x86(scores, n_pos, mx);
+  for (int64_t c0 = 0; c0 < hmain; c0 += 64) attend_values_at(scores, inv, v, hmain, c0, 0, n_pos, stride, out);
+  attend_values_rest(scores, inv, v, n_pos, hd, stride, out);
+}
+
 // Several queries of one head (a prefill chunk's tokens of one sequence):
-// each query's arithmetic is attend_x86's, in its order, but the loops run
-// over tiles of K and V positions outside the queries, so that a tile is
-// read from memory once for all of them (at a depth of 16K positions one
-// head's K and V are 4 MB: one pass per query streamed them from L3 each time).
+// each query's steps are attend_x86's, in its order, but the loops run over
+// tiles of K and V positions outside the queries, so that a tile is read
+// from memory once for all of them (at a depth of 16K positions one head's
+// K and V are 4 MB: one pass per query streamed them from L3 each time).
 void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
                       int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
                       int64_t score_stride) {
@@ -582,85 +602,22 @@ void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, const
   for (int j = 0; j < nq; ++j) most = std::max(most, n_pos[j]);
   float mx[kAttendBlock], inv[kAttendBlock];
   for (int j = 0; j < nq; ++j) mx[j] = -INFINITY;
-  // Scores: eight positions at a time for every query whose range holds all eight.
   for (int64_t p0 = 0; p0 + 8 <= most; p0 += 8)
-    for (int j = 0; j < nq; ++j) {
-      if (p0 + 8 > n_pos[j]) continue;
-      __m256 acc[8];
-      for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < hmain; i += 8) {
-        const __m256 qv = _mm256_loadu_ps(q[j] + i);
-        for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load_f16(k + (p0 + r) * stride + i), acc[r]);
-      }
-      alignas(32) float sums[8];
-      _mm256_store_ps(sums, hsums8(acc));
-      float* sc = scores + j * score_stride;
-      for (int r = 0; r < 8; ++r) {
-        float s = sums[r];
-        for (int64_t i = hmain; i < hd; ++i) s += q[j][i] * fp16_to_fp32(k[(p0 + r) * stride + i]);
-        sc[p0 + r] = s * scale;
-        mx[j] = std::max(mx[j], sc[p0 + r]);
-      }
-    }
+    for (int j = 0; j < nq; ++j)
+      if (p0 + 8 <= n_pos[j]) score8(q[j], k, p0, hd, stride, scale, scores + j * score_stride, mx[j]);
   for (int j = 0; j < nq; ++j) {  // each query's last few positions one by one, then its softmax
     float* sc = scores + j * score_stride;
-    const int64_t np = n_pos[j];
-    for (int64_t p = np / 8 * 8; p < np; ++p) {
-      const uint16_t* kp = k + p * stride;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t i = 0; i < hmain; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q[j] + i), load_f16(kp + i), acc);
-      float s = hsum(acc);
-      for (int64_t i = hmain; i < hd; ++i) s += q[j][i] * fp16_to_fp32(kp[i]);
-      sc[p] = s * scale;
-      mx[j] = std::max(mx[j], sc[p]);
-    }
-    const __m256 vmx = _mm256_set1_ps(mx[j]);
-    __m256 vsum = _mm256_setzero_ps();
-    int64_t e0 = 0;
-    for (; e0 + 8 <= np; e0 += 8) {
-      const __m256 e = exp_x86(_mm256_sub_ps(_mm256_loadu_ps(sc + e0), vmx));
-      _mm256_storeu_ps(sc + e0, e);
-      vsum = _mm256_add_ps(vsum, e);
-    }
-    if (e0 < np) {
-      alignas(32) float tail[8];
-      for (int i = 0; i < 8; ++i) tail[i] = e0 + i < np ? sc[e0 + i] : -INFINITY;
-      const __m256 e = exp_x86(_mm256_sub_ps(_mm256_load_ps(tail), vmx));
-      _mm256_store_ps(tail, e);
-      vsum = _mm256_add_ps(vsum, e);
-      for (int64_t i = e0; i < np; ++i) sc[i] = tail[i - e0];
-    }
-    inv[j] = 1.0f / hsum(vsum);
+    for (int64_t p = n_pos[j] / 8 * 8; p < n_pos[j]; ++p) score1(q[j], k, p, hd, stride, scale, sc, mx[j]);
+    inv[j] = softmax_x86(sc, n_pos[j], mx[j]);
   }
-  // Values: tiles of positions, each read once for every query that reaches it.
-  constexpr int64_t kTile = 64;
-  for (int64_t c0 = 0; c0 < hmain; c0 += 64) {
-    const int n8 = int(std::min<int64_t>(8, (hmain - c0) / 8));
+  constexpr int64_t kTile = 64;  // positions of V read once for every query that reaches them
+  for (int64_t c0 = 0; c0 < hmain; c0 += 64)
     for (int64_t t0 = 0; t0 < most; t0 += kTile)
-      for (int j = 0; j < nq; ++j) {
-        if (t0 >= n_pos[j]) continue;
-        const int64_t n = std::min(kTile, n_pos[j] - t0);
-        const float* sc = scores + j * score_stride + t0;
-        const uint16_t* vt = v + t0 * stride + c0;
-        float* o = out[j] + c0;
-        switch (n8) {
-          case 8: attend_values_tile<8>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-          case 7: attend_values_tile<7>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-          case 6: attend_values_tile<6>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-          case 5: attend_values_tile<5>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-          case 4: attend_values_tile<4>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-          case 3: attend_values_tile<3>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-          case 2: attend_values_tile<2>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-          default: attend_values_tile<1>(sc, inv[j], vt, n, stride, o, t0 == 0); break;
-        }
-      }
-  }
-  for (int j = 0; j < nq; ++j) {
-    const float* sc = scores + j * score_stride;
-    for (int64_t i = hmain; i < hd; ++i) out[j][i] = 0;
-    for (int64_t p = 0; p < n_pos[j]; ++p)
-      for (int64_t i = hmain; i < hd; ++i) out[j][i] += sc[p] * inv[j] * fp16_to_fp32(v[p * stride + i]);
-  }
+      for (int j = 0; j < nq; ++j)
+        if (t0 < n_pos[j])
+          attend_values_at(scores + j * score_stride, inv[j], v, hmain, c0, t0, std::min(kTile, n_pos[j] - t0), stride,
+                           out[j]);
+  for (int j = 0; j < nq; ++j) attend_values_rest(scores + j * score_stride, inv[j], v, n_pos[j], hd, stride, out[j]);
 }
 
 // Eight values of SwiGLU's gate: g / (1 + e^-g) * u, in the scalar order.
