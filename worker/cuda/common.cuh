@@ -90,7 +90,7 @@ DeviceWeight upload_weight(const Weight& w, void* dst, void* staging, cudaStream
 /// into the device layout at `dst`; returns the view.
 DeviceWeight repack_weight(const Weight& w, const void* blocks, void* dst, cudaStream_t s);
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Programmatic dependent launch (Hopper): a kernel may be scheduled while the
 // one before it finishes. Every kernel of the backend calls pdl_wait() before

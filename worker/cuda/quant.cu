@@ -279,23 +279,33 @@ __device__ __forceinline__ float qf(uint32_t q, int b) {
   return __uint_as_float(__byte_perm(q, 0x4b000000u, 0x7440u + unsigned(b))) - (8388608.0f + float(OFF));
 }
 
-/// a and b of the group's two halves (the same for a 32-weight sub-block).
+/// A group's scale records as loaded: its sub bytes (the low 16 bits) and
+/// its GGUF block's halves (d in the low 16 bits, dmin or m in the high 16).
+struct GroupScaleBits {
+  uint32_t sub = 0, sup = 0;
+};
+
 template <GgmlType TY>
-__device__ __forceinline__ void group_scales(const DeviceWeight& w, int64_t g, float (&a)[2], float (&b)[2]) {
+__device__ __forceinline__ GroupScaleBits load_scale_bits(const DeviceWeight& w, int64_t g) {
   using Q = QT<TY>;
   constexpr int GPB = Q::BE / 32;
-  const uint8_t* sp = w.sup + (g / GPB) * Q::SUP;
-  const float d = __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(sp))));
-  const float d2 = Q::SUP == 4 ? __half2float(__ushort_as_half(__ldg(reinterpret_cast<const unsigned short*>(sp) + 1)))
-                               : 0.0f;
-  uint32_t s0 = 0, s1 = 0;
-  if constexpr (Q::SUB == 2) {
-    const unsigned short v = __ldg(reinterpret_cast<const unsigned short*>(w.sub) + g);
-    s0 = v & 0xff;
-    s1 = v >> 8;
-  } else if constexpr (Q::SUB == 1) {
-    s0 = __ldg(w.sub + g);
-  }
+  GroupScaleBits s;
+  const unsigned short* sp = reinterpret_cast<const unsigned short*>(w.sup + (g / GPB) * Q::SUP);
+  if constexpr (Q::SUP == 4) s.sup = __ldg(reinterpret_cast<const uint32_t*>(sp));
+  else s.sup = __ldg(sp);
+  if constexpr (Q::SUB == 2) s.sub = __ldg(reinterpret_cast<const unsigned short*>(w.sub) + g);
+  else if constexpr (Q::SUB == 1) s.sub = __ldg(w.sub + g);
+  return s;
+}
+
+/// a and b of the group's two halves (the same for a 32-weight sub-block),
+/// from its scale records.
+template <GgmlType TY>
+__device__ __forceinline__ void scales_of(GroupScaleBits bits, float (&a)[2], float (&b)[2]) {
+  using Q = QT<TY>;
+  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(bits.sup & 0xffffu)));
+  const float d2 = Q::SUP == 4 ? __half2float(__ushort_as_half(static_cast<unsigned short>(bits.sup >> 16))) : 0.0f;
+  const uint32_t s0 = bits.sub & 0xff, s1 = (bits.sub >> 8) & 0xff;
   b[0] = b[1] = 0.0f;
   if constexpr (TY == GgmlType::Q2_K) {
     a[0] = __fmul_rn(d, float(s0 & 15));
@@ -317,6 +327,11 @@ __device__ __forceinline__ void group_scales(const DeviceWeight& w, int64_t g, f
     a[0] = a[1] = d;
     if (Q::MIN) b[0] = b[1] = d2;
   }
+}
+
+template <GgmlType TY>
+__device__ __forceinline__ void group_scales(const DeviceWeight& w, int64_t g, float (&a)[2], float (&b)[2]) {
+  scales_of<TY>(load_scale_bits<TY>(w, g), a, b);
 }
 
 /// The 32 weights of group g, exact.
@@ -507,15 +522,19 @@ struct XQ {
   float* sx;
 };
 
-__host__ __device__ constexpr int64_t xq_bytes(int NT, int64_t K) { return int64_t(NT) * (K + K / 32 * 20); }
+/// Each array starts 16-byte aligned (sq and sx are read in pairs).
+__host__ __device__ constexpr int64_t xq_align16(int64_t n) { return (n + 15) / 16 * 16; }
+__host__ __device__ constexpr int64_t xq_bytes(int NT, int64_t K) {
+  return xq_align16(NT * K) + xq_align16(NT * K / 32 * 4) + 2 * xq_align16(NT * K / 32 * 8);
+}
 
 __device__ __forceinline__ XQ xq_at(void* smem, int NT, int64_t K) {
   XQ a;
   const int64_t G = K / 32;
   a.q = static_cast<int8_t*>(smem);
-  a.dx = reinterpret_cast<float*>(a.q + NT * K);
-  a.sq = reinterpret_cast<int*>(a.dx + NT * G);
-  a.sx = reinterpret_cast<float*>(a.sq + 2 * NT * G);
+  a.dx = reinterpret_cast<float*>(a.q + xq_align16(NT * K));
+  a.sq = reinterpret_cast<int*>(reinterpret_cast<int8_t*>(a.dx) + xq_align16(NT * G * 4));
+  a.sx = reinterpret_cast<float*>(reinterpret_cast<int8_t*>(a.sq) + xq_align16(NT * G * 8));
   return a;
 }
 
@@ -677,6 +696,195 @@ __global__ void __launch_bounds__(kThreads) gemv_dp4a_kernel(DeviceWeight w, con
   }
 }
 
+// --- decode GEMV, a warp per row group ------------------------------------------
+
+constexpr int kWarpGemvThreads = 256;
+constexpr int kWarpGemvWarps = kWarpGemvThreads / 32;
+
+/// x's NT rows quantised for dp4a into shared memory (XQ), once per block:
+/// four threads a group of 32, eight values each.
+template <int NT>
+__device__ __forceinline__ void quantise_x(const XQ& xq, const float* __restrict__ x, int64_t ldx, int64_t K) {
+  const int64_t G = K / 32, items = int64_t(NT) * G * 4;
+  for (int64_t base = 0; base < items; base += kWarpGemvThreads) {
+    const int64_t it = base + threadIdx.x;
+    const bool active = it < items;
+    const int64_t gi = it / 4;  // t * G + g
+    const int part = int(it % 4);
+    float v[8];
+    if (active) {
+      const int64_t t = gi / G, g = gi % G;
+      const float4* p = reinterpret_cast<const float4*>(x + t * ldx + g * 32 + part * 8);
+      const float4 f0 = __ldg(p), f1 = __ldg(p + 1);
+      v[0] = f0.x; v[1] = f0.y; v[2] = f0.z; v[3] = f0.w;
+      v[4] = f1.x; v[5] = f1.y; v[6] = f1.z; v[7] = f1.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+    }
+    float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      amax = fmaxf(amax, fabsf(v[e]));
+      sum += v[e];
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    uint32_t words[2] = {0, 0};
+    int qsum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int qi = __float2int_rn(v[e] * id);
+      qsum += qi;
+      words[e / 4] |= uint32_t(qi & 0xff) << (8 * (e % 4));
+    }
+    // Parts 0-1 are the group's first half (16 weights), 2-3 its second.
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    qsum += __shfl_xor_sync(0xffffffffu, qsum, 1);
+    if (active) {
+      const int64_t t = gi / G, g = gi % G;
+      *reinterpret_cast<uint2*>(xq.q + t * K + g * 32 + part * 8) = make_uint2(words[0], words[1]);
+      if (part == 0) xq.dx[gi] = d;
+      if (part % 2 == 0) {
+        xq.sq[2 * gi + part / 2] = qsum;
+        xq.sx[2 * gi + part / 2] = sum;
+      }
+    }
+  }
+}
+
+/// One lane's share of a chunk of R rows: U groups of each (lane, lane + 32, ...).
+template <GgmlType TY, int R, int U>
+struct LaneChunk {
+  Raw raw[R][U];
+  GroupScaleBits bits[R][U];
+};
+
+template <GgmlType TY, int R, int U>
+__device__ __forceinline__ void load_chunk(const DeviceWeight& w, int64_t rg, int64_t i0, LaneChunk<TY, R, U>& c) {
+  const int64_t G = w.cols / 32;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t rowg = min(rg * R + r, w.rows - 1) * G;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = i0 + 32 * u;
+      if (i < G) {
+        load_raw<TY>(w, rowg + i, c.raw[r][u]);
+        c.bits[r][u] = load_scale_bits<TY>(w, rowg + i);
+      }
+    }
+  }
+}
+
+/// A persistent grid of blocks of 256 threads. Each block quantises x's NT
+/// rows into shared memory once (int8 per 32, as llama.cpp's q8_1); then each
+/// warp takes row groups of R rows on its own, its lanes splitting a row's
+/// groups of 32, U of them per lane and chunk: the next chunk's loads (the
+/// next part of the rows, or the warp's next row group) go out before the
+/// current one is used, and a row's sum is a warp's shuffle, so nothing waits
+/// for the rest of the block. Per group and token: the quants (unsigned bytes)
+/// times x's (signed) by dp4a, minus OFF times the sum of x's quants, scaled
+/// by a * dx, plus b times the exact sum of x.
+template <GgmlType TY, int NT, int R, int U>
+__global__ void __launch_bounds__(kWarpGemvThreads, 2)
+    gemv_warp_kernel(DeviceWeight w, const float* __restrict__ x, int64_t ldx, float* y, int64_t ldy, int accumulate) {
+  using Q = QT<TY>;
+  extern __shared__ int4 smem[];
+  const int64_t K = w.cols, G = K / 32;
+  const XQ xq = xq_at(smem, NT, K);
+  const int lane = threadIdx.x % 32;
+  const int64_t n_rg = ceil_div(w.rows, R), stride = int64_t(gridDim.x) * kWarpGemvWarps;
+  const int64_t n_chunks = ceil_div(G, 32 * U);
+  int64_t rg = int64_t(blockIdx.x) * kWarpGemvWarps + threadIdx.x / 32;
+  // The first chunk's weights do not depend on x: their loads go out before
+  // the previous kernel ends and while x is quantised.
+  LaneChunk<TY, R, U> cur;
+  if (rg < n_rg) load_chunk<TY, R, U>(w, rg, lane, cur);
+  pdl_wait();
+  pdl_trigger();
+  quantise_x<NT>(xq, x, ldx, K);
+  __syncthreads();
+
+  for (; rg < n_rg; rg += stride) {
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int64_t c = 0; c < n_chunks; ++c) {
+      LaneChunk<TY, R, U> nxt;
+      const bool last = c + 1 == n_chunks;
+      const int64_t nrg = last ? rg + stride : rg;
+      if (nrg < n_rg) load_chunk<TY, R, U>(w, nrg, (last ? 0 : (c + 1) * 32 * U) + lane, nxt);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t i = c * 32 * U + 32 * u + lane;
+        if (i >= G) break;
+        int4 xw[NT][2];
+        float dx[NT];
+        int2 sq[NT];
+        float2 sx[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          const int4* p = reinterpret_cast<const int4*>(xq.q + t * K + i * 32);
+          xw[t][0] = p[0];
+          xw[t][1] = p[1];
+          const int64_t xi = t * G + i;
+          dx[t] = xq.dx[xi];
+          sq[t] = reinterpret_cast<const int2*>(xq.sq)[xi];
+          if (Q::MIN) sx[t] = reinterpret_cast<const float2*>(xq.sx)[xi];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          uint32_t dot[NT][2];
+#pragma unroll
+          for (int t = 0; t < NT; ++t) dot[t][0] = dot[t][1] = 0;
+#pragma unroll
+          for (int kk = 0; kk < 8; ++kk) {
+            const uint32_t q = quad<TY>(cur.raw[r][u], kk);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+              const int4& v = xw[t][kk / 4];
+              const int xv = (kk % 4) == 0 ? v.x : (kk % 4) == 1 ? v.y : (kk % 4) == 2 ? v.z : v.w;
+              dot[t][kk / 4] = dp4a_us(q, uint32_t(xv), dot[t][kk / 4]);
+            }
+          }
+          float a[2], b[2];
+          scales_of<TY>(cur.bits[r][u], a, b);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            const int i0 = int(dot[t][0]) - Q::OFF * sq[t].x, i1 = int(dot[t][1]) - Q::OFF * sq[t].y;
+            float v = acc[r][t];
+            v = fmaf(a[0] * dx[t], float(i0), v);
+            v = fmaf(a[1] * dx[t], float(i1), v);
+            if (Q::MIN) {
+              v = fmaf(b[0], sx[t].x, v);
+              v = fmaf(b[1], sx[t].y, v);
+            }
+            acc[r][t] = v;
+          }
+        }
+      }
+      cur = nxt;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float v = acc[r][t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+        const int64_t row = rg * R + r;
+        if (lane == r * NT + t && row < w.rows) {
+          float* dst = y + t * ldy + row;
+          *dst = accumulate ? *dst + v : v;
+        }
+      }
+  }
+}
+
 /// Shared memory the dp4a kernel may take for x's quants.
 constexpr int64_t kDp4aSmem = 200 * 1024;
 
@@ -725,6 +933,42 @@ void launch_dp4a(const DeviceWeight& w, const float* x, int64_t ldx, float* y, i
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_dp4a_kernel<TY, NT, R>, w, x, ldx, y, ldy, int(accumulate)));
+}
+
+/// DS4_CUDA_QGEMV=block: the block-per-row-group dp4a kernel instead of the
+/// warp-per-row-group one (comparison).
+bool warp_gemv_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("DS4_CUDA_QGEMV");
+    return !(env && std::string(env) == "block");
+  }();
+  return on;
+}
+
+template <GgmlType TY, int NT, int R, int U>
+void launch_warp(const DeviceWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, bool accumulate,
+                 cudaStream_t s) {
+  static const bool opted = [] {
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(gemv_warp_kernel<TY, NT, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kDp4aSmem)));
+    return true;
+  }();
+  (void)opted;
+  const int64_t smem = xq_bytes(NT, w.cols);
+  const int per_sm = 2 * smem <= 200 * 1024 ? 2 : 1;
+  const int64_t warps = ceil_div(w.rows, R);
+  const int grid = int(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), int64_t(multiprocessor_count()) * per_sm));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(kWarpGemvThreads);
+  cfg.dynamicSmemBytes = size_t(smem);
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_warp_kernel<TY, NT, R, U>, w, x, ldx, y, ldy, int(accumulate)));
 }
 
 unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, 256), 1, 8192)); }
@@ -831,6 +1075,20 @@ void gemv_quant(const DeviceWeight& w, const float* x, int64_t ldx, int T, float
     throw Error("GEMV: a quantised product needs 16-byte aligned activation rows");
   dispatch(w.type, [&](auto tag) {
     constexpr GgmlType TY = decltype(tag)::value;
+    if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem && warp_gemv_enabled()) {
+      switch (T) {
+        // High bits (Q5_*, Q3_K, Q6_K) take more registers: two groups a row and chunk.
+        case 1: launch_warp<TY, 1, 2, QT<TY>::H ? 2 : 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 2: launch_warp<TY, 2, 2, QT<TY>::H ? 2 : 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 3: launch_warp<TY, 3, 1, 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 4: launch_warp<TY, 4, 1, 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 5: launch_warp<TY, 5, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 6: launch_warp<TY, 6, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 7: launch_warp<TY, 7, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        case 8: launch_warp<TY, 8, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
+        default: break;
+      }
+    }
     if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem) {
       switch (T) {
         case 1: launch_dp4a<TY, 1, 8>(w, x, ldx, y, ldy, accumulate, s); return 0;
