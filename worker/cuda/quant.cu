@@ -544,158 +544,6 @@ __device__ __forceinline__ uint32_t dp4a_us(uint32_t a, uint32_t b, uint32_t c) 
   return r;
 }
 
-/// A persistent grid of blocks of 128 threads: each block quantises the NT
-/// rows of x into shared memory (int8 per 32, as llama.cpp's q8_1), then
-/// takes row groups g, g + gridDim.x, ... of R rows; its threads split each
-/// row's groups of 32. A group's quants (unsigned bytes) times x's (signed)
-/// four at a time (dp4a), minus OFF times the sum of x's quants, scaled by
-/// a * dx, plus b times the exact sum of x.
-template <GgmlType TY, int NT, int R>
-__global__ void __launch_bounds__(kThreads) gemv_dp4a_kernel(DeviceWeight w, const float* __restrict__ x, int64_t ldx,
-                                                             float* y, int64_t ldy, int accumulate) {
-  using Q = QT<TY>;
-  extern __shared__ int4 smem[];
-  const int64_t K = w.cols, G = K / 32;
-  const XQ xq = xq_at(smem, NT, K);
-  const int n_groups = int((w.rows + R - 1) / R);
-  // The first group's weights do not depend on x: their loads go out before
-  // the previous kernel ends and while x is quantised.
-  Raw first[R];
-  const bool have_first = int(blockIdx.x) < n_groups && int64_t(threadIdx.x) < G;
-  if (have_first) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) load_raw<TY>(w, min(int64_t(blockIdx.x) * R + r, w.rows - 1) * G + threadIdx.x, first[r]);
-  }
-  pdl_wait();
-  pdl_trigger();
-  for (int64_t i = threadIdx.x; i < NT * G; i += kThreads) {
-    const int64_t t = i / G, g = i % G;
-    const float4* p = reinterpret_cast<const float4*>(x + t * ldx + g * 32);
-    float v[32];
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      const float4 f = __ldg(p + q);
-      v[4 * q] = f.x; v[4 * q + 1] = f.y; v[4 * q + 2] = f.z; v[4 * q + 3] = f.w;
-    }
-    float amax = 0.0f, s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 32; ++e) {
-      amax = fmaxf(amax, fabsf(v[e]));
-      if (e < 16) s0 += v[e];
-      else s1 += v[e];
-    }
-    const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int words[8];
-    int q0 = 0, q1 = 0;
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int qi = __float2int_rn(v[4 * q + b] * id);
-        if (q < 4) q0 += qi;
-        else q1 += qi;
-        word |= uint32_t(qi & 0xff) << (8 * b);
-      }
-      words[q] = int(word);
-    }
-    int4* dst = reinterpret_cast<int4*>(xq.q + t * K + g * 32);
-    dst[0] = make_int4(words[0], words[1], words[2], words[3]);
-    dst[1] = make_int4(words[4], words[5], words[6], words[7]);
-    xq.dx[i] = d;
-    xq.sq[2 * i] = q0;
-    xq.sq[2 * i + 1] = q1;
-    xq.sx[2 * i] = s0;
-    xq.sx[2 * i + 1] = s1;
-  }
-  __syncthreads();
-
-  __shared__ float red[kWarps][R * NT];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int rg = blockIdx.x; rg < n_groups; rg += gridDim.x) {
-    const int64_t row0 = int64_t(rg) * R;
-    int64_t rowg[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) rowg[r] = min(row0 + r, w.rows - 1) * G;
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    for (int64_t i = threadIdx.x; i < G; i += kThreads) {
-      Raw raw[R];
-      if (rg == int(blockIdx.x) && i == int64_t(threadIdx.x)) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) raw[r] = first[r];
-      } else {
-#pragma unroll
-        for (int r = 0; r < R; ++r) load_raw<TY>(w, rowg[r] + i, raw[r]);
-      }
-      int4 xw[NT][2];
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int4* p = reinterpret_cast<const int4*>(xq.q + t * K + i * 32);
-        xw[t][0] = p[0];
-        xw[t][1] = p[1];
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        uint32_t dot[NT][2];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) dot[t][0] = dot[t][1] = 0;
-#pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          const uint32_t q = quad<TY>(raw[r], kk);
-#pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            const int4& v = xw[t][kk / 4];
-            const int xv = (kk % 4) == 0 ? v.x : (kk % 4) == 1 ? v.y : (kk % 4) == 2 ? v.z : v.w;
-            dot[t][kk / 4] = dp4a_us(q, uint32_t(xv), dot[t][kk / 4]);
-          }
-        }
-        float a[2], b[2];
-        group_scales<TY>(w, rowg[r] + i, a, b);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const int64_t xi = t * G + i;
-          const float d = xq.dx[xi];
-          const int i0 = int(dot[t][0]) - Q::OFF * xq.sq[2 * xi], i1 = int(dot[t][1]) - Q::OFF * xq.sq[2 * xi + 1];
-          float v = acc[r][t];
-          v = fmaf(a[0] * d, float(i0), v);
-          v = fmaf(a[1] * d, float(i1), v);
-          if (Q::MIN) {
-            v = fmaf(b[0], xq.sx[2 * xi], v);
-            v = fmaf(b[1], xq.sx[2 * xi + 1], v);
-          }
-          acc[r][t] = v;
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        float v = acc[r][t];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) red[warp][r * NT + t] = v;
-      }
-    __syncthreads();
-    if (threadIdx.x < R * NT) {
-      const int r = int(threadIdx.x) / NT, t = int(threadIdx.x) % NT;
-      const int64_t row = row0 + r;
-      if (row < w.rows) {
-        float v = 0.0f;
-#pragma unroll
-        for (int q = 0; q < kWarps; ++q) v += red[q][r * NT + t];
-        float* dst = y + t * ldy + row;
-        *dst = accumulate ? *dst + v : v;
-      }
-    }
-    __syncthreads();
-  }
-}
-
 // --- decode GEMV, a warp per row group ------------------------------------------
 
 constexpr int kWarpGemvThreads = 256;
@@ -909,42 +757,6 @@ int multiprocessor_count() {
   return n;
 }
 
-template <GgmlType TY, int NT, int R>
-void launch_dp4a(const DeviceWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, bool accumulate,
-                 cudaStream_t s) {
-  static const bool opted = [] {  // x's quants of up to 8 tokens need more than the default 48 KiB
-    DS4_CUDA_CHECK(cudaFuncSetAttribute(gemv_dp4a_kernel<TY, NT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(kDp4aSmem)));
-    return true;
-  }();
-  (void)opted;
-  const int64_t smem = xq_bytes(NT, w.cols);
-  const int groups = int(ceil_div(w.rows, R));
-  const int per_sm = int(std::clamp<int64_t>(200 * 1024 / std::max<int64_t>(smem, 1), 1, 16));
-  const int grid = std::min(groups, multiprocessor_count() * per_sm);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_dp4a_kernel<TY, NT, R>, w, x, ldx, y, ldy, int(accumulate)));
-}
-
-/// DS4_CUDA_QGEMV=block: the block-per-row-group dp4a kernel instead of the
-/// warp-per-row-group one (comparison).
-bool warp_gemv_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("DS4_CUDA_QGEMV");
-    return !(env && std::string(env) == "block");
-  }();
-  return on;
-}
-
 template <GgmlType TY, int NT, int R, int U>
 void launch_warp(const DeviceWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, bool accumulate,
                  cudaStream_t s) {
@@ -1075,7 +887,7 @@ void gemv_quant(const DeviceWeight& w, const float* x, int64_t ldx, int T, float
     throw Error("GEMV: a quantised product needs 16-byte aligned activation rows");
   dispatch(w.type, [&](auto tag) {
     constexpr GgmlType TY = decltype(tag)::value;
-    if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem && warp_gemv_enabled()) {
+    if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem) {
       switch (T) {
         // High bits (Q5_*, Q3_K, Q6_K) take more registers: two groups a row and chunk.
         case 1: launch_warp<TY, 1, 2, QT<TY>::H ? 2 : 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
@@ -1086,19 +898,6 @@ void gemv_quant(const DeviceWeight& w, const float* x, int64_t ldx, int T, float
         case 6: launch_warp<TY, 6, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
         case 7: launch_warp<TY, 7, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
         case 8: launch_warp<TY, 8, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        default: break;
-      }
-    }
-    if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem) {
-      switch (T) {
-        case 1: launch_dp4a<TY, 1, 8>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 2: launch_dp4a<TY, 2, 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 3: launch_dp4a<TY, 3, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 4: launch_dp4a<TY, 4, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 5: launch_dp4a<TY, 5, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 6: launch_dp4a<TY, 6, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 7: launch_dp4a<TY, 7, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 8: launch_dp4a<TY, 8, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
         default: break;
       }
     }
