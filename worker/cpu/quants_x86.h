@@ -151,6 +151,17 @@ inline void pair_totals(const __m256i a[C], const __m256i b[C], int32_t ta[C], i
   }
 }
 
+// The float steps of four tokens' K-quant block at once, in 128-bit lanes:
+// lane c is token c's scalar steps (float(S) * (d * dx) fused into acc, then
+// -float(M) * (dmin * dx)), so the results are the scalar ones bit for bit.
+// t: S of tokens 0-3 in lanes 0-3, M in lanes 4-7 (totals8_i32's order).
+inline __m128 kquant_steps4(__m256i t, float d, float dmin, const BlockQ8K* const x[4], int64_t i, __m128 acc) {
+  const __m256 tf = _mm256_cvtepi32_ps(t);
+  const __m128 dx = _mm_setr_ps(x[0][i].d, x[1][i].d, x[2][i].d, x[3][i].d);
+  acc = _mm_fmadd_ps(_mm256_castps256_ps128(tf), _mm_mul_ps(_mm_set1_ps(d), dx), acc);
+  return _mm_fnmadd_ps(_mm256_extractf128_ps(tf, 1), _mm_mul_ps(_mm_set1_ps(dmin), dx), acc);
+}
+
 // How far ahead in a row the K-quant products prefetch, in blocks. A row
 // streams from memory, and an out-of-order window holds only ~4 blocks of a
 // K-quant product's work: without it 1B Q4_K_M decoded 29-33 tok/s on two
@@ -173,6 +184,7 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   float acc[C];
   for (int c = 0; c < C; ++c) acc[c] = 0;
+  __m128 acc4 = _mm_setzero_ps();  // C == 4: the four tokens' acc in lanes
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
@@ -185,7 +197,7 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
     for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
     __m256i hbits = _mm256_setzero_si256();
     if constexpr (Q5) hbits = load256(b.qh);
-    for (int j = 0; j < 4; ++j) {
+    const auto sub_blocks = [&](int j) __attribute__((always_inline)) {
       const __m256i q = load256(b.qs + 32 * j);
       __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
       if constexpr (Q5) {
@@ -198,17 +210,32 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
         sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(lo, load256(x[c][i].qs + 64 * j)), s_lo);
         sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(hi, load256(x[c][i].qs + 64 * j + 32)), s_hi);
       }
+    };
+    if constexpr (C == 4) {
+      // Not unrolled for four tokens: unrolled, GCC computed all 32 byte
+      // products of the block before adding any and spilled them (16 vector
+      // registers on AVX2).
+#pragma GCC unroll 1
+      for (int j = 0; j < 4; ++j) sub_blocks(j);
+    } else {
+      for (int j = 0; j < 4; ++j) sub_blocks(j);
     }
     __m256i mprod[C];
     for (int c = 0; c < C; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv);
-    int32_t S[C], M[C];
-    pair_totals<C>(sum, mprod, S, M);
     const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
-    for (int c = 0; c < C; ++c) {  // the generic row's float steps
-      acc[c] = std::fma(float(S[c]), d * x[c][i].d, acc[c]);
-      acc[c] = std::fma(-float(M[c]), dmin * x[c][i].d, acc[c]);
+    if constexpr (C == 4) {
+      const __m256i v[8] = {sum[0], sum[1], sum[2], sum[3], mprod[0], mprod[1], mprod[2], mprod[3]};
+      acc4 = kquant_steps4(totals8_i32(v), d, dmin, x, i, acc4);
+    } else {
+      int32_t S[C], M[C];
+      pair_totals<C>(sum, mprod, S, M);
+      for (int c = 0; c < C; ++c) {  // the generic row's float steps
+        acc[c] = std::fma(float(S[c]), d * x[c][i].d, acc[c]);
+        acc[c] = std::fma(-float(M[c]), dmin * x[c][i].d, acc[c]);
+      }
     }
   }
+  if constexpr (C == 4) _mm_storeu_ps(acc, acc4);
   for (int c = 0; c < C; ++c) out[c] = acc[c];
 }
 
@@ -281,6 +308,7 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
   float acc[C];
   for (int c = 0; c < C; ++c) acc[c] = 0;
+  __m128 acc4 = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ6K& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
@@ -307,11 +335,20 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
     const float d = _cvtsh_ss(b.d);
     __m256i offs[C];
     for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), sc16);
-    int32_t T[C], O[C];
-    pair_totals<C>(sum, offs, T, O);
-    for (int c = 0; c < C; ++c)  // q - 32: subtract 32 * sum_j sc_j * bsum_j
-      acc[c] = std::fma(float(T[c] - 32 * O[c]), d * x[c][i].d, acc[c]);
+    if constexpr (C == 4) {  // lane c: token c's scalar step below
+      const __m256i v[8] = {sum[0], sum[1], sum[2], sum[3], offs[0], offs[1], offs[2], offs[3]};
+      const __m256i t = totals8_i32(v);
+      const __m128i q = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 5));
+      const __m128 dx = _mm_setr_ps(x[0][i].d, x[1][i].d, x[2][i].d, x[3][i].d);
+      acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(q), _mm_mul_ps(_mm_set1_ps(d), dx), acc4);
+    } else {
+      int32_t T[C], O[C];
+      pair_totals<C>(sum, offs, T, O);
+      for (int c = 0; c < C; ++c)  // q - 32: subtract 32 * sum_j sc_j * bsum_j
+        acc[c] = std::fma(float(T[c] - 32 * O[c]), d * x[c][i].d, acc[c]);
+    }
   }
+  if constexpr (C == 4) _mm_storeu_ps(acc, acc4);
   for (int c = 0; c < C; ++c) out[c] = acc[c];
 }
 
@@ -369,38 +406,69 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
 #ifdef __AVX512F__
   // Prefill of Q4_K / Q5_K: two rows times four tokens per pass.
   if ((a.type == GgmlType::Q4_K || a.type == GgmlType::Q5_K) && a.T >= 4) {
+    // In panels of row pairs, as the loop below (why: there).
     const auto d2x4 = a.type == GgmlType::Q4_K ? dot_q45k_2x4<false> : dot_q45k_2x4<true>;
-    for (; n + 2 <= n1; n += 2) {
-      const uint8_t* w0 = static_cast<const uint8_t*>(a.w) + n * rb;
-      int64_t t = 0;
-      for (; t + 4 <= a.T; t += 4) {
+    const int64_t panel = std::clamp<int64_t>((128 << 10) / std::max<int64_t>(rb, 1), 2, 64) / 2 * 2;
+    for (; n + 2 <= n1; n += panel) {
+      const int64_t pe = n + std::min(panel, (n1 - n) / 2 * 2);
+      for (int64_t t = 0; t + 4 <= a.T; t += 4) {
         const BlockQ8K* x[4] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk,
                                 a.xk + (t + 3) * a.ldxk};
-        float o[2][4];
-        d2x4(w0, w0 + rb, x, nb, o);
-        for (int r = 0; r < 2; ++r)
-          for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + n + r] = o[r][c];
+        for (int64_t r0 = n; r0 < pe; r0 += 2) {
+          const uint8_t* w0 = static_cast<const uint8_t*>(a.w) + r0 * rb;
+          float o[2][4];
+          d2x4(w0, w0 + rb, x, nb, o);
+          for (int r = 0; r < 2; ++r)
+            for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + r0 + r] = o[r][c];
+        }
       }
-      for (; t < a.T; ++t)
-        for (int r = 0; r < 2; ++r) {
+      for (int64_t t = a.T / 4 * 4; t < a.T; ++t)
+        for (int64_t r = n; r < pe; ++r) {
           const BlockQ8K* x[1] = {a.xk + t * a.ldxk};
           float o[1];
-          d1(w0 + r * rb, x, nb, o);
-          a.y[t * a.ldy + n + r] = o[0];
+          d1(static_cast<const uint8_t*>(a.w) + r * rb, x, nb, o);
+          a.y[t * a.ldy + r] = o[0];
         }
+      if (pe - n < panel) {
+        n = pe;
+        break;
+      }
     }
   }
 #endif
-  for (; n < n1; ++n) {
-    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * rb;
-    int64_t t = 0;
-    for (; t + 4 <= a.T; t += 4) {
+  // Prefill in panels of rows whose weights stay in L2 (~128 KiB), each
+  // four tokens' activations taken by every row of the panel in turn: row by
+  // row, every row read all T tokens' activations again (a 128-token prompt's
+  // are 300-800 KiB, from L3), which cost more than the products.
+  const int64_t panel = std::clamp<int64_t>((128 << 10) / std::max<int64_t>(rb, 1), 1, 64);
+  for (; a.T >= 4 && n < n1; n += panel) {
+    const int64_t pe = std::min(n1, n + panel);
+    for (int64_t t = 0; t + 4 <= a.T; t += 4) {
       const BlockQ8K* x[4] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk,
                               a.xk + (t + 3) * a.ldxk};
-      float o[4];
-      d4(w, x, nb, o);
-      for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + n] = o[c];
+      for (int64_t r = n; r < pe; ++r) {
+        float o[4];
+        d4(static_cast<const uint8_t*>(a.w) + r * rb, x, nb, o);
+        for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + r] = o[c];
+      }
     }
+    const int64_t t = a.T / 4 * 4;
+    const BlockQ8K* x[3] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk};
+    for (int64_t r = n; r < pe; ++r) {
+      const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * rb;
+      float o[3];
+      switch (a.T - t) {
+        case 3: d3(w, x, nb, o); break;
+        case 2: d2(w, x, nb, o); break;
+        case 1: d1(w, x, nb, o); break;
+        default: continue;
+      }
+      for (int64_t c = 0; c < a.T - t; ++c) a.y[(t + c) * a.ldy + r] = o[c];
+    }
+  }
+  for (; n < n1; ++n) {  // decode: T < 4
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * rb;
+    const int64_t t = 0;
     const BlockQ8K* x[3] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk};
     float o[3];
     switch (a.T - t) {
