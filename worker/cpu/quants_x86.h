@@ -184,7 +184,7 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   float acc[C];
   for (int c = 0; c < C; ++c) acc[c] = 0;
-  __m128 acc4 = _mm_setzero_ps();  // C == 4: the four tokens' acc in lanes
+  __m128 acc4[2] = {_mm_setzero_ps(), _mm_setzero_ps()};  // C = 4 or 8: four tokens' acc in lanes
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
@@ -211,7 +211,7 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
         sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(hi, load256(x[c][i].qs + 64 * j + 32)), s_hi);
       }
     };
-    if constexpr (C == 4) {
+    if constexpr (C >= 4) {
       // Not unrolled for four tokens: unrolled, GCC computed all 32 byte
       // products of the block before adding any and spilled them (16 vector
       // registers on AVX2).
@@ -223,9 +223,12 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
     __m256i mprod[C];
     for (int c = 0; c < C; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv);
     const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
-    if constexpr (C == 4) {
-      const __m256i v[8] = {sum[0], sum[1], sum[2], sum[3], mprod[0], mprod[1], mprod[2], mprod[3]};
-      acc4 = kquant_steps4(totals8_i32(v), d, dmin, x, i, acc4);
+    if constexpr (C % 4 == 0) {
+      for (int h = 0; h < C / 4; ++h) {
+        const __m256i v[8] = {sum[4 * h],   sum[4 * h + 1],   sum[4 * h + 2],   sum[4 * h + 3],
+                              mprod[4 * h], mprod[4 * h + 1], mprod[4 * h + 2], mprod[4 * h + 3]};
+        acc4[h] = kquant_steps4(totals8_i32(v), d, dmin, x + 4 * h, i, acc4[h]);
+      }
     } else {
       int32_t S[C], M[C];
       pair_totals<C>(sum, mprod, S, M);
@@ -235,7 +238,8 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
       }
     }
   }
-  if constexpr (C == 4) _mm_storeu_ps(acc, acc4);
+  if constexpr (C % 4 == 0)
+    for (int h = 0; h < C / 4; ++h) _mm_storeu_ps(acc + 4 * h, acc4[h]);
   for (int c = 0; c < C; ++c) out[c] = acc[c];
 }
 
@@ -402,6 +406,10 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const KDot<1> d1 = kquant_dot<1>(a.type);
   const KDot<2> d2 = kquant_dot<2>(a.type);
   const KDot<3> d3 = kquant_dot<3>(a.type);
+  // Eight tokens a pass where the type has it (Q4_K, Q5_K: the unpacked
+  // weights and the block's scales serve twice as many tokens).
+  const KDot<8> d8 = a.type == GgmlType::Q4_K ? dot_q45k_x86<false, 8>
+                     : a.type == GgmlType::Q5_K ? dot_q45k_x86<true, 8> : nullptr;
   int64_t n = n0;
 #ifdef __AVX512F__
   // Prefill of Q4_K / Q5_K: two rows times four tokens per pass.
@@ -443,7 +451,19 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t panel = std::clamp<int64_t>((128 << 10) / std::max<int64_t>(rb, 1), 1, 64);
   for (; a.T >= 4 && n < n1; n += panel) {
     const int64_t pe = std::min(n1, n + panel);
-    for (int64_t t = 0; t + 4 <= a.T; t += 4) {
+    int64_t t = 0;
+    if (d8) {
+      for (; t + 8 <= a.T; t += 8) {
+        const BlockQ8K* x[8];
+        for (int c = 0; c < 8; ++c) x[c] = a.xk + (t + c) * a.ldxk;
+        for (int64_t r = n; r < pe; ++r) {
+          float o[8];
+          d8(static_cast<const uint8_t*>(a.w) + r * rb, x, nb, o);
+          for (int c = 0; c < 8; ++c) a.y[(t + c) * a.ldy + r] = o[c];
+        }
+      }
+    }
+    for (; t + 4 <= a.T; t += 4) {
       const BlockQ8K* x[4] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk,
                               a.xk + (t + 3) * a.ldxk};
       for (int64_t r = n; r < pe; ++r) {
@@ -452,7 +472,7 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
         for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + r] = o[c];
       }
     }
-    const int64_t t = a.T / 4 * 4;
+    t = a.T / 4 * 4;
     const BlockQ8K* x[3] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk};
     for (int64_t r = n; r < pe; ++r) {
       const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * rb;
