@@ -51,7 +51,8 @@ enum class ResumeKind { none, completions, chat };
 /// How `req` resumes on an engine with `caps`: streams of /v1/completions
 /// (one prompt, a string or ids) and /v1/chat/completions (no tools,
 /// grammar or response_format: a continuation would restart them), n 1.
-/// Non-streams are replayed whole instead; Anthropic messages are not resumed.
+/// Non-streams are replayed whole instead; Anthropic message streams resume
+/// as the chat stream they are sent as (engine_anthropic.h).
 ResumeKind resume_kind(const EngineRequest& req, const EngineCaps& caps);
 
 /// What with_token_ids added to the client's request, for the filter to

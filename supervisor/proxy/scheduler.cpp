@@ -307,6 +307,17 @@ void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::Worker
   const EngineRequest* req = job->forward.get();
   EngineRequest asking_ids;
   job->resumable.reset();
+  if (!job->anthropic && engine_caps(w.id).resumes_chat()) {
+    if (std::optional<EngineRequest> chat = anthropic_as_chat(*job->forward)) {
+      std::string model;  // the name the client asked for, for message_start
+      auto b = parse_body(job->forward->body);
+      if (const json* body = std::get_if<json>(&b); body && body->is_object())
+        if (auto m = body->find("model"); m != body->end() && m->is_string()) model = m->get<std::string>();
+      job->anthropic = std::make_unique<AnthropicFromChat>(std::move(model));
+      job->forward = std::make_shared<const EngineRequest>(std::move(*chat));
+      req = job->forward.get();
+    }
+  }
   job->resume_kind = resume_kind(*job->forward, engine_caps(w.id));
   if (job->resume_kind != ResumeKind::none) {
     Added added;
@@ -324,11 +335,11 @@ void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::Worker
       const std::string out = j->resumable->feed(bytes);
       if (out.empty()) return;
       j->forwarded = true;
-      if (j->sink) j->sink->on_engine_data(out);
+      to_client(*j, out);
       return;
     }
     j->forwarded = true;
-    if (j->sink) j->sink->on_engine_data(bytes);
+    to_client(*j, bytes);
   });
   h.done = with([this](const std::shared_ptr<Job>& j) {
     j->engine_call.reset();
@@ -428,8 +439,7 @@ void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {
   std::optional<EngineRequest> req =
       continuation_request(*job->forward, job->resume_kind, *job->prompt_ids, s.generated(), s.top_logprobs());
   if (!req) {  // every token the client asked for is out: only the end was missing
-    const std::string end = s.end_length(int64_t(job->prompt_ids->size()));
-    if (job->sink) job->sink->on_engine_data(end);
+    to_client(*job, s.end_length(int64_t(job->prompt_ids->size())));
     leave_worker(job);
     finish(job, {true, "length", job->timings, {}});
     return pump();
@@ -447,7 +457,7 @@ void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {
   h.data = with([](const std::shared_ptr<Job>& j, std::string_view bytes) {
     if (j->continuation_status != 200) return;
     const std::string out = j->resumable->feed(bytes);
-    if (!out.empty() && j->sink) j->sink->on_engine_data(out);
+    if (!out.empty()) to_client(*j, out);
   });
   h.done = with([this](const std::shared_ptr<Job>& j) {
     j->engine_call.reset();
@@ -467,6 +477,13 @@ void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {
   job->engine_call = EngineCall::start(io_, port, *req, opt_.engine, std::move(h));
 }
 
+void Scheduler::to_client(Job& job, std::string_view bytes) {
+  if (!job.sink) return;
+  if (!job.anthropic) return job.sink->on_engine_data(bytes);
+  const std::string out = job.anthropic->feed(bytes);
+  if (!out.empty()) job.sink->on_engine_data(out);
+}
+
 void Scheduler::fail_forward(const std::shared_ptr<Job>& job, const std::string& message) {
   ++counters_.broken_calls;
   log::info("an exec engine's answer failed: " + message, {{"DS4_WORKER", std::to_string(job->worker)}});
@@ -480,7 +497,7 @@ void Scheduler::on_engine_broken(const std::shared_ptr<Job>& job, const std::str
   if (job->forwarded && job->resumable) {
     ResumableStream& s = *job->resumable;
     if (s.ended() || s.finished()) {  // the answer was whole: only the connection's end was missing
-      if (!s.ended() && job->sink) job->sink->on_engine_data("data: [DONE]\n\n");
+      if (!s.ended()) to_client(*job, "data: [DONE]\n\n");
       leave_worker(job);
       finish(job, {true, "stop", job->timings, {}});
       return pump();

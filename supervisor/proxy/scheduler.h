@@ -26,6 +26,7 @@
 #include "shared/config.h"
 #include "shared/protocol.h"
 #include "supervisor/proxy/api_error.h"
+#include "supervisor/proxy/engine_anthropic.h"
 #include "supervisor/proxy/engine_call.h"
 #include "supervisor/proxy/engine_resume.h"
 #include "supervisor/proxy/worker_call.h"
@@ -85,6 +86,9 @@ struct Job {
   /// knows the generated ids), and the prompt's ids once a resume asked for them.
   std::unique_ptr<ResumableStream> resumable;
   ResumeKind resume_kind = ResumeKind::none;
+  /// An Anthropic stream sent to the engine as chat (engine_anthropic.h):
+  /// the chat stream turned back into Anthropic's events for the client.
+  std::unique_ptr<AnthropicFromChat> anthropic;
   std::optional<std::vector<int32_t>> prompt_ids;
   int continuation_status = 0;
   std::chrono::steady_clock::time_point queued_at{}, call_started{}, first_token{}, last_token{};
@@ -185,6 +189,9 @@ class Scheduler {
   void fill_holes(const std::shared_ptr<Job>& job, int port);
   void send_continuation(const std::shared_ptr<Job>& job, int port);
   void fail_forward(const std::shared_ptr<Job>& job, const std::string& message);
+  /// The engine's stream (as the resume filter passed it) on to the client,
+  /// in Anthropic's events when the job was sent as chat.
+  static void to_client(Job& job, std::string_view bytes);
   void on_broken(const std::shared_ptr<Job>& job, const std::string& why, bool answered);
   void requeue_front(const std::shared_ptr<Job>& job);
   void enqueue_timer(const std::shared_ptr<Job>& job);

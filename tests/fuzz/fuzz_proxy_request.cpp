@@ -4,7 +4,8 @@
 // the fuzz bytes as token pieces, through the stop-string matcher and each
 // responder, whole and streamed. A body read without a JSON tree
 // (parse_common_request) must give the plan of the full parse. The body as
-// forwarded to an exec engine (forward_request) is checked too.
+// forwarded to an exec engine (forward_request) is checked too, and so is the
+// Anthropic-to-chat bridge (engine_anthropic.h), request and stream.
 //
 // The first input byte picks the endpoint; the rest is the body. The model
 // (its vocabulary and template) is stories260K: $DS4_MODELS/stories260K.gguf,
@@ -20,6 +21,7 @@
 #include "shared/gguf.h"
 #include "supervisor/proxy/api_request.h"
 #include "supervisor/proxy/api_response.h"
+#include "supervisor/proxy/engine_anthropic.h"
 #include "supervisor/proxy/router.h"
 #include "supervisor/proxy/text_stream.h"
 
@@ -54,6 +56,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto f = forward_request(req);
     if (auto* fr = std::get_if<EngineRequest>(&f); fr && fr->body != body) std::abort();
     (void)sse_error_event(Api::anthropic, body);
+    // As an Anthropic stream to an engine that resumes chat (engine_anthropic.h):
+    // a chat request or nothing; and the bytes as the engine's chat stream.
+    EngineRequest m;
+    m.target = "/v1/messages";
+    m.stream = true;
+    m.body = std::string(body);
+    if (auto chat = anthropic_as_chat(m); chat && chat->target != "/v1/chat/completions") std::abort();
+    AnthropicFromChat a("m");
+    for (size_t i = 0; i < body.size(); i += 7) (void)a.feed(body.substr(i, 7));
+    (void)a.feed("\n\ndata: [DONE]\n\n");
   }
   auto result = parse_request(ep, body, *model, limits);
   // The tree-free reading of the common shape gives the full parse's plan (a

@@ -3,6 +3,7 @@
 // the continuation request and its answer in the client's protocol.
 #include <doctest/doctest.h>
 
+#include "supervisor/proxy/engine_anthropic.h"
 #include "supervisor/proxy/engine_resume.h"
 
 using namespace ds4::proxy;
@@ -228,4 +229,131 @@ TEST_CASE("engine resume: probe answers") {
   CHECK(stream_has_ids(cmpl_chunk("x", 4) + "data: [DONE]\n\n"));
   CHECK_FALSE(stream_has_ids(cmpl_chunk("x", -1)));
   CHECK(body(probe_ids_request({1, 2}))["prompt"] == json::parse("[1,2]"));
+}
+
+// ---- Anthropic streams sent to the engine as chat (engine_anthropic.h) ------
+
+TEST_CASE("engine resume: an Anthropic text stream goes to the engine as a chat stream, anything else as it came") {
+  const EngineRequest msgs = req("/v1/messages",
+                                 R"({"model":"m","max_tokens":50,"system":[{"type":"text","text":"Be brief."}],)"
+                                 R"("messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"text","text":"Hello"}]},)"
+                                 R"({"role":"user","content":[{"type":"text","text":"more","cache_control":{"type":"ephemeral"}}]}],)"
+                                 R"("temperature":0,"top_k":1,"stream":true,"metadata":{"user_id":"u"},)"
+                                 R"("thinking":{"type":"disabled"},"chat_template_kwargs":{"enable_thinking":false}})");
+  auto chat = anthropic_as_chat(msgs);
+  REQUIRE(chat);
+  CHECK(chat->target == "/v1/chat/completions");
+  CHECK(chat->stream);
+  const json b = body(*chat);
+  CHECK(b["messages"] == json::parse(R"([{"role":"system","content":"Be brief."},{"role":"user","content":"hi"},)"
+                                     R"({"role":"assistant","content":"Hello"},{"role":"user","content":"more"}])"));
+  CHECK(b["max_tokens"] == 50);
+  CHECK(b["temperature"] == 0);
+  CHECK(b["top_k"] == 1);
+  CHECK(b["chat_template_kwargs"]["enable_thinking"] == false);
+  CHECK(b["stream_options"]["include_usage"] == true);
+  CHECK_FALSE(b.contains("metadata"));
+  CHECK_FALSE(b.contains("thinking"));
+  // The chat request resumes on llama-server like any chat stream.
+  CHECK(resume_kind(*chat, llama_server()) == ResumeKind::chat);
+
+  // What the translation does not carry exactly stays an Anthropic request.
+  for (const char* other :
+       {R"({"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}],"stop_sequences":["x"]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"a","content":"x"}]}]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"messages":[]})", R"([1,2])", R"(not json)"}) {
+    const std::string text = other;
+    CAPTURE(text);
+    CHECK_FALSE(anthropic_as_chat(req("/v1/messages", other)));
+  }
+  CHECK_FALSE(anthropic_as_chat(req("/v1/messages", R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]})",
+                                    false)));  // whole answers are replayed, not resumed
+  CHECK_FALSE(anthropic_as_chat(req("/v1/chat/completions", R"({"messages":[{"role":"user","content":"hi"}],"stream":true})")));
+}
+
+TEST_CASE("engine resume: the chat stream reaches an Anthropic client as its message events, split anywhere") {
+  const std::string chat =
+      R"(data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"id":"chatcmpl-Q","object":"chat.completion.chunk"})"
+      "\n\n"
+      R"(data: {"choices":[{"finish_reason":null,"index":0,"delta":{"reasoning_content":"hmm"}}],"id":"chatcmpl-Q"})"
+      "\n\n"
+      R"(data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":"Hi"}}],"id":"chatcmpl-Q"})"
+      "\n\n"
+      R"(data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":" there"}}],"id":"chatcmpl-Q"})"
+      "\n\n"
+      R"(data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],"id":"chatcmpl-Q"})"
+      "\n\n"
+      R"(data: {"choices":[],"id":"chatcmpl-Q","usage":{"completion_tokens":3,"prompt_tokens":7,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}})"
+      "\n\n"
+      "data: [DONE]\n\n";
+  for (size_t piece : {chat.size(), size_t(1), size_t(7)}) {
+    CAPTURE(piece);
+    AnthropicFromChat a("claude-like");
+    std::string out;
+    for (size_t at = 0; at < chat.size(); at += piece) out += a.feed(std::string_view(chat).substr(at, piece));
+    std::vector<json> events;
+    std::vector<std::string> names;
+    for (size_t at = 0; at < out.size();) {
+      const size_t end = out.find("\n\n", at);
+      REQUIRE(end != std::string::npos);
+      const std::string ev = out.substr(at, end - at);
+      at = end + 2;
+      const size_t nl = ev.find('\n');
+      REQUIRE(ev.rfind("event: ", 0) == 0);
+      names.push_back(ev.substr(7, nl - 7));
+      REQUIRE(ev.compare(nl + 1, 6, "data: ") == 0);
+      events.push_back(json::parse(ev.substr(nl + 7)));
+      CHECK(events.back()["type"] == names.back());
+    }
+    CHECK(names == std::vector<std::string>{"message_start", "content_block_start", "ping", "content_block_delta",
+                                            "content_block_stop", "content_block_start", "content_block_delta",
+                                            "content_block_delta", "content_block_stop", "message_delta", "message_stop"});
+    CHECK(events[0]["message"]["id"] == "msg_Q");
+    CHECK(events[0]["message"]["model"] == "claude-like");
+    CHECK(events[1]["content_block"]["type"] == "thinking");
+    CHECK(events[3]["delta"] == json::parse(R"({"type":"thinking_delta","thinking":"hmm"})"));
+    CHECK(events[5]["index"] == 1);
+    CHECK(events[6]["delta"] == json::parse(R"({"type":"text_delta","text":"Hi"})"));
+    CHECK(events[7]["delta"]["text"] == " there");
+    CHECK(events[9]["delta"]["stop_reason"] == "max_tokens");
+    CHECK(events[9]["usage"] == json::parse(R"({"input_tokens":3,"cache_creation_input_tokens":0,)"
+                                            R"("cache_read_input_tokens":4,"output_tokens":3})"));
+  }
+}
+
+TEST_CASE("engine resume: an Anthropic stream from chat ends well with no text, and passes errors and comments") {
+  AnthropicFromChat a("m");
+  std::string out = a.feed(": waiting, position 1\n\n");
+  CHECK(out == ": waiting, position 1\n\n");
+  out = a.feed(R"(data: {"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"id":"chatcmpl-Z"})"
+               "\n\ndata: [DONE]\n\n");
+  CHECK(out.find("event: message_start") != std::string::npos);
+  CHECK(out.find(R"("content_block":{"type":"text","text":""})") != std::string::npos);
+  CHECK(out.find(R"("stop_reason":"end_turn")") != std::string::npos);
+  CHECK(out.find("event: message_stop") != std::string::npos);
+  CHECK(a.feed("data: [DONE]\n\n").empty());  // ended once
+
+  AnthropicFromChat e("m");
+  out = e.feed(R"(data: {"error":{"code":500,"message":"boom","type":"server_error"}})" "\n\n");
+  CHECK(out.rfind("event: error\ndata: ", 0) == 0);
+  CHECK(out.find(R"("message":"boom")") != std::string::npos);
+}
+
+TEST_CASE("engine resume: hostile Anthropic bodies and engine chunks give no exception") {
+  for (const char* b :
+       {R"({"model":1,"max_tokens":5,"stream":true,"messages":[{"role":"user","content":[{"type":7,"text":"x"}]}]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"messages":[{"role":3,"content":"x"}]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":9}]}]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"system":5,"messages":[{"role":"user","content":"x"}]})",
+        R"({"model":"m","max_tokens":5,"stream":true,"messages":[7]})"}) {
+    const std::string text = b;
+    CAPTURE(text);
+    CHECK_NOTHROW((void)anthropic_as_chat(req("/v1/messages", b)));
+  }
+  AnthropicFromChat a("m");
+  CHECK_NOTHROW(a.feed(R"(data: {"id":5,"choices":[{"delta":{"content":7,"reasoning_content":[]},"finish_reason":3}]})" "\n\n"
+                       R"(data: {"choices":[],"usage":{"prompt_tokens":"x","completion_tokens":null,"prompt_tokens_details":[]}})" "\n\n"
+                       R"(data: {"error":{"message":4}})" "\n\n" "data: [1,2]\n\n" "data: nonsense\n\ndata: [DONE]\n\n"));
 }
