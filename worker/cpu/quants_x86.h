@@ -410,6 +410,19 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   // weights and the block's scales serve twice as many tokens).
   const KDot<8> d8 = a.type == GgmlType::Q4_K ? dot_q45k_x86<false, 8>
                      : a.type == GgmlType::Q5_K ? dot_q45k_x86<true, 8> : nullptr;
+  // Row r against tokens t.. (the last 1-3 of the batch).
+  const auto tail = [&](int64_t r, int64_t t) {
+    const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * rb;
+    const BlockQ8K* x[3] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk};
+    float o[3];
+    switch (a.T - t) {
+      case 3: d3(w, x, nb, o); break;
+      case 2: d2(w, x, nb, o); break;
+      case 1: d1(w, x, nb, o); break;
+      default: return;
+    }
+    for (int64_t c = 0; c < a.T - t; ++c) a.y[(t + c) * a.ldy + r] = o[c];
+  };
   int64_t n = n0;
 #ifdef __AVX512F__
   // Prefill of Q4_K / Q5_K: two rows times four tokens per pass.
@@ -472,33 +485,9 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
         for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + r] = o[c];
       }
     }
-    t = a.T / 4 * 4;
-    const BlockQ8K* x[3] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk};
-    for (int64_t r = n; r < pe; ++r) {
-      const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * rb;
-      float o[3];
-      switch (a.T - t) {
-        case 3: d3(w, x, nb, o); break;
-        case 2: d2(w, x, nb, o); break;
-        case 1: d1(w, x, nb, o); break;
-        default: continue;
-      }
-      for (int64_t c = 0; c < a.T - t; ++c) a.y[(t + c) * a.ldy + r] = o[c];
-    }
+    for (int64_t r = n; r < pe; ++r) tail(r, a.T / 4 * 4);
   }
-  for (; n < n1; ++n) {  // decode: T < 4
-    const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * rb;
-    const int64_t t = 0;
-    const BlockQ8K* x[3] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk};
-    float o[3];
-    switch (a.T - t) {
-      case 3: d3(w, x, nb, o); break;
-      case 2: d2(w, x, nb, o); break;
-      case 1: d1(w, x, nb, o); break;
-      default: continue;
-    }
-    for (int64_t c = 0; c < a.T - t; ++c) a.y[(t + c) * a.ldy + n] = o[c];
-  }
+  for (; n < n1; ++n) tail(n, 0);  // decode: T < 4
 }
 
 // The quantized products of a table: rows [n0, n1) with a.quantized().
