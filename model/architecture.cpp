@@ -13,6 +13,12 @@ constexpr std::array kArchitectures = {
     Architecture{"mistral", RopeType::normal, false, false, true},
     Architecture{"qwen2", RopeType::neox, true, false, false},
     Architecture{"qwen3", RopeType::neox, false, true, false},
+    // Qwen1.5-MoE and Qwen2-57B-A14B: qwen2's attention, routed experts
+    // whose weights are not renormalised, and a shared expert.
+    Architecture{"qwen2moe", RopeType::neox, true, false, false, FfnKind::experts_shared, false},
+    // Qwen3-30B-A3B and Qwen3-235B-A22B: qwen3's attention, routed experts
+    // whose chosen weights are renormalised.
+    Architecture{"qwen3moe", RopeType::neox, false, true, false, FfnKind::experts, true},
 };
 
 constexpr std::array kTensors = {
@@ -31,9 +37,19 @@ constexpr std::array kTensors = {
     TensorSpec{"attn_k_norm.weight", Role::k_norm, Dim::head_dim, Dim::one, Need::qk_norm, true},
     TensorSpec{"attn_output.weight", Role::wo, Dim::q_dim, Dim::dim, Need::always, true},
     TensorSpec{"ffn_norm.weight", Role::ffn_norm, Dim::dim, Dim::one, Need::always, true},
-    TensorSpec{"ffn_gate.weight", Role::w_gate, Dim::dim, Dim::ff, Need::always, true},
-    TensorSpec{"ffn_up.weight", Role::w_up, Dim::dim, Dim::ff, Need::always, true},
-    TensorSpec{"ffn_down.weight", Role::w_down, Dim::ff, Dim::dim, Need::always, true},
+    TensorSpec{"ffn_gate.weight", Role::w_gate, Dim::dim, Dim::ff, Need::dense_ffn, true},
+    TensorSpec{"ffn_up.weight", Role::w_up, Dim::dim, Dim::ff, Need::dense_ffn, true},
+    TensorSpec{"ffn_down.weight", Role::w_down, Dim::ff, Dim::dim, Need::dense_ffn, true},
+    // A mixture of experts: the router (F32 in every file llama.cpp writes)
+    // and each layer's experts as one stack of n_expert matrices.
+    TensorSpec{"ffn_gate_inp.weight", Role::gate_inp, Dim::dim, Dim::n_expert, Need::experts, true},
+    TensorSpec{"ffn_gate_exps.weight", Role::gate_exps, Dim::dim, Dim::expert_ff, Need::experts, true, Dim::n_expert},
+    TensorSpec{"ffn_up_exps.weight", Role::up_exps, Dim::dim, Dim::expert_ff, Need::experts, true, Dim::n_expert},
+    TensorSpec{"ffn_down_exps.weight", Role::down_exps, Dim::expert_ff, Dim::dim, Need::experts, true, Dim::n_expert},
+    TensorSpec{"ffn_gate_inp_shexp.weight", Role::gate_inp_shexp, Dim::dim, Dim::one, Need::shared_expert, true},
+    TensorSpec{"ffn_gate_shexp.weight", Role::gate_shexp, Dim::dim, Dim::shared_ff, Need::shared_expert, true},
+    TensorSpec{"ffn_up_shexp.weight", Role::up_shexp, Dim::dim, Dim::shared_ff, Need::shared_expert, true},
+    TensorSpec{"ffn_down_shexp.weight", Role::down_shexp, Dim::shared_ff, Dim::dim, Need::shared_expert, true},
 };
 
 }  // namespace
@@ -48,6 +64,9 @@ int64_t dim_size(Dim d, const HParams& hp) {
     case Dim::vocab: return hp.n_vocab;
     case Dim::head_dim: return hp.head_dim;
     case Dim::rot_half: return hp.n_rot / 2;
+    case Dim::n_expert: return hp.n_expert;
+    case Dim::expert_ff: return hp.expert_ff;
+    case Dim::shared_ff: return hp.shared_ff;
   }
   return 0;
 }
@@ -71,8 +90,15 @@ std::span<const TensorSpec> architecture_tensors() { return kTensors; }
 bool tensor_used(const TensorSpec& spec, const Architecture& arch) {
   if (spec.role == Role::rope_freqs) return arch.rope_freqs;
   // QKV biases are bound wherever a file has them (llama.cpp's llama graph
-  // takes them too); Q/K norm only where the architecture applies it.
-  return spec.need != Need::qk_norm || arch.qk_norm;
+  // takes them too); Q/K norm only where the architecture applies it, and
+  // each kind of feed-forward only in the architectures that have it.
+  switch (spec.need) {
+    case Need::qk_norm: return arch.qk_norm;
+    case Need::dense_ffn: return arch.ffn == FfnKind::dense;
+    case Need::experts: return arch.ffn != FfnKind::dense;
+    case Need::shared_expert: return arch.ffn == FfnKind::experts_shared;
+    default: return true;
+  }
 }
 
 bool tensor_required(const TensorSpec& spec, const Architecture& arch) {
@@ -81,6 +107,9 @@ bool tensor_required(const TensorSpec& spec, const Architecture& arch) {
     case Need::optional: return false;
     case Need::qkv_bias: return arch.qkv_bias;
     case Need::qk_norm: return arch.qk_norm;
+    case Need::dense_ffn:
+    case Need::experts:
+    case Need::shared_expert: return tensor_used(spec, arch);
   }
   return false;
 }

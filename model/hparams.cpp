@@ -30,6 +30,26 @@ void read_rope_scaling(const gguf::File& m, const std::string& a, HParams& hp) {
   if (factor > 0) hp.rope_freq_scale = float(1.0 / factor);
 }
 
+/// The mixture of experts' sizes, as llama.cpp reads them: the expert
+/// count, how many each token uses, an expert's hidden size and (qwen2moe)
+/// the shared expert's, which defaults to feed_forward_length.
+void read_experts(const gguf::File& m, const std::string& a, const Architecture& arch, HParams& hp) {
+  hp.n_expert = require_int(m, a + "expert_count");
+  hp.n_expert_used = require_int(m, a + "expert_used_count");
+  if (hp.n_expert_used > hp.n_expert)
+    throw Error(m.source() + ": " + a + "expert_used_count = " + std::to_string(hp.n_expert_used) +
+                " exceeds expert_count = " + std::to_string(hp.n_expert));
+  if (hp.n_expert > 4096) throw Error(m.source() + ": " + a + "expert_count = " + std::to_string(hp.n_expert) + " is beyond 4096");
+  hp.expert_ff = require_int(m, a + "expert_feed_forward_length");
+  if (arch.ffn == FfnKind::experts_shared) {
+    hp.shared_ff = m.get_int(a + "expert_shared_feed_forward_length").value_or(hp.ff);
+    if (hp.shared_ff <= 0)
+      throw Error(m.source() + ": " + a + "expert_shared_feed_forward_length = " + std::to_string(hp.shared_ff) +
+                  " must be positive");
+  }
+  hp.expert_weights_norm = arch.expert_weights_norm;
+}
+
 }  // namespace
 
 HParams read_hparams(const gguf::File& m) {
@@ -80,6 +100,7 @@ HParams read_hparams(const gguf::File& m) {
   if (!(hp.rope_base > 0) || !std::isfinite(hp.rope_base))
     throw Error(m.source() + ": " + a + "rope.freq_base = " + std::to_string(hp.rope_base) + " must be positive");
   read_rope_scaling(m, a, hp);
+  if (arch->ffn != FfnKind::dense) read_experts(m, a, *arch, hp);
   if (auto toks = m.find("tokenizer.ggml.tokens"); toks && toks->type == gguf::ValueType::ARRAY)
     hp.n_vocab = int64_t(toks->array.size());
   if (hp.n_vocab <= 0) throw Error(m.source() + ": missing metadata key 'tokenizer.ggml.tokens'");

@@ -3,6 +3,7 @@
 /// its architecture (model/architecture.h). Plain data: the engine, the
 /// memory plan and the proxy read them; nothing here touches tensors.
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -35,9 +36,19 @@ struct HParams {
   float rope_freq_scale = 1.0f;  // 1 / rope.scaling.factor for linear scaling
   bool qkv_bias = false;         // attn_{q,k,v}.bias
   bool qk_norm = false;          // attn_{q,k}_norm.weight: RMSNorm per head before RoPE
+  // Mixture of experts (qwen2moe, qwen3moe); n_expert == 0 for a dense model.
+  int64_t n_expert = 0;          // expert_count
+  int64_t n_expert_used = 0;     // expert_used_count: experts each token goes through
+  int64_t expert_ff = 0;         // expert_feed_forward_length
+  int64_t shared_ff = 0;         // expert_shared_feed_forward_length (qwen2moe), else 0
+  bool expert_weights_norm = false;  // the chosen experts' weights are renormalised to sum to 1
 
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  bool moe() const { return n_expert > 0; }
+  /// Width of the feed-forward activations: ff for a dense model, the
+  /// largest expert (routed or shared) for a mixture of experts.
+  int64_t ffn_width() const { return moe() ? std::max(expert_ff, shared_ff) : ff; }
 };
 
 /// Reads hyper-parameters only (the proxy and the memory planner need them).

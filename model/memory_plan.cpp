@@ -28,9 +28,12 @@ ActShape act_shape(const HParams& hp, const EngineShape& s, Act a) {
     case Act::k:
     case Act::v: return {B, hp.kv_dim(), pad8(hp.kv_dim())};
     case Act::hb:
-    case Act::hb2: return {B, hp.ff, pad8(hp.ff)};
+    case Act::hb2: return {B, hp.ffn_width(), pad8(hp.ffn_width())};
     case Act::xl: return {R, hp.dim, pad8(hp.dim)};
     case Act::logits: return {R, hp.n_vocab, hp.n_vocab};
+    case Act::router: return {B, hp.n_expert, pad8(hp.n_expert)};
+    case Act::moe_in:
+    case Act::moe_out: return hp.moe() ? ActShape{B, hp.dim, pad8(hp.dim)} : ActShape{B, 0, 0};
   }
   return {};
 }
@@ -45,7 +48,9 @@ WeightsSummary WeightsSummary::of(const ModelWeights& w) {
   see(w.token_embd);
   see(w.output);
   for (const LayerWeights& L : w.layers)
-    for (const Weight* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) see(*x);
+    for (const Weight* x : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down, &L.gate_exps, &L.up_exps,
+                            &L.down_exps, &L.gate_shexp, &L.up_shexp, &L.down_shexp})
+      see(*x);  // an expert stack counts one matrix: it is used one expert at a time
   return s;
 }
 
@@ -60,11 +65,12 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   const int64_t B = s.max_batch, R = s.slots + 1;
   l.rope = take(B * hp.n_rot);
   l.stage = take(B * pad8(hp.dim));
-  const int64_t max_k = std::max({hp.dim, hp.q_dim(), hp.ff});
+  const int64_t max_k = std::max({hp.dim, hp.q_dim(), hp.ffn_width()});
   l.xq_floats = std::max(B, R) * (max_k / 32) * 9;
   l.xq = take(l.xq_floats);
   l.xk_floats = std::max(B, R) * (max_k / 256) * 73;
   l.xk = take(l.xk_floats);
+  l.moe = take(hp.moe() ? 4 * B * hp.n_expert_used + hp.n_expert + 1 : 0);
   l.matmul_per_thread = 17 * pad8(max_k) + 64;
   l.per_thread = l.matmul_per_thread + kAttendQueriesPerThread * pad8(s.ctx) + pad8(hp.head_dim);
   l.threads = take(int64_t(std::max(threads, 1)) * l.per_thread);
@@ -91,7 +97,7 @@ ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& s) {
 }
 
 uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& s) {
-  return align256(uint64_t(s.max_batch) * uint64_t(std::max({hp.dim, hp.q_dim(), hp.ff})) * 2);
+  return align256(uint64_t(s.max_batch) * uint64_t(std::max({hp.dim, hp.q_dim(), hp.ffn_width()})) * 2);
 }
 
 uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const WeightsSummary& w) {

@@ -45,8 +45,11 @@ inline uint64_t kv_cache_bytes(const HParams& hp, const EngineShape& shape) {
 /// x (the residual stream), xb (its normalised copy, a product's output),
 /// q, k, v, att (attention output), hb, hb2 (feed-forward gate and up);
 /// logit rows (slots + 1): xl (the rows that need logits), logits.
-enum class Act : uint8_t { x, xb, q, k, v, att, hb, hb2, xl, logits };
-inline constexpr int kActCount = 10;
+/// A mixture of experts adds token rows (empty for a dense model): router
+/// (each token's expert scores), moe_in (the rows an expert takes, gathered)
+/// and moe_out (its output, and the sum of the chosen experts' outputs).
+enum class Act : uint8_t { x, xb, q, k, v, att, hb, hb2, xl, logits, router, moe_in, moe_out };
+inline constexpr int kActCount = 13;
 
 /// Rows, used width and row stride (floats) of an activation. Widths are
 /// padded to a multiple of 8 (the padding holds zeros), logits are not.
@@ -82,6 +85,8 @@ struct ScratchLayout {
   // rows (max_batch x ld(x)), the quantized input of a product, and each
   // pool thread's scratch (matmul, attention scores, a head).
   int64_t rope = 0, stage = 0, xq = 0, xk = 0, threads = 0;
+  // A mixture of experts' routes: 4 x max_batch x n_used + n_expert + 1 words.
+  int64_t moe = 0;
   // CUDA backend: the attention's split scratch (its counters first).
   int64_t attn = 0, attn_floats = 0;
   int64_t per_thread = 0;       // floats per thread

@@ -10,14 +10,15 @@ namespace ds4 {
 namespace {
 
 Weight bind_tensor(const gguf::File& m, const TensorView& t, const std::string& name, int64_t cols, int64_t rows,
-                   uint64_t& total) {
+                   int64_t mats, uint64_t& total) {
   const bool vector = rows == 0;
   const uint64_t want1 = vector ? 1 : uint64_t(rows);
-  if (t.dims[0] != uint64_t(cols) || t.dims[1] != want1 || t.dims[2] != 1 || t.dims[3] != 1) {
+  if (t.dims[0] != uint64_t(cols) || t.dims[1] != want1 || t.dims[2] != uint64_t(mats) || t.dims[3] != 1) {
     std::string got = std::to_string(t.dims[0]);
     for (uint32_t i = 1; i < t.n_dims; ++i) got += " x " + std::to_string(t.dims[i]);
     throw Error(m.source() + ": tensor '" + name + "' has shape [" + got + "], expected [" +
-                std::to_string(cols) + (vector ? "" : " x " + std::to_string(rows)) + "]");
+                std::to_string(cols) + (vector ? "" : " x " + std::to_string(rows)) +
+                (mats > 1 ? " x " + std::to_string(mats) : "") + "]");
   }
   if (!type_supported(t.type)) {
     auto tr = type_traits(uint32_t(t.type));
@@ -30,7 +31,7 @@ Weight bind_tensor(const gguf::File& m, const TensorView& t, const std::string& 
     throw Error(m.source() + ": tensor '" + name + "' is " + std::string(tr->name) + " with a row length " +
                 std::to_string(cols) + ", not a multiple of its block of " + std::to_string(tr->block_elems));
   total += t.n_bytes;
-  return Weight{t.type, t.data, cols, vector ? 1 : rows};
+  return Weight{t.type, t.data, cols, vector ? 1 : rows, mats};
 }
 
 Weight* slot_of(Role role, ModelWeights& w, LayerWeights* L) {
@@ -53,11 +54,31 @@ Weight* slot_of(Role role, ModelWeights& w, LayerWeights* L) {
     case Role::w_gate: return &L->w_gate;
     case Role::w_up: return &L->w_up;
     case Role::w_down: return &L->w_down;
+    case Role::gate_inp: return &L->gate_inp;
+    case Role::gate_exps: return &L->gate_exps;
+    case Role::up_exps: return &L->up_exps;
+    case Role::down_exps: return &L->down_exps;
+    case Role::gate_inp_shexp: return &L->gate_inp_shexp;
+    case Role::gate_shexp: return &L->gate_shexp;
+    case Role::up_shexp: return &L->up_shexp;
+    case Role::down_shexp: return &L->down_shexp;
   }
   return nullptr;
 }
 
 }  // namespace
+
+uint64_t Weight::row_bytes() const {
+  const auto tr = type_traits(uint32_t(type));
+  return tr ? uint64_t(cols) / tr->block_elems * tr->block_bytes : 0;
+}
+
+Weight Weight::mat(int64_t e) const {
+  Weight w = *this;
+  w.mats = 1;
+  w.data = static_cast<const uint8_t*>(data) + uint64_t(e) * uint64_t(rows) * row_bytes();
+  return w;
+}
 
 TensorView tensor_view(const gguf::File& file, const gguf::TensorInfo& t) {
   TensorView v;
@@ -115,7 +136,7 @@ Model Model::bind(const gguf::File& m, const TensorLookup& lookup) {
       }
       const int64_t rows = spec.rows == Dim::one ? 0 : dim_size(spec.rows, hp);
       *slot_of(spec.role, w, spec.per_layer ? &w.layers[size_t(l)] : nullptr) =
-          bind_tensor(m, t, name, dim_size(spec.cols, hp), rows, w.bytes);
+          bind_tensor(m, t, name, dim_size(spec.cols, hp), rows, dim_size(spec.mats, hp), w.bytes);
     }
   }
   if (!w.output) {  // tied embeddings

@@ -23,13 +23,20 @@ class Segment;
 
 /// A weight matrix: `rows` rows of `cols` elements (GGUF dims {cols, rows}).
 /// A vector (norm gains, biases, frequency factors) has rows = 1 and is F32.
+/// A stack of `mats` matrices (a layer's experts, GGUF dims {cols, rows,
+/// mats}) holds them one after the other; mat(e) is matrix e.
 /// An absent optional tensor has data == nullptr.
 struct Weight {
   GgmlType type = GgmlType::F32;
   const void* data = nullptr;
   int64_t cols = 0;
   int64_t rows = 0;
+  int64_t mats = 1;
   explicit operator bool() const { return data != nullptr; }
+  /// Bytes of one row (whole blocks of the type).
+  uint64_t row_bytes() const;
+  /// Matrix `e` of a stack (e < mats), as a weight of its own.
+  Weight mat(int64_t e) const;
 };
 
 struct LayerWeights {
@@ -45,6 +52,14 @@ struct LayerWeights {
   Weight w_gate;     // (ff, dim)
   Weight w_up;       // (ff, dim)
   Weight w_down;     // (dim, ff)
+  // A mixture of experts (qwen2moe, qwen3moe) instead of w_gate, w_up, w_down:
+  Weight gate_inp;   // (n_expert, dim) f32: the router
+  Weight gate_exps;  // n_expert x (expert_ff, dim)
+  Weight up_exps;    // n_expert x (expert_ff, dim)
+  Weight down_exps;  // n_expert x (dim, expert_ff)
+  Weight gate_inp_shexp;  // (dim) f32: the shared expert's gate (qwen2moe), else absent
+  Weight gate_shexp, up_shexp;  // (shared_ff, dim)
+  Weight down_shexp;            // (dim, shared_ff)
 };
 
 struct ModelWeights {

@@ -35,7 +35,8 @@ struct BatchToken {
 };
 
 /// Intermediate values for tests: name ("attn_norm", "ffn_out", "l_out",
-/// "result_norm"), layer (-1 outside layers), rows x cols floats (one row per token).
+/// "result_norm"; "router", a mixture of experts' probabilities), layer (-1
+/// outside layers), rows x cols floats (one row per token).
 using TraceFn = std::function<void(std::string_view name, int layer, const float* data,
                                    int64_t rows, int64_t cols, int64_t stride)>;
 

@@ -129,7 +129,8 @@ class CollectSink : public RequestSink {
 int cmd_run(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device",
                 "gpu-weights", "holder-socket"},
-         {"json", "ignore-eos", "no-bos"}, {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
+         {"json", "ignore-eos", "no-bos", "router-gaps"},
+         {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
   auto lm = open_model(a.required("model"));
   const HParams& hp = lm->model.hp();
   const Tokenizer& tok = lm->tokenizer;
@@ -158,6 +159,33 @@ int cmd_run(const std::vector<std::string>& argv) {
   backend->reserve(shape);
 
   const bool json = a.has("json");
+  // --router-gaps (a mixture of experts, with --json): for each position the
+  // engine ran, the smallest margin over the layers, in nats, between the
+  // last expert a token chose and the best one it did not. Two engines that
+  // round differently may choose other experts where it is small: the
+  // comparisons against llama.cpp (tests/integration/arch_compare.py) say so.
+  std::vector<double> router_gaps;
+  if (a.has("router-gaps")) {
+    if (!hp.moe() || !json) throw Error("--router-gaps goes with --json, on a mixture of experts");
+    int64_t first = 0;
+    backend->set_trace([&](std::string_view name, int layer, const float* d, int64_t rows, int64_t cols, int64_t ld) {
+      if (name != "router") return;
+      if (layer == 0) {
+        first = int64_t(router_gaps.size());
+        router_gaps.resize(size_t(first + rows), INFINITY);
+      }
+      std::vector<float> p(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(d + r * ld, cols, p.begin());
+        std::nth_element(p.begin(), p.begin() + hp.n_expert_used, p.end(), std::greater<>());
+        const float last = *std::min_element(p.begin(), p.begin() + hp.n_expert_used);
+        if (hp.n_expert_used < cols) {
+          double& g = router_gaps[size_t(first + r)];
+          g = std::min(g, std::log(double(last)) - std::log(double(p[size_t(hp.n_expert_used)])));
+        }
+      }
+    });
+  }
   Engine engine(*backend, hp, tok.eos(), shape);
   auto sink = std::make_shared<CollectSink>(tok, !json);
   if (!json) {
@@ -172,6 +200,7 @@ int cmd_run(const std::vector<std::string>& argv) {
                           {"tokens", sink->tokens},
                           {"text", tok.decode(sink->tokens)},
                           {"finish_reason", finish_name(sink->reason)}};
+    if (!router_gaps.empty()) out["router_gaps"] = router_gaps;
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
   } else {
     std::cout << std::endl;

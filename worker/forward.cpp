@@ -68,6 +68,23 @@ void run_forward(const Model& model, ForwardOps& ops, std::span<const BatchToken
     ops.step_point(StepPoint::attention_done, layer);
     // Feed-forward block (SwiGLU): x += down . (silu(gate . n) * (up . n)), n = norm(x).
     const NormSpec ffn_norm{&L.ffn_norm, hp.norm_eps, Act::xb};
+    if (hp.moe()) {
+      // A mixture of experts: the same SwiGLU in each chosen expert.
+      const MoeSpec moe{&L.gate_inp, &L.gate_exps, &L.up_exps, &L.down_exps, hp.n_expert, hp.n_expert_used,
+                        hp.expert_ff, hp.expert_weights_norm, L.gate_inp_shexp ? &L.gate_inp_shexp : nullptr,
+                        &L.gate_shexp, &L.up_shexp, &L.down_shexp, hp.shared_ff};
+      if (tracing) {
+        ops.moe_ffn(Act::x, &ffn_norm, moe, Act::moe_out, false);
+        ops.trace("router", layer, Act::router, hp.n_expert);
+        ops.trace("ffn_out", layer, Act::moe_out, hp.dim);
+        ops.add(Act::x, Act::moe_out);
+        ops.trace("l_out", layer, Act::x, hp.dim);
+      } else {
+        ops.moe_ffn(Act::x, &ffn_norm, moe, Act::x, true);
+      }
+      ops.step_point(StepPoint::layer_done, layer);
+      continue;
+    }
     ops.ffn_swiglu(Act::x, &ffn_norm, L.w_gate, L.w_up, Act::hb, Act::hb2);
     if (tracing) {
       const ProductSpec down{&L.w_down, Act::xb};

@@ -86,6 +86,29 @@ struct AttentionSpec {
   float scale = 1.0f;      // 1 / sqrt(head_dim)
 };
 
+/// A mixture-of-experts feed-forward (qwen2moe, qwen3moe), as llama.cpp's
+/// build_moe_ffn computes it: p = softmax(router . n) over the experts; the
+/// n_used experts of highest p (ties to the lower id) each compute
+/// down_e . (silu(gate_e . n) * (up_e . n)), weighted by their p (divided by
+/// the chosen p's sum when `norm_weights`, the sum kept >= 2^-14), and
+/// summed; a shared expert (when gate_inp_shexp is set) adds its SwiGLU
+/// output times sigmoid(gate_inp_shexp . n).
+struct MoeSpec {
+  const Weight* router = nullptr;  // (n_expert, dim) f32
+  const Weight* gate = nullptr;    // stacks of n_expert matrices
+  const Weight* up = nullptr;
+  const Weight* down = nullptr;
+  int64_t n_expert = 0;
+  int64_t n_used = 0;
+  int64_t expert_ff = 0;
+  bool norm_weights = false;
+  const Weight* shared_gate_inp = nullptr;  // (dim) f32, or nullptr: no shared expert
+  const Weight* shared_gate = nullptr;
+  const Weight* shared_up = nullptr;
+  const Weight* shared_down = nullptr;
+  int64_t shared_ff = 0;
+};
+
 /// Points in a step where a backend may do other work (the worker reads its
 /// socket there: Backend::during_step()).
 enum class StepPoint : uint8_t { attention_done, layer_done };
@@ -109,6 +132,12 @@ class ForwardOps {
   /// h = silu(gate . n) * (up . n), n = in or rmsnorm(in) * norm->g; `h_up`
   /// is scratch of h's shape. Default: products into h and h_up, swiglu.
   virtual void ffn_swiglu(Act in, const NormSpec* norm, const Weight& gate, const Weight& up, Act h, Act h_up);
+  /// out (+)= the mixture of experts of `spec` over n = in, or rmsnorm(in) *
+  /// norm->g (written to norm->out), leaving each token's expert
+  /// probabilities (the softmax) in Act::router: `accumulate` adds it into out (the
+  /// residual), else out is overwritten (it may be n, or moe_out). A backend that
+  /// runs no mixture of experts refuses the model when it is built.
+  virtual void moe_ffn(Act in, const NormSpec* norm, const MoeSpec& spec, Act out, bool accumulate) = 0;
   /// The head_dim values of each of `heads` heads of `qk`, normalised each
   /// (RMSNorm per head, gain g of head_dim values): Qwen3's Q/K norm.
   virtual void head_norm(Act qk, int64_t heads, const Weight& g, float eps) = 0;

@@ -26,6 +26,10 @@ HParams hparams_of(const ArchOptions& o) {
   hp.n_rot = hp.head_dim;
   hp.qkv_bias = a->qkv_bias;
   hp.qk_norm = a->qk_norm;
+  hp.n_expert = o.experts;
+  hp.n_expert_used = o.experts_used;
+  hp.expert_ff = o.expert_ff;
+  hp.shared_ff = a->ffn == FfnKind::experts_shared ? (o.shared_ff ? o.shared_ff : o.ff) : 0;
   return hp;
 }
 
@@ -42,6 +46,18 @@ void validate_arch(const ArchOptions& o) {
   if (o.rope_freqs && !a->rope_freqs)
     throw Error("--rope-freqs: " + o.arch + " files have no rope_freqs.weight (llama and mistral do)");
   if (o.rope_scale < 0) throw Error("--rope-scale must be positive");
+  if (a->ffn == FfnKind::dense) {
+    if (o.experts || o.experts_used || o.expert_ff || o.shared_ff)
+      throw Error("--experts, --experts-used, --expert-ff and --shared-ff: " + o.arch +
+                  " is a dense model (qwen2moe and qwen3moe have experts)");
+    return;
+  }
+  if (o.experts < 2) throw Error("--experts: " + o.arch + " needs at least 2 experts per layer");
+  if (o.experts_used < 1 || o.experts_used > o.experts)
+    throw Error("--experts-used must be between 1 and --experts (" + std::to_string(o.experts) + ")");
+  if (o.expert_ff == 0) throw Error("--expert-ff: " + o.arch + " needs the experts' hidden size");
+  if (o.shared_ff && a->ffn != FfnKind::experts_shared)
+    throw Error("--shared-ff: " + o.arch + " has no shared expert (qwen2moe has)");
 }
 
 void write_arch_metadata(gguf::Writer& w, const ArchOptions& o) {
@@ -57,6 +73,12 @@ void write_arch_metadata(gguf::Writer& w, const ArchOptions& o) {
   if (o.head_dim) {
     w.set_u32(p + "attention.key_length", o.head_dim);
     w.set_u32(p + "attention.value_length", o.head_dim);
+  }
+  if (o.experts) {
+    w.set_u32(p + "expert_count", o.experts);
+    w.set_u32(p + "expert_used_count", o.experts_used);
+    w.set_u32(p + "expert_feed_forward_length", o.expert_ff);
+    if (o.shared_ff) w.set_u32(p + "expert_shared_feed_forward_length", o.shared_ff);
   }
   w.set_f32(p + "attention.layer_norm_rms_epsilon", o.file_arch() == "llama" ? 1e-5f : 1e-6f);
   w.set_u32(p + "rope.dimension_count", o.head_size());
@@ -84,6 +106,11 @@ void add_arch_tensors(const ArchOptions& o, TensorSink& sink,
       case Role::output: return 3.0f * in_dim;
       case Role::wo: return in_q;
       case Role::w_down: return in_ff;
+      case Role::down_exps: return 1.0f / std::sqrt(float(hp.expert_ff));
+      case Role::down_shexp: return 1.0f / std::sqrt(float(hp.shared_ff));
+      // Router scores of about 2 standard deviations: the experts' choice
+      // is clear for most tokens, so two engines rarely part on it.
+      case Role::gate_inp: return 2.0f * in_dim;
       default: return in_dim;
     }
   };
@@ -104,6 +131,14 @@ void add_arch_tensors(const ArchOptions& o, TensorSink& sink,
     {
       const std::string name = tensor_name(spec, l);
       const uint64_t cols = uint64_t(dim_size(spec.cols, hp));
+      if (spec.mats != Dim::one) {
+        sink.stack(name, cols, uint64_t(dim_size(spec.rows, hp)), uint64_t(dim_size(spec.mats, hp)), spread(spec.role));
+        continue;
+      }
+      if (spec.role == Role::gate_inp) {
+        sink.matrix_f32(name, cols, uint64_t(dim_size(spec.rows, hp)), spread(spec.role));
+        continue;
+      }
       if (spec.rows != Dim::one) {
         const uint64_t rows = uint64_t(dim_size(spec.rows, hp));
         const bool logits = spec.role == Role::output || (o.tied && spec.role == Role::token_embd);
@@ -134,6 +169,10 @@ void add_arch_tensors(const ArchOptions& o, TensorSink& sink,
         continue;
       }
       switch (spec.role) {
+        case Role::gate_inp_shexp:
+          // The shared expert's gate: sigmoid of scores of about 1.
+          sink.vector(name, cols, [&normal_at, name, in_dim](uint64_t i) { return in_dim * normal_at(name, i); });
+          break;
         case Role::bq:
         case Role::bk:
         case Role::bv:

@@ -26,6 +26,9 @@ struct ArchOptions {
   int32_t eos_token = -1;      // tokenizer.ggml.eos_token_id of the vocabulary
   std::vector<uint64_t> quiet_rows;  // tokens whose output rows are zero (never a greedy winner)
   uint64_t n_vocab = 0;
+  // A mixture of experts (qwen2moe, qwen3moe): experts per layer, how many a
+  // token uses, an expert's hidden size, the shared expert's (qwen2moe; 0: ff).
+  uint32_t experts = 0, experts_used = 0, expert_ff = 0, shared_ff = 0;
   uint32_t head_size() const { return head_dim ? head_dim : dim / heads; }
   /// general.architecture written: Mistral's GGUFs say "llama" (llama.cpp
   /// knows no "mistral" graph); the others their own name.
@@ -45,6 +48,10 @@ void write_arch_metadata(gguf::Writer& w, const ArchOptions& o);
 struct TensorSink {
   std::function<void(const std::string& name, uint64_t cols, uint64_t rows, float stddev)> matrix;
   std::function<void(const std::string& name, uint64_t n, std::function<float(uint64_t)> value)> vector;
+  /// A stack of `mats` matrices (a layer's experts), of the file's type.
+  std::function<void(const std::string& name, uint64_t cols, uint64_t rows, uint64_t mats, float stddev)> stack;
+  /// A matrix that stays F32 whatever the file's type (a router, as llama.cpp writes it).
+  std::function<void(const std::string& name, uint64_t cols, uint64_t rows, float stddev)> matrix_f32;
   /// A matrix whose element i is adjust(i, its normal(0, stddev) value):
   /// the output rows of eos_bias and quiet_rows.
   std::function<void(const std::string& name, uint64_t cols, uint64_t rows, float stddev,

@@ -7,6 +7,7 @@
 //               [--arch A] [--dim D] [--layers L] [--ff F] [--heads H] [--kv-heads K] [--head-dim N]
 //               [--tied] [--rope-freqs] [--rope-scale F] [--rope-base B] [--eos-bias B]
 //               [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]
+//               [--experts E --experts-used K --expert-ff F [--shared-ff F]]
 
 #include <algorithm>
 #include <charconv>
@@ -90,10 +91,11 @@ constexpr TypeChoice kTypes[] = {
 constexpr const char* kUsage =
     "usage: ds4-mkmodel --out FILE (--vocab-from GGUF | --vocab-hf DIR [--pre NAME])\n"
     "                   [--preset stories-like|207m|1b|7b|llama3-1b|llama3-8b]\n"
-    "                   [--arch llama|mistral|qwen2|qwen3] [--dim D] [--layers L] [--ff F]\n"
+    "                   [--arch llama|mistral|qwen2|qwen3|qwen2moe|qwen3moe] [--dim D] [--layers L] [--ff F]\n"
     "                   [--heads H] [--kv-heads K] [--head-dim N] [--tied] [--rope-freqs]\n"
     "                   [--rope-scale F] [--rope-base B] [--eos-bias B] [--no-byte-tokens]\n"
     "                   [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]\n"
+    "                   [--experts E --experts-used K --expert-ff F [--shared-ff F]]\n"
     "Writes a GGUF of the architecture (default llama) with seeded random weights and the\n"
     "vocabulary of --vocab-from (a GGUF) or --vocab-hf (a folder with tokenizer.json and\n"
     "tokenizer_config.json, whose pre-tokenizer is told from tokenizer.json or named by --pre:\n"
@@ -103,7 +105,11 @@ constexpr const char* kUsage =
     "(Llama 3 frequency factors); --rope-scale F: linear RoPE scaling by F; --eos-bias B:\n"
     "the end token's output row leans to a few tokens, so greedy answers end by themselves\n"
     "(0.5: most answers of a small model end within 64 tokens); --no-byte-tokens: byte tokens (<0xNN>) get zero output\n"
-    "rows, so greedy text is valid UTF-8 (llama-server refuses stray bytes).\n";
+    "rows (with a BPE vocabulary: the tokens that are not whole UTF-8), so greedy text is valid UTF-8\n"
+    "(llama-server refuses stray bytes).\n"
+    "qwen2moe and qwen3moe are mixtures of experts: --experts E per layer, --experts-used K\n"
+    "of them per token, each of hidden size --expert-ff; qwen2moe's shared expert has\n"
+    "--shared-ff (default --ff). The routers stay F32 whatever --type says.\n";
 
 uint64_t parse_number(std::string_view flag, std::string_view text, uint64_t max) {
   uint64_t v = 0;
@@ -147,7 +153,8 @@ Options parse_args(int argc, char** argv) {
     }
     static constexpr std::string_view kFlags[] = {"--out",    "--vocab-from", "--vocab-hf", "--pre", "--preset", "--name",  "--seed", "--dim",
                                                   "--layers", "--ff",         "--heads",  "--kv-heads", "--ctx", "--type",
-                                                  "--arch", "--head-dim", "--rope-scale", "--rope-base", "--eos-bias"};
+                                                  "--arch", "--head-dim", "--rope-scale", "--rope-base", "--eos-bias",
+                                                  "--experts", "--experts-used", "--expert-ff", "--shared-ff"};
     if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags))
       throw Error("unknown option '" + std::string(flag) + "' (see --help)");
     if (i + 1 >= argc) throw Error(std::string(flag) + ": missing value (see --help)");
@@ -169,6 +176,10 @@ Options parse_args(int argc, char** argv) {
     else if (flag == "--rope-scale") o.arch.rope_scale = parse_float(flag, value);
     else if (flag == "--rope-base") o.arch.rope_base = parse_float(flag, value);
     else if (flag == "--eos-bias") o.arch.eos_bias = parse_float(flag, value);
+    else if (flag == "--experts") o.arch.experts = uint32_t(parse_size(flag, value, 4096));
+    else if (flag == "--experts-used") o.arch.experts_used = uint32_t(parse_size(flag, value, 4096));
+    else if (flag == "--expert-ff") o.arch.expert_ff = uint32_t(parse_size(flag, value, 1u << 22));
+    else if (flag == "--shared-ff") o.arch.shared_ff = uint32_t(parse_size(flag, value, 1u << 22));
     else if (flag == "--ctx") {
       given.ctx = uint32_t(parse_number(flag, value, 1u << 24));
       ctx_given = true;
@@ -235,6 +246,8 @@ void validate(const Options& o) {
   }
   mkmodel::validate_arch(o.arch);
   const uint32_t q_dim = s.heads * o.arch.head_size();
+  if (o.type == GgmlType::Q8_0 && (o.arch.expert_ff % 32 != 0 || o.arch.shared_ff % 32 != 0))
+    throw Error("--type q8_0 needs --expert-ff and --shared-ff to be multiples of 32 (the block size)");
   if (o.type == GgmlType::Q8_0 && (s.dim % 32 != 0 || s.ff % 32 != 0 || q_dim % 32 != 0)) {
     throw Error("--type q8_0 needs --dim, --ff and heads x head size to be multiples of 32 (the block size), got " +
                 std::to_string(s.dim) + ", " + std::to_string(s.ff) + " and " + std::to_string(q_dim));
@@ -346,6 +359,31 @@ gguf::TensorGenerator random_tensor(std::string_view name, uint64_t seed, GgmlTy
 
 // --- the model file -------------------------------------------------------
 
+/// Whether `s` is whole, well-formed UTF-8 (no stray or missing continuation
+/// bytes, no overlong forms, surrogates or code points above U+10FFFF).
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) n = 1, cp = c;
+    else if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07;
+    else return false;
+    if (i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
 void copy_vocabulary(const gguf::File& src, gguf::Writer& w) {
   for (const auto& [key, value] : src.metadata()) {
     if (key.starts_with("tokenizer.")) w.set(key, value);
@@ -411,10 +449,16 @@ int run(int argc, char** argv) {
   mkmodel::ArchOptions arch = o.arch;
   arch.n_vocab = n_vocab;
   arch.eos_token = int32_t(vocab_src->get_int("tokenizer.ggml.eos_token_id").value_or(-1));
-  if (o.no_byte_tokens)
+  if (o.no_byte_tokens && tok->is_bpe()) {
+    // Byte-level BPE has no byte tokens, but many tokens hold part of a
+    // character (the first two bytes of a CJK one): those are quiet.
+    for (int32_t i = 0; i < int32_t(n_vocab); ++i)
+      if (!valid_utf8(tok->piece(i))) arch.quiet_rows.push_back(uint64_t(i));
+  } else if (o.no_byte_tokens) {
     if (const gguf::Value* types = vocab_src->find("tokenizer.ggml.token_type"); types && types->type == gguf::ValueType::ARRAY)
       for (size_t i = 0; i < types->array.size(); ++i)
         if (types->array[i].as_int() == 6) arch.quiet_rows.push_back(uint64_t(i));  // a byte token
+  }
 
   gguf::Writer w;
   w.set_string("general.name",
@@ -441,6 +485,18 @@ int run(int argc, char** argv) {
                            progress.wrap(random_tensor(name, o.seed, o.type, ne0 * ne1, stddev)));
     n_params += ne0 * ne1;
     progress.total += gguf::Writer::tensor_bytes({ne0, ne1}, o.type);
+  };
+  sink.stack = [&](const std::string& name, uint64_t ne0, uint64_t ne1, uint64_t ne2, float stddev) {
+    w.add_tensor_generated(name, {ne0, ne1, ne2}, o.type,
+                           progress.wrap(random_tensor(name, o.seed, o.type, ne0 * ne1 * ne2, stddev)));
+    n_params += ne0 * ne1 * ne2;
+    progress.total += gguf::Writer::tensor_bytes({ne0, ne1, ne2}, o.type);
+  };
+  sink.matrix_f32 = [&](const std::string& name, uint64_t ne0, uint64_t ne1, float stddev) {
+    w.add_tensor_generated(name, {ne0, ne1}, GgmlType::F32,
+                           progress.wrap(random_tensor(name, o.seed, GgmlType::F32, ne0 * ne1, stddev)));
+    n_params += ne0 * ne1;
+    progress.total += ne0 * ne1 * 4;
   };
   sink.vector = [&](const std::string& name, uint64_t n, std::function<float(uint64_t)> value) {
     w.add_tensor_generated(name, {n}, GgmlType::F32, progress.wrap([n, value](uint8_t* out, uint64_t) {

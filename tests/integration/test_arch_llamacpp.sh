@@ -13,6 +13,10 @@
 #   qwen2    QKV bias, NEOX RoPE
 #   qwen3    Q/K RMSNorm per head, head size 48 != dim / heads = 32, NEOX RoPE
 #   tied     no output.weight: the logits use token_embd
+#   qwen3moe qwen3's attention, 8 experts of which each token takes 2, their
+#            weights renormalised (the router's near ties: arch_compare.py)
+#   qwen2moe qwen2's attention, 8 experts (2 a token) and a shared expert
+#            under its sigmoid gate
 #
 # Vocabulary: stories260K's (SentencePiece); its byte tokens never win
 # (--no-byte-tokens), since llama-server refuses text that is not UTF-8.
@@ -41,7 +45,11 @@ expect_error() {  # expect_error PATTERN ARGS...
   [[ $rc -ne 0 && $out == *"$pattern"* ]] || { echo "FAIL: ds4-mkmodel $*: exit $rc, '$out' lacks '$pattern'" >&2; exit 1; }
   echo "ok: ds4-mkmodel $*: $out"
 }
-expect_error "unknown architecture 'gpt2' (expected llama, mistral, qwen2, qwen3)" --arch gpt2
+expect_error "unknown architecture 'gpt2' (expected llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe)" --arch gpt2
+expect_error "--experts: qwen3moe needs at least 2 experts per layer" --arch qwen3moe --expert-ff 64
+expect_error "--experts-used must be between 1 and --experts (4)" --arch qwen3moe --experts 4 --experts-used 5 --expert-ff 64
+expect_error "qwen2 is a dense model" --arch qwen2 --experts 4
+expect_error "--shared-ff: qwen3moe has no shared expert" --arch qwen3moe --experts 4 --experts-used 2 --expert-ff 64 --shared-ff 64
 expect_error "--rope-freqs: qwen2 files have no rope_freqs.weight" --arch qwen2 --rope-freqs
 expect_error "head size 7 must be even" --arch qwen3 --head-dim 7
 
@@ -52,11 +60,13 @@ declare -A arch_args=(
   [qwen2]="--arch qwen2 --heads 4 --kv-heads 2"
   [qwen3]="--arch qwen3 --heads 4 --kv-heads 2 --head-dim 48"
   [tied]="--arch llama --heads 4 --kv-heads 4 --tied"
+  [qwen3moe]="--arch qwen3moe --heads 4 --kv-heads 2 --head-dim 48 --experts 8 --experts-used 2 --expert-ff 96"
+  [qwen2moe]="--arch qwen2moe --heads 4 --kv-heads 2 --experts 8 --experts-used 2 --expert-ff 96 --shared-ff 192"
 )
 prompts=("Once upon a time" "The little dog ran" "Lily and Tom" "One day, a girl named Sue" "He said")
 
 failed=0
-for name in llama3 mistral qwen2 qwen3 tied; do
+for name in llama3 mistral qwen2 qwen3 tied qwen3moe qwen2moe; do
   for type in f16 q8_0; do
     model=$tmp/$name-$type.gguf
     # shellcheck disable=SC2086
@@ -68,7 +78,10 @@ for name in llama3 mistral qwen2 qwen3 tied; do
     echo "--- $name $type"
     near_tie=0.1
     [[ $type == q8_0 ]] && near_tie=0.25
-    if ! python3 "$here/arch_compare.py" "$bin/ds4-worker" "$model" "$port" 32 "$near_tie" "${prompts[@]}"; then
+    # The router's near tie (mixtures of experts): test_moe_llamacpp.sh says why.
+    router_tie=
+    [[ $name == *moe ]] && router_tie=$([[ $type == q8_0 ]] && echo 0.15 || echo 0.01)
+    if ! DS4_ROUTER_TIE=$router_tie python3 "$here/arch_compare.py" "$bin/ds4-worker" "$model" "$port" 32 "$near_tie" "${prompts[@]}"; then
       failed=1
     fi
     peer_server_stop

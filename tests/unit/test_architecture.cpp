@@ -3,6 +3,7 @@
 // as llama.cpp writes them, and bad files refused naming the key or tensor.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -27,7 +28,10 @@ struct FileSpec {
   uint32_t dim = 32, layers = 2, ff = 48, heads = 4, kv_heads = 2, vocab = 10;
   uint32_t head_dim = 0;  // key_length when set
   bool output = true, rope_freqs = false, qkv_bias = false, qk_norm = false;
+  uint32_t experts = 0, experts_used = 0, expert_ff = 0;  // a mixture of experts when experts > 0
+  bool shared_expert = false;                              // qwen2moe's (of size ff)
   std::string skip;                                  // a tensor left out
+  std::string skip_key;                              // a metadata key left out
   std::map<std::string, std::vector<uint64_t>> reshape;  // a tensor's dims changed
   std::vector<std::pair<std::string, std::string>> strings;  // extra string keys
 };
@@ -47,6 +51,11 @@ Built build(const FileSpec& s) {
   w.set_u32(p + "attention.head_count", s.heads);
   w.set_u32(p + "attention.head_count_kv", s.kv_heads);
   if (s.head_dim) w.set_u32(p + "attention.key_length", s.head_dim);
+  if (s.experts) {
+    w.set_u32(p + "expert_count", s.experts);
+    w.set_u32(p + "expert_used_count", s.experts_used);
+    if (s.skip_key != "expert_feed_forward_length") w.set_u32(p + "expert_feed_forward_length", s.expert_ff);
+  }
   for (const auto& [k, v] : s.strings) w.set_string(k, v);
   std::vector<std::string> toks;
   for (uint32_t i = 0; i < s.vocab; ++i) toks.push_back("t" + std::to_string(i));
@@ -80,6 +89,19 @@ Built build(const FileSpec& s) {
     }
     add(b + "attn_output.weight", {q, s.dim});
     add(b + "ffn_norm.weight", {s.dim});
+    if (s.experts) {
+      add(b + "ffn_gate_inp.weight", {s.dim, s.experts});
+      add(b + "ffn_gate_exps.weight", {s.dim, s.expert_ff, s.experts});
+      add(b + "ffn_up_exps.weight", {s.dim, s.expert_ff, s.experts});
+      add(b + "ffn_down_exps.weight", {s.expert_ff, s.dim, s.experts});
+      if (s.shared_expert) {
+        add(b + "ffn_gate_inp_shexp.weight", {s.dim});
+        add(b + "ffn_gate_shexp.weight", {s.dim, s.ff});
+        add(b + "ffn_up_shexp.weight", {s.dim, s.ff});
+        add(b + "ffn_down_shexp.weight", {s.ff, s.dim});
+      }
+      continue;
+    }
     add(b + "ffn_gate.weight", {s.dim, s.ff});
     add(b + "ffn_up.weight", {s.dim, s.ff});
     add(b + "ffn_down.weight", {s.ff, s.dim});
@@ -106,10 +128,21 @@ std::string bind_error(const FileSpec& s) {
 
 }  // namespace
 
-TEST_CASE("architecture: the table names llama, mistral, qwen2 and qwen3 with their variations") {
+TEST_CASE("architecture: the table names llama, mistral, qwen2, qwen3 and their MoE kin with their variations") {
   std::set<std::string> names;
   for (const Architecture& a : architectures()) names.insert(std::string(a.name));
-  CHECK(names == std::set<std::string>{"llama", "mistral", "qwen2", "qwen3"});
+  CHECK(names == std::set<std::string>{"llama", "mistral", "qwen2", "qwen3", "qwen2moe", "qwen3moe"});
+  const Architecture* q2m = find_architecture("qwen2moe");
+  const Architecture* q3m = find_architecture("qwen3moe");
+  REQUIRE(q2m);
+  REQUIRE(q3m);
+  CHECK(q2m->ffn == FfnKind::experts_shared);
+  CHECK(q2m->qkv_bias);
+  CHECK_FALSE(q2m->expert_weights_norm);
+  CHECK(q3m->ffn == FfnKind::experts);
+  CHECK(q3m->qk_norm);
+  CHECK(q3m->expert_weights_norm);
+  CHECK(find_architecture("llama")->ffn == FfnKind::dense);
   const Architecture* qwen2 = find_architecture("qwen2");
   const Architecture* qwen3 = find_architecture("qwen3");
   const Architecture* llama = find_architecture("llama");
@@ -203,7 +236,7 @@ TEST_CASE("architecture: qwen3 takes its head size from key_length and needs Q/K
 TEST_CASE("architecture: bad files are refused naming the key or tensor") {
   FileSpec s;
   s.arch = "gpt2";
-  CHECK(bind_error(s) == "test.gguf: general.architecture is 'gpt2'; ds4 runs llama, mistral, qwen2, qwen3");
+  CHECK(bind_error(s) == "test.gguf: general.architecture is 'gpt2'; ds4 runs llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe");
   s = {};
   s.skip = "blk.1.ffn_up.weight";
   CHECK(bind_error(s) == "test.gguf: missing tensor 'blk.1.ffn_up.weight' (llama has it in every file)");
@@ -228,9 +261,75 @@ TEST_CASE("architecture: every required tensor of every architecture is named as
       "token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight", "attn_norm.weight",
       "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias",
       "attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight",
-      "ffn_up.weight", "ffn_down.weight"};
+      "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+      "ffn_down_exps.weight", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+      "ffn_down_shexp.weight"};
   for (const TensorSpec& t : architecture_tensors()) CHECK(gguf_names.count(std::string(t.name)) == 1);
   CHECK(tensor_name(architecture_tensors()[5], 7) == "blk.7." + std::string(architecture_tensors()[5].name));
+}
+
+TEST_CASE("architecture: qwen3moe binds its router and expert stacks, and matrix e of a stack") {
+  FileSpec s;
+  s.arch = "qwen3moe";
+  s.qk_norm = true;
+  s.experts = 4;
+  s.experts_used = 2;
+  s.expert_ff = 24;
+  Built keep;
+  const Model m = bind(s, keep);
+  const HParams& hp = m.hp();
+  CHECK(hp.moe());
+  CHECK(hp.n_expert == 4);
+  CHECK(hp.n_expert_used == 2);
+  CHECK(hp.expert_ff == 24);
+  CHECK(hp.shared_ff == 0);
+  CHECK(hp.expert_weights_norm);
+  CHECK(hp.ffn_width() == 24);  // not feed_forward_length: no dense feed-forward
+  const LayerWeights& L = m.w().layers[1];
+  CHECK_FALSE(bool(L.w_gate));
+  CHECK(L.gate_inp.rows == 4);
+  CHECK(L.gate_exps.mats == 4);
+  CHECK(L.gate_exps.rows == 24);
+  CHECK(L.down_exps.cols == 24);
+  CHECK(L.down_exps.rows == 32);
+  CHECK_FALSE(bool(L.gate_inp_shexp));
+  // Matrix 3 starts 3 matrices of 24 rows of 32 F32 values in.
+  const Weight e3 = L.up_exps.mat(3);
+  CHECK(e3.mats == 1);
+  CHECK(static_cast<const uint8_t*>(e3.data) - static_cast<const uint8_t*>(L.up_exps.data) == 3 * 24 * 32 * 4);
+
+  s.reshape = {{"blk.0.ffn_down_exps.weight", {24, 32, 3}}};
+  CHECK(bind_error(s) == "test.gguf: tensor 'blk.0.ffn_down_exps.weight' has shape [24 x 32 x 3], expected [24 x 32 x 4]");
+  s.reshape.clear();
+  s.skip = "blk.1.ffn_gate_inp.weight";
+  CHECK(bind_error(s) == "test.gguf: missing tensor 'blk.1.ffn_gate_inp.weight' (qwen3moe has it in every file)");
+  s.skip.clear();
+  s.experts_used = 5;
+  CHECK(bind_error(s) == "test.gguf: qwen3moe.expert_used_count = 5 exceeds expert_count = 4");
+  s.experts_used = 2;
+  s.skip_key = "expert_feed_forward_length";
+  CHECK(bind_error(s) == "test.gguf: missing metadata key 'qwen3moe.expert_feed_forward_length'");
+}
+
+TEST_CASE("architecture: qwen2moe binds a shared expert of feed_forward_length and its gate") {
+  FileSpec s;
+  s.arch = "qwen2moe";
+  s.qkv_bias = true;
+  s.experts = 4;
+  s.experts_used = 2;
+  s.expert_ff = 16;
+  s.shared_expert = true;
+  Built keep;
+  const Model m = bind(s, keep);
+  CHECK(m.hp().shared_ff == 48);
+  CHECK(m.hp().ffn_width() == 48);
+  CHECK_FALSE(m.hp().expert_weights_norm);
+  const LayerWeights& L = m.w().layers[0];
+  CHECK(L.gate_inp_shexp.cols == 32);
+  CHECK(L.gate_shexp.rows == 48);
+  CHECK(L.down_shexp.cols == 48);
+  s.skip = "blk.0.ffn_up_shexp.weight";
+  CHECK(bind_error(s) == "test.gguf: missing tensor 'blk.0.ffn_up_shexp.weight' (qwen2moe has it in every file)");
 }
 
 // --- the forward pass as a sequence of ops ----------------------------------
@@ -257,6 +356,11 @@ struct RecordingOps final : ForwardOps {
     }
   }
   void swiglu(Act, Act) override { ops.push_back("swiglu"); }
+  std::optional<MoeSpec> moe;
+  void moe_ffn(Act, const NormSpec* norm, const MoeSpec& m, Act out, bool acc) override {
+    moe = m;
+    ops.push_back(std::string("moe") + (norm ? "+norm" : "") + (acc && out == Act::x ? " into x" : ""));
+  }
   void head_norm(Act, int64_t, const Weight&, float) override { ++head_norms; ops.push_back("head_norm"); }
   void rope(Act, int64_t, const RopeSpec& r) override { rope_spec = r; ops.push_back("rope"); }
   void kv_store(int, Act, Act) override { ops.push_back("kv_store"); }
@@ -318,6 +422,33 @@ TEST_CASE("forward: each architecture's variations become ops, the fused ones by
     CHECK(ops3.rope_spec->head_dim == 12);
     CHECK(ops3.logits_weight == &m.w().output);
     CHECK(m.w().output.data == m.w().token_embd.data);  // tied
+  }
+  SUBCASE("qwen3moe: one mixture-of-experts op per layer, adding into x, with the file's sizes") {
+    FileSpec s;
+    s.arch = "qwen3moe";
+    s.qk_norm = true;
+    s.experts = 4;
+    s.experts_used = 2;
+    s.expert_ff = 24;
+    Built keep;
+    const Model m = bind(s, keep);
+    RecordingOps ops;
+    run_forward(m, ops, batch);
+    CHECK(std::count(ops.ops.begin(), ops.ops.end(), "moe+norm into x") == 2);
+    CHECK(std::count(ops.ops.begin(), ops.ops.end(), "swiglu") == 0);
+    REQUIRE(ops.moe);
+    CHECK(ops.moe->n_expert == 4);
+    CHECK(ops.moe->n_used == 2);
+    CHECK(ops.moe->expert_ff == 24);
+    CHECK(ops.moe->norm_weights);
+    CHECK(ops.moe->router == &m.w().layers[1].gate_inp);
+    CHECK(ops.moe->down == &m.w().layers[1].down_exps);
+    CHECK(ops.moe->shared_gate_inp == nullptr);
+    RecordingOps traced;
+    traced.trace_on = true;
+    run_forward(m, traced, batch);
+    CHECK(std::count(traced.ops.begin(), traced.ops.end(), "trace router") == 2);
+    CHECK(std::count(traced.ops.begin(), traced.ops.end(), "trace ffn_out") == 2);
   }
   SUBCASE("tracing: the norms and ffn_out are separate ops so the trace can read them") {
     FileSpec s;

@@ -39,7 +39,7 @@ class CpuBackend final : public Backend, private ForwardOps {
     if (s.ctx <= 0 || s.slots <= 0 || s.max_batch <= 0)
       throw Error("context, slots and batch must be positive");
     const ScratchLayout l = cpu_scratch_layout(hp_, s, int(pool_.size()));
-    const int64_t max_k = std::max({hp_.dim, hp_.q_dim(), hp_.ff});
+    const int64_t max_k = std::max({hp_.dim, hp_.q_dim(), hp_.ffn_width()});
     if (cpu::matmul_scratch_floats(max_k) > l.matmul_per_thread)
       throw Error("CPU backend: the kernels need " + std::to_string(cpu::matmul_scratch_floats(max_k)) +
                   " floats of scratch per thread, the memory plan gives " + std::to_string(l.matmul_per_thread) +
@@ -57,6 +57,7 @@ class CpuBackend final : public Backend, private ForwardOps {
     xq_ = reinterpret_cast<cpu::BlockQ8Act*>(f + l.xq);
     thread_scratch_ = f + l.threads;
     xk_ = reinterpret_cast<cpu::BlockQ8K*>(f + l.xk);
+    moe_ = f + l.moe;
   }
 
   void forward(std::span<const BatchToken> batch) override {
@@ -84,6 +85,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   void rmsnorm(Act in, const Weight& g, float eps, Act out) override;
   void products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) override;
   void swiglu(Act g, Act u) override;
+  void moe_ffn(Act in, const NormSpec* norm, const MoeSpec& spec, Act out, bool accumulate) override;
   void head_norm(Act qk, int64_t heads, const Weight& g, float eps) override;
   void rope(Act qk, int64_t heads, const RopeSpec& r) override;
   void kv_store(int layer, Act k, Act v) override;
@@ -103,7 +105,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   /// The rows an op on `a` covers this step.
   int64_t rows(Act a) const { return a == Act::xl || a == Act::logits ? rows_ : int64_t(batch_.size()); }
   int64_t logit_rows() const { return shape_.slots + 1; }
-  int64_t max_k() const { return std::max({hp_.dim, hp_.q_dim(), hp_.ff}); }
+  int64_t max_k() const { return std::max({hp_.dim, hp_.q_dim(), hp_.ffn_width()}); }
   uint16_t* k_cache(int layer, int slot) const {
     return kv_.as<uint16_t>() + ((int64_t(layer) * shape_.slots + slot) * shape_.ctx) * hp_.kv_dim();
   }
@@ -133,7 +135,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   /// Runs fn(t) for each of T rows, spread over the pool when there are many.
   template <typename Fn>
   void for_tokens(int64_t T, Fn&& fn) {
-    parallel(T * std::max(hp_.dim, hp_.ff) * 8, [&](int i, int n) {
+    parallel(T * std::max(hp_.dim, hp_.ffn_width()) * 8, [&](int i, int n) {
       for (int64_t t = i; t < T; t += n) fn(t);
     });
   }
@@ -151,6 +153,7 @@ class CpuBackend final : public Backend, private ForwardOps {
   float* thread_scratch_ = nullptr;
   cpu::BlockQ8Act* xq_ = nullptr;  // (max_batch, max_k / 32): the input of a product taking Q8_0 blocks
   cpu::BlockQ8K* xk_ = nullptr;    // (max_batch, max_k / 256): the input of one taking Q8_K blocks
+  float* moe_ = nullptr;           // a mixture of experts' routes (cpu_scratch_layout: moe)
   std::span<const BatchToken> batch_;
   int64_t rows_ = 0;
   bool rope_ready_ = false;
@@ -284,6 +287,120 @@ void CpuBackend::swiglu(Act g, Act u) {
   const float* up = ptr(u);
   const int64_t ldg = ld(g), ldu = ld(u);
   for_tokens(rows(g), [&](int64_t t) { k_.silu_mul(gp + t * ldg, up + t * ldu, hp_.ff); });
+}
+
+void CpuBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act out, bool accumulate) {
+  if (norm) {
+    rmsnorm(in, *norm->g, norm->eps, norm->out);
+    in = norm->out;
+  }
+  const int64_t T = rows(in), E = m.n_expert, K = m.n_used, dim = hp_.dim;
+  const float* n = ptr(in);
+  const int64_t ldn = ld(in), ldr = ld(Act::router), ldm = ld(Act::moe_in), ldh = ld(Act::hb);
+  float* scores = ptr(Act::router);
+  float* gathered = ptr(Act::moe_in);
+  float* expert_out = ptr(Act::moe_out);
+  float* hb = ptr(Act::hb);
+  float* hb2 = ptr(Act::hb2);
+  float* acc = stage_;  // (T, ld(x)): the sum of the experts' outputs
+  const int64_t lda = ld(Act::x);
+  // The routes (cpu_scratch_layout's moe part): each token's K experts and
+  // weights, then the (token, weight) pairs grouped by expert.
+  int32_t* chosen = reinterpret_cast<int32_t*>(moe_);
+  float* weight = moe_ + T * K;
+  int32_t* start = reinterpret_cast<int32_t*>(moe_ + 2 * T * K);   // E + 1
+  int32_t* token_of = start + E + 1;                                // T * K, by expert
+  float* weight_of = reinterpret_cast<float*>(token_of + T * K);    // T * K, by expert
+
+  // Router: p = softmax(router . n) in ggml's order (exp(s - max), the sum
+  // in double, times its inverse); the K largest, renormalised if asked.
+  const Product router{m.router, n, ldn, scores, ldr};
+  matmul({&router, 1}, T);
+  for_tokens(T, [&](int64_t t) {
+    float* p = scores + t * ldr;
+    const float mx = *std::max_element(p, p + E);
+    double sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += double(p[e] = std::exp(p[e] - mx));
+    const float inv = float(1.0 / sum);
+    for (int64_t e = 0; e < E; ++e) p[e] *= inv;
+    int32_t* c = chosen + t * K;
+    float* w = weight + t * K;
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t best = -1;
+      for (int32_t e = 0; e < int32_t(E); ++e) {
+        if (std::find(c, c + k, e) != c + k) continue;
+        if (best < 0 || p[e] > p[best]) best = e;
+      }
+      c[k] = best;
+      w[k] = p[best];
+    }
+    if (m.norm_weights) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) s += w[k];
+      s = std::max(s, 6.103515625e-5f);
+      for (int64_t k = 0; k < K; ++k) w[k] /= s;
+    }
+  });
+  // Group the (token, weight) pairs by expert, tokens in batch order.
+  std::fill(start, start + E + 1, 0);
+  for (int64_t i = 0; i < T * K; ++i) ++start[chosen[i] + 1];
+  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
+  for (int64_t t = 0; t < T; ++t)  // start[e] is each expert's cursor, then its end
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t at = start[chosen[t * K + k]]++;
+      token_of[at] = int32_t(t);
+      weight_of[at] = weight[t * K + k];
+    }
+  for (int64_t e = E; e > 0; --e) start[e] = start[e - 1];
+  start[0] = 0;
+  for_tokens(T, [&](int64_t t) { std::fill_n(acc + t * lda, dim, 0.0f); });
+  // Each expert that a token of the batch chose, over its tokens only.
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c0 = start[e], c = start[e + 1] - c0;
+    if (c == 0) continue;
+    for_tokens(c, [&](int64_t i) { std::copy_n(n + int64_t(token_of[c0 + i]) * ldn, dim, gathered + i * ldm); });
+    const Weight gate = m.gate->mat(e), up = m.up->mat(e), down = m.down->mat(e);
+    const Product gu[2] = {{&gate, gathered, ldm, hb, ldh}, {&up, gathered, ldm, hb2, ldh}};
+    matmul(gu, c);
+    for_tokens(c, [&](int64_t i) { k_.silu_mul(hb + i * ldh, hb2 + i * ldh, m.expert_ff); });
+    const Product d{&down, hb, ldh, expert_out, ldm};
+    matmul({&d, 1}, c);
+    // One expert per pass: a token appears once in its rows, so the adds race with nothing.
+    for_tokens(c, [&](int64_t i) {
+      float* a = acc + int64_t(token_of[c0 + i]) * lda;
+      const float* y = expert_out + i * ldm;
+      const float w = weight_of[c0 + i];
+      for (int64_t j = 0; j < dim; ++j) a[j] += y[j] * w;
+    });
+  }
+  if (m.shared_gate_inp) {
+    // The shared expert, on every token, under its sigmoid gate.
+    const Product gu[2] = {{m.shared_gate, n, ldn, hb, ldh}, {m.shared_up, n, ldn, hb2, ldh}};
+    matmul(gu, T);
+    for_tokens(T, [&](int64_t t) { k_.silu_mul(hb + t * ldh, hb2 + t * ldh, m.shared_ff); });
+    const Product d{m.shared_down, hb, ldh, expert_out, ldm};
+    matmul({&d, 1}, T);
+    const float* g = static_cast<const float*>(m.shared_gate_inp->data);
+    for_tokens(T, [&](int64_t t) {
+      const float* nr = n + t * ldn;
+      float s = 0;
+      for (int64_t j = 0; j < dim; ++j) s += g[j] * nr[j];
+      const float gate = 1.0f / (1.0f + std::exp(-s));
+      float* a = acc + t * lda;
+      const float* y = expert_out + t * ldm;
+      for (int64_t j = 0; j < dim; ++j) a[j] += y[j] * gate;
+    });
+  }
+  float* o = ptr(out);
+  const int64_t ldo = ld(out);
+  for_tokens(T, [&](int64_t t) {
+    float* orow = o + t * ldo;
+    const float* a = acc + t * lda;
+    if (accumulate)
+      for (int64_t j = 0; j < dim; ++j) orow[j] += a[j];
+    else
+      std::copy_n(a, dim, orow);
+  });
 }
 
 void CpuBackend::head_norm(Act qk, int64_t heads, const Weight& w, float eps) {

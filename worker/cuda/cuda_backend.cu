@@ -86,6 +86,9 @@ class CudaBackend final : public Backend, ForwardOps {
   void products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) override;
   void ffn_swiglu(Act in, const NormSpec* norm, const Weight& gate, const Weight& up, Act h, Act h_up) override;
   void swiglu(Act g, Act u) override;
+  void moe_ffn(Act, const NormSpec*, const MoeSpec&, Act, bool) override {
+    throw Error("CUDA backend: no mixture-of-experts kernels (cuda_unsupported refuses such a model)");
+  }
   void head_norm(Act qk, int64_t heads, const Weight& g, float eps) override;
   void rope(Act qk, int64_t heads, const RopeSpec& r) override;
   void kv_store(int layer, Act k, Act v) override;
@@ -549,6 +552,7 @@ std::string cuda_unsupported(const HParams& hp) {
     return "RoPE over " + std::to_string(hp.n_rot) + " values of a head of " + std::to_string(hd);
   if (hp.n_kv_heads <= 0 || hp.n_heads % hp.n_kv_heads != 0)
     return std::to_string(hp.n_heads) + " heads over " + std::to_string(hp.n_kv_heads) + " KV heads";
+  if (hp.moe()) return "a mixture of experts (" + hp.arch + ": its experts run on the CPU backend only, for now)";
   return "";
 }
 
