@@ -28,12 +28,12 @@ ActShape act_shape(const HParams& hp, const EngineShape& s, Act a) {
     case Act::k:
     case Act::v: return {B, hp.kv_dim(), pad8(hp.kv_dim())};
     case Act::hb:
-    case Act::hb2: return {B, hp.ffn_width(), pad8(hp.ffn_width())};
+    case Act::hb2: return {hp.moe() ? B * hp.n_expert_used : B, hp.ffn_width(), pad8(hp.ffn_width())};
     case Act::xl: return {R, hp.dim, pad8(hp.dim)};
     case Act::logits: return {R, hp.n_vocab, hp.n_vocab};
     case Act::router: return {B, hp.n_expert, pad8(hp.n_expert)};
     case Act::moe_in:
-    case Act::moe_out: return hp.moe() ? ActShape{B, hp.dim, pad8(hp.dim)} : ActShape{B, 0, 0};
+    case Act::moe_out: return hp.moe() ? ActShape{B * hp.n_expert_used, hp.dim, pad8(hp.dim)} : ActShape{B, 0, 0};
   }
   return {};
 }
@@ -66,9 +66,11 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   l.rope = take(B * hp.n_rot);
   l.stage = take(B * pad8(hp.dim));
   const int64_t max_k = std::max({hp.dim, hp.q_dim(), hp.ffn_width()});
-  l.xq_floats = std::max(B, R) * (max_k / 32) * 9;
+  // A mixture of experts quantizes the rows of all chosen experts at once.
+  const int64_t q_rows = std::max({B, R, hp.moe() ? B * hp.n_expert_used : 0});
+  l.xq_floats = q_rows * (max_k / 32) * 9;
   l.xq = take(l.xq_floats);
-  l.xk_floats = std::max(B, R) * (max_k / 256) * 73;
+  l.xk_floats = q_rows * (max_k / 256) * 73;
   l.xk = take(l.xk_floats);
   l.moe = take(hp.moe() ? 4 * B * hp.n_expert_used + hp.n_expert + 1 : 0);
   l.matmul_per_thread = 17 * pad8(max_k) + 64;

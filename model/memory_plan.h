@@ -46,8 +46,9 @@ inline uint64_t kv_cache_bytes(const HParams& hp, const EngineShape& shape) {
 /// q, k, v, att (attention output), hb, hb2 (feed-forward gate and up);
 /// logit rows (slots + 1): xl (the rows that need logits), logits.
 /// A mixture of experts adds token rows (empty for a dense model): router
-/// (each token's expert scores), moe_in (the rows an expert takes, gathered)
-/// and moe_out (its output, and the sum of the chosen experts' outputs).
+/// (each token's expert scores), moe_in (each token's input once per expert
+/// it chose, grouped by expert: max_batch x n_used rows, as hb and hb2 then
+/// have) and moe_out (the experts' outputs on those rows).
 enum class Act : uint8_t { x, xb, q, k, v, att, hb, hb2, xl, logits, router, moe_in, moe_out };
 inline constexpr int kActCount = 13;
 

@@ -123,6 +123,11 @@ class CpuBackend final : public Backend, private ForwardOps {
     int64_t ldx;
     float* y;
     int64_t ldy;
+    // Rows [row0, row0 + rows) of x and y (rows < 0: all T): products of
+    // one call may take different rows of one input (the experts of a
+    // batch, each over its own tokens), which is quantized once.
+    int64_t row0 = 0;
+    int64_t rows = -1;
   };
   void matmul(std::span<const Product> ps, int64_t T);
   /// Runs fn(i, n) on the pool, or inline as fn(0, 1) when `work` (multiply-adds)
@@ -161,8 +166,9 @@ class CpuBackend final : public Backend, private ForwardOps {
 };
 
 void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
+  auto rows_of = [T](const Product& p) { return p.rows < 0 ? T : p.rows; };
   int64_t work = 0;
-  for (const Product& p : ps) work += p.w->rows * p.w->cols * T;
+  for (const Product& p : ps) work += p.w->rows * p.w->cols * rows_of(p);
   // Rows are handed out in chunks from a shared counter, so a thread that is
   // descheduled (a busy machine) or slower leaves its share to the others.
   // The last rows of the job go out in smaller chunks (decode only: a
@@ -172,12 +178,12 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
     const Product* p;
     int64_t r0, r1;
   };
-  const int64_t big = T >= 4 ? 16 : 64, small = 16, tail = int64_t(pool_.size()) * big;
   int64_t left = 0;
   for (const Product& p : ps) left += p.w->rows;
   std::vector<Chunk> chunks;
   for (const Product& p : ps)
     for (int64_t r0 = 0; r0 < p.w->rows;) {
+      const int64_t big = rows_of(p) >= 4 ? 16 : 64, small = 16, tail = int64_t(pool_.size()) * big;
       const int64_t r1 = std::min(p.w->rows, r0 + (left > tail ? big : small));
       chunks.push_back({&p, r0, r1});
       left -= r1 - r0;
@@ -208,11 +214,12 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < int64_t(chunks.size());
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       const Product& p = *chunks[size_t(c)].p;
-      MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x, p.ldx, T, p.y, p.ldy};
-      a.xq = xq_;
+      MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x + p.row0 * p.ldx, p.ldx, rows_of(p),
+                   p.y + p.row0 * p.ldy, p.ldy};
       a.ldxq = p.w->cols / 32;
-      a.xk = xk_;
+      a.xq = xq_ + p.row0 * a.ldxq;
       a.ldxk = p.w->cols / 256;
+      a.xk = xk_ + p.row0 * a.ldxk;
       k_.matmul_rows(a, chunks[size_t(c)].r0, chunks[size_t(c)].r1, scratch);
     }
   });
@@ -350,29 +357,44 @@ void CpuBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act out
       const int32_t at = start[chosen[t * K + k]]++;
       token_of[at] = int32_t(t);
       weight_of[at] = weight[t * K + k];
+      chosen[t * K + k] = at;  // from here on: the row of the token's k-th expert
     }
   for (int64_t e = E; e > 0; --e) start[e] = start[e - 1];
   start[0] = 0;
   for_tokens(T, [&](int64_t t) { std::fill_n(acc + t * lda, dim, 0.0f); });
-  // Each expert that a token of the batch chose, over its tokens only.
+  // The rows of every chosen expert, one after the other (expert e's at
+  // start[e]...): gate and up of all of them in one job over the pool, the
+  // input quantized once, then down likewise. Each row is one token's, so
+  // a token's result does not depend on the batch it came in.
+  const int64_t pairs = T * K;
+  for_tokens(pairs, [&](int64_t i) { std::copy_n(n + int64_t(token_of[i]) * ldn, dim, gathered + i * ldm); });
+  std::vector<Weight> mats;  // gate, up, down of each expert used
+  mats.reserve(size_t(3 * E));
+  std::vector<Product> gu, dn;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t c0 = start[e], c = start[e + 1] - c0;
     if (c == 0) continue;
-    for_tokens(c, [&](int64_t i) { std::copy_n(n + int64_t(token_of[c0 + i]) * ldn, dim, gathered + i * ldm); });
-    const Weight gate = m.gate->mat(e), up = m.up->mat(e), down = m.down->mat(e);
-    const Product gu[2] = {{&gate, gathered, ldm, hb, ldh}, {&up, gathered, ldm, hb2, ldh}};
-    matmul(gu, c);
-    for_tokens(c, [&](int64_t i) { k_.silu_mul(hb + i * ldh, hb2 + i * ldh, m.expert_ff); });
-    const Product d{&down, hb, ldh, expert_out, ldm};
-    matmul({&d, 1}, c);
-    // One expert per pass: a token appears once in its rows, so the adds race with nothing.
-    for_tokens(c, [&](int64_t i) {
-      float* a = acc + int64_t(token_of[c0 + i]) * lda;
-      const float* y = expert_out + i * ldm;
-      const float w = weight_of[c0 + i];
-      for (int64_t j = 0; j < dim; ++j) a[j] += y[j] * w;
-    });
+    mats.push_back(m.gate->mat(e));
+    mats.push_back(m.up->mat(e));
+    mats.push_back(m.down->mat(e));
+    const Weight* g = &mats[mats.size() - 3];
+    gu.push_back({g, gathered, ldm, hb, ldh, c0, c});
+    gu.push_back({g + 1, gathered, ldm, hb2, ldh, c0, c});
+    dn.push_back({g + 2, hb, ldh, expert_out, ldm, c0, c});
   }
+  matmul(gu, pairs);
+  for_tokens(pairs, [&](int64_t i) { k_.silu_mul(hb + i * ldh, hb2 + i * ldh, m.expert_ff); });
+  matmul(dn, pairs);
+  // Each token's experts in the order of their weights, as llama.cpp sums them.
+  for_tokens(T, [&](int64_t t) {
+    float* a = acc + t * lda;
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t i = chosen[t * K + k];
+      const float* y = expert_out + int64_t(i) * ldm;
+      const float w = weight_of[i];
+      for (int64_t j = 0; j < dim; ++j) a[j] += y[j] * w;
+    }
+  });
   if (m.shared_gate_inp) {
     // The shared expert, on every token, under its sigmoid gate.
     const Product gu[2] = {{m.shared_gate, n, ldn, hb, ldh}, {m.shared_up, n, ldn, hb2, ldh}};
