@@ -72,7 +72,7 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   l.xq = take(l.xq_floats);
   l.xk_floats = q_rows * (max_k / 256) * 73;
   l.xk = take(l.xk_floats);
-  l.moe = take(hp.moe() ? 4 * B * hp.n_expert_used + hp.n_expert + 1 : 0);
+  l.moe = take(hp.moe() ? 4 * B * hp.n_expert_used + hp.n_expert + 1 : 0);  // worker/moe_routes.h's words
   l.matmul_per_thread = 17 * pad8(max_k) + 64;
   l.per_thread = l.matmul_per_thread + kAttendQueriesPerThread * pad8(s.ctx) + pad8(hp.head_dim);
   l.threads = take(int64_t(std::max(threads, 1)) * l.per_thread);
@@ -103,8 +103,10 @@ uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& s) {
 }
 
 uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const WeightsSummary& w) {
+  // A mixture of experts' routes (worker/moe_routes.h's words) on the device.
+  const uint64_t routes = hp.moe() ? uint64_t(4 * s.max_batch * hp.n_expert_used + hp.n_expert + 1) * 4 : 0;
   return uint64_t(cuda_scratch_layout(hp, s).total) * 4 + cuda_act16_bytes(hp, s) + w.largest_q8_elems * 2 +
-         kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes;
+         kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes + routes;
 }
 
 MemoryPlan plan_memory(const HParams& hp, const EngineShape& s, const WeightsSummary& w,

@@ -139,6 +139,12 @@ Model Model::bind(const gguf::File& m, const TensorLookup& lookup) {
           bind_tensor(m, t, name, dim_size(spec.cols, hp), rows, dim_size(spec.mats, hp), w.bytes);
     }
   }
+  for (LayerWeights& L : w.layers)
+    for (int64_t e = 0; L.gate_exps && e < L.gate_exps.mats; ++e) {
+      L.gate_mats.push_back(L.gate_exps.mat(e));
+      L.up_mats.push_back(L.up_exps.mat(e));
+      L.down_mats.push_back(L.down_exps.mat(e));
+    }
   if (!w.output) {  // tied embeddings
     w.output = w.token_embd;
     w.tied = true;

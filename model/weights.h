@@ -60,6 +60,9 @@ struct LayerWeights {
   Weight gate_inp_shexp;  // (dim) f32: the shared expert's gate (qwen2moe), else absent
   Weight gate_shexp, up_shexp;  // (shared_ff, dim)
   Weight down_shexp;            // (dim, shared_ff)
+  // Each expert's matrices of the stacks (gate_exps.mat(e), ...), as objects
+  // of their own: a device backend lays out and keys its copies by them.
+  std::vector<Weight> gate_mats, up_mats, down_mats;
 };
 
 struct ModelWeights {

@@ -74,10 +74,10 @@ void run_forward(const Model& model, ForwardOps& ops, std::span<const BatchToken
                         hp.expert_ff, hp.expert_weights_norm, L.gate_inp_shexp ? &L.gate_inp_shexp : nullptr,
                         &L.gate_shexp, &L.up_shexp, &L.down_shexp, hp.shared_ff};
       if (tracing) {
-        ops.moe_ffn(Act::x, &ffn_norm, moe, Act::moe_out, false);
+        ops.moe_ffn(Act::x, &ffn_norm, moe, Act::xb, false);
         ops.trace("router", layer, Act::router, hp.n_expert);
-        ops.trace("ffn_out", layer, Act::moe_out, hp.dim);
-        ops.add(Act::x, Act::moe_out);
+        ops.trace("ffn_out", layer, Act::xb, hp.dim);
+        ops.add(Act::x, Act::xb);
         ops.trace("l_out", layer, Act::x, hp.dim);
       } else {
         ops.moe_ffn(Act::x, &ffn_norm, moe, Act::x, true);

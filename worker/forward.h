@@ -135,7 +135,7 @@ class ForwardOps {
   /// out (+)= the mixture of experts of `spec` over n = in, or rmsnorm(in) *
   /// norm->g (written to norm->out), leaving each token's expert
   /// probabilities (the softmax) in Act::router: `accumulate` adds it into out (the
-  /// residual), else out is overwritten (it may be n, or moe_out). A backend that
+  /// residual), else out is overwritten (it may be n, not moe_in or moe_out). A backend that
   /// runs no mixture of experts refuses the model when it is built.
   virtual void moe_ffn(Act in, const NormSpec* norm, const MoeSpec& spec, Act out, bool accumulate) = 0;
   /// The head_dim values of each of `heads` heads of `qk`, normalised each

@@ -37,8 +37,10 @@ declare -A arch_args=(
   [qwen2]="--arch qwen2 --heads 4 --kv-heads 2"
   [qwen3]="--arch qwen3 --heads 8 --kv-heads 4 --head-dim 64"
   [tied]="--arch llama --heads 4 --kv-heads 4 --tied"
+  [qwen3moe]="--arch qwen3moe --heads 8 --kv-heads 4 --head-dim 64 --experts 8 --experts-used 2 --expert-ff 256"
+  [qwen2moe]="--arch qwen2moe --heads 4 --kv-heads 2 --experts 8 --experts-used 2 --expert-ff 256 --shared-ff 512"
 )
-archs=(llama3 mistral qwen2 qwen3 tied)
+archs=(llama3 mistral qwen2 qwen3 tied qwen3moe qwen2moe)
 quants=(Q4_K_M Q5_K_M Q6_K Q4_0 Q2_K)  # from the F16 file, for llama3 and qwen3
 # The near-tie thresholds of arch_compare.py (F16, Q8_0) and quants_greedy.sh
 # (the other types, 0.15: llama.cpp's CPU code against itself). On the GPU the
@@ -48,6 +50,13 @@ quants=(Q4_K_M Q5_K_M Q6_K Q4_0 Q2_K)  # from the F16 file, for llama3 and qwen3
 # Q8_0's CPU/GPU pair.
 near_tie() {  # near_tie TYPE MODE
   case $1 in f16) echo 0.1 ;; q8_0) echo 0.25 ;; *) [[ $2 == check ]] && echo 0.25 || echo 0.15 ;; esac
+}
+
+# Mixtures of experts: the router's near tie of arch_compare.py
+# (test_moe_llamacpp.sh says why), a little wider for F16 on the GPU, whose
+# prefill products take f16 activations.
+router_tie() {  # router_tie MODEL MODE
+  case $1 in *moe-f16) [[ $2 == check ]] && echo 0.02 || echo 0.01 ;; *moe-*) echo 0.15 ;; *) echo "" ;; esac
 }
 
 mk() {  # mk ARCH TYPE OUT
@@ -67,8 +76,11 @@ case $mode in
         mk "$a" "$t" "$dir/$a-$t.gguf"
         sha256sum "$dir/$a-$t.gguf" | cut -d' ' -f1 >"$dir/$a-$t.sha256"
       done
-      if [[ $a == llama3 || $a == qwen3 ]]; then
-        for q in "${quants[@]}"; do
+      qs=()
+      [[ $a == llama3 || $a == qwen3 ]] && qs=("${quants[@]}")
+      [[ $a == *moe ]] && qs=(Q4_K_M Q6_K)
+      if [[ ${#qs[@]} -gt 0 ]]; then
+        for q in "${qs[@]}"; do
           "$peer_bin/llama-quantize" "$dir/$a-f16.gguf" "$dir/$a-${q,,}.gguf" "$q" >"$dir/quantize.log" 2>&1 ||
             { tail -5 "$dir/quantize.log" >&2; echo "FAIL: llama-quantize $a $q" >&2; exit 1; }
         done
@@ -82,7 +94,7 @@ case $mode in
       python3 "$compare" --record "$dir/$name.json" 19260 "$n_predict" "${prompts[@]}"
       peer_server_stop
       echo "--- $name (cpu)"
-      DS4_DEVICE=cpu python3 "$compare" "$bin/ds4-worker" "$m" "$dir/$name.json" "$n_predict" \
+      DS4_DEVICE=cpu DS4_ROUTER_TIE=$(router_tie "$name" "$mode") python3 "$compare" "$bin/ds4-worker" "$m" "$dir/$name.json" "$n_predict" \
         "$(near_tie "${name#*-}" "$mode")" "${prompts[@]}" || failed=1
     done
     # The files ds4-mkmodel writes again where they are checked.
@@ -102,7 +114,7 @@ case $mode in
     for m in "$dir"/*.gguf; do
       name=$(basename "$m" .gguf)
       echo "--- $name (cuda:0)"
-      DS4_DEVICE=cuda:0 python3 "$compare" "$bin/ds4-worker" "$m" "$dir/$name.json" "$n_predict" \
+      DS4_DEVICE=cuda:0 DS4_ROUTER_TIE=$(router_tie "$name" "$mode") python3 "$compare" "$bin/ds4-worker" "$m" "$dir/$name.json" "$n_predict" \
         "$(near_tie "${name#*-}" "$mode")" "${prompts[@]}" || failed=1
     done
     [[ $failed == 0 ]] || { echo "FAIL: the CUDA backend parts from llama.cpp (above)" >&2; exit 1; }

@@ -891,6 +891,8 @@ struct ArchCase {
   bool bias = false, qk_norm = false, rope_freqs = false, tied = false;
   float rope_scale = 0;  // linear rope.scaling.factor (0: none)
   GgmlType type = GgmlType::F16;
+  uint32_t experts = 0, experts_used = 2, expert_ff = 64;  // a mixture of experts when experts > 0
+  bool shared_expert = false;                              // qwen2moe's, of size ff
 };
 
 struct ArchModel {
@@ -918,6 +920,11 @@ std::unique_ptr<ArchModel> arch_model(const ArchCase& c) {
     w.set_u32(p + "attention.value_length", hd);
   }
   if (c.rot) w.set_u32(p + "rope.dimension_count", rot);
+  if (c.experts) {
+    w.set_u32(p + "expert_count", c.experts);
+    w.set_u32(p + "expert_used_count", c.experts_used);
+    w.set_u32(p + "expert_feed_forward_length", c.expert_ff);
+  }
   if (c.rope_scale > 0) {
     w.set_string(p + "rope.scaling.type", "linear");
     w.set_f32(p + "rope.scaling.factor", c.rope_scale);
@@ -934,10 +941,11 @@ std::unique_ptr<ArchModel> arch_model(const ArchCase& c) {
     w.add_tensor(name, {n}, GgmlType::F32, std::move(b));
   };
   // Rows of K values with a spread of sd: f16, or Q8_0 blocks of them.
-  auto mat = [&](const std::string& name, uint64_t K, uint64_t N, float sd) {
+  // A stack of E such matrices (a layer's experts) when E > 1.
+  auto mat = [&](const std::string& name, uint64_t K, uint64_t N, float sd, uint64_t E = 1) {
     const GgmlType t = c.type;
-    std::vector<uint8_t> b(size_t(cpu::row_bytes(t, int64_t(K)) * N));
-    for (uint64_t n = 0; n < N; ++n) {
+    std::vector<uint8_t> b(size_t(cpu::row_bytes(t, int64_t(K)) * N * E));
+    for (uint64_t n = 0; n < N * E; ++n) {
       uint8_t* row = b.data() + n * cpu::row_bytes(t, int64_t(K));
       std::vector<float> x(K);
       for (float& v : x) v = sd * nd(rng);
@@ -957,7 +965,18 @@ std::unique_ptr<ArchModel> arch_model(const ArchCase& c) {
         for (int j = 0; j < 32; ++j) blk[i].qs[j] = int8_t(std::lround(d > 0 ? x[i * 32 + j] / d : 0.0f));
       }
     }
-    w.add_tensor(name, {K, N}, t, std::move(b));
+    if (E > 1)
+      w.add_tensor(name, {K, N, E}, t, std::move(b));
+    else
+      w.add_tensor(name, {K, N}, t, std::move(b));
+  };
+  auto router = [&](const std::string& name, uint64_t K, uint64_t N, float sd) {  // F32, as llama.cpp keeps it
+    std::vector<uint8_t> b(K * N * 4);
+    for (uint64_t i = 0; i < K * N; ++i) {
+      const float v = sd * nd(rng);
+      std::memcpy(b.data() + 4 * i, &v, 4);
+    }
+    w.add_tensor(name, {K, N}, GgmlType::F32, std::move(b));
   };
   const uint64_t q = uint64_t(c.heads) * hd, kv = uint64_t(c.kv_heads) * hd;
   mat("token_embd.weight", dim, vocab, 1.0f);
@@ -988,6 +1007,19 @@ std::unique_ptr<ArchModel> arch_model(const ArchCase& c) {
     }
     mat(b + "attn_output.weight", q, dim, 0.1f);
     vec(b + "ffn_norm.weight", dim, 1.0f, 0.1f);
+    if (c.experts) {
+      router(b + "ffn_gate_inp.weight", dim, c.experts, 0.2f);
+      mat(b + "ffn_gate_exps.weight", dim, c.expert_ff, 0.1f, c.experts);
+      mat(b + "ffn_up_exps.weight", dim, c.expert_ff, 0.1f, c.experts);
+      mat(b + "ffn_down_exps.weight", c.expert_ff, dim, 0.12f, c.experts);
+      if (c.shared_expert) {
+        vec(b + "ffn_gate_inp_shexp.weight", dim, 0.0f, 0.1f);
+        mat(b + "ffn_gate_shexp.weight", dim, ff, 0.1f);
+        mat(b + "ffn_up_shexp.weight", dim, ff, 0.1f);
+        mat(b + "ffn_down_shexp.weight", ff, dim, 0.08f);
+      }
+      continue;
+    }
     mat(b + "ffn_gate.weight", dim, ff, 0.1f);
     mat(b + "ffn_up.weight", dim, ff, 0.1f);
     mat(b + "ffn_down.weight", ff, dim, 0.08f);
@@ -1087,6 +1119,9 @@ TEST_CASE("cuda: every architecture's variations give the CPU backend's logits a
       {.name = "qwen3 Q8_0", .arch = "qwen3", .head_dim = 64, .qk_norm = true, .type = GgmlType::Q8_0},
       {.name = "tied embeddings", .tied = true},
       {.name = "tied Q8_0, qwen2", .arch = "qwen2", .bias = true, .tied = true, .type = GgmlType::Q8_0},
+      {.name = "qwen3moe (8 experts, 2 a token)", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true, .experts = 8},
+      {.name = "qwen2moe Q8_0 (a shared expert)", .arch = "qwen2moe", .bias = true, .type = GgmlType::Q8_0,
+       .experts = 8, .shared_expert = true},
   };
   for (const ArchCase& c : cases) {
     const std::string name = c.name;

@@ -14,6 +14,7 @@
 #include "worker/cpu/kernels.h"
 #include "worker/cpu/thread_pool.h"
 #include "worker/forward.h"
+#include "worker/moe_routes.h"
 
 namespace ds4 {
 namespace {
@@ -311,56 +312,15 @@ void CpuBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act out
   float* hb2 = ptr(Act::hb2);
   float* acc = stage_;  // (T, ld(x)): the sum of the experts' outputs
   const int64_t lda = ld(Act::x);
-  // The routes (cpu_scratch_layout's moe part): each token's K experts and
-  // weights, then the (token, weight) pairs grouped by expert.
-  int32_t* chosen = reinterpret_cast<int32_t*>(moe_);
-  float* weight = moe_ + T * K;
-  int32_t* start = reinterpret_cast<int32_t*>(moe_ + 2 * T * K);   // E + 1
-  int32_t* token_of = start + E + 1;                                // T * K, by expert
-  float* weight_of = reinterpret_cast<float*>(token_of + T * K);    // T * K, by expert
-
-  // Router: p = softmax(router . n) in ggml's order (exp(s - max), the sum
-  // in double, times its inverse); the K largest, renormalised if asked.
+  // The routes (cpu_scratch_layout's moe part, worker/moe_routes.h).
+  const ExpertRoutes r = ExpertRoutes::in(moe_, T, K, E);
+  const int32_t* start = r.start;
+  const int32_t* token_of = r.token_of;
+  const float* weight_of = r.weight_of;
   const Product router{m.router, n, ldn, scores, ldr};
   matmul({&router, 1}, T);
-  for_tokens(T, [&](int64_t t) {
-    float* p = scores + t * ldr;
-    const float mx = *std::max_element(p, p + E);
-    double sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += double(p[e] = std::exp(p[e] - mx));
-    const float inv = float(1.0 / sum);
-    for (int64_t e = 0; e < E; ++e) p[e] *= inv;
-    int32_t* c = chosen + t * K;
-    float* w = weight + t * K;
-    for (int64_t k = 0; k < K; ++k) {
-      int32_t best = -1;
-      for (int32_t e = 0; e < int32_t(E); ++e) {
-        if (std::find(c, c + k, e) != c + k) continue;
-        if (best < 0 || p[e] > p[best]) best = e;
-      }
-      c[k] = best;
-      w[k] = p[best];
-    }
-    if (m.norm_weights) {
-      float s = 0;
-      for (int64_t k = 0; k < K; ++k) s += w[k];
-      s = std::max(s, 6.103515625e-5f);
-      for (int64_t k = 0; k < K; ++k) w[k] /= s;
-    }
-  });
-  // Group the (token, weight) pairs by expert, tokens in batch order.
-  std::fill(start, start + E + 1, 0);
-  for (int64_t i = 0; i < T * K; ++i) ++start[chosen[i] + 1];
-  for (int64_t e = 0; e < E; ++e) start[e + 1] += start[e];
-  for (int64_t t = 0; t < T; ++t)  // start[e] is each expert's cursor, then its end
-    for (int64_t k = 0; k < K; ++k) {
-      const int32_t at = start[chosen[t * K + k]]++;
-      token_of[at] = int32_t(t);
-      weight_of[at] = weight[t * K + k];
-      chosen[t * K + k] = at;  // from here on: the row of the token's k-th expert
-    }
-  for (int64_t e = E; e > 0; --e) start[e] = start[e - 1];
-  start[0] = 0;
+  for_tokens(T, [&](int64_t t) { route_token(scores + t * ldr, E, K, m.norm_weights, r.pair + t * K, r.weight + t * K); });
+  group_routes(r, T, K, E);
   for_tokens(T, [&](int64_t t) { std::fill_n(acc + t * lda, dim, 0.0f); });
   // The rows of every chosen expert, one after the other (expert e's at
   // start[e]...): gate and up of all of them in one job over the pool, the
@@ -389,7 +349,7 @@ void CpuBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act out
   for_tokens(T, [&](int64_t t) {
     float* a = acc + t * lda;
     for (int64_t k = 0; k < K; ++k) {
-      const int32_t i = chosen[t * K + k];
+      const int32_t i = r.pair[t * K + k];
       const float* y = expert_out + int64_t(i) * ldm;
       const float w = weight_of[i];
       for (int64_t j = 0; j < dim; ++j) a[j] += y[j] * w;

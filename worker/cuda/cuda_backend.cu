@@ -23,6 +23,7 @@
 
 #include "shared/log.h"
 #include "worker/forward.h"
+#include "worker/moe_routes.h"
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/holder.cuh"
 #include "worker/cuda/kernels.cuh"
@@ -86,9 +87,7 @@ class CudaBackend final : public Backend, ForwardOps {
   void products(Act in, const NormSpec* norm, std::span<const ProductSpec> ps) override;
   void ffn_swiglu(Act in, const NormSpec* norm, const Weight& gate, const Weight& up, Act h, Act h_up) override;
   void swiglu(Act g, Act u) override;
-  void moe_ffn(Act, const NormSpec*, const MoeSpec&, Act, bool) override {
-    throw Error("CUDA backend: no mixture-of-experts kernels (cuda_unsupported refuses such a model)");
-  }
+  void moe_ffn(Act in, const NormSpec* norm, const MoeSpec& spec, Act out, bool accumulate) override;
   void head_norm(Act qk, int64_t heads, const Weight& g, float eps) override;
   void rope(Act qk, int64_t heads, const RopeSpec& r) override;
   void kv_store(int layer, Act k, Act v) override;
@@ -153,6 +152,10 @@ class CudaBackend final : public Backend, ForwardOps {
   bool reserved_ = false;
   DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_, picks_dev_;
   PinnedBuffer tokens_host_, logits_host_, picks_host_;
+  // A mixture of experts: the routes on the device, and the router scores
+  // and routes on the host, where they are computed (worker/moe_routes.h).
+  DeviceBuffer routes_dev_;
+  PinnedBuffer routes_host_, router_host_;
   int rows_ = 0;  // logit rows of the last step
   int step_tokens_ = 0, step_rows_ = 0, step_reads_now_ = 0;  // the step being enqueued
   ScratchLayout sc_{};
@@ -185,6 +188,8 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   device_name_ = std::to_string(device) + ": " + prop.name;
   if (const std::string why = cuda_unsupported(hp_); !why.empty()) throw Error("CUDA backend: " + why);
   if (const char* g = std::getenv("DS4_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
+  // A mixture of experts routes each step on the host, mid-step: no graphs.
+  if (hp_.moe()) use_graphs_ = false;
   if (const char* g = std::getenv("DS4_CUDA_GRAPH_TOKENS")) graph_tokens_ = std::max(1, std::atoi(g));
   if (const char* r = std::getenv("DS4_CUDA_STEP_READS")) step_reads_ = std::clamp(std::atoi(r), 0, 2);
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -321,6 +326,12 @@ void CudaBackend::reserve(const EngineShape& s) {
   picks_dev_ = DeviceBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick) + cuda::greedy_scratch_bytes(int(logit_rows())),
                             "greedy picks");
   picks_host_ = PinnedBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
+  if (hp_.moe()) {
+    const size_t words = size_t(ExpertRoutes::words(s.max_batch, hp_.n_expert_used, hp_.n_expert));
+    routes_dev_ = DeviceBuffer(words * 4, "expert routes");
+    routes_host_ = PinnedBuffer(words * 4, "expert routes");
+    router_host_ = PinnedBuffer(size_t(s.max_batch * ld(Act::router)) * 4, "router scores");
+  }
   // Touch everything now: a worker learns at start whether the memory is there.
   DS4_CUDA_CHECK(cudaMemsetAsync(kv_.as<void>(), 0, kv_.size(), stream_));
   DS4_CUDA_CHECK(cudaMemsetAsync(scratch_.as<void>(), 0, scratch_.size(), stream_));
@@ -379,6 +390,60 @@ void CudaBackend::ffn_swiglu(Act in, const NormSpec* norm, const Weight& gate, c
 }
 
 void CudaBackend::swiglu(Act g, Act u) { cuda::swiglu(ptr(g), ptr(u), ld(g), hp_.ff, rows(g), stream_); }
+
+// The router's scores come to the host, which routes the tokens as the CPU
+// does (worker/moe_routes.h) and sends the routes back; then each chosen
+// expert runs its fused gate/up/SwiGLU and its down product over its own
+// rows (the tokens gathered by expert), and one kernel sums each token's
+// experts in the order of their weights, with the shared expert.
+void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act out, bool accumulate) {
+  if (norm) {
+    rmsnorm(in, *norm->g, norm->eps, norm->out);
+    in = norm->out;
+  }
+  const int T = rows(in);
+  const int64_t E = m.n_expert, K = m.n_used, ldr = ld(Act::router), ldm = ld(Act::moe_in), ldh = ld(Act::hb);
+  const float* n = ptr(in);
+  float* gathered = ptr(Act::moe_in);
+  float* expert_out = ptr(Act::moe_out);
+  float* hb = ptr(Act::hb);
+  float* hb2 = ptr(Act::hb2);
+  const cuda::Product router{&dev(*m.router), ptr(Act::router), ldr, false};
+  cuda::matmul(&router, 1, n, ld(in), T, gemm_, stream_);
+  float* scores = router_host_.as<float>();
+  DS4_CUDA_CHECK(cudaMemcpyAsync(scores, ptr(Act::router), size_t(T * ldr) * 4, cudaMemcpyDeviceToHost, stream_));
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  const ExpertRoutes r = ExpertRoutes::in(routes_host_.as<void>(), T, K, E);
+  for (int t = 0; t < T; ++t) route_token(scores + t * ldr, E, K, m.norm_weights, r.pair + t * K, r.weight + t * K);
+  group_routes(r, T, K, E);
+  DS4_CUDA_CHECK(cudaMemcpyAsync(routes_dev_.as<void>(), routes_host_.as<void>(),
+                                 size_t(ExpertRoutes::words(T, K, E)) * 4, cudaMemcpyHostToDevice, stream_));
+  if (trace_)  // the probabilities, where the trace reads them
+    DS4_CUDA_CHECK(cudaMemcpyAsync(ptr(Act::router), scores, size_t(T * ldr) * 4, cudaMemcpyHostToDevice, stream_));
+  const ExpertRoutes rd = ExpertRoutes::in(routes_dev_.as<void>(), T, K, E);
+  cuda::gather_rows(n, ld(in), rd.token_of, int(T * K), hp_.dim, gathered, ldm, stream_);
+  for (int64_t e = 0; e < E; ++e) {
+    const int c0 = r.start[e], c = r.start[e + 1] - c0;
+    if (c == 0) continue;
+    cuda::matmul_swiglu(dev(m.gate->mat(e)), dev(m.up->mat(e)), gathered + c0 * ldm, ldm, c, hb + c0 * ldh,
+                        hb2 + c0 * ldh, ldh, gemm_, stream_);
+    const cuda::Product down{&dev(m.down->mat(e)), expert_out + c0 * ldm, ldm, false};
+    cuda::matmul(&down, 1, hb + c0 * ldh, ldh, c, gemm_, stream_);
+  }
+  cuda::MoeCombine c{expert_out, ldm, rd.pair, rd.weight_of, int(K)};
+  if (m.shared_gate_inp) {
+    // The shared expert over every token; its output goes where the
+    // gathered rows were (read by now, in stream order).
+    cuda::matmul_swiglu(dev(*m.shared_gate), dev(*m.shared_up), n, ld(in), T, hb, hb2, ldh, gemm_, stream_);
+    const cuda::Product down{&dev(*m.shared_down), gathered, ldm, false};
+    cuda::matmul(&down, 1, hb, ldh, T, gemm_, stream_);
+    c.shared_y = gathered;
+    c.shared_gate = dev_f32(*m.shared_gate_inp);
+    c.n = n;
+    c.ldn = ld(in);
+  }
+  cuda::moe_combine(c, ptr(out), ld(out), accumulate, hp_.dim, T, stream_);
+}
 
 void CudaBackend::head_norm(Act qk, int64_t heads, const Weight& g, float eps) {
   cuda::head_norm(ptr(qk), ld(qk), int(heads), g.cols, dev_f32(g), eps, rows(qk), stream_);
@@ -552,7 +617,6 @@ std::string cuda_unsupported(const HParams& hp) {
     return "RoPE over " + std::to_string(hp.n_rot) + " values of a head of " + std::to_string(hd);
   if (hp.n_kv_heads <= 0 || hp.n_heads % hp.n_kv_heads != 0)
     return std::to_string(hp.n_heads) + " heads over " + std::to_string(hp.n_kv_heads) + " KV heads";
-  if (hp.moe()) return "a mixture of experts (" + hp.arch + ": its experts run on the CPU backend only, for now)";
   return "";
 }
 

@@ -507,6 +507,47 @@ __global__ void gather_kernel(const float* x, int64_t ld, const BatchToken* batc
   for (int64_t i = threadIdx.x; i < ld; i += blockDim.x) xl[int64_t(r) * ld + i] = x[t * ld + i];
 }
 
+__global__ void gather_rows_kernel(const float* src, int64_t ld_src, const int32_t* rows, int64_t n, float* dst,
+                                   int64_t ld_dst) {
+  pdl_wait();
+  pdl_trigger();
+  const int i = blockIdx.x;
+  const float* from = src + int64_t(rows[i]) * ld_src;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dst[int64_t(i) * ld_dst + j] = from[j];
+}
+
+__global__ void moe_combine_kernel(MoeCombine c, float* out, int64_t ldo, bool accumulate, int64_t n) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.x;
+  __shared__ float gate;
+  if (c.shared_y) {
+    // The shared expert's gate: sigmoid(shared_gate . n[t]), a block sum.
+    __shared__ float part[32];
+    float d = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) d += c.shared_gate[j] * c.n[t * c.ldn + j];
+    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = d;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float sum = 0;
+      for (unsigned w = 0; w < (blockDim.x + 31) / 32; ++w) sum += part[w];
+      gate = 1.0f / (1.0f + expf(-sum));
+    }
+    __syncthreads();
+  }
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    float a = 0;
+    for (int k = 0; k < c.K; ++k) {
+      const int32_t r = c.pair[t * c.K + k];
+      a += c.y[int64_t(r) * c.ldy + j] * c.weight_of[r];
+    }
+    if (c.shared_y) a += c.shared_y[t * c.ldy + j] * gate;
+    float* o = out + t * ldo + j;
+    *o = accumulate ? *o + a : a;
+  }
+}
+
 dim3 rows_grid(int64_t n, int T) { return dim3(unsigned(std::min<int64_t>(ceil_div(n, kThreads), 1024)), unsigned(T)); }
 
 }  // namespace
@@ -634,6 +675,18 @@ void swiglu(float* g, const float* u, int64_t ld, int64_t n, int T, cudaStream_t
 
 void add(float* x, const float* o, int64_t ld, int64_t n, int T, cudaStream_t s) {
   launch(add_kernel, rows_grid(n, T), dim3(kThreads), s, x, o, ld, n);
+  DS4_CUDA_LAUNCHED();
+}
+
+void gather_rows(const float* src, int64_t ld_src, const int32_t* rows, int count, int64_t n, float* dst,
+                 int64_t ld_dst, cudaStream_t s) {
+  if (count == 0) return;
+  launch(gather_rows_kernel, dim3(unsigned(count)), dim3(kThreads), s, src, ld_src, rows, n, dst, ld_dst);
+  DS4_CUDA_LAUNCHED();
+}
+
+void moe_combine(const MoeCombine& c, float* out, int64_t ldo, bool accumulate, int64_t n, int T, cudaStream_t s) {
+  launch(moe_combine_kernel, dim3(unsigned(T)), dim3(kThreads), s, c, out, ldo, accumulate, n);
   DS4_CUDA_LAUNCHED();
 }
 

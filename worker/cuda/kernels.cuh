@@ -72,6 +72,28 @@ void add(float* x, const float* o, int64_t ld, int64_t n, int T, cudaStream_t s)
 /// xl[batch[t].logit_row] = x[t] for the tokens that have a logit row.
 void gather_logit_rows(const float* x, int64_t ld, const BatchToken* batch, int T, float* xl, cudaStream_t s);
 
+/// dst[i] = src[rows[i]], the first n values of each of `count` rows (a
+/// mixture of experts' input, gathered by expert).
+void gather_rows(const float* src, int64_t ld_src, const int32_t* rows, int count, int64_t n, float* dst,
+                 int64_t ld_dst, cudaStream_t s);
+
+/// A mixture of experts' sum, per token t of T: a = sum over k of
+/// weight_of[pair[t, k]] * y[pair[t, k]] (k in order), plus, when shared_y is
+/// set, shared_y[t] * sigmoid(shared_gate . n[t]); out[t] = a, or out[t] += a
+/// (`accumulate`). worker/moe_routes.h says what pair and weight_of hold.
+struct MoeCombine {
+  const float* y = nullptr;
+  int64_t ldy = 0;
+  const int32_t* pair = nullptr;
+  const float* weight_of = nullptr;
+  int K = 0;
+  const float* shared_y = nullptr;     // (T, ldy), or nullptr
+  const float* shared_gate = nullptr;  // (n) f32
+  const float* n = nullptr;            // the experts' input (T, ldn)
+  int64_t ldn = 0;
+};
+void moe_combine(const MoeCombine& c, float* out, int64_t ldo, bool accumulate, int64_t n, int T, cudaStream_t s);
+
 // --- matrix products (matmul.cu) -------------------------------------------
 
 /// One product of a fused matmul call: y[t][n] (+)= W[n] . x[t].

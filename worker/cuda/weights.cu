@@ -222,10 +222,15 @@ ImageLayout ImageLayout::of(const ModelWeights& W) {
   // norm, RoPE frequency factors) where the file has them.
   std::vector<const Weight*> all = {&W.token_embd, &W.output_norm, &W.output};
   if (W.rope_freqs) all.push_back(&W.rope_freqs);
-  for (const LayerWeights& L : W.layers)
+  for (const LayerWeights& L : W.layers) {
     for (const Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
-                            &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down})
+                            &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down, &L.gate_inp, &L.gate_inp_shexp,
+                            &L.gate_shexp, &L.up_shexp, &L.down_shexp})
       if (*w) all.push_back(w);
+    // A mixture of experts: each expert's matrices, one entry each.
+    for (const std::vector<Weight>* mats : {&L.gate_mats, &L.up_mats, &L.down_mats})
+      for (const Weight& w : *mats) all.push_back(&w);
+  }
   l.hash = fnv1a(0xcbf29ce484222325ull, kImageLayoutVersion);
   l.host_lo = UINTPTR_MAX;
   for (const Weight* w : all) {

@@ -23,7 +23,7 @@ namespace ds4::cuda {
 
 /// Changes whenever the image layout changes: a holder and a worker built
 /// with different versions never share an image.
-inline constexpr uint32_t kImageLayoutVersion = 3;  // 2: quantised types in planes; 3: biases, Q/K norms, rope_freqs
+inline constexpr uint32_t kImageLayoutVersion = 4;  // 2: quantised types in planes; 3: biases, Q/K norms, rope_freqs; 4: experts
 
 /// Where each distinct weight of a model goes in an image (token_embd and
 /// output may be one tensor, laid out once).
