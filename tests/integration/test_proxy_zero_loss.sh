@@ -27,7 +27,9 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 check() { local what=$1; shift; if "$@"; then pass "$what"; else fail "$what"; fi; }
 
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
+# DS4_ZERO_LOSS_MODEL: another model of stories260K's KV geometry
+# (test_proxy_zero_loss_moe.sh runs this test on a mixture of experts).
+model=${DS4_ZERO_LOSS_MODEL:-${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf}
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 for c in curl jq node; do command -v $c >/dev/null || { echo "SKIP: no $c"; exit 77; }; done
 [[ -d $DS4_SRC/tests/js/node_modules/openai && -d $DS4_SRC/tests/js/node_modules/@anthropic-ai/sdk ]] ||
