@@ -55,10 +55,15 @@ namespace {
 /// Another process may take it before the engine binds it: the engine then
 /// fails to start and the next start picks another one.
 /// DS4_EXEC_PORTS=LO-HI (tests on a shared machine) takes one of that range,
-/// in turn, else the kernel picks.
+/// in turn, else the kernel picks. A port whose last connections are in
+/// TIME_WAIT (an engine that was killed) counts as free, as it is for an
+/// engine that binds with SO_REUSEADDR (llama-server, vLLM, ds4-worker):
+/// without that, a dozen kills in a minute used up a small range.
 int bind_port(int want) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw Error(std::string("cannot pick a port for the engine: socket: ") + std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(uint16_t(want));
@@ -214,7 +219,17 @@ void WorkerManager::launch(int id, uint32_t context) {
     spec.exec_command = s_.exec_command;
     spec.model_path = s_.model_path;
     spec.start_timeout = s_.policy.start_timeout;
-    spec.port = sl.port = free_tcp_port();
+    try {
+      spec.port = sl.port = free_tcp_port();
+    } catch (const Error& e) {
+      // A start that failed, as if the engine had exited at once: the
+      // policy restarts it, then backs off; the supervisor goes on.
+      const std::string why = e.what();
+      log::error("worker " + std::to_string(id) + ": " + why, {{"DS4_WORKER", std::to_string(id)}});
+      sl.running = false;
+      asio::post(io_, [this, id, why] { on_exit(id, ExitKind::crash, why); });
+      return;
+    }
   }
   sl.running = true;
   sl.pid = 0;

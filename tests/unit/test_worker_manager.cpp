@@ -2,6 +2,12 @@
 // backend and scripted memory readings.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <map>
 #include <vector>
 
@@ -358,4 +364,83 @@ TEST_CASE("manager: exec engines start at the largest rung with a port, are reac
   CHECK(be.starts[1].context == 256);
   CHECK(be.starts[1].port > 0);
   CHECK(be.starts[1].exec_command == s.exec_command);
+}
+
+namespace {
+
+/// A port on 127.0.0.1 left in TIME_WAIT: a connection whose server side
+/// closed first (what a killed engine leaves behind), its listener, which
+/// set SO_REUSEADDR as engines do, gone.
+int port_in_time_wait() {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int one = 1;
+  ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int cfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(::connect(cfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const int sfd = ::accept(lfd, nullptr, nullptr);
+  REQUIRE(sfd >= 0);
+  ::close(sfd);  // the server closes first: its side ends in TIME_WAIT
+  ::close(lfd);
+  char b;
+  (void)::read(cfd, &b, 1);  // the FIN
+  ::close(cfd);
+  return ntohs(a.sin_port);
+}
+
+struct EnvVar {
+  EnvVar(const char* k, const std::string& v) : key(k) { ::setenv(k, v.c_str(), 1); }
+  ~EnvVar() { ::unsetenv(key); }
+  const char* key;
+};
+
+}  // namespace
+
+TEST_CASE("manager: an exec engine's port left in TIME_WAIT by a killed engine is taken again") {
+  const int p = port_in_time_wait();
+  EnvVar range("DS4_EXEC_PORTS", std::to_string(p) + "-" + std::to_string(p));
+  asio::io_context io;
+  FakeBackend be;
+  FakeMemory mem;
+  ManagerSettings s = settings();
+  s.exec_command = "engine --port {port}";
+  WorkerManager m(io, be, mem, s);
+  m.start();
+  REQUIRE(be.starts.size() == 1);
+  CHECK(be.starts[0].port == p);
+}
+
+TEST_CASE("manager: no free port for an exec engine is a failed start, not the supervisor's end") {
+  // The only port of the range has a listener: every start fails to get one.
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int p = ntohs(a.sin_port);
+  EnvVar range("DS4_EXEC_PORTS", std::to_string(p) + "-" + std::to_string(p));
+  asio::io_context io;
+  FakeBackend be;
+  FakeMemory mem;
+  ManagerSettings s = settings();
+  s.exec_command = "engine --port {port}";
+  WorkerManager m(io, be, mem, s);
+  CHECK_NOTHROW(m.start());
+  io.run_for(50ms);
+  CHECK(be.starts.empty());
+  const auto w = m.workers()[0];
+  CHECK(w.state == WorkerState::backoff);  // restarted at once, failed again: backing off
+  CHECK(w.restarts >= 1);
+  REQUIRE(!m.events().empty());
+  CHECK(m.events().back().decision.reason.find("no free port for the engine in DS4_EXEC_PORTS=") != std::string::npos);
+  ::close(lfd);
 }
