@@ -70,7 +70,7 @@ void run_forward(const Model& model, ForwardOps& ops, std::span<const BatchToken
     const NormSpec ffn_norm{&L.ffn_norm, hp.norm_eps, Act::xb};
     if (hp.moe()) {
       // A mixture of experts: the same SwiGLU in each chosen expert.
-      const MoeSpec moe{&L.gate_inp, &L.gate_exps, &L.up_exps, &L.down_exps, hp.n_expert, hp.n_expert_used,
+      const MoeSpec moe{&L.gate_inp, L.gate_mats, L.up_mats, L.down_mats, hp.n_expert, hp.n_expert_used,
                         hp.expert_ff, hp.expert_weights_norm, L.gate_inp_shexp ? &L.gate_inp_shexp : nullptr,
                         &L.gate_shexp, &L.up_shexp, &L.down_shexp, hp.shared_ff};
       if (tracing) {

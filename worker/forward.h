@@ -95,9 +95,9 @@ struct AttentionSpec {
 /// output times sigmoid(gate_inp_shexp . n).
 struct MoeSpec {
   const Weight* router = nullptr;  // (n_expert, dim) f32
-  const Weight* gate = nullptr;    // stacks of n_expert matrices
-  const Weight* up = nullptr;
-  const Weight* down = nullptr;
+  std::span<const Weight> gate;    // each expert's matrix (LayerWeights::gate_mats, ...)
+  std::span<const Weight> up;
+  std::span<const Weight> down;
   int64_t n_expert = 0;
   int64_t n_used = 0;
   int64_t expert_ff = 0;

@@ -268,13 +268,19 @@ TEST_CASE("architecture: every required tensor of every architecture is named as
   CHECK(tensor_name(architecture_tensors()[5], 7) == "blk.7." + std::string(architecture_tensors()[5].name));
 }
 
-TEST_CASE("architecture: qwen3moe binds its router and expert stacks, and matrix e of a stack") {
+/// A qwen3moe file: 4 experts of 24 values, 2 a token.
+FileSpec qwen3moe_spec() {
   FileSpec s;
   s.arch = "qwen3moe";
   s.qk_norm = true;
   s.experts = 4;
   s.experts_used = 2;
   s.expert_ff = 24;
+  return s;
+}
+
+TEST_CASE("architecture: qwen3moe binds its router and expert stacks, and matrix e of a stack") {
+  FileSpec s = qwen3moe_spec();
   Built keep;
   const Model m = bind(s, keep);
   const HParams& hp = m.hp();
@@ -424,14 +430,8 @@ TEST_CASE("forward: each architecture's variations become ops, the fused ones by
     CHECK(m.w().output.data == m.w().token_embd.data);  // tied
   }
   SUBCASE("qwen3moe: one mixture-of-experts op per layer, adding into x, with the file's sizes") {
-    FileSpec s;
-    s.arch = "qwen3moe";
-    s.qk_norm = true;
-    s.experts = 4;
-    s.experts_used = 2;
-    s.expert_ff = 24;
     Built keep;
-    const Model m = bind(s, keep);
+    const Model m = bind(qwen3moe_spec(), keep);
     RecordingOps ops;
     run_forward(m, ops, batch);
     CHECK(std::count(ops.ops.begin(), ops.ops.end(), "moe+norm into x") == 2);
@@ -442,7 +442,9 @@ TEST_CASE("forward: each architecture's variations become ops, the fused ones by
     CHECK(ops.moe->expert_ff == 24);
     CHECK(ops.moe->norm_weights);
     CHECK(ops.moe->router == &m.w().layers[1].gate_inp);
-    CHECK(ops.moe->down == &m.w().layers[1].down_exps);
+    CHECK(ops.moe->down.data() == m.w().layers[1].down_mats.data());
+    CHECK(ops.moe->down.size() == 4);
+    CHECK(ops.moe->down[3].data == m.w().layers[1].down_exps.mat(3).data);
     CHECK(ops.moe->shared_gate_inp == nullptr);
     RecordingOps traced;
     traced.trace_on = true;

@@ -368,20 +368,28 @@ TEST_CASE("manager: exec engines start at the largest rung with a port, are reac
 
 namespace {
 
-/// A port on 127.0.0.1 left in TIME_WAIT: a connection whose server side
-/// closed first (what a killed engine leaves behind), its listener, which
-/// set SO_REUSEADDR as engines do, gone.
-int port_in_time_wait() {
+/// A socket listening on a port of 127.0.0.1 the kernel picks (`reuse`:
+/// with SO_REUSEADDR, as engines bind); returns its fd, sets `a`.
+int listen_loopback(bool reuse, sockaddr_in& a) {
   const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
   const int one = 1;
-  ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
+  if (reuse) ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  a = {};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
   REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
   REQUIRE(::listen(lfd, 1) == 0);
   REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  return lfd;
+}
+
+/// A port on 127.0.0.1 left in TIME_WAIT: a connection whose server side
+/// closed first (what a killed engine leaves behind), its listener, which
+/// set SO_REUSEADDR as engines do, gone.
+int port_in_time_wait() {
+  sockaddr_in a;
+  const int lfd = listen_loopback(true, a);
   const int cfd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(::connect(cfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
   const int sfd = ::accept(lfd, nullptr, nullptr);
@@ -418,14 +426,8 @@ TEST_CASE("manager: an exec engine's port left in TIME_WAIT by a killed engine i
 
 TEST_CASE("manager: no free port for an exec engine is a failed start, not the supervisor's end") {
   // The only port of the range has a listener: every start fails to get one.
-  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(lfd, 1) == 0);
-  REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  sockaddr_in a;
+  const int lfd = listen_loopback(false, a);
   const int p = ntohs(a.sin_port);
   EnvVar range("DS4_EXEC_PORTS", std::to_string(p) + "-" + std::to_string(p));
   asio::io_context io;

@@ -328,19 +328,14 @@ void CpuBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act out
   // a token's result does not depend on the batch it came in.
   const int64_t pairs = T * K;
   for_tokens(pairs, [&](int64_t i) { std::copy_n(n + int64_t(token_of[i]) * ldn, dim, gathered + i * ldm); });
-  std::vector<Weight> mats;  // gate, up, down of each expert used
-  mats.reserve(size_t(3 * E));
   std::vector<Product> gu, dn;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t c0 = start[e], c = start[e + 1] - c0;
     if (c == 0) continue;
-    mats.push_back(m.gate->mat(e));
-    mats.push_back(m.up->mat(e));
-    mats.push_back(m.down->mat(e));
-    const Weight* g = &mats[mats.size() - 3];
-    gu.push_back({g, gathered, ldm, hb, ldh, c0, c});
-    gu.push_back({g + 1, gathered, ldm, hb2, ldh, c0, c});
-    dn.push_back({g + 2, hb, ldh, expert_out, ldm, c0, c});
+    const size_t i = size_t(e);
+    gu.push_back({&m.gate[i], gathered, ldm, hb, ldh, c0, c});
+    gu.push_back({&m.up[i], gathered, ldm, hb2, ldh, c0, c});
+    dn.push_back({&m.down[i], hb, ldh, expert_out, ldm, c0, c});
   }
   matmul(gu, pairs);
   for_tokens(pairs, [&](int64_t i) { k_.silu_mul(hb + i * ldh, hb2 + i * ldh, m.expert_ff); });

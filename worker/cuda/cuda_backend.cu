@@ -425,9 +425,9 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
   for (int64_t e = 0; e < E; ++e) {
     const int c0 = r.start[e], c = r.start[e + 1] - c0;
     if (c == 0) continue;
-    cuda::matmul_swiglu(dev(m.gate->mat(e)), dev(m.up->mat(e)), gathered + c0 * ldm, ldm, c, hb + c0 * ldh,
+    cuda::matmul_swiglu(dev(m.gate[size_t(e)]), dev(m.up[size_t(e)]), gathered + c0 * ldm, ldm, c, hb + c0 * ldh,
                         hb2 + c0 * ldh, ldh, gemm_, stream_);
-    const cuda::Product down{&dev(m.down->mat(e)), expert_out + c0 * ldm, ldm, false};
+    const cuda::Product down{&dev(m.down[size_t(e)]), expert_out + c0 * ldm, ldm, false};
     cuda::matmul(&down, 1, hb + c0 * ldh, ldh, c, gemm_, stream_);
   }
   cuda::MoeCombine c{expert_out, ldm, rd.pair, rd.weight_of, int(K)};
