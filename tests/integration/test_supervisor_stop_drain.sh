@@ -4,8 +4,9 @@
 # generated when the signal comes ends with its last tokens, its usage and
 # [DONE]; no new connection is taken meanwhile; the supervisor then exits 0.
 # A second signal does not wait. Process backend, CPU worker, on a synthetic
-# 207M model (q8_0, about 25 tokens/s on one thread here, so an answer of 60
-# tokens takes seconds). Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
+# 207M model (q8_0, 25-60 tokens/s on one thread, so an answer of 60 tokens
+# takes about a second or more; the second case asks for 400, which a second
+# signal 0.8 s in must cut on any CPU this runs on). Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
@@ -32,16 +33,16 @@ restart:
   drain_deadline: 60s         # longer than any answer here: the answers end the drain
 YAML
 
-# stream_through_stop URL PID SIGNALS: streams a completion of 60 tokens and,
+# stream_through_stop URL PID SIGNALS [TOKENS]: streams a completion of TOKENS (60) and,
 # once the first tokens came, sends the supervisor SIGTERM SIGNALS times (0.5 s
 # apart); then tries a new connection. Prints a JSON summary.
 stream_through_stop() {
-  python3 - "$1" "$2" "$3" <<'PY'
+  python3 - "$1" "$2" "$3" "${4:-60}" <<'PY'
 import http.client, json, os, signal, socket, sys, time, urllib.parse
 u = urllib.parse.urlparse(sys.argv[1])
-pid, signals = int(sys.argv[2]), int(sys.argv[3])
+pid, signals, tokens = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
-c.request("POST", "/v1/completions", json.dumps({"model": "m207", "prompt": "Once upon a time", "max_tokens": 60,
+c.request("POST", "/v1/completions", json.dumps({"model": "m207", "prompt": "Once upon a time", "max_tokens": tokens,
           "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}),
           {"Content-Type": "application/json"})
 r = c.getresponse()
@@ -113,7 +114,7 @@ sup_start "$SUP_DIR/ds4.yaml" || { fail "supervisor did not start again"; sup_fi
 sup_wait 60 'w[0]["state"] == "ready"' || fail "no ready worker the second time"
 url=$(sup_proxy_url)
 pid=$SUP_PID
-stream_through_stop "$url" "$pid" 2 >"$SUP_DIR/second.json" &
+stream_through_stop "$url" "$pid" 2 400 >"$SUP_DIR/second.json" &
 client=$!
 for _ in $(seq 300); do grep -q 'again: not waiting' "$SUP_DIR/sup.log" && break; sleep 0.1; done
 gone=no
