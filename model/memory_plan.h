@@ -30,6 +30,10 @@ struct MemoryPlan {
   uint64_t weights = 0;  // resident in the shared segment (not the worker's own)
   uint64_t kv = 0;       // KV cache, context x slots
   uint64_t scratch = 0;  // activations and logits for one step
+  // A GPU worker on the expert rung: the experts it copied to the device
+  // itself (the layers its holder lacks), allocated when it starts, before
+  // reserve(); not in own(), which is what reserve() allocates.
+  uint64_t experts = 0;
   uint64_t own() const { return kv + scratch; }
 };
 

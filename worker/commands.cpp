@@ -45,6 +45,19 @@ std::string segment_socket(const Args& a) {
 
 using Clock = std::chrono::steady_clock;
 
+/// "0,4,8" -> {"0", "4", "8"}; "" -> {}.
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  if (s.empty()) return out;
+  size_t at = 0;
+  for (;;) {
+    const size_t comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
 /// The N of `cuda` (0) or `cuda:N`; -1 for anything that does not start with "cuda".
 int cuda_index(const std::string& device) {
   if (device == "cuda") return 0;
@@ -55,11 +68,21 @@ int cuda_index(const std::string& device) {
   return std::stoi(n);
 }
 
+/// An integer option that the supervisor may give in the environment instead
+/// (a ds4-worker@.service's environment file); the command line wins.
+int64_t integer_or_env(const Args& a, const std::string& name, const char* env, int64_t def, int64_t lo, int64_t hi) {
+  if (const char* v = std::getenv(env); v && *v) def = std::clamp<int64_t>(std::atoll(v), lo, hi);
+  return a.integer(name, def, lo, hi);
+}
+
 /// Backend for `--device`: cpu, cuda[:N], or auto (the first GPU when this
 /// build has the CUDA backend and a device answers, else the CPU). A GPU
 /// backend takes its weights as `--gpu-weights` (auto|holder|copy|host-mapped)
-/// and `--holder-socket` say.
-std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedModel& lm, int threads, const Args& a) {
+/// and `--holder-socket` say, and a mixture of experts' expert rung as
+/// `--host-experts N` (DS4_HOST_EXPERTS; the holder's as DS4_HOLDER_EXPERTS).
+/// `host_experts` >= 0 overrides --host-experts (bench's list of rungs).
+std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedModel& lm, int threads, const Args& a,
+                                      int host_experts = -1) {
   const Model& model = lm.model;
   if (device == "cpu") return make_cpu_backend(model, threads);
 #ifdef DS4_HAVE_CUDA
@@ -77,6 +100,12 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedMod
   weights.mode = parse_cuda_weight_source(a.str("gpu-weights", weights_env && *weights_env ? weights_env : "auto"));
   weights.holder_socket = a.str("holder-socket");
   weights.model_key = holder_model_key(lm.segment);
+  weights.host_expert_layers =
+      host_experts >= 0 ? host_experts : int(integer_or_env(a, "host-experts", "DS4_HOST_EXPERTS", 0, 0, 1 << 16));
+  weights.holder_expert_layers = int(integer_or_env(a, "holder-experts", "DS4_HOLDER_EXPERTS", -1, -1, 1 << 16));
+  weights.host_threads = threads;
+  if (weights.host_expert_layers > 0 && !model.hp().moe())
+    throw Error("--host-experts: " + model.hp().name + " is not a mixture of experts");
   if (device == "auto") {
     std::string why;
     if (cuda_available(&why)) return make_cuda_backend(model, 0, weights);
@@ -85,7 +114,8 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedMod
   }
   if (const int n = cuda_index(device); n >= 0) return make_cuda_backend(model, n, weights);
 #else
-  (void)a;  // --gpu-weights and --holder-socket concern the CUDA backend only
+  (void)a;  // --gpu-weights, --holder-socket and --host-experts concern the CUDA backend only
+  (void)host_experts;
   if (device == "auto") return make_cpu_backend(model, threads);
   if (cuda_index(device) >= 0)
     throw Error("device '" + device + "': this ds4-worker was built without the CUDA backend");
@@ -128,7 +158,7 @@ class CollectSink : public RequestSink {
 
 int cmd_run(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device",
-                "gpu-weights", "holder-socket"},
+                "gpu-weights", "holder-socket", "host-experts"},
          {"json", "ignore-eos", "no-bos", "router-gaps"},
          {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
   auto lm = open_model(a.required("model"));
@@ -214,7 +244,8 @@ int cmd_run(const std::vector<std::string>& argv) {
 }
 
 int cmd_bench(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights", "holder-socket"}, {},
+  Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights",
+                "holder-socket", "host-experts"}, {},
          {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}});
   const auto t_attach = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
@@ -223,66 +254,81 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const int64_t np = a.integer("n-prompt", 128, 0, 1 << 20), ng = a.integer("n-gen", 128, 0, 1 << 20);
   const int64_t reps = a.integer("repetitions", 3, 1, 1000);
   const int threads = int(a.integer("threads", 0, 0, 1024));
-  auto backend = make_backend(a.str("device", "cpu"), *lm, threads, a);
-  EngineShape shape;
-  shape.ctx = std::max<int64_t>(np, ng) + 1;
-  shape.slots = 1;
-  shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(np, 512));
-  check_backend_plan_fits(*backend, backend->plan(shape), shape);
-  backend->reserve(shape);
+  // --host-experts 0,4,8: the speed of each expert rung, one line each.
+  std::vector<int> rungs;
+  for (const std::string& v : split_list(a.str("host-experts"))) {
+    if (v.empty() || v.size() > 5 || v.find_first_not_of("0123456789") != std::string::npos)
+      throw Error("--host-experts: '" + v + "' is not a number of layers (expected N or a list N,M,...)");
+    rungs.push_back(std::stoi(v));
+  }
+  if (rungs.empty()) rungs.push_back(-1);
+  for (const int rung : rungs) {
+    auto backend = make_backend(a.str("device", "cpu"), *lm, threads, a, rung);
+    EngineShape shape;
+    shape.ctx = std::max<int64_t>(np, ng) + 1;
+    shape.slots = 1;
+    shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(np, 512));
+    check_backend_plan_fits(*backend, backend->plan(shape), shape);
+    backend->reserve(shape);
 
-  std::mt19937 rng(42);
-  auto random_token = [&] { return int32_t(rng() % uint32_t(hp.n_vocab)); };
-  // A P-token prompt in batches, as llama-bench's pp test.
-  auto run_pp = [&] {
-    std::vector<BatchToken> b;
-    for (int64_t i = 0; i < np; i += shape.max_batch) {
-      b.clear();
-      for (int64_t j = i; j < std::min(np, i + shape.max_batch); ++j)
-        b.push_back({random_token(), 0, int32_t(j), j == np - 1 ? 0 : -1});
-      backend->forward(b);
+    std::mt19937 rng(42);
+    auto random_token = [&] { return int32_t(rng() % uint32_t(hp.n_vocab)); };
+    // A P-token prompt in batches, as llama-bench's pp test.
+    auto run_pp = [&] {
+      std::vector<BatchToken> b;
+      for (int64_t i = 0; i < np; i += shape.max_batch) {
+        b.clear();
+        for (int64_t j = i; j < std::min(np, i + shape.max_batch); ++j)
+          b.push_back({random_token(), 0, int32_t(j), j == np - 1 ? 0 : -1});
+        backend->forward(b);
+      }
+    };
+    // N tokens one at a time from an empty cache, as llama-bench's tg test.
+    auto run_tg = [&] {
+      for (int64_t i = 0; i < ng; ++i) {
+        BatchToken t{random_token(), 0, int32_t(i), 0};
+        backend->forward({&t, 1});
+      }
+    };
+    auto measure = [&](auto&& fn, int64_t n) {
+      std::vector<double> rates;
+      if (n == 0) return std::pair{0.0, 0.0};
+      fn();  // warm-up
+      for (int64_t r = 0; r < reps; ++r) {
+        const auto t0 = Clock::now();
+        fn();
+        rates.push_back(double(n) / std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      double mean = 0, var = 0;
+      for (double x : rates) mean += x;
+      mean /= double(rates.size());
+      for (double x : rates) var += (x - mean) * (x - mean);
+      const double sd = rates.size() > 1 ? std::sqrt(var / double(rates.size() - 1)) : 0.0;
+      return std::pair{mean, sd};
+    };
+    const auto [pp, pp_sd] = measure(run_pp, np);
+    const auto [tg, tg_sd] = measure(run_tg, ng);
+    nlohmann::json out = {{"model", hp.name},
+                          {"segment", lm->segment.name()},
+                          {"backend", backend->name()},
+                          {"n_prompt", np},
+                          {"n_gen", ng},
+                          {"repetitions", reps},
+                          {"weights_bytes", lm->model.w().bytes},
+                          // Of the segment as this process maps it (after the runs touched it).
+                          {"huge_page_bytes", store::pmd_mapped_bytes(lm->segment.base())},
+                          {"attach_ms", attach_ms},
+                          {"pp_tok_s", pp},
+                          {"pp_sd", pp_sd},
+                          {"tg_tok_s", tg},
+                          {"tg_sd", tg_sd}};
+    if (rung >= 0) out["host_expert_layers"] = rung;
+    if (backend->memory_on_device()) {
+      const MemoryPlan p = backend->plan(shape);
+      out["device_weight_bytes"] = p.weights + p.experts;
     }
-  };
-  // N tokens one at a time from an empty cache, as llama-bench's tg test.
-  auto run_tg = [&] {
-    for (int64_t i = 0; i < ng; ++i) {
-      BatchToken t{random_token(), 0, int32_t(i), 0};
-      backend->forward({&t, 1});
-    }
-  };
-  auto measure = [&](auto&& fn, int64_t n) {
-    std::vector<double> rates;
-    if (n == 0) return std::pair{0.0, 0.0};
-    fn();  // warm-up
-    for (int64_t r = 0; r < reps; ++r) {
-      const auto t0 = Clock::now();
-      fn();
-      rates.push_back(double(n) / std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    double mean = 0, var = 0;
-    for (double x : rates) mean += x;
-    mean /= double(rates.size());
-    for (double x : rates) var += (x - mean) * (x - mean);
-    const double sd = rates.size() > 1 ? std::sqrt(var / double(rates.size() - 1)) : 0.0;
-    return std::pair{mean, sd};
-  };
-  const auto [pp, pp_sd] = measure(run_pp, np);
-  const auto [tg, tg_sd] = measure(run_tg, ng);
-  nlohmann::json out = {{"model", hp.name},
-                        {"segment", lm->segment.name()},
-                        {"backend", backend->name()},
-                        {"n_prompt", np},
-                        {"n_gen", ng},
-                        {"repetitions", reps},
-                        {"weights_bytes", lm->model.w().bytes},
-                        // Of the segment as this process maps it (after the runs touched it).
-                        {"huge_page_bytes", store::pmd_mapped_bytes(lm->segment.base())},
-                        {"attach_ms", attach_ms},
-                        {"pp_tok_s", pp},
-                        {"pp_sd", pp_sd},
-                        {"tg_tok_s", tg},
-                        {"tg_sd", tg_sd}};
-  std::cout << out.dump() << std::endl;
+    std::cout << out.dump() << std::endl;
+  }
   return 0;
 }
 
@@ -320,7 +366,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
     return cmd_engine(e);
   }
   Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch", "control",
-                      "gpu-weights", "holder-socket", "segment-socket", "busy-poll-us"}, {});
+                      "gpu-weights", "holder-socket", "segment-socket", "busy-poll-us", "host-experts", "holder-experts"}, {});
   ServeOptions o;
   o.id = int(a.integer("id", 0, 0, 1 << 20));
   o.socket_path = a.required("socket");
@@ -351,7 +397,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
 }
 
 int cmd_hold(const std::vector<std::string>& argv) {
-  Args a(argv, {"segment", "segment-socket", "model", "device", "socket"}, {});
+  Args a(argv, {"segment", "segment-socket", "model", "device", "socket", "host-experts"}, {});
 #ifdef DS4_HAVE_CUDA
   const int dev = cuda_index(a.str("device", "cuda:0"));
   if (dev < 0) throw Error("device '" + a.str("device") + "': the holder keeps weights on a GPU (cuda:N)");
@@ -373,7 +419,10 @@ int cmd_hold(const std::vector<std::string>& argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(dev)).c_str());
   const auto t0 = Clock::now();
-  CudaHolder holder(lm->model, dev, socket, holder_model_key(lm->segment), lm->segment.name());
+  // The experts of the first N layers stay out of the image: the workers'
+  // deepest expert rung (workers.moe_offload), whose experts are on the host.
+  const int host_experts = int(integer_or_env(a, "host-experts", "DS4_HOLDER_EXPERTS", 0, 0, 1 << 16));
+  CudaHolder holder(lm->model, dev, socket, holder_model_key(lm->segment), lm->segment.name(), host_experts);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   std::thread waiter([&] {
     int sig = 0;

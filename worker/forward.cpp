@@ -72,7 +72,7 @@ void run_forward(const Model& model, ForwardOps& ops, std::span<const BatchToken
       // A mixture of experts: the same SwiGLU in each chosen expert.
       const MoeSpec moe{&L.gate_inp, L.gate_mats, L.up_mats, L.down_mats, hp.n_expert, hp.n_expert_used,
                         hp.expert_ff, hp.expert_weights_norm, L.gate_inp_shexp ? &L.gate_inp_shexp : nullptr,
-                        &L.gate_shexp, &L.up_shexp, &L.down_shexp, hp.shared_ff};
+                        &L.gate_shexp, &L.up_shexp, &L.down_shexp, hp.shared_ff, layer};
       if (tracing) {
         ops.moe_ffn(Act::x, &ffn_norm, moe, Act::xb, false);
         ops.trace("router", layer, Act::router, hp.n_expert);

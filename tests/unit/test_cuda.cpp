@@ -1339,8 +1339,8 @@ std::string temp_socket(const char* what) {
 struct RunningHolder {
   CudaHolder holder;
   std::thread thread;
-  RunningHolder(const Model& m, const std::string& socket, const std::string& key)
-      : holder(m, 0, socket, key, "test-segment"), thread([this] { holder.serve(); }) {}
+  RunningHolder(const Model& m, const std::string& socket, const std::string& key, int host_expert_layers = 0)
+      : holder(m, 0, socket, key, "test-segment", host_expert_layers), thread([this] { holder.serve(); }) {}
   ~RunningHolder() {
     holder.stop();
     thread.join();
@@ -1400,6 +1400,111 @@ TEST_CASE("cuda: weights mapped from a holder give the copy's tokens, and outliv
   auto again = make_cuda_backend(f.model, 0, from_holder(socket, "stories-key"));
   CHECK(again->name().find("weights: holder") != std::string::npos);
   CHECK(generate(*again, shape, prompts, 60) == want);
+}
+
+TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens, and the image holds only the rest") {
+  if (!have_gpu()) return;
+  const std::vector<ArchCase> cases = {
+      {.name = "qwen3moe F16", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true, .experts = 8},
+      {.name = "qwen2moe Q8_0 (a shared expert)", .arch = "qwen2moe", .bias = true, .type = GgmlType::Q8_0,
+       .experts = 8, .shared_expert = true},
+  };
+  for (const ArchCase& c : cases) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    const bool q8 = c.type == GgmlType::Q8_0;
+    const double tol = q8 ? 4e-2 : 3e-3;        // as the architecture case: two correct engines
+    const float near_tie = q8 ? 0.25f : 0.03f;  // where greedy answers may part
+    auto m = arch_model(c);
+    const HParams& hp = m->model.hp();
+    REQUIRE(hp.n_layers == 2);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 23; ++i) prompt.push_back(int32_t((i * 37 + 5) % hp.n_vocab));
+    const EngineShape one{256, 1, 64};
+    auto cpu = make_cpu_backend(m->model, 2);
+    cpu->reserve(one);
+    const auto want = greedy_ids(*cpu, prompt, 24);
+    auto device = make_cuda_backend(m->model, 0);
+    const uint64_t all_on_device = device->plan(one).weights;
+    device.reset();
+    auto rung = [&](int host, int holder_layers) {
+      CudaWeightsOptions o;
+      o.host_expert_layers = host;
+      o.holder_expert_layers = holder_layers;
+      o.host_threads = 2;
+      return make_cuda_backend(m->model, 0, o);
+    };
+    // Same tokens as the CPU (up to its own near tie) for each rung: the
+    // host's layers run the CPU backend's experts, the rest the GPU's.
+    auto same_tokens = [&](Backend& b) {
+      b.reserve(one);
+      const auto got = greedy_ids(b, prompt, 24);
+      size_t same = 0;
+      while (same < want.size() && got[same].token == want[same].token) ++same;
+      CAPTURE(same);
+      if (same < want.size()) CHECK(want[same].margin < near_tie);
+      CHECK(same >= 8);
+      return got;
+    };
+    for (int host : {1, 2}) {
+      CAPTURE(host);
+      auto gpu = rung(host, -1);
+      CHECK(gpu->name().find("experts of " + std::to_string(host) + " layers on the host") != std::string::npos);
+      const MemoryPlan p = gpu->plan(one);
+      CHECK(p.weights < all_on_device);  // the host layers' experts are not on the device
+      CHECK(p.experts == 0);
+      same_tokens(*gpu);
+      // Logits of a prefill and of two slots' decode steps, against the CPU's.
+      auto cpu2 = make_cpu_backend(m->model, 2);
+      auto gpu2 = rung(host, -1);
+      const EngineShape two{256, 2, 64};
+      cpu2->reserve(two);
+      gpu2->reserve(two);
+      std::vector<BatchToken> prefill;
+      for (size_t i = 0; i < prompt.size(); ++i)
+        prefill.push_back({prompt[i], 1, int32_t(i), i + 1 == prompt.size() ? 0 : -1});
+      cpu2->forward(prefill);
+      gpu2->forward(prefill);
+      CHECK(rel_err(gpu2->logits(0).data(), cpu2->logits(0).data(), size_t(hp.n_vocab)) < tol);
+      for (int i = 0; i < 4; ++i) {
+        const BatchToken step[2] = {{prompt[size_t(i)], 0, int32_t(i), 0},
+                                    {prompt[size_t(i) % 5], 1, int32_t(prompt.size()) + i, 1}};
+        cpu2->forward(step);
+        gpu2->forward(step);
+        for (int r = 0; r < 2; ++r) CHECK(rel_err(gpu2->logits(r).data(), cpu2->logits(r).data(), size_t(hp.n_vocab)) < tol);
+      }
+    }
+    // A holder without the experts of both layers (the deepest rung): a
+    // worker at rung 1 maps it and copies layer 1's experts itself; one at
+    // rung 0 copies both layers'. Each gives the copy's tokens.
+    const std::string socket = temp_socket("holder-moe");
+    RunningHolder holder(m->model, socket, "moe-key", 2);
+    for (int host : {0, 1}) {
+      CAPTURE(host);
+      CudaWeightsOptions o = from_holder(socket, "moe-key");
+      o.host_expert_layers = host;
+      o.holder_expert_layers = 2;
+      o.host_threads = 2;
+      auto mapped = make_cuda_backend(m->model, 0, o);
+      CHECK(mapped->name().find("weights: holder") != std::string::npos);
+      const MemoryPlan p = mapped->plan(one);
+      CHECK(p.experts > 0);
+      // Rung 0 holds every expert (the holder's image and its own copy); rung 1 not layer 0's.
+      if (host == 0) CHECK(p.weights + p.experts == all_on_device);
+      else CHECK(p.weights + p.experts < all_on_device);
+      const auto via_holder = same_tokens(*mapped);
+      auto copied = rung(host, -1);
+      const auto via_copy = same_tokens(*copied);
+      for (size_t i = 0; i < via_copy.size(); ++i) CHECK(via_holder[i].token == via_copy[i].token);
+    }
+    // A holder whose image keeps the experts a worker wants on the host is
+    // another layout: that worker copies instead of mapping it.
+    CudaWeightsOptions o = from_holder(socket, "moe-key");
+    o.host_expert_layers = 1;
+    o.holder_expert_layers = 1;
+    auto other = make_cuda_backend(m->model, 0, o);
+    CHECK(other->name().find("weights: copy") != std::string::npos);
+  }
 }
 
 namespace {

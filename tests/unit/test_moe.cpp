@@ -17,7 +17,9 @@
 #include "model/weights.h"
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
+#include "shared/error.h"
 #include "worker/backend.h"
+#include "worker/forward.h"
 
 using namespace ds4;
 
@@ -123,6 +125,47 @@ std::vector<double> swiglu_ffn(const Weight& gate, const Weight& up, const Weigh
   return y;
 }
 
+/// A layer's mixture of experts over one normalised row n, in double: the
+/// router's probabilities, the chosen experts and the output (near_tie: the
+/// k-th and (k+1)-th probabilities are too close for the choice to be sure).
+struct Reference {
+  std::vector<double> p, y;
+  std::vector<int> chosen;
+  bool near_tie = false;
+};
+
+Reference reference_moe(const LayerWeights& L, const HParams& hp, const std::vector<double>& n) {
+  Reference ref;
+  std::vector<double>& p = ref.p;
+  p.resize(size_t(hp.n_expert));
+  double mx = -1e300, sum = 0;
+  for (int64_t e = 0; e < hp.n_expert; ++e) mx = std::max(mx, p[size_t(e)] = dot_row(L.gate_inp, e, n));
+  for (double& v : p) sum += v = std::exp(v - mx);
+  for (double& v : p) v /= sum;
+  std::vector<int> order(size_t(hp.n_expert));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+  const size_t K = size_t(hp.n_expert_used);
+  ref.near_tie = p[size_t(order[K - 1])] - p[size_t(order[K])] < 1e-4;
+  double wsum = 0;
+  for (size_t k = 0; k < K; ++k) wsum += p[size_t(order[k])];
+  ref.y.assign(n.size(), 0.0);
+  for (size_t k = 0; k < K; ++k) {
+    const int e = order[k];
+    ref.chosen.push_back(e);
+    const double wk = hp.expert_weights_norm ? p[size_t(e)] / wsum : p[size_t(e)];
+    const auto y = swiglu_ffn(L.gate_exps.mat(e), L.up_exps.mat(e), L.down_exps.mat(e), n);
+    for (size_t i = 0; i < n.size(); ++i) ref.y[i] += wk * y[i];
+  }
+  if (L.gate_inp_shexp) {
+    double g = 0;
+    for (size_t i = 0; i < n.size(); ++i) g += double(f32(L.gate_inp_shexp)[i]) * n[i];
+    const auto y = swiglu_ffn(L.gate_shexp, L.up_shexp, L.down_shexp, n);
+    for (size_t i = 0; i < n.size(); ++i) ref.y[i] += y[i] / (1 + std::exp(-g));
+  }
+  return ref;
+}
+
 struct Traced {
   std::map<std::pair<std::string, int>, std::vector<std::vector<float>>> rows;  // (name, layer) -> rows
 };
@@ -171,33 +214,11 @@ TEST_CASE("moe: each layer's experts equal a double-precision reference, for qwe
         }
         const double scale = 1 / std::sqrt(ss / kDim + hp.norm_eps);
         for (size_t i = 0; i < kDim; ++i) n[i] = x[i] * scale * f32(L.ffn_norm)[i];
-        std::vector<double> p(size_t(hp.n_expert));
-        double mx = -1e300, sum = 0;
-        for (int64_t e = 0; e < hp.n_expert; ++e) mx = std::max(mx, p[size_t(e)] = dot_row(L.gate_inp, e, n));
-        for (double& v : p) sum += v = std::exp(v - mx);
-        for (double& v : p) v /= sum;
-        for (int64_t e = 0; e < hp.n_expert; ++e) CHECK(std::fabs(probs[r][size_t(e)] - p[size_t(e)]) < 1e-4);
-        std::vector<int> order(size_t(hp.n_expert));
-        std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
-        const size_t K = size_t(hp.n_expert_used);
-        if (p[size_t(order[K - 1])] - p[size_t(order[K])] < 1e-4) continue;  // a near tie: either choice is right
-        double wsum = 0;
-        for (size_t k = 0; k < K; ++k) wsum += p[size_t(order[k])];
-        std::vector<double> want(kDim, 0.0);
-        for (size_t k = 0; k < K; ++k) {
-          const int e = order[k];
-          ++uses[size_t(e)];
-          const double wk = hp.expert_weights_norm ? p[size_t(e)] / wsum : p[size_t(e)];
-          const auto y = swiglu_ffn(L.gate_exps.mat(e), L.up_exps.mat(e), L.down_exps.mat(e), n);
-          for (size_t i = 0; i < kDim; ++i) want[i] += wk * y[i];
-        }
-        if (L.gate_inp_shexp) {
-          double g = 0;
-          for (size_t i = 0; i < kDim; ++i) g += double(f32(L.gate_inp_shexp)[i]) * n[i];
-          const auto y = swiglu_ffn(L.gate_shexp, L.up_shexp, L.down_shexp, n);
-          for (size_t i = 0; i < kDim; ++i) want[i] += y[i] / (1 + std::exp(-g));
-        }
+        const Reference ref = reference_moe(L, hp, n);
+        for (int64_t e = 0; e < hp.n_expert; ++e) CHECK(std::fabs(probs[r][size_t(e)] - ref.p[size_t(e)]) < 1e-4);
+        if (ref.near_tie) continue;  // either choice is right
+        for (int e : ref.chosen) ++uses[size_t(e)];
+        const std::vector<double>& want = ref.y;
         double err = 0, norm = 0;
         for (size_t i = 0; i < kDim; ++i) {
           err += std::pow(double(out[r][i]) - want[i], 2);
@@ -227,5 +248,54 @@ TEST_CASE("moe: a batch grouped by expert gives the same bits as the tokens one 
       CHECK(batched.rows.at({"l_out", l}) == single.rows.at({"l_out", l}));
       CHECK(batched.rows.at({"router", l}) == single.rows.at({"router", l}));
     }
+  }
+}
+
+TEST_CASE("moe: host experts (a GPU worker's expert rung) take rows of any stride and equal the reference") {
+  for (const std::string arch : {"qwen3moe", "qwen2moe"}) {
+    CAPTURE(arch);
+    const auto f = make_moe(arch);
+    const HParams& hp = f->model.hp();
+    constexpr int64_t T = 5, ldn = kDim + 13, ldo = kDim + 3;
+    auto host = make_host_experts(f->model, 2, 8);
+    CHECK(host->bytes() > 0);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> n(size_t(T * ldn)), out(size_t(T * ldo), -7.0f), router(size_t(T * hp.n_expert));
+    for (float& v : n) v = nd(rng);
+    int checked = 0;
+    for (int l = 0; l < int(hp.n_layers); ++l) {
+      CAPTURE(l);
+      const LayerWeights& L = f->model.w().layers[size_t(l)];
+      const MoeSpec spec{&L.gate_inp, L.gate_mats, L.up_mats, L.down_mats, hp.n_expert, hp.n_expert_used,
+                         hp.expert_ff, hp.expert_weights_norm, L.gate_inp_shexp ? &L.gate_inp_shexp : nullptr,
+                         &L.gate_shexp, &L.up_shexp, &L.down_shexp, hp.shared_ff, l};
+      host->run(spec, n.data(), ldn, T, out.data(), ldo, router.data(), hp.n_expert);
+      for (int64_t t = 0; t < T; ++t) {
+        CAPTURE(t);
+        const std::vector<double> nt(n.begin() + t * ldn, n.begin() + t * ldn + kDim);
+        const Reference ref = reference_moe(L, hp, nt);
+        for (int64_t e = 0; e < hp.n_expert; ++e) CHECK(std::fabs(router[size_t(t * hp.n_expert + e)] - ref.p[size_t(e)]) < 1e-4);
+        for (int64_t i = kDim; i < ldo; ++i) CHECK(out[size_t(t * ldo + i)] == -7.0f);  // nothing past the row
+        if (ref.near_tie) continue;
+        double err = 0, norm = 0;
+        for (size_t i = 0; i < kDim; ++i) {
+          err += std::pow(double(out[size_t(t * ldo) + i]) - ref.y[i], 2);
+          norm += ref.y[i] * ref.y[i];
+        }
+        CHECK(std::sqrt(err / norm) < 1e-4);
+        ++checked;
+      }
+    }
+    CHECK(checked >= 4);
+    std::string refused;
+    try {
+      const LayerWeights& L = f->model.w().layers[0];
+      const MoeSpec spec{&L.gate_inp, L.gate_mats, L.up_mats, L.down_mats, hp.n_expert, hp.n_expert_used, hp.expert_ff};
+      host->run(spec, n.data(), ldn, 9, out.data(), ldo, nullptr, 0);  // more rows than its max_batch of 8
+    } catch (const Error& e) {
+      refused = e.what();
+    }
+    CHECK(refused.find("exceeds max_batch") != std::string::npos);
   }
 }

@@ -75,6 +75,23 @@ class CpuBackend final : public Backend, private ForwardOps {
 
   void set_trace(TraceFn fn) override { trace_ = std::move(fn); }
 
+  /// HostExperts::run on this backend's activations (a backend reserved for
+  /// steps of max_batch tokens; `tokens` are that many placeholders).
+  void host_moe(std::span<const BatchToken> tokens, const MoeSpec& spec, const float* n, int64_t ldn, int64_t T,
+                float* out, int64_t ldo, float* router, int64_t ldr) {
+    if (T > shape_.max_batch) throw Error("host experts: a step of " + std::to_string(T) + " tokens exceeds max_batch");
+    begin_step(tokens.first(size_t(T)), 0);
+    float* xb = ptr(Act::xb);
+    const int64_t ldxb = ld(Act::xb);
+    for_tokens(T, [&](int64_t t) { std::copy_n(n + t * ldn, hp_.dim, xb + t * ldxb); });
+    moe_ffn(Act::xb, nullptr, spec, Act::x, false);
+    const float* x = ptr(Act::x);
+    const int64_t ldx = ld(Act::x);
+    for_tokens(T, [&](int64_t t) { std::copy_n(x + t * ldx, hp_.dim, out + t * ldo); });
+    if (router)
+      for (int64_t t = 0; t < T; ++t) std::copy_n(ptr(Act::router) + t * ld(Act::router), hp_.n_expert, router + t * ldr);
+  }
+
  private:
   // --- ForwardOps --------------------------------------------------------
   void begin_step(std::span<const BatchToken> batch, int64_t logit_rows) override {
@@ -504,7 +521,34 @@ void CpuBackend::gather_logit_rows(Act xa, Act xla) {
     if (const int32_t r = batch_[t].logit_row; r >= 0) std::copy_n(x + int64_t(t) * ldx, ldl, xl + r * ldl);
 }
 
+class CpuHostExperts final : public HostExperts {
+ public:
+  CpuHostExperts(const Model& model, int threads, int64_t max_batch)
+      : be_(model, threads), tokens_(size_t(std::max<int64_t>(max_batch, 1))) {
+    // One position of one slot: the KV cache and the attention's score rows
+    // are never used, only the activations of a step and the kernels' scratch.
+    EngineShape s;
+    s.ctx = 1;
+    s.slots = 1;
+    s.max_batch = std::max<int64_t>(max_batch, 1);
+    be_.reserve(s);
+  }
+  void run(const MoeSpec& spec, const float* n, int64_t ldn, int64_t T, float* out, int64_t ldo, float* router,
+           int64_t ldr) override {
+    be_.host_moe(tokens_, spec, n, ldn, T, out, ldo, router, ldr);
+  }
+  uint64_t bytes() const override { return be_.reserved_bytes(); }
+
+ private:
+  CpuBackend be_;
+  std::vector<BatchToken> tokens_;
+};
+
 }  // namespace
+
+std::unique_ptr<HostExperts> make_host_experts(const Model& model, int threads, int64_t max_batch) {
+  return std::make_unique<CpuHostExperts>(model, threads, max_batch);
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads) {
   return std::make_unique<CpuBackend>(model, threads);

@@ -69,7 +69,11 @@ class CudaBackend final : public Backend, ForwardOps {
   CudaBackend(const Model& model, int device, const CudaWeightsOptions& weights);
   ~CudaBackend() override;
 
-  std::string name() const override { return "cuda(" + device_name_ + ", weights: " + image_->source() + ")"; }
+  std::string name() const override {
+    std::string n = "cuda(" + device_name_ + ", weights: " + image_->source();
+    if (host_layers_ > 0) n += ", experts of " + std::to_string(host_layers_) + " layers on the host";
+    return n + ")";
+  }
   bool memory_on_device() const override { return true; }
   std::optional<DeviceRoom> device_room() const override;
   MemoryPlan plan(const EngineShape& s) const override;
@@ -118,6 +122,8 @@ class CudaBackend final : public Backend, ForwardOps {
   std::unique_ptr<cuda::WeightImage> make_image(const CudaWeightsOptions& o);
   std::unique_ptr<cuda::WeightImage> image_from_holder(const CudaWeightsOptions& o, std::string& why);
   void bind_weights();
+  /// moe_ffn for a layer whose experts stay on the host (HostExperts).
+  void moe_on_host(Act in, const MoeSpec& m, Act out, bool accumulate);
   /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
   /// `reads`: how many times a layer the worker reads its socket meanwhile
   /// (0 while a graph is captured).
@@ -145,6 +151,14 @@ class CudaBackend final : public Backend, ForwardOps {
 
   cuda::ImageLayout layout_;
   std::unique_ptr<cuda::WeightImage> image_;
+  // The expert rung (CudaWeightsOptions): experts of layers below
+  // host_layers_ run on the host; those of [host_layers_, holder_layers_),
+  // which the image lacks, are this worker's own copy (extra_).
+  int host_layers_ = 0, holder_layers_ = 0, host_threads_ = 0;
+  cuda::ImageLayout extra_layout_;
+  std::unique_ptr<cuda::WeightImage> extra_;
+  std::unique_ptr<HostExperts> host_experts_;
+  PinnedBuffer host_in_, host_out_;
   std::unordered_map<const void*, DeviceWeight> views_;  // Weight::data -> its view in the image
   WeightsSummary summary_;
 
@@ -195,14 +209,32 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DS4_BLAS_CHECK(cuda::blas::create(&blas_));
   DS4_BLAS_CHECK(cuda::blas::set_stream(blas_, stream_));
-  layout_ = cuda::ImageLayout::of(m_.w());
+  if (weights.host_expert_layers > 0 && !hp_.moe())
+    throw Error("CUDA backend: experts on the host (--host-experts) need a mixture-of-experts model");
+  host_layers_ = int(std::clamp<int64_t>(weights.host_expert_layers, 0, hp_.n_layers));
+  holder_layers_ = std::max(host_layers_, int(std::clamp<int64_t>(weights.holder_expert_layers, -1, hp_.n_layers)));
+  host_threads_ = weights.host_threads;
+  // The weights read in place need no copy of their own: the image is what the device reads.
+  if (resolve_weight_source(weights.mode, cuda_integrated(device), false) == CudaWeightSource::host_mapped)
+    holder_layers_ = host_layers_;
+  layout_ = cuda::ImageLayout::of(m_.w(), holder_layers_);
+  extra_layout_ = cuda::ImageLayout::experts_of(m_.w(), host_layers_, holder_layers_);
   summary_ = WeightsSummary::of(m_.w());
   if (layout_.max_q8_elems > summary_.largest_q8_elems)
     throw Error("CUDA backend: the memory plan's dequantisation scratch (" + std::to_string(summary_.largest_q8_elems) +
                 " values) is smaller than the largest repacked weight's (" + std::to_string(layout_.max_q8_elems) +
                 "): model/memory_plan.cpp must follow worker/cuda/weights.cu");
   image_ = make_image(weights);
+  if (!extra_layout_.entries.empty()) extra_ = cuda::copy_image(extra_layout_, stream_);
   bind_weights();
+  if (holder_layers_ > 0)
+    log::info("cuda:" + std::to_string(device) + ": the experts of the first " + std::to_string(host_layers_) +
+                  " layers are computed on the host" +
+                  (extra_ ? ", those of layers " + std::to_string(host_layers_) + " to " +
+                                std::to_string(holder_layers_ - 1) + " copied to this worker (" +
+                                std::to_string(extra_layout_.total >> 20) + " MiB)"
+                          : std::string()),
+              {{"DS4_HOST_EXPERTS", std::to_string(host_layers_)}});
 }
 
 CudaBackend::~CudaBackend() {
@@ -270,6 +302,7 @@ std::unique_ptr<cuda::WeightImage> CudaBackend::image_from_holder(const CudaWeig
 
 void CudaBackend::bind_weights() {
   for (const cuda::ImageLayout::Entry& e : layout_.entries) views_.emplace(e.w->data, image_->view(*e.w));
+  for (const cuda::ImageLayout::Entry& e : extra_layout_.entries) views_.emplace(e.w->data, extra_->view(*e.w));
 }
 
 const DeviceWeight& CudaBackend::dev(const Weight& w) const {
@@ -284,6 +317,7 @@ const DeviceWeight& CudaBackend::dev(const Weight& w) const {
 MemoryPlan CudaBackend::plan(const EngineShape& s) const {
   MemoryPlan p = plan_memory(hp_, s, summary_, {BackendKind::cuda, 1});
   p.weights = layout_.total;
+  p.experts = extra_layout_.total;
   return p;
 }
 
@@ -331,6 +365,11 @@ void CudaBackend::reserve(const EngineShape& s) {
     routes_dev_ = DeviceBuffer(words * 4, "expert routes");
     routes_host_ = PinnedBuffer(words * 4, "expert routes");
     router_host_ = PinnedBuffer(size_t(s.max_batch * ld(Act::router)) * 4, "router scores");
+  }
+  if (host_layers_ > 0) {
+    host_experts_ = make_host_experts(m_, host_threads_, s.max_batch);
+    host_in_ = PinnedBuffer(size_t(s.max_batch * ld(Act::x)) * 4, "host experts' input");
+    host_out_ = PinnedBuffer(size_t(s.max_batch * ld(Act::x)) * 4, "host experts' output");
   }
   // Touch everything now: a worker learns at start whether the memory is there.
   DS4_CUDA_CHECK(cudaMemsetAsync(kv_.as<void>(), 0, kv_.size(), stream_));
@@ -401,6 +440,7 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
     rmsnorm(in, *norm->g, norm->eps, norm->out);
     in = norm->out;
   }
+  if (m.layer >= 0 && m.layer < host_layers_) return moe_on_host(in, m, out, accumulate);
   const int T = rows(in);
   const int64_t E = m.n_expert, K = m.n_used, ldr = ld(Act::router), ldm = ld(Act::moe_in), ldh = ld(Act::hb);
   const float* n = ptr(in);
@@ -443,6 +483,33 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
     c.ldn = ld(in);
   }
   cuda::moe_combine(c, ptr(out), ld(out), accumulate, hp_.dim, T, stream_);
+}
+
+// The expert rung: the normalised rows go to the host, the CPU backend's
+// mixture of experts runs there on the weights in shared memory, and its
+// result comes back (added into the residual, or written to `out`).
+void CudaBackend::moe_on_host(Act in, const MoeSpec& m, Act out, bool accumulate) {
+  const int T = rows(in);
+  const int64_t ldx = ld(Act::x);
+  if (ld(in) != ldx || ld(out) != ldx || ld(Act::moe_out) != ldx)
+    throw Error("CUDA backend: host experts take rows of the residual's stride");
+  float* hin = host_in_.as<float>();
+  float* hout = host_out_.as<float>();
+  DS4_CUDA_CHECK(cudaMemcpyAsync(hin, ptr(in), size_t(T * ldx) * 4, cudaMemcpyDeviceToHost, stream_));
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  float* router = trace_ ? router_host_.as<float>() : nullptr;
+  host_experts_->run(m, hin, ldx, T, hout, ldx, router, ld(Act::router));
+  if (router)
+    DS4_CUDA_CHECK(cudaMemcpyAsync(ptr(Act::router), router, size_t(T * ld(Act::router)) * 4, cudaMemcpyHostToDevice,
+                                   stream_));
+  if (accumulate) {
+    DS4_CUDA_CHECK(cudaMemcpyAsync(ptr(Act::moe_out), hout, size_t(T * ldx) * 4, cudaMemcpyHostToDevice, stream_));
+    cuda::add(ptr(out), ptr(Act::moe_out), ldx, hp_.dim, T, stream_);
+  } else {
+    DS4_CUDA_CHECK(cudaMemcpyAsync(ptr(out), hout, size_t(T * ldx) * 4, cudaMemcpyHostToDevice, stream_));
+  }
+  // The pinned rows are rewritten by the next layer's call: wait for the copy.
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::head_norm(Act qk, int64_t heads, const Weight& g, float eps) {

@@ -50,6 +50,15 @@ struct CudaWeightsOptions {
   std::string holder_socket;  // empty: default_holder_socket(device)
   std::string model_key;      // what the holder's image must be of (holder_model_key)
   int holder_timeout_ms = 2000;
+  // A mixture of experts' expert rung: the experts of the first
+  // `host_expert_layers` layers are computed on the host (on `host_threads`
+  // threads, <= 0: one per core) from the shared segment, with no device
+  // copy. The holder's image lacks the experts of its first
+  // `holder_expert_layers` (-1: as many as host_expert_layers); the worker
+  // copies those of layers [host_expert_layers, holder_expert_layers) itself.
+  int host_expert_layers = 0;
+  int holder_expert_layers = -1;
+  int host_threads = 0;
 };
 
 /// $XDG_RUNTIME_DIR/ds4/holder-cuda<N>.sock (/tmp/ds4-$UID/... without XDG_RUNTIME_DIR).
@@ -77,8 +86,10 @@ class CudaHolder {
  public:
   /// Copies the weights and listens on `socket_path`. Throws ds4::Error when
   /// another holder already answers there, or on a CUDA failure.
+  /// `host_expert_layers`: the first layers whose experts it does not hold
+  /// (the workers' deepest expert rung).
   CudaHolder(const Model& model, int device_index, const std::string& socket_path, const std::string& model_key,
-             const std::string& segment_name);
+             const std::string& segment_name, int host_expert_layers = 0);
   ~CudaHolder();
   CudaHolder(const CudaHolder&) = delete;
   CudaHolder& operator=(const CudaHolder&) = delete;

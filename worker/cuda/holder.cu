@@ -179,7 +179,7 @@ struct CudaHolder::Impl {
 };
 
 CudaHolder::CudaHolder(const Model& model, int device, const std::string& socket_path, const std::string& model_key,
-                       const std::string& segment_name)
+                       const std::string& segment_name, int host_expert_layers)
     : impl_(new Impl{model, device, socket_path, model_key, segment_name, {}, {}, {}, {}, {}, {}, {}}) {
   Impl& m = *impl_;
   // A holder that still answers keeps its socket: two holders of one GPU would hold two copies.
@@ -192,7 +192,7 @@ CudaHolder::CudaHolder(const Model& model, int device, const std::string& socket
   cudaDeviceProp prop{};
   DS4_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   m.device_name = prop.name;
-  m.layout = cuda::ImageLayout::of(model.w());
+  m.layout = cuda::ImageLayout::of(model.w(), host_expert_layers);
   m.image = cuda::VmmAllocation::create(device, m.layout.total);
   cudaStream_t s = nullptr;
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -213,6 +213,7 @@ CudaHolder::CudaHolder(const Model& model, int device, const std::string& socket
                           {"bytes", m.image->size()},
                           {"image_bytes", m.layout.total},
                           {"layout_hash", cuda::hex64(m.layout.hash)},
+                          {"host_expert_layers", host_expert_layers},
                           {"pid", int64_t(getpid())}};
 
   // The socket's folder (the runtime dir's ds4/), private to the user.

@@ -216,21 +216,39 @@ class HostMappedImage final : public WeightImage {
 
 }  // namespace
 
-ImageLayout ImageLayout::of(const ModelWeights& W) {
-  ImageLayout l;
+namespace {
+void add_experts(const LayerWeights& L, std::vector<const Weight*>& out) {
+  for (const std::vector<Weight>* mats : {&L.gate_mats, &L.up_mats, &L.down_mats})
+    for (const Weight& w : *mats) out.push_back(&w);
+}
+}  // namespace
+
+ImageLayout ImageLayout::of(const ModelWeights& W, int host_expert_layers) {
   // Every tensor the forward pass reads; the optional ones (QKV bias, Q/K
   // norm, RoPE frequency factors) where the file has them.
   std::vector<const Weight*> all = {&W.token_embd, &W.output_norm, &W.output};
   if (W.rope_freqs) all.push_back(&W.rope_freqs);
-  for (const LayerWeights& L : W.layers) {
+  for (size_t i = 0; i < W.layers.size(); ++i) {
+    const LayerWeights& L = W.layers[i];
     for (const Weight* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
                             &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down, &L.gate_inp, &L.gate_inp_shexp,
                             &L.gate_shexp, &L.up_shexp, &L.down_shexp})
       if (*w) all.push_back(w);
-    // A mixture of experts: each expert's matrices, one entry each.
-    for (const std::vector<Weight>* mats : {&L.gate_mats, &L.up_mats, &L.down_mats})
-      for (const Weight& w : *mats) all.push_back(&w);
+    // A mixture of experts: each expert's matrices, one entry each, unless
+    // this layer's experts stay on the host.
+    if (int(i) >= host_expert_layers) add_experts(L, all);
   }
+  return of_weights(all);
+}
+
+ImageLayout ImageLayout::experts_of(const ModelWeights& W, int from, int to) {
+  std::vector<const Weight*> all;
+  for (int i = std::max(from, 0); i < std::min<int>(to, int(W.layers.size())); ++i) add_experts(W.layers[size_t(i)], all);
+  return of_weights(all);
+}
+
+ImageLayout ImageLayout::of_weights(const std::vector<const Weight*>& all) {
+  ImageLayout l;
   l.hash = fnv1a(0xcbf29ce484222325ull, kImageLayoutVersion);
   l.host_lo = UINTPTR_MAX;
   for (const Weight* w : all) {
@@ -248,6 +266,7 @@ ImageLayout ImageLayout::of(const ModelWeights& W) {
     l.host_lo = std::min(l.host_lo, reinterpret_cast<uintptr_t>(w->data));
     l.host_hi = std::max(l.host_hi, reinterpret_cast<uintptr_t>(w->data) + host_bytes(*w));
   }
+  if (l.entries.empty()) l.host_lo = 0;
   return l;
 }
 

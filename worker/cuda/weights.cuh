@@ -42,7 +42,13 @@ struct ImageLayout {
   uint64_t hash = 0;           // FNV-1a over the version and every entry's offset, type and shape
   uintptr_t host_lo = 0, host_hi = 0;  // host range that holds the weights
 
-  static ImageLayout of(const ModelWeights& W);
+  /// Every weight the forward pass reads, except the experts of the first
+  /// `host_expert_layers` layers (they stay on the host: the expert rung).
+  static ImageLayout of(const ModelWeights& W, int host_expert_layers = 0);
+  /// The experts of layers [from, to) only.
+  static ImageLayout experts_of(const ModelWeights& W, int from, int to);
+  /// Lays out `weights` in order (one entry per distinct data).
+  static ImageLayout of_weights(const std::vector<const Weight*>& weights);
   const Entry& at(const Weight& w) const;
 };
 
