@@ -54,6 +54,16 @@ WeightsSummary WeightsSummary::of(const ModelWeights& w) {
   return s;
 }
 
+uint64_t expert_bytes(const ModelWeights& w, int from, int to) {
+  uint64_t b = 0;
+  for (int i = std::max(from, 0); i < std::min<int>(to, int(w.layers.size())); ++i) {
+    const LayerWeights& L = w.layers[size_t(i)];
+    for (const std::vector<Weight>* mats : {&L.gate_mats, &L.up_mats, &L.down_mats})
+      for (const Weight& m : *mats) b += m.row_bytes() * uint64_t(m.rows);
+  }
+  return b;
+}
+
 ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int threads) {
   ScratchLayout l;
   int64_t at = 0;

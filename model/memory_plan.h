@@ -121,6 +121,10 @@ inline constexpr uint64_t kCudaBlasWorkspace = 32ull << 20;
 uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& shape);
 uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& shape, const WeightsSummary& w);
 
+/// Bytes of the expert matrices of layers [from, to) (a mixture of experts;
+/// 0 for a dense model): what the expert rung moves between host and device.
+uint64_t expert_bytes(const ModelWeights& w, int from, int to);
+
 /// The plan: weights (their size in the segment), the KV cache, the scratch.
 MemoryPlan plan_memory(const HParams& hp, const EngineShape& shape, const WeightsSummary& w,
                        const BackendPlanOptions& opt);

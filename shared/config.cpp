@@ -534,6 +534,41 @@ void read_ladder(Reader& r, const Entry& e, std::vector<std::uint32_t>& out) {
   if (ok) out = std::move(ladder);
 }
 
+void read_moe_offload(Reader& r, const Entry& e, std::vector<std::uint32_t>& out) {
+  if (!e.value || e.value.IsNull()) return;
+  if (!e.value.IsSequence()) {
+    r.error(e.mark, e.path + ": expected a list of layer counts like [0, 4, 8] (the first layers whose experts stay on "
+                             "the host, one rung each), got " + describe(e.value));
+    return;
+  }
+  if (e.value.size() == 0) {
+    r.error(e.mark, e.path + ": the list is empty; give at least one rung ([0]: every expert on the GPU)");
+    return;
+  }
+  std::vector<std::uint32_t> rungs;
+  bool ok = true;
+  for (std::size_t i = 0; i < e.value.size(); ++i) {
+    const YAML::Node& item = e.value[i];
+    const std::string where = e.path + "[" + std::to_string(i) + "]";
+    Entry rung{e.key, item, where, item.Mark().is_null() ? e.mark : item.Mark()};
+    std::int64_t v = -1;
+    const std::size_t before = r.errors.size();
+    r.integer(rung, v, 0, 65535);
+    if (r.errors.size() != before || !item.IsScalar()) {
+      if (item.IsNull()) r.error(rung.mark, where + ": expected a number of layers, got nothing");
+      ok = false;
+      continue;
+    }
+    if (!rungs.empty() && static_cast<std::uint32_t>(v) <= rungs.back()) {
+      r.error(rung.mark, where + ": " + std::to_string(v) + " is not larger than the rung before it (" +
+                             std::to_string(rungs.back()) + "); each rung keeps more layers' experts on the host");
+      ok = false;
+    }
+    rungs.push_back(static_cast<std::uint32_t>(v));
+  }
+  if (ok) out = std::move(rungs);
+}
+
 void read_document(Reader& r, const YAML::Node& root, Config& c) {
   const YAML::Mark top = root.Mark();
   r.mapping(root, top, "", {
@@ -595,6 +630,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
         {"context", [&](const Entry& x) {
           r.mapping(x.value, x.mark, x.path, {{"ladder", [&](const Entry& l) { read_ladder(r, l, W.ladder); }}});
         }},
+        {"moe_offload", [&](const Entry& x) { read_moe_offload(r, x, W.moe_offload); }},
         {"memory_max", [&](const Entry& x) { r.size(x, W.memory_max); }},
         {"reserve", [&](const Entry& x) { r.size(x, W.reserve); }},
         {"engine", [&](const Entry& x) {
@@ -855,6 +891,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(V.prefill_chunk != W.prefill_chunk, "workers.prefill_chunk", c.worker_settings);
   note(V.busy_poll != W.busy_poll, "workers.busy_poll", c.worker_settings);
   note(V.ladder != W.ladder, "workers.context.ladder", c.worker_settings);
+  note(V.moe_offload != W.moe_offload, "workers.moe_offload", c.worker_settings);
   note(V.memory_max != W.memory_max, "workers.memory_max", c.worker_settings);
   note(V.reserve != W.reserve, "workers.reserve", c.in_place);  // policy only
   note(V.engine != W.engine, "workers.engine", c.worker_settings);

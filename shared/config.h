@@ -124,6 +124,14 @@ struct WorkersConfig {
   /// (busy_poll_for()).
   std::optional<std::chrono::microseconds> busy_poll;
   std::vector<std::uint32_t> ladder = {32768, 16384, 8192, 4096, 2048};  // tokens per slot, descending (agents send 15-30K-token prompts)
+  /// A mixture-of-experts model on a GPU: the expert rungs, each the number
+  /// of layers (the first ones) whose experts stay on the host and are
+  /// computed by the CPU, ascending. The memory policy walks them at the
+  /// largest context before it shrinks the context: OOM or low GPU headroom
+  /// at [0, 4, 8] moves 0 -> 4 -> 8, then context down with 8; a step up
+  /// retraces that path. The GPU holder keeps only what the last rung keeps
+  /// on the device. Ignored (with a note) for a dense model or CPU workers.
+  std::vector<std::uint32_t> moe_offload = {0};
   Bytes memory_max = 0;       // systemd MemoryMax= per worker; 0 = none
   Bytes reserve = Bytes(1) << 30;  // kept free when choosing a rung
   WorkerEngine engine = WorkerEngine::native;

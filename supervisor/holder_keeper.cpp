@@ -103,6 +103,10 @@ void HolderKeeper::spawn() {
     args.push_back("--segment-socket");
     args.push_back(s_.segment_socket);
   }
+  if (s_.host_experts > 0) {
+    args.push_back("--host-experts");
+    args.push_back(std::to_string(s_.host_experts));
+  }
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);
@@ -246,12 +250,17 @@ void HolderKeeper::restart_later() {
 }
 
 void HolderKeeper::change_segment(const std::string& segment, std::function<void()> settled) {
-  if (segment == s_.segment) {
+  change_image(segment, s_.host_experts, std::move(settled));
+}
+
+void HolderKeeper::change_image(const std::string& segment, uint32_t host_experts, std::function<void()> settled) {
+  if (segment == s_.segment && host_experts == s_.host_experts) {
     asio::post(io_, std::move(settled));
     return;
   }
   stop();
   s_.segment = segment;
+  s_.host_experts = host_experts;
   start_async(std::move(settled));
 }
 

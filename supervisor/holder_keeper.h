@@ -28,6 +28,7 @@ struct HolderSettings {
   int device = 0;             // cuda:N
   std::string socket;         // where workers look: $XDG_RUNTIME_DIR/ds4/holder-cudaN.sock
   std::string segment_socket;  // where a memfd segment's descriptor is asked for; empty: the holder's default
+  uint32_t host_experts = 0;   // a mixture of experts: the first layers whose experts it does not hold (the last expert rung)
   std::chrono::milliseconds ready_timeout{std::chrono::minutes(5)};
 };
 
@@ -58,6 +59,11 @@ class HolderKeeper {
   /// Holds `segment` instead (the model changed): a new holder replaces the
   /// old, as start_async(). The same segment: `settled` runs at once.
   void change_segment(const std::string& segment, std::function<void()> settled);
+  /// Holds `segment` without the experts of its first `host_experts` layers
+  /// (workers.moe_offload's last rung): replaced as change_segment() when
+  /// either differs from what it holds.
+  void change_image(const std::string& segment, uint32_t host_experts, std::function<void()> settled);
+  uint32_t host_experts() const { return s_.host_experts; }
   /// SIGTERM, then SIGKILL after a grace period.
   void stop();
   nlohmann::json status() const;

@@ -180,20 +180,46 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
   return m;
 }
 
+std::vector<uint32_t> expert_rungs(const ModelInfo& model, const WorkersConfig& w, bool on_gpu, std::string* note) {
+  const std::vector<uint32_t> none = {0};
+  if (w.moe_offload == none) return none;
+  auto refuse = [&](const std::string& why) {
+    if (note) *note = "workers.moe_offload is not used: " + why;
+    return none;
+  };
+  if (w.engine == WorkerEngine::exec) return refuse("an exec engine places its own experts");
+  if (!on_gpu) return refuse("the workers run on the CPU, where every expert is on the host already");
+  const store::Segment seg = attach_served(model);
+  const Model m = Model::bind(seg.metadata(), segment_tensors(seg));
+  if (!m.hp().moe()) return refuse(m.hp().name + " is not a mixture of experts");
+  std::vector<uint32_t> out;
+  for (uint32_t o : w.moe_offload) {
+    const uint32_t n = std::min<uint32_t>(o, uint32_t(m.hp().n_layers));
+    if (out.empty() || n > out.back()) out.push_back(n);
+  }
+  if (note && out.back() != w.moe_offload.back())
+    *note = "workers.moe_offload: the model has " + std::to_string(m.hp().n_layers) + " layers; rungs past it are cut to " +
+            std::to_string(out.back());
+  return out;
+}
+
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder, uint32_t slots,
-                               uint32_t threads, uint32_t prefill_chunk) {
+                               uint32_t threads, uint32_t prefill_chunk, const std::vector<uint32_t>& host_experts,
+                               uint32_t holder_experts) {
   const store::Segment seg = attach_served(model);
   const Model m = Model::bind(seg.metadata(), segment_tensors(seg));
   const WeightsSummary w = WeightsSummary::of(m.w());
   // The CPU worker's figure: threads as ds4-worker takes them (0: one per core).
   const int t = threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<Bytes> out;
-  for (uint32_t ctx : ladder) {
+  for (size_t i = 0; i < ladder.size(); ++i) {
     EngineShape shape;
-    shape.ctx = ctx;
+    shape.ctx = ladder[i];
     shape.slots = slots;
     shape.max_batch = prefill_chunk;  // ds4-worker serve --batch
-    out.push_back(plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own());
+    Bytes own = plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own();
+    if (!host_experts.empty()) own += expert_bytes(m.w(), int(host_experts[i]), int(holder_experts));
+    out.push_back(own);
   }
   return out;
 }

@@ -57,8 +57,18 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
 
 /// KV + scratch of a worker at each context in `ladder` (slots and threads as
 /// configured), computed by the CPU backend's own planner on the segment.
+/// With expert rungs (`host_experts`, one per rung, PolicyConfig's): a GPU
+/// worker's own copy of the experts its holder lacks, those of layers
+/// [host_experts[i], holder_experts), is added to rung i.
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder,
-                               uint32_t slots, uint32_t threads, uint32_t prefill_chunk = 256);
+                               uint32_t slots, uint32_t threads, uint32_t prefill_chunk = 256,
+                               const std::vector<uint32_t>& host_experts = {}, uint32_t holder_experts = 0);
+
+/// workers.moe_offload as it applies: the model is a mixture of experts and
+/// its workers run on a GPU with the native engine. Rungs past the model's
+/// layers are cut to its layer count (duplicates dropped). Otherwise {0},
+/// with `note` (if given) saying why the setting is not used.
+std::vector<uint32_t> expert_rungs(const ModelInfo& model, const WorkersConfig& w, bool on_gpu, std::string* note = nullptr);
 
 /// workers.engine: exec — each rung's plan: the KV cache the engine's
 /// command line asks for at that rung (model/exec_plan.h: its -c, else ctx x

@@ -23,6 +23,36 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   return p;
 }
 
+void PolicyConfig::with_expert_rungs(const std::vector<uint32_t>& offload) {
+  if (offload.empty() || (offload.size() == 1 && offload[0] == 0)) return;
+  std::vector<uint32_t> contexts, experts;
+  for (size_t i = 0; i < ladder.size(); ++i) {
+    if (i == 0) {
+      for (uint32_t o : offload) {
+        contexts.push_back(ladder[0]);
+        experts.push_back(o);
+      }
+    } else {
+      contexts.push_back(ladder[i]);
+      experts.push_back(offload.back());
+    }
+  }
+  ladder = std::move(contexts);
+  host_experts = std::move(experts);
+}
+
+std::string PolicyConfig::rung_text(size_t rung) const {
+  std::string t = "context " + std::to_string(ladder[rung]);
+  if (const uint32_t n = experts_at(rung)) t += " with the experts of " + std::to_string(n) + " layers on the host";
+  return t;
+}
+
+std::optional<size_t> PolicyConfig::rung_of(uint32_t context, uint32_t experts) const {
+  for (size_t i = 0; i < ladder.size(); ++i)
+    if (ladder[i] == context && experts_at(i) == experts) return i;
+  return std::nullopt;
+}
+
 std::string human_size(Bytes b) {
   char buf[64];
   if (b >= (Bytes(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(Bytes(1) << 30));
@@ -44,7 +74,8 @@ const char* exit_kind_name(ExitKind k) {
 
 WorkerPolicy::WorkerPolicy(int id, PolicyConfig config, std::vector<Bytes> own_bytes)
     : id_(id), config_(std::move(config)), own_(std::move(own_bytes)) {
-  if (config_.ladder.empty() || own_.size() != config_.ladder.size())
+  if (config_.ladder.empty() || own_.size() != config_.ladder.size() ||
+      (!config_.host_experts.empty() && config_.host_experts.size() != config_.ladder.size()))
     throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
 }
 
@@ -54,6 +85,10 @@ Decision WorkerPolicy::decision(const std::string& event, size_t from, size_t to
   d.worker = id_;
   d.context_from = config_.ladder[from];
   d.context_to = config_.ladder[to];
+  if (!config_.host_experts.empty()) {
+    d.host_experts_from = config_.host_experts[from];
+    d.host_experts_to = config_.host_experts[to];
+  }
   d.reason = std::move(reason);
   return d;
 }
@@ -150,7 +185,7 @@ Step WorkerPolicy::start_at(size_t rung, const std::string& event, const std::st
   low_since_.reset();
   ample_since_.reset();
   if (!event.empty()) s.decisions.push_back(decision(event, from, rung, reason));
-  s.actions.push_back({Action::Kind::start, config_.ladder[rung]});
+  s.actions.push_back({Action::Kind::start, config_.ladder[rung], config_.experts_at(rung)});
   return s;
 }
 
@@ -196,7 +231,7 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
       backoff_until_ = now + d;
       target_ = to;
       s.decisions.push_back(decision("backoff", rung_, to,
-                                     what + " at the smallest context " + std::to_string(context()) + " (" +
+                                     what + " at the smallest " + config_.rung_text(rung_) + " (" +
                                          std::to_string(failures_) + " failures in a row); retrying in " +
                                          format_duration(d)));
       s.decisions.back().figures = {{"DS4_BACKOFF_MS", std::to_string(d.count())},
@@ -204,7 +239,7 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
                                     {"DS4_EXIT", exit_kind_name(kind)}};
       return s;
     }
-    const std::string where = " at context " + std::to_string(config_.ladder[rung_]) +
+    const std::string where = " at " + config_.rung_text(rung_) +
                               (to == rung_ ? "; already the smallest rung, restarting at it"
                                            : "; restarting one rung lower at once");
     if (oom) {
@@ -277,8 +312,8 @@ Step WorkerPolicy::on_health(TimePoint now, const Health& h) {
   std::string why;
   if (state_ == WorkerState::starting && config_.start_timeout.count() != 0 && now - started_at_ > config_.start_timeout) {
     why = "not ready " + format_duration(config_.start_timeout) +
-          " after its start (restart.start_timeout): hung at start; killing it, then starting it again at context " +
-          std::to_string(context());
+          " after its start (restart.start_timeout): hung at start; killing it, then starting it again at " +
+          config_.rung_text(rung_);
   } else {
     if (state_ != WorkerState::ready || config_.hang_timeout.count() == 0) return {};
     const bool stale = h.heartbeat_age && *h.heartbeat_age > config_.hang_timeout;
@@ -287,7 +322,7 @@ Step WorkerPolicy::on_health(TimePoint now, const Health& h) {
     if (stale) why = "no heartbeat for " + format_duration(*h.heartbeat_age);
     if (mute) why += std::string(why.empty() ? "" : ", ") + "socket unanswered for " + format_duration(h.unanswered);
     why += " (hang_timeout " + format_duration(config_.hang_timeout) + "): hung; killing pid " + std::to_string(pid_) +
-           ", then restarting at context " + std::to_string(context());
+           ", then restarting at " + config_.rung_text(rung_);
   }
   Step s;
   s.decisions.push_back(decision("hang", rung_, rung_, why));
@@ -385,7 +420,7 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
   s.decisions.push_back(decision(
       "upgrade", rung_, to,
       "headroom ample for " + format_duration(std::chrono::duration_cast<Duration>(now - *ample_since_)) + ": " +
-          room_text(r) + ", context " + std::to_string(config_.ladder[to]) + " needs " +
+          room_text(r) + ", " + config_.rung_text(to) + " needs " +
           human_size(own_[to] - std::min(own_[to], own_[rung_])) + " more; worker idle, one rung up"));
   s.decisions.back().figures = room_figures(r);
   s.decisions.back().figures.emplace_back("DS4_NEEDS", std::to_string(own_[to]));
@@ -434,9 +469,12 @@ Step WorkerPolicy::request_context(TimePoint now, uint32_t context) {
   auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);
   if (it == config_.ladder.end()) {
     std::string l;
-    for (auto c : config_.ladder) l += (l.empty() ? "" : ", ") + std::to_string(c);
+    for (size_t i = 0; i < config_.ladder.size(); ++i)
+      if (i == 0 || config_.ladder[i] != config_.ladder[i - 1]) l += (l.empty() ? "" : ", ") + std::to_string(config_.ladder[i]);
     throw Error("context " + std::to_string(context) + " is not on the ladder [" + l + "]");
   }
+  // Of a context's rungs (the largest has one per expert rung), the one
+  // with the fewest experts on the host.
   const size_t to = size_t(it - config_.ladder.begin());
   failures_ = 0;
   Step s;
@@ -469,14 +507,14 @@ Step WorkerPolicy::request_stop(TimePoint now) {
 }
 
 Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes) {
-  if (config.ladder.empty() || own_bytes.size() != config.ladder.size())
+  if (config.ladder.empty() || own_bytes.size() != config.ladder.size() ||
+      (!config.host_experts.empty() && config.host_experts.size() != config.ladder.size()))
     throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
-  const uint32_t current = context();
+  const uint32_t current = context(), current_experts = host_experts();
   config_ = std::move(config);
   own_ = std::move(own_bytes);
-  auto it = std::find(config_.ladder.begin(), config_.ladder.end(), current);
-  if (it != config_.ladder.end()) {
-    rung_ = size_t(it - config_.ladder.begin());
+  if (const auto same = config_.rung_of(current, current_experts)) {
+    rung_ = *same;
     return {};
   }
   // The running context is no longer on the ladder: the largest rung not above it.
@@ -486,20 +524,30 @@ Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<B
   rung_ = std::min(rung_, config_.ladder.size() - 1);
   Step s;
   Decision d;
-  d.event = config_.ladder[to] < current ? "downgrade" : "upgrade";
+  d.event = config_.ladder[to] < current ? "downgrade" : config_.ladder[to] > current ? "upgrade" : "restart";
   d.worker = id_;
   d.context_from = current;
   d.context_to = config_.ladder[to];
-  d.reason = "reload: context " + std::to_string(current) + " is no longer on the ladder";
+  if (!config_.host_experts.empty()) {
+    d.host_experts_from = current_experts;
+    d.host_experts_to = config_.host_experts[to];
+  }
+  d.reason = "reload: context " + std::to_string(current) +
+             (current_experts ? " with the experts of " + std::to_string(current_experts) + " layers on the host" : "") +
+             " is no longer on the ladder";
   s.decisions.push_back(d);
   Step x = drain_then(to, now);
   s.actions = x.actions;
   return s;
 }
 
-void WorkerPolicy::adopt(TimePoint now, uint32_t context, int pid) {
-  auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);
-  rung_ = it == config_.ladder.end() ? config_.ladder.size() - 1 : size_t(it - config_.ladder.begin());
+void WorkerPolicy::adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts) {
+  if (const auto r = config_.rung_of(context, host_experts)) {
+    rung_ = *r;
+  } else {
+    auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);
+    rung_ = it == config_.ladder.end() ? config_.ladder.size() - 1 : size_t(it - config_.ladder.begin());
+  }
   state_ = WorkerState::ready;
   pid_ = pid;
   ready_since_ = now;

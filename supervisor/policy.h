@@ -45,7 +45,11 @@ using TimePoint = std::chrono::steady_clock::time_point;
 
 /// The settings the policy uses, taken from Config.
 struct PolicyConfig {
-  std::vector<uint32_t> ladder;  // descending
+  /// The rungs, from the most memory to the least: each rung's context, and
+  /// (a mixture of experts on a GPU, with_expert_rungs()) each rung's number
+  /// of first layers whose experts stay on the host (empty: none anywhere).
+  std::vector<uint32_t> ladder;
+  std::vector<uint32_t> host_experts;
   Bytes reserve = 0;
   Bytes min_available = 0;
   Duration low_for{0};
@@ -57,6 +61,16 @@ struct PolicyConfig {
   Duration hang_timeout{0};   // 0 = no hang detection
   Duration start_timeout{0};  // 0 = a start may take forever
   static PolicyConfig from(const Config& c);
+  /// Expands the context ladder with the expert rungs (workers.moe_offload,
+  /// ascending): every expert rung at the largest context first, then each
+  /// smaller context with the last expert rung. [32768, 16384] x [0, 4]:
+  /// (32768, 0), (32768, 4), (16384, 4). A single rung 0 changes nothing.
+  void with_expert_rungs(const std::vector<uint32_t>& offload);
+  uint32_t experts_at(size_t rung) const { return host_experts.empty() ? 0 : host_experts[rung]; }
+  /// "context 32768", "context 32768 with the experts of 4 layers on the host".
+  std::string rung_text(size_t rung) const;
+  /// The rung of (context, host experts); nullopt when it is not on the ladder.
+  std::optional<size_t> rung_of(uint32_t context, uint32_t host_experts) const;
 };
 
 /// One memory reading: the host's, and a GPU's where a worker reports one.
@@ -106,6 +120,7 @@ std::string human_size(Bytes b);
 struct Action {
   enum class Kind { start, stop, drain, kill } kind = Kind::start;  // kill: SIGKILL, no drain
   uint32_t context = 0;  // start
+  uint32_t host_experts = 0;  // start: the expert rung (first layers whose experts stay on the host)
 };
 
 /// One decision, for the journal and `ds4ctl events`.
@@ -114,6 +129,7 @@ struct Decision {
   int worker = 0;
   uint32_t context_from = 0;
   uint32_t context_to = 0;
+  std::optional<uint32_t> host_experts_from, host_experts_to;  // set when the ladder has expert rungs
   std::string reason;  // a sentence saying why, with the figures
   std::vector<std::pair<std::string, std::string>> figures;  // DS4_* fields
 };
@@ -159,7 +175,7 @@ class WorkerPolicy {
   Step reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes);
 
   /// A running worker found at start (supervisor restart): take it as ready.
-  void adopt(TimePoint now, uint32_t context, int pid);
+  void adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts = 0);
   /// Another worker just stepped down: this one starts its low-headroom count anew.
   void reset_headroom_timers(TimePoint now);
 
@@ -168,6 +184,7 @@ class WorkerPolicy {
 
   WorkerState state() const { return state_; }
   uint32_t context() const { return config_.ladder[rung_]; }
+  uint32_t host_experts() const { return config_.experts_at(rung_); }
   size_t rung() const { return rung_; }
   int id() const { return id_; }
   int64_t restarts() const { return restarts_; }

@@ -191,13 +191,15 @@ void ProcessBackend::start(const LaunchSpec& spec) {
     std::string_view v(*e);
     if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=") ||
         v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS=") || v.starts_with("DS4_SEGMENT_SOCKET=") ||
-        v.starts_with("DS4_EXEC_COMMAND="))
+        v.starts_with("DS4_EXEC_COMMAND=") || v.starts_with("DS4_HOST_EXPERTS=") || v.starts_with("DS4_HOLDER_EXPERTS="))
       continue;
     env.emplace_back(v);
   }
   env.push_back("NOTIFY_SOCKET=" + notify_path_);
   if (!spec.control.empty()) env.push_back("DS4_CONTROL=" + spec.control);
   env.push_back("DS4_GPU_WEIGHTS=" + spec.gpu_weights);
+  env.push_back("DS4_HOST_EXPERTS=" + std::to_string(spec.host_experts));
+  env.push_back("DS4_HOLDER_EXPERTS=" + std::to_string(spec.holder_experts));
   env.push_back("DS4_SEGMENT_SOCKET=" + opts_.runtime_dir + "/segments.sock");
   // Everything the child needs is prepared before fork (only async-signal-safe calls after).
   std::vector<char*> argv, envp;
@@ -244,6 +246,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   c->pid = pid;
   log::info("started worker " + std::to_string(spec.id) + " (pid " + std::to_string(pid) + ", context " +
                 std::to_string(spec.context) + " x " + std::to_string(spec.slots) + " slots" +
+                (spec.host_experts ? ", the experts of " + std::to_string(spec.host_experts) + " layers on the host" : "") +
                 (c->cgroup.empty() ? "" : ", memory cgroup " + c->cgroup) + ")",
             {{"DS4_WORKER", std::to_string(spec.id)}, {"DS4_PID", std::to_string(pid)}});
   children_[spec.id] = std::move(c);

@@ -38,6 +38,8 @@ std::optional<StatusEvent> status_event(log::Level level, std::string_view messa
     else if (name == "DS4_WORKER") e.worker = int(to_int(value, -1));
     else if (name == "DS4_CONTEXT_FROM") e.context_from = to_int(value, 0);
     else if (name == "DS4_CONTEXT_TO") e.context_to = to_int(value, 0);
+    else if (name == "DS4_HOST_EXPERTS_FROM") e.host_experts_from = to_int(value, -1);
+    else if (name == "DS4_HOST_EXPERTS_TO") e.host_experts_to = to_int(value, -1);
   }
   if (e.event.empty() || e.event == "refused") return std::nullopt;
   return e;
@@ -76,6 +78,8 @@ nlohmann::json events_json(const std::vector<StatusEvent>& events) {
     j["worker"] = e.worker >= 0 ? nlohmann::json(e.worker) : nlohmann::json(nullptr);
     if (e.context_from) j["context_from"] = e.context_from;
     if (e.context_to) j["context_to"] = e.context_to;
+    if (e.host_experts_from >= 0) j["host_experts_from"] = e.host_experts_from;
+    if (e.host_experts_to >= 0) j["host_experts_to"] = e.host_experts_to;
     out.push_back(std::move(j));
   }
   return out;

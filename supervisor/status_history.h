@@ -29,6 +29,8 @@ struct StatusEvent {
   int worker = -1;          // DS4_WORKER; -1 = not about one worker (reload, holder, segments)
   int64_t context_from = 0; // DS4_CONTEXT_FROM / DS4_CONTEXT_TO; 0 = not given
   int64_t context_to = 0;
+  int64_t host_experts_from = -1;  // DS4_HOST_EXPERTS_FROM / _TO (expert rungs); -1 = not given
+  int64_t host_experts_to = -1;
   std::string level{};      // error, warning, info
   std::string message{};    // MESSAGE
 };

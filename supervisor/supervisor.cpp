@@ -112,7 +112,16 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
     s.exec_command = c.workers.exec_command;
     s.model_path = m.path;
   } else {
-    s.own_bytes = plan_ladder(m, c.workers.ladder, c.workers.slots, c.workers.threads, c.workers.prefill_chunk);
+    // A mixture of experts on a GPU: the expert rungs come before the
+    // smaller contexts; each rung's plan counts the experts the worker
+    // copies itself (those its holder lacks: not with host-mapped weights).
+    std::string note;
+    const std::vector<uint32_t> rungs = expert_rungs(m, c.workers, workers_on_gpu(c.workers.device), &note);
+    if (!note.empty()) log::info(note, {{"DS4_MOE_OFFLOAD", std::to_string(rungs.back())}});
+    s.policy.with_expert_rungs(rungs);
+    s.holder_experts = rungs.back();
+    s.own_bytes = plan_ladder(m, s.policy.ladder, c.workers.slots, c.workers.threads, c.workers.prefill_chunk,
+                              s.policy.host_experts, c.gpu.weights == GpuWeights::device ? s.holder_experts : 0);
   }
   s.count = c.workers.count;
   s.slots = c.workers.slots;
@@ -323,6 +332,7 @@ void Supervisor::start_holder(std::function<void()> settled) {
   hs.device = *device;
   hs.socket = runtime_dir_ + "/holder-cuda" + std::to_string(hs.device) + ".sock";
   hs.segment_socket = segments_->path();
+  hs.host_experts = expert_rungs(model_, config_.workers, true).back();  // the last expert rung's
   sd_notify(0, ("STATUS=copying the weights to cuda:" + std::to_string(hs.device)).c_str());
   holder_ = std::make_unique<HolderKeeper>(io_, hs);
   if (settled) holder_->start_async(std::move(settled));
@@ -548,7 +558,8 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
                              ch.changed("workers.threads") || ch.changed("workers.busy_poll") ||
                              ch.changed("workers.prefill_chunk") ||
                              ch.changed("workers.memory_max") ||
-                             ch.changed("workers.engine") || ch.changed("gpu.weights");
+                             ch.changed("workers.engine") || ch.changed("gpu.weights") ||
+                             ch.changed("workers.moe_offload");
     const Config before = config_;
     config_ = next;
     events_->set_capacity(config_.status.events_kept);
@@ -565,12 +576,13 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
       log::info("reload: the GPU weights holder is stopped" +
                 std::string(want ? ", one for cuda:" + std::to_string(*want) + " replaces it" : ": not needed now"));
     }
+    const uint32_t holder_experts = s.holder_experts;
     auto then = [this, before, s = std::move(s), restart_all, ch, model_changed]() mutable {
       finish_reload(before, std::move(s), restart_all, ch, model_changed);
     };
-    if (holder_ && model_changed) {
+    if (holder_ && (model_changed || holder_experts != holder_->host_experts())) {
       reloading_ = true;
-      holder_->change_segment(model_.segment, std::move(then));
+      holder_->change_image(model_.segment, holder_experts, std::move(then));
     } else if (want && !holder_) {
       reloading_ = true;
       start_holder(std::move(then));
@@ -673,13 +685,17 @@ nlohmann::json Supervisor::handle_admin(const nlohmann::json& req) {
   }
   if (cmd == "events") {
     nlohmann::json ev = nlohmann::json::array();
-    for (const auto& e : manager_->events())
-      ev.push_back({{"time_ms", e.time_ms},
-                    {"event", e.decision.event},
-                    {"worker", e.decision.worker},
-                    {"context_from", e.decision.context_from},
-                    {"context_to", e.decision.context_to},
-                    {"reason", e.decision.reason}});
+    for (const auto& e : manager_->events()) {
+      nlohmann::json j = {{"time_ms", e.time_ms},
+                          {"event", e.decision.event},
+                          {"worker", e.decision.worker},
+                          {"context_from", e.decision.context_from},
+                          {"context_to", e.decision.context_to},
+                          {"reason", e.decision.reason}};
+      if (e.decision.host_experts_from) j["host_experts_from"] = *e.decision.host_experts_from;
+      if (e.decision.host_experts_to) j["host_experts_to"] = *e.decision.host_experts_to;
+      ev.push_back(std::move(j));
+    }
     return {{"ok", true}, {"events", ev}};
   }
   if (cmd == "drain") {

@@ -22,6 +22,8 @@ struct LaunchSpec {
   std::string segment;      // model segment name
   std::string socket_path;  // the worker's token-protocol socket
   uint32_t context = 0;
+  uint32_t host_experts = 0;    // DS4_HOST_EXPERTS: the expert rung (first layers whose experts stay on the host)
+  uint32_t holder_experts = 0;  // DS4_HOLDER_EXPERTS: those the GPU holder's image lacks (the last expert rung)
   uint32_t slots = 1;
   std::string device = "auto";
   std::string gpu_weights = "auto";  // DS4_GPU_WEIGHTS: auto (the holder's, else a copy) | host-mapped
@@ -53,6 +55,7 @@ struct AdoptedWorker {
   uint32_t context = 0;
   std::string socket_path;
   int port = 0;  // engine: exec
+  uint32_t host_experts = 0;  // its expert rung (DS4_HOST_EXPERTS)
 };
 
 struct BackendCallbacks {

@@ -25,11 +25,16 @@ void log_decision(const Decision& d) {
   f.push_back({"DS4_WORKER", worker});
   f.push_back({"DS4_CONTEXT_FROM", from});
   f.push_back({"DS4_CONTEXT_TO", to});
+  if (d.host_experts_from) f.push_back({"DS4_HOST_EXPERTS_FROM", std::to_string(*d.host_experts_from)});
+  if (d.host_experts_to) f.push_back({"DS4_HOST_EXPERTS_TO", std::to_string(*d.host_experts_to)});
   f.push_back({"DS4_REASON", d.reason});
   for (const auto& [k, v] : d.figures) f.push_back({k, v});
   std::string msg = "worker " + worker + ": " + d.event;
-  if (d.context_from != d.context_to) msg += " " + from + " -> " + to;
-  else msg += " at " + to;
+  // An expert rung reads "32768/e4": context 32768, the experts of 4 layers on the host.
+  const std::string rung_from = from + (d.host_experts_from ? "/e" + std::to_string(*d.host_experts_from) : ""),
+                    rung_to = to + (d.host_experts_to ? "/e" + std::to_string(*d.host_experts_to) : "");
+  if (rung_from != rung_to) msg += " " + rung_from + " -> " + rung_to;
+  else msg += " at " + rung_to;
   msg += ": " + d.reason;
   const bool bad = d.event == "oom" || d.event == "backoff" || d.event == "downgrade" || d.event == "hang";
   log::write(bad ? log::Level::warn : log::Level::info, msg, f);
@@ -109,7 +114,7 @@ void WorkerManager::start() {
     sl.timer = std::make_unique<asio::steady_timer>(io_);
     auto it = running.find(int(i));
     if (it != running.end()) {
-      sl.policy->adopt(now(), it->second.context, it->second.pid);
+      sl.policy->adopt(now(), it->second.context, it->second.pid, it->second.host_experts);
       sl.pid = it->second.pid;
       sl.running = true;
       sl.generation = 1;
@@ -170,7 +175,7 @@ void WorkerManager::apply(int id, Step step) {
   for (const auto& a : step.actions) {
     switch (a.kind) {
       case Action::Kind::start:
-        launch(id, a.context);
+        launch(id, a.context, a.host_experts);
         break;
       case Action::Kind::stop:
         if (sl.running) backend_.stop(id);
@@ -200,13 +205,15 @@ void WorkerManager::apply(int id, Step step) {
   notify();
 }
 
-void WorkerManager::launch(int id, uint32_t context) {
+void WorkerManager::launch(int id, uint32_t context, uint32_t host_experts) {
   Slot& sl = slot(id);
   LaunchSpec spec;
   spec.id = id;
   spec.segment = s_.segment;
   spec.socket_path = socket_path(id);
   spec.context = context;
+  spec.host_experts = host_experts;
+  spec.holder_experts = s_.holder_experts;
   spec.slots = s_.slots;
   spec.device = s_.device;
   spec.gpu_weights = s_.gpu_weights;
@@ -265,8 +272,8 @@ void WorkerManager::on_ready(int id, int pid) {
     extra = ", " + std::to_string(sl.last_downtime_ms) + " ms after it went away";
     sl.down_since.reset();
   }
-  const std::string msg = "worker " + std::to_string(id) + " ready (pid " + std::to_string(pid) + ", context " +
-                          std::to_string(sl.policy->context()) + ")" + extra;
+  const std::string msg = "worker " + std::to_string(id) + " ready (pid " + std::to_string(pid) + ", " +
+                          sl.policy->config().rung_text(sl.policy->rung()) + ")" + extra;
   if (extra.empty())
     log::info(msg, {{"DS4_WORKER", std::to_string(id)}, {"DS4_PID", std::to_string(pid)},
                     {"DS4_CONTEXT", std::to_string(sl.policy->context())}});
@@ -497,6 +504,7 @@ std::vector<WorkerInfo> WorkerManager::workers() const {
     if (s_.exec_command.empty()) w.socket_path = socket_path(id);
     else w.http_port = sl.port;
     w.context = sl.policy->context();
+    w.host_experts = sl.policy->host_experts();
     w.slots = s_.slots;
     w.pid = sl.pid;
     w.generation = sl.generation;
@@ -518,6 +526,7 @@ nlohmann::json WorkerManager::status_json() const {
                         {"state", state_name(p.state())},
                         {"pid", sl.pid},
                         {"context", p.context()},
+                        {"host_experts", p.host_experts()},
                         {"slots", s_.slots},
                         {"restarts", p.restarts()},
                         {"oom_kills", p.oom_kills()},

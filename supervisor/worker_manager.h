@@ -26,7 +26,8 @@ namespace ds4::sup {
 /// What the manager needs besides the policy settings.
 struct ManagerSettings {
   PolicyConfig policy;
-  std::vector<Bytes> own_bytes;  // KV + scratch per ladder rung
+  std::vector<Bytes> own_bytes;  // KV + scratch per ladder rung (+ a GPU worker's own experts)
+  uint32_t holder_experts = 0;   // the last expert rung: what the GPU holder's image lacks
   uint32_t count = 1;
   uint32_t slots = 1;
   std::string device = "auto";
@@ -121,7 +122,7 @@ class WorkerManager : public WorkerRegistry {
   /// Logs the decisions (journal, events, counters by event).
   void record(Slot& sl, const std::vector<Decision>& decisions);
   void apply(int id, Step step);
-  void launch(int id, uint32_t context);
+  void launch(int id, uint32_t context, uint32_t host_experts);
   void arm_timer(int id);
   void on_ready(int id, int pid);
   void on_exit(int id, ExitKind kind, const std::string& message);

@@ -158,7 +158,7 @@ class CollectSink : public RequestSink {
 
 int cmd_run(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device",
-                "gpu-weights", "holder-socket", "host-experts"},
+                "gpu-weights", "holder-socket", "host-experts", "holder-experts"},
          {"json", "ignore-eos", "no-bos", "router-gaps"},
          {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
   auto lm = open_model(a.required("model"));
@@ -245,7 +245,7 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights",
-                "holder-socket", "host-experts"}, {},
+                "holder-socket", "host-experts", "holder-experts"}, {},
          {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}});
   const auto t_attach = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));

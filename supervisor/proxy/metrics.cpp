@@ -98,6 +98,9 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
   const sup::ProxyStats st = sched.stats();
   head("ds4_worker_context", "gauge", "Context (tokens per slot) of each worker.");
   for (auto& w : workers) o << "ds4_worker_context{worker=\"" << w.id << "\"} " << w.context << '\n';
+  head("ds4_worker_host_expert_layers", "gauge",
+       "Expert rung of each worker: the first layers whose experts the CPU computes (workers.moe_offload).");
+  for (auto& w : workers) o << "ds4_worker_host_expert_layers{worker=\"" << w.id << "\"} " << w.host_experts << '\n';
   head("ds4_worker_slots", "gauge", "Slots of each worker.");
   for (auto& w : workers) o << "ds4_worker_slots{worker=\"" << w.id << "\"} " << w.slots << '\n';
   head("ds4_worker_in_flight", "gauge", "Requests running on each worker.");

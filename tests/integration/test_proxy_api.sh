@@ -320,7 +320,7 @@ kill -HUP "$(cat "$T/proxy.pid")"
 sleep 0.3
 check "SIGHUP reloads the keys" bash -c "[ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-2' $U/v1/models)\" = 200 ] && [ \"\$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/models)\" = 401 ]"
 check "/metrics counts answers by status and shows the worker" \
-  bash -c "curl -s $U/metrics | grep -q 'ds4_http_requests_total{code=\"401\"}' && curl -s $U/metrics | grep -q 'ds4_worker_context{worker=\"0\"} 256'"
+  bash -c "curl -s $U/metrics | grep -q 'ds4_http_requests_total{code=\"401\"}' && curl -s $U/metrics | grep -q 'ds4_worker_context{worker=\"0\"} 256' && curl -s $U/metrics | grep -q 'ds4_worker_host_expert_layers{worker=\"0\"} 0'"
 check "the proxy is still running" kill -0 "$(cat "$T/proxy.pid")"
 # SIGTERM: stops accepting, finishes what runs, exits 0.
 curl -sN --max-time 30 -H "Authorization: Bearer sk-test-2" "$U/v1/completions" \

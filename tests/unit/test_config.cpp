@@ -77,6 +77,7 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.workers.threads == 0);
     CHECK(c.workers.prefill_chunk == 256);
     CHECK(c.workers.ladder == std::vector<std::uint32_t>{32768, 16384, 8192, 4096, 2048});
+    CHECK(c.workers.moe_offload == std::vector<std::uint32_t>{0});
     CHECK(c.workers.memory_max == 0);
     CHECK(c.workers.reserve == 1 * GiB);
     CHECK(c.workers.engine == ds4::WorkerEngine::native);
@@ -125,6 +126,7 @@ workers:
   threads: 8
   context:
     ladder: [32768, 16384, 256]
+  moe_offload: [0, 4, 8]
   memory_max: 6GiB
   reserve: 512MiB
   engine: exec
@@ -168,6 +170,7 @@ gpu:
   CHECK(c.workers.slots == 4);
   CHECK(c.workers.threads == 8);
   CHECK(c.workers.ladder == std::vector<std::uint32_t>{32768, 16384, 256});
+  CHECK(c.workers.moe_offload == std::vector<std::uint32_t>{0, 4, 8});
   CHECK(c.workers.memory_max == 6 * GiB);
   CHECK(c.workers.reserve == 512 * MiB);
   CHECK(c.workers.engine == ds4::WorkerEngine::exec);
@@ -256,7 +259,7 @@ TEST_CASE("config: wrong types") {
         "config/ds4.yaml:2:10: workers.slots: expected a whole number, got a list");
   CHECK(errors("workers: 3\n") ==
         "config/ds4.yaml:1:10: workers: expected a mapping with keys backend, count, device, slots, threads, prefill_chunk, "
-        "busy_poll, context, memory_max, reserve, engine, exec, got '3'");
+        "busy_poll, context, moe_offload, memory_max, reserve, engine, exec, got '3'");
   CHECK(errors("workers:\n  prefill_chunk: 8\n") ==
         "config/ds4.yaml:2:18: workers.prefill_chunk: 8 is out of range (16 to 8192)");
   CHECK(errors("- a\n- b\n") ==
@@ -288,6 +291,19 @@ TEST_CASE("config: wrong types") {
 }
 
 TEST_CASE("config: impossible values") {
+  SUBCASE("moe_offload") {
+    CHECK(errors("workers:\n  moe_offload: [4, 2]\n") ==
+          "config/ds4.yaml:2:20: workers.moe_offload[1]: 2 is not larger than the rung before it (4); each rung keeps "
+          "more layers' experts on the host");
+    CHECK(errors("workers:\n  moe_offload: []\n") ==
+          "config/ds4.yaml:2:16: workers.moe_offload: the list is empty; give at least one rung ([0]: every expert on "
+          "the GPU)");
+    CHECK(errors("workers:\n  moe_offload: 4\n").find("workers.moe_offload: expected a list of layer counts") !=
+          std::string::npos);
+    CHECK(errors("workers:\n  moe_offload: [0, -4]\n").find("config/ds4.yaml:2:20: workers.moe_offload[1]") == 0);
+    CHECK(errors("workers:\n  moe_offload: [0, x]\n").find("config/ds4.yaml:2:20: workers.moe_offload[1]") == 0);
+    CHECK(errors("workers:\n  moe_offload: [0, 4]\n") == "");
+  }
   SUBCASE("ladder") {
     CHECK(errors("workers:\n  context:\n    ladder: []\n") ==
           "config/ds4.yaml:3:13: workers.context.ladder: the ladder is empty; give at least one context size");

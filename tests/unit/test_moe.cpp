@@ -5,9 +5,13 @@
 // bits whether the tokens come in one batch (grouped by expert) or one by one.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
@@ -17,7 +21,11 @@
 #include "model/weights.h"
 #include "shared/gguf.h"
 #include "shared/gguf_writer.h"
+#include "model/memory_plan.h"
+#include "shared/config.h"
 #include "shared/error.h"
+#include "shared/model_store.h"
+#include "supervisor/model_setup.h"
 #include "worker/backend.h"
 #include "worker/forward.h"
 
@@ -298,4 +306,49 @@ TEST_CASE("moe: host experts (a GPU worker's expert rung) take rows of any strid
     }
     CHECK(refused.find("exceeds max_batch") != std::string::npos);
   }
+}
+
+TEST_CASE("moe: the supervisor's expert rungs follow the model, and each rung's plan counts the experts it copies") {
+  const auto f = make_moe("qwen3moe");
+  const std::string path = "/tmp/ds4-test-" + std::to_string(::getpid()) + "-moe.gguf";
+  {
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(f->bytes.data()), std::streamsize(f->bytes.size()));
+  }
+  const std::string name = "ds4-test-" + std::to_string(::getpid()) + "-moe";
+  store::remove(name);
+  store::LoadOptions opts;
+  opts.name = name;
+  store::load(path, opts);
+  sup::ModelInfo info;
+  info.segment = name;
+  WorkersConfig w;
+  w.moe_offload = {0, 1, 5};
+  std::string note;
+  // On a GPU: rungs past the model's layers are cut to its layer count.
+  CHECK(sup::expert_rungs(info, w, true, &note) == std::vector<uint32_t>{0, 1, kLayers});
+  CHECK(note.find("the model has 2 layers") != std::string::npos);
+  // On the CPU every expert is on the host already; an exec engine places its own.
+  note.clear();
+  CHECK(sup::expert_rungs(info, w, false, &note) == std::vector<uint32_t>{0});
+  CHECK(note.find("run on the CPU") != std::string::npos);
+  WorkersConfig exec = w;
+  exec.engine = WorkerEngine::exec;
+  CHECK(sup::expert_rungs(info, exec, true) == std::vector<uint32_t>{0});
+
+  // Rung i's plan: the CPU figure plus the experts of layers [host_experts[i], 2) the worker copies itself.
+  const std::vector<Bytes> plans = sup::plan_ladder(info, {256, 256, 256}, 1, 2, 64, {0, 1, 2}, 2);
+  const std::vector<Bytes> bare = sup::plan_ladder(info, {256}, 1, 2, 64);
+  REQUIRE(plans.size() == 3);
+  uint64_t layer = 0;  // one layer's experts: 3 stacks of 6 F32 matrices of 40 x 64
+  for (const Weight* s : {&f->model.w().layers[1].gate_exps, &f->model.w().layers[1].up_exps,
+                          &f->model.w().layers[1].down_exps})
+    layer += uint64_t(s->rows * s->cols * s->mats) * 4;
+  CHECK(layer == 3 * 6 * 40 * 64 * 4);
+  CHECK(expert_bytes(f->model.w(), 1, 2) == layer);
+  CHECK(plans[2] == bare[0]);
+  CHECK(plans[1] == bare[0] + layer);
+  CHECK(plans[0] == bare[0] + 2 * layer);
+  store::remove(name);
+  std::remove(path.c_str());
 }

@@ -513,3 +513,106 @@ TEST_CASE("policy: hang detection off (hang_timeout 0), or the worker not ready,
   CHECK(has(p.request_drain(f.t), Action::Kind::drain));
   CHECK(p.on_health(f.t, {Duration(1h), 1h}).actions.empty());  // draining: the drain deadline handles it
 }
+
+TEST_CASE("policy: expert rungs (workers.moe_offload) come before a smaller context, down and back up") {
+  PolicyConfig c = test_config();
+  c.ladder = {8192, 4096};
+  c.with_expert_rungs({0, 4, 8});
+  // The largest context with each expert rung, then the smaller one with the last.
+  CHECK(c.ladder == std::vector<uint32_t>{8192, 8192, 8192, 4096});
+  CHECK(c.host_experts == std::vector<uint32_t>{0, 4, 8, 8});
+  CHECK(c.rung_text(1) == "context 8192 with the experts of 4 layers on the host");
+  CHECK(c.rung_text(0) == "context 8192");
+  CHECK(c.rung_of(8192, 8) == std::optional<size_t>(2));
+  CHECK(!c.rung_of(4096, 0));
+  PolicyConfig one = test_config();
+  one.with_expert_rungs({0});  // the default: nothing changes
+  CHECK(one.ladder == test_config().ladder);
+  CHECK(one.host_experts.empty());
+
+  // A GPU worker's plans: its own copy of the experts its holder lacks shrinks rung by rung.
+  const std::vector<Bytes> own = {900 * MiB, 600 * MiB, 300 * MiB, 150 * MiB};
+  TimePoint t{};
+  WorkerPolicy p(0, c, own);
+  auto gpu = [](Bytes free_mib) { return Readings{100000 * MiB, 0, free_mib * MiB, 80000 * MiB}; };
+  // Start: the largest rung that fits (750 - 100 reserve: the 4-layer rung's 600).
+  Step s = p.start(t, gpu(750));
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 8192);
+  CHECK(s.actions[0].host_experts == 4);
+  CHECK(p.host_experts() == 4);
+  p.on_ready(t, 10);
+  // An OOM kill: more experts on the host at the same context ...
+  t += 5s;
+  s = p.on_exit(t, ExitKind::oom, "");
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 8192);
+  CHECK(s.actions[0].host_experts == 8);
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "oom");
+  CHECK(s.decisions[0].host_experts_from == std::optional<uint32_t>(4));
+  CHECK(s.decisions[0].host_experts_to == std::optional<uint32_t>(8));
+  CHECK(s.decisions[0].reason.find("with the experts of 4 layers on the host") != std::string::npos);
+  p.on_ready(t, 11);
+  // ... and only past the last expert rung a smaller context.
+  t += 5s;
+  s = p.on_exit(t, ExitKind::oom, "");
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 4096);
+  CHECK(s.actions[0].host_experts == 8);
+  CHECK(s.decisions[0].context_from == 8192);
+  CHECK(s.decisions[0].context_to == 4096);
+  p.on_ready(t, 12);
+  // Low GPU headroom at the bottom: nothing lower, the kernel decides.
+  CHECK(p.on_readings(t, gpu(100), true).actions.empty());
+  // Ample headroom steps back up the same path: the larger context first, experts still on the host.
+  t += 1s;
+  CHECK(p.on_readings(t, gpu(5000), true).actions.empty());
+  t += 61s;
+  s = p.on_readings(t, gpu(5000), true);
+  CHECK(has(s, Action::Kind::drain));
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].event == "upgrade");
+  CHECK(s.decisions[0].context_to == 8192);
+  CHECK(s.decisions[0].host_experts_to == std::optional<uint32_t>(8));
+  s = p.on_drained(t);
+  s = p.on_exit(t, ExitKind::clean, "");
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 8192);
+  CHECK(s.actions[0].host_experts == 8);
+  p.on_ready(t, 13);
+  t += 1s;
+  CHECK(p.on_readings(t, gpu(5000), true).actions.empty());
+  t += 61s;
+  s = p.on_readings(t, gpu(5000), true);
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].host_experts_from == std::optional<uint32_t>(8));
+  CHECK(s.decisions[0].host_experts_to == std::optional<uint32_t>(4));
+
+  // An administrator's context: of its rungs, the one with the fewest experts on the host.
+  WorkerPolicy q(1, c, own);
+  q.start(t, gpu(5000));
+  q.on_ready(t, 20);
+  s = q.request_context(t, 8192);
+  CHECK(s.decisions[0].host_experts_to == std::optional<uint32_t>(0));
+  std::string refused;
+  try {
+    q.request_context(t, 1234);
+  } catch (const Error& e) {
+    refused = e.what();
+  }
+  CHECK(refused.find("not on the ladder [8192, 4096]") != std::string::npos);
+
+  // A worker adopted after a supervisor restart keeps its expert rung.
+  WorkerPolicy r(2, c, own);
+  r.adopt(t, 8192, 30, 8);
+  CHECK(r.rung() == 2);
+  CHECK(r.host_experts() == 8);
+  // A reload that keeps the rung keeps the worker; one without expert rungs moves it.
+  CHECK(r.reconfigure(t, c, own).actions.empty());
+  CHECK(r.rung() == 2);
+  s = r.reconfigure(t, test_config(), plans());
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].context_to == 8192);
+  CHECK(has(s, Action::Kind::drain));
+}

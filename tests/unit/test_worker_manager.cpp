@@ -446,3 +446,42 @@ TEST_CASE("manager: no free port for an exec engine is a failed start, not the s
   CHECK(m.events().back().decision.reason.find("no free port for the engine in DS4_EXEC_PORTS=") != std::string::npos);
   ::close(lfd);
 }
+
+TEST_CASE("manager: an expert rung reaches the worker's start, its status, /metrics' registry and the journal event") {
+  asio::io_context io;
+  FakeBackend be;
+  FakeMemory mem;
+  mem.available = 64 * 1024 * MiB;
+  ManagerSettings s = settings();
+  s.gpu_workers = true;
+  s.policy.ladder = {2048, 256};
+  s.policy.with_expert_rungs({0, 4});  // (2048, 0), (2048, 4), (256, 4)
+  s.own_bytes = {1500 * MiB, 1000 * MiB, 100 * MiB};
+  s.holder_experts = 4;
+  WorkerManager m(io, be, mem, s);
+  m.set_gpu_memory_source([&]() -> std::optional<GpuMemory> { return GpuMemory{1200 * MiB, 8192 * MiB}; });
+  m.start();
+  REQUIRE(be.starts.size() == 1);
+  CHECK(be.starts[0].context == 2048);
+  CHECK(be.starts[0].host_experts == 4);  // 1500 does not fit 1200 - 100, 1000 does
+  CHECK(be.starts[0].holder_experts == 4);
+  be.ready(0, 42);
+  CHECK(m.workers()[0].host_experts == 4);
+  CHECK(m.status_json()[0]["host_experts"] == 4);
+  be.exited(0, ExitKind::oom);
+  REQUIRE(be.starts.size() == 2);
+  CHECK(be.starts[1].context == 256);
+  CHECK(be.starts[1].host_experts == 4);
+  const Decision& d = m.events().back().decision;
+  CHECK(d.event == "oom");
+  CHECK(d.host_experts_from == std::optional<uint32_t>(4));
+  CHECK(d.host_experts_to == std::optional<uint32_t>(4));
+  // The adopted worker's rung comes from its unit's environment.
+  FakeBackend be2;
+  be2.running = {AdoptedWorker{0, 77, 2048, "/run/test/worker-0.sock", 0, 4}};
+  WorkerManager m2(io, be2, mem, s);
+  m2.start();
+  CHECK(be2.starts.empty());
+  CHECK(m2.workers()[0].host_experts == 4);
+  CHECK(m2.workers()[0].context == 2048);
+}

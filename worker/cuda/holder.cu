@@ -171,6 +171,7 @@ struct CudaHolder::Impl {
   int device = 0;
   std::string socket_path, model_key, segment, device_name;
   cuda::ImageLayout layout;
+  int host_expert_layers = 0;  // the first layers whose experts it does not hold
   std::unique_ptr<cuda::VmmAllocation> image;
   cuda::Fd image_fd, listener, stop_event;
   nlohmann::json desc;  // sent to every client, with the device's free memory of the moment
@@ -180,7 +181,7 @@ struct CudaHolder::Impl {
 
 CudaHolder::CudaHolder(const Model& model, int device, const std::string& socket_path, const std::string& model_key,
                        const std::string& segment_name, int host_expert_layers)
-    : impl_(new Impl{model, device, socket_path, model_key, segment_name, {}, {}, {}, {}, {}, {}, {}}) {
+    : impl_(new Impl{model, device, socket_path, model_key, segment_name, {}, {}, 0, {}, {}, {}, {}, {}}) {
   Impl& m = *impl_;
   // A holder that still answers keeps its socket: two holders of one GPU would hold two copies.
   if (const int probe = cuda::connect_unix(socket_path, 500); probe >= 0) {
@@ -192,6 +193,7 @@ CudaHolder::CudaHolder(const Model& model, int device, const std::string& socket
   cudaDeviceProp prop{};
   DS4_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   m.device_name = prop.name;
+  m.host_expert_layers = host_expert_layers;
   m.layout = cuda::ImageLayout::of(model.w(), host_expert_layers);
   m.image = cuda::VmmAllocation::create(device, m.layout.total);
   cudaStream_t s = nullptr;
@@ -240,6 +242,9 @@ std::string CudaHolder::status() const {
   char gib[32];
   std::snprintf(gib, sizeof gib, "%.2f GiB", double(m.image->size()) / double(1ull << 30));
   return std::string("holding ") + gib + " of weights of " + (m.model.hp().name.empty() ? m.segment : m.model.hp().name) +
+         (m.host_expert_layers > 0
+              ? " without the experts of the first " + std::to_string(m.host_expert_layers) + " layers"
+              : std::string()) +
          " on cuda:" + std::to_string(m.device) + " (" + m.device_name + "), socket " + m.socket_path;
 }
 
