@@ -20,19 +20,22 @@ namespace ds4::sup {
 void log_decision(const Decision& d) {
   std::vector<log::Field> f;
   const std::string worker = std::to_string(d.worker), from = std::to_string(d.context_from),
-                    to = std::to_string(d.context_to);
+                    to = std::to_string(d.context_to),
+                    experts_from = d.host_experts_from ? std::to_string(*d.host_experts_from) : "",
+                    experts_to = d.host_experts_to ? std::to_string(*d.host_experts_to) : "";
   f.push_back({"DS4_EVENT", d.event});
   f.push_back({"DS4_WORKER", worker});
   f.push_back({"DS4_CONTEXT_FROM", from});
   f.push_back({"DS4_CONTEXT_TO", to});
-  if (d.host_experts_from) f.push_back({"DS4_HOST_EXPERTS_FROM", std::to_string(*d.host_experts_from)});
-  if (d.host_experts_to) f.push_back({"DS4_HOST_EXPERTS_TO", std::to_string(*d.host_experts_to)});
+  // log::Field views its value: the strings live until the line is written.
+  if (d.host_experts_from) f.push_back({"DS4_HOST_EXPERTS_FROM", experts_from});
+  if (d.host_experts_to) f.push_back({"DS4_HOST_EXPERTS_TO", experts_to});
   f.push_back({"DS4_REASON", d.reason});
   for (const auto& [k, v] : d.figures) f.push_back({k, v});
   std::string msg = "worker " + worker + ": " + d.event;
   // An expert rung reads "32768/e4": context 32768, the experts of 4 layers on the host.
-  const std::string rung_from = from + (d.host_experts_from ? "/e" + std::to_string(*d.host_experts_from) : ""),
-                    rung_to = to + (d.host_experts_to ? "/e" + std::to_string(*d.host_experts_to) : "");
+  const std::string rung_from = from + (d.host_experts_from ? "/e" + experts_from : ""),
+                    rung_to = to + (d.host_experts_to ? "/e" + experts_to : "");
   if (rung_from != rung_to) msg += " " + rung_from + " -> " + rung_to;
   else msg += " at " + rung_to;
   msg += ": " + d.reason;

@@ -94,13 +94,13 @@ fi
 [[ $(sup_get 'w[0]["context"]') == 512 && $(sup_get 'w[0]["host_experts"]') == 0 ]] \
   && pass "first start: context 512, every expert on the GPU" \
   || fail "first start at $(sup_get 'w[0]["context"]')/$(sup_get 'w[0]["host_experts"]')"
-grep -q 'holding .* without the experts of the first 4 layers' "$SUP_DIR/sup.log" \
-  && pass "the holder keeps only what the last rung keeps on the GPU: $(grep -o 'holding [^(]*' "$SUP_DIR/sup.log" | head -1)" \
+grep -aq 'holding .* without the experts of the first 4 layers' "$SUP_DIR/sup.log" \
+  && pass "the holder keeps only what the last rung keeps on the GPU: $(grep -ao 'holding [^(]*' "$SUP_DIR/sup.log" | head -1)" \
   || fail "no holder without the last rung's experts in the log: $(grep -i 'holding' "$SUP_DIR/sup.log" | tail -2)"
-grep -q 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker maps the holder's image" \
+grep -aq 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker maps the holder's image" \
   || fail "the worker did not map the holder's image: $(grep -i 'holder\|weights' "$SUP_DIR/sup.log" | tail -5)"
-grep -q 'copied to this worker' "$SUP_DIR/sup.log" \
-  && pass "it copies the experts the holder lacks: $(grep -o 'those of layers [^(]*([0-9]* MiB)' "$SUP_DIR/sup.log" | head -1)" \
+grep -aq 'every expert on the device, the experts of layers 0 to 3 copied to this worker' "$SUP_DIR/sup.log" \
+  && pass "it copies the experts the holder lacks: $(grep -ao 'the experts of layers [^(]*([0-9]* MiB' "$SUP_DIR/sup.log" | head -1))" \
   || fail "no own copy of the experts the holder lacks in the log"
 url=$(sup_proxy_url)
 name=$(sup_get 's["model"]["name"]')
@@ -135,7 +135,8 @@ fi
 path=$(sup_events | python3 -c '
 import json, sys
 ev = [e for e in json.load(sys.stdin)["events"] if e["event"] == "downgrade"]
-print(" ".join(f"{e[\"context_from\"]}/e{e.get(\"host_experts_from\")}->{e[\"context_to\"]}/e{e.get(\"host_experts_to\")}" for e in ev))')
+print(" ".join("%s/e%s->%s/e%s" % (e["context_from"], e.get("host_experts_from"), e["context_to"],
+                                   e.get("host_experts_to")) for e in ev))')
 [[ $path == "512/e0->512/e2 512/e2->512/e4 512/e4->256/e4" ]] && pass "the downgrades, as decided: $path" \
   || fail "downgrade path: '$path'"
 line=$("$DS4_BIN/ds4ctl" events | grep downgrade | head -1)
@@ -148,7 +149,8 @@ if sup_wait 120 'w[0]["context"] == 512 and w[0]["host_experts"] == 0 and w[0]["
   path=$(sup_events | python3 -c '
 import json, sys
 ev = [e for e in json.load(sys.stdin)["events"] if e["event"] == "upgrade"]
-print(" ".join(f"{e[\"context_from\"]}/e{e.get(\"host_experts_from\")}->{e[\"context_to\"]}/e{e.get(\"host_experts_to\")}" for e in ev))')
+print(" ".join("%s/e%s->%s/e%s" % (e["context_from"], e.get("host_experts_from"), e["context_to"],
+                                   e.get("host_experts_to")) for e in ev))')
   [[ $path == "256/e4->512/e4 512/e4->512/e2 512/e2->512/e0" ]] \
     && pass "GPU memory back: up the same path, every expert on the GPU again ($path)" || fail "upgrade path: '$path'"
 else

@@ -227,14 +227,17 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   image_ = make_image(weights);
   if (!extra_layout_.entries.empty()) extra_ = cuda::copy_image(extra_layout_, stream_);
   bind_weights();
-  if (holder_layers_ > 0)
-    log::info("cuda:" + std::to_string(device) + ": the experts of the first " + std::to_string(host_layers_) +
-                  " layers are computed on the host" +
-                  (extra_ ? ", those of layers " + std::to_string(host_layers_) + " to " +
-                                std::to_string(holder_layers_ - 1) + " copied to this worker (" +
-                                std::to_string(extra_layout_.total >> 20) + " MiB)"
-                          : std::string()),
+  if (holder_layers_ > 0) {
+    const std::string copied = extra_ ? "the experts of layers " + std::to_string(host_layers_) + " to " +
+                                            std::to_string(holder_layers_ - 1) + " copied to this worker (" +
+                                            std::to_string(extra_layout_.total >> 20) + " MiB; the holder lacks them)"
+                                      : std::string();
+    const std::string host = host_layers_ > 0 ? "the experts of the first " + std::to_string(host_layers_) +
+                                                    " layers are computed on the host"
+                                              : "every expert on the device";
+    log::info("cuda:" + std::to_string(device) + ": " + host + (copied.empty() ? "" : ", " + copied),
               {{"DS4_HOST_EXPERTS", std::to_string(host_layers_)}});
+  }
 }
 
 CudaBackend::~CudaBackend() {
