@@ -15,6 +15,7 @@
 #include "supervisor/proxy/router.h"
 #include "supervisor/status_client.h"
 #include "supervisor/status_history.h"
+#include "supervisor/worker_manager.h"
 
 using namespace ds4::sup;
 namespace http = boost::beast::http;
@@ -292,4 +293,27 @@ TEST_CASE("status metrics: headroom figures, worker uptime and the model's size 
   CHECK(m.find("ds4_worker_uptime_seconds{worker=\"1\"} 0.000\n") != std::string::npos);
   CHECK(m.find("ds4_model_bytes 1234\n") != std::string::npos);
   CHECK(m.find("# TYPE ds4_worker_uptime_seconds gauge") != std::string::npos);
+}
+
+TEST_CASE("status events: a decision on an expert rung reaches the timeline with both rungs") {
+  EventRing ring(10);
+  ds4::log::set_observer([&](ds4::log::Level l, std::string_view m, std::span<const ds4::log::Field> f) {
+    if (auto e = status_event(l, m, f, 1)) ring.add(std::move(*e));
+  });
+  ds4::sup::Decision d;
+  d.event = "downgrade";
+  d.worker = 0;
+  d.context_from = d.context_to = 32768;
+  d.host_experts_from = 0;
+  d.host_experts_to = 12;
+  d.reason = "headroom low";
+  ds4::sup::log_decision(d);
+  ds4::log::set_observer(nullptr);
+  const auto got = ring.since(0);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].host_experts_from == 0);
+  CHECK(got[0].host_experts_to == 12);
+  CHECK(got[0].message == "worker 0: downgrade 32768/e0 -> 32768/e12: headroom low");
+  const nlohmann::json j = events_json(got);
+  CHECK(j[0]["host_experts_to"] == 12);
 }
