@@ -118,6 +118,9 @@ ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& shape);
 /// dequantisation buffer of the largest quantised matrix, the cuBLAS
 /// workspace and the batch.
 inline constexpr uint64_t kCudaBlasWorkspace = 32ull << 20;
+/// A mixture of experts: the CUDA backend keeps a table of each expert's
+/// device view (64 bytes) for the layers it routes on the device.
+inline constexpr uint64_t kCudaDeviceWeightBytes = 64;
 uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& shape);
 uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& shape, const WeightsSummary& w);
 

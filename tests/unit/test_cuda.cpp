@@ -26,6 +26,7 @@
 #include "shared/gguf_writer.h"
 #include "worker/backend.h"
 #include "worker/cpu/kernels.h"
+#include "worker/cpu/quant_types.h"
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_ops.h"
 #include "worker/engine.h"
@@ -956,6 +957,25 @@ std::unique_ptr<ArchModel> arch_model(const ArchCase& c) {
         }
         continue;
       }
+      if (t == GgmlType::Q4_0) {  // as llama.cpp's quantize_row_q4_0: d = the signed extreme / -8
+        auto* q4 = reinterpret_cast<cpu::BlockQ4_0*>(row);
+        for (uint64_t i = 0; i < K / 32; ++i) {
+          float amax = 0, mx = 0;
+          for (int j = 0; j < 32; ++j)
+            if (std::abs(x[i * 32 + j]) > amax) {
+              amax = std::abs(x[i * 32 + j]);
+              mx = x[i * 32 + j];
+            }
+          const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+          q4[i].d = fp32_to_fp16(d);
+          for (int j = 0; j < 16; ++j) {
+            const int lo = std::min(15, int(x[i * 32 + j] * id + 8.5f));
+            const int hi = std::min(15, int(x[i * 32 + 16 + j] * id + 8.5f));
+            q4[i].qs[j] = uint8_t(lo | (hi << 4));
+          }
+        }
+        continue;
+      }
       auto* blk = reinterpret_cast<BlockQ8_0*>(row);
       for (uint64_t i = 0; i < K / 32; ++i) {
         float amax = 0;
@@ -1122,6 +1142,11 @@ TEST_CASE("cuda: every architecture's variations give the CPU backend's logits a
       {.name = "qwen3moe (8 experts, 2 a token)", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true, .experts = 8},
       {.name = "qwen2moe Q8_0 (a shared expert)", .arch = "qwen2moe", .bias = true, .type = GgmlType::Q8_0,
        .experts = 8, .shared_expert = true},
+      // Block-quantised experts: decode steps routed on the device (expert GEMV, graphs).
+      {.name = "qwen3moe Q4_0 (routed on the device)", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true,
+       .type = GgmlType::Q4_0, .experts = 8},
+      {.name = "qwen2moe Q4_0 (routed on the device, a shared expert)", .arch = "qwen2moe", .bias = true,
+       .type = GgmlType::Q4_0, .experts = 8, .shared_expert = true},
   };
   for (const ArchCase& c : cases) {
     const std::string name = c.name;
@@ -1129,8 +1154,9 @@ TEST_CASE("cuda: every architecture's variations give the CPU backend's logits a
     // How far apart two correct engines' logits may be. F16 weights: the GPU's
     // prefill products take f16 activations (cuBLAS), the CPU keeps f32.
     // Q8_0: the CPU rounds activations to 8 bits a block of 32 (as llama.cpp
-    // does), the GPU multiplies f32 activations: errors of about 1e-2.
-    const bool q8 = c.type == GgmlType::Q8_0;
+    // does), the GPU multiplies f32 activations: errors of about 1e-2. Q4_0:
+    // both round activations to 8 bits, each its own way.
+    const bool q8 = c.type != GgmlType::F16;
     const double tol = q8 ? 4e-2 : 3e-3;
     const float near_tie = q8 ? 0.25f : 0.03f;  // logits: where the greedy answers may part
     auto m = arch_model(c);
@@ -1173,6 +1199,44 @@ TEST_CASE("cuda: every architecture's variations give the CPU backend's logits a
     CAPTURE(same);
     if (same < want.size()) CHECK(want[same].margin < near_tie);  // parted only at the CPU's own near tie
     CHECK(same >= 8);
+  }
+}
+
+TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give the host-routed steps' logits") {
+  if (!have_gpu()) return;
+  for (const ArchCase& c : {ArchCase{.name = "qwen3moe Q4_0", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true,
+                                     .type = GgmlType::Q4_0, .experts = 8},
+                            ArchCase{.name = "qwen2moe Q4_0", .arch = "qwen2moe", .bias = true, .type = GgmlType::Q4_0,
+                                     .experts = 8, .shared_expert = true}}) {
+    const std::string name = c.name;
+    CAPTURE(name);
+    auto m = arch_model(c);
+    const HParams& hp = m->model.hp();
+    auto device = make_cuda_backend(m->model, 0);
+    setenv("DS4_CUDA_MOE_HOST_ROUTES", "1", 1);  // the step that brings the scores to the host
+    auto host = make_cuda_backend(m->model, 0);
+    unsetenv("DS4_CUDA_MOE_HOST_ROUTES");
+    const EngineShape shape{256, 4, 64};
+    device->reserve(shape);
+    host->reserve(shape);
+    std::vector<BatchToken> prefill;
+    for (int i = 0; i < 19; ++i) prefill.push_back({int32_t((i * 29 + 3) % hp.n_vocab), 3, int32_t(i), i == 18 ? 0 : -1});
+    device->forward(prefill);
+    host->forward(prefill);
+    CHECK(rel_err(device->logits(0).data(), host->logits(0).data(), size_t(hp.n_vocab)) < 1e-4);
+    for (int i = 0; i < 6; ++i) {  // 1, 2 and 4 tokens a step: graphs of each shape, replayed
+      std::vector<BatchToken> step;
+      const int n = i < 2 ? 1 : i < 4 ? 2 : 4;
+      for (int sl = 0; sl < n; ++sl) step.push_back({int32_t((i * 7 + sl * 13) % hp.n_vocab), sl, int32_t(19 + i), sl});
+      device->forward(step);
+      host->forward(step);
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(i);
+        CAPTURE(r);
+        CHECK(rel_err(device->logits(r).data(), host->logits(r).data(), size_t(hp.n_vocab)) < 1e-4);
+        CHECK(device->greedy(r)->token == host->greedy(r)->token);
+      }
+    }
   }
 }
 

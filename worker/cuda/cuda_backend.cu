@@ -27,6 +27,7 @@
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/holder.cuh"
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/quant.cuh"
 #include "worker/cuda/sampling.cuh"
 #include "worker/cuda/weights.cuh"
 
@@ -124,6 +125,13 @@ class CudaBackend final : public Backend, ForwardOps {
   void bind_weights();
   /// moe_ffn for a layer whose experts stay on the host (HostExperts).
   void moe_on_host(Act in, const MoeSpec& m, Act out, bool accumulate);
+  /// moe_ffn of a decode step routed on the device: top-k there, each
+  /// stack's chosen experts in one launch (expert_gemv); no host round trip,
+  /// so the step can be a CUDA graph.
+  void moe_on_device(Act in, const MoeSpec& m, Act out, bool accumulate);
+  /// Builds each layer's device tables of its experts' views, where every
+  /// stack takes the expert GEMV; true when every layer on the device has them.
+  bool make_expert_tables();
   /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
   /// `reads`: how many times a layer the worker reads its socket meanwhile
   /// (0 while a graph is captured).
@@ -159,6 +167,13 @@ class CudaBackend final : public Backend, ForwardOps {
   std::unique_ptr<cuda::WeightImage> extra_;
   std::unique_ptr<HostExperts> host_experts_;
   PinnedBuffer host_in_, host_out_;
+  // Per layer, the offsets (in views) of its gate, up and down tables in
+  // expert_tables_ (-1: that layer routes on the host).
+  struct LayerTables {
+    int64_t gate = -1, up = -1, down = -1;
+  };
+  std::vector<LayerTables> tables_;
+  DeviceBuffer expert_tables_;
   std::unordered_map<const void*, DeviceWeight> views_;  // Weight::data -> its view in the image
   WeightsSummary summary_;
 
@@ -202,8 +217,6 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   device_name_ = std::to_string(device) + ": " + prop.name;
   if (const std::string why = cuda_unsupported(hp_); !why.empty()) throw Error("CUDA backend: " + why);
   if (const char* g = std::getenv("DS4_CUDA_GRAPHS")) use_graphs_ = std::strcmp(g, "0") != 0;
-  // A mixture of experts routes each step on the host, mid-step: no graphs.
-  if (hp_.moe()) use_graphs_ = false;
   if (const char* g = std::getenv("DS4_CUDA_GRAPH_TOKENS")) graph_tokens_ = std::max(1, std::atoi(g));
   if (const char* r = std::getenv("DS4_CUDA_STEP_READS")) step_reads_ = std::clamp(std::atoi(r), 0, 2);
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -227,6 +240,15 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   image_ = make_image(weights);
   if (!extra_layout_.entries.empty()) extra_ = cuda::copy_image(extra_layout_, stream_);
   bind_weights();
+  // A mixture of experts routes its decode steps on the device where every
+  // layer's experts take the expert GEMV (block-quantised types) and none is
+  // on the host: those steps are captured as graphs like a dense model's. A
+  // step routed on the host synchronises mid-step: no graphs then.
+  if (hp_.moe()) {
+    const bool device_routed = make_expert_tables() && host_layers_ == 0 && !std::getenv("DS4_CUDA_MOE_HOST_ROUTES");
+    if (!device_routed) use_graphs_ = false;
+    graph_tokens_ = std::min(graph_tokens_, cuda::kMaxGemvTokens);
+  }
   if (holder_layers_ > 0) {
     const std::string copied = extra_ ? "the experts of layers " + std::to_string(host_layers_) + " to " +
                                             std::to_string(holder_layers_ - 1) + " copied to this worker (" +
@@ -306,6 +328,37 @@ std::unique_ptr<cuda::WeightImage> CudaBackend::image_from_holder(const CudaWeig
 void CudaBackend::bind_weights() {
   for (const cuda::ImageLayout::Entry& e : layout_.entries) views_.emplace(e.w->data, image_->view(*e.w));
   for (const cuda::ImageLayout::Entry& e : extra_layout_.entries) views_.emplace(e.w->data, extra_->view(*e.w));
+}
+
+bool CudaBackend::make_expert_tables() {
+  static_assert(sizeof(DeviceWeight) == kCudaDeviceWeightBytes, "model/memory_plan.h counts 64 bytes a view");
+  tables_.assign(size_t(hp_.n_layers), {});
+  std::vector<DeviceWeight> host;
+  bool all = true;
+  for (int64_t l = 0; l < hp_.n_layers; ++l) {
+    const LayerWeights& L = m_.w().layers[size_t(l)];
+    if (l < host_layers_) continue;
+    bool takes = !L.gate_mats.empty();
+    for (const std::vector<Weight>* mats : {&L.gate_mats, &L.up_mats, &L.down_mats})
+      for (const Weight& w : *mats) takes = takes && cuda::expert_gemv_takes(w.type, w.cols);
+    if (!takes) {
+      all = false;
+      continue;
+    }
+    LayerTables& t = tables_[size_t(l)];
+    int64_t* at[3] = {&t.gate, &t.up, &t.down};
+    int i = 0;
+    for (const std::vector<Weight>* mats : {&L.gate_mats, &L.up_mats, &L.down_mats}) {
+      *at[i++] = int64_t(host.size());
+      for (const Weight& w : *mats) host.push_back(dev(w));
+    }
+  }
+  if (!host.empty()) {
+    expert_tables_ = DeviceBuffer(host.size() * sizeof(DeviceWeight), "expert tables");
+    DS4_CUDA_CHECK(cudaMemcpy(expert_tables_.as<void>(), host.data(), host.size() * sizeof(DeviceWeight),
+                              cudaMemcpyHostToDevice));
+  }
+  return all;
 }
 
 const DeviceWeight& CudaBackend::dev(const Weight& w) const {
@@ -444,6 +497,9 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
     in = norm->out;
   }
   if (m.layer >= 0 && m.layer < host_layers_) return moe_on_host(in, m, out, accumulate);
+  if (m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0 && rows(in) <= cuda::kMaxGemvTokens &&
+      !std::getenv("DS4_CUDA_MOE_HOST_ROUTES"))
+    return moe_on_device(in, m, out, accumulate);
   const int T = rows(in);
   const int64_t E = m.n_expert, K = m.n_used, ldr = ld(Act::router), ldm = ld(Act::moe_in), ldh = ld(Act::hb);
   const float* n = ptr(in);
@@ -481,6 +537,60 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
     const cuda::Product down{&dev(*m.shared_down), gathered, ldm, false};
     cuda::matmul(&down, 1, hb, ldh, T, gemm_, stream_);
     c.shared_y = gathered;
+    c.shared_gate = dev_f32(*m.shared_gate_inp);
+    c.n = n;
+    c.ldn = ld(in);
+  }
+  cuda::moe_combine(c, ptr(out), ld(out), accumulate, hp_.dim, T, stream_);
+}
+
+// A decode step's experts without the host: the router's scores become the
+// routes on the device, then each of the T x K (token, expert) pairs is its
+// own row: gate and up of every pair in one launch each, SwiGLU, down in one
+// launch, and moe_combine sums each token's K rows in order of weight.
+void CudaBackend::moe_on_device(Act in, const MoeSpec& m, Act out, bool accumulate) {
+  const int T = rows(in);
+  const int64_t E = m.n_expert, K = m.n_used, P = T * K, ldr = ld(Act::router), ldm = ld(Act::moe_in),
+                ldh = ld(Act::hb);
+  const float* n = ptr(in);
+  const cuda::Product router{&dev(*m.router), ptr(Act::router), ldr, false};
+  cuda::matmul(&router, 1, n, ld(in), T, gemm_, stream_);
+  const int64_t B = shape_.max_batch * K;  // the routes' arrays, each of the largest step's size
+  int32_t* expert = routes_dev_.as<int32_t>();
+  float* weight = reinterpret_cast<float*>(expert + B);
+  int32_t* pair = expert + 2 * B;
+  cuda::moe_topk(ptr(Act::router), ldr, T, int(E), int(K), m.norm_weights, expert, weight, pair, stream_);
+  const LayerTables& lt = tables_[size_t(m.layer)];
+  const DeviceWeight* table = expert_tables_.as<DeviceWeight>();
+  float* hb = ptr(Act::hb);
+  float* hb2 = ptr(Act::hb2);
+  float* expert_out = ptr(Act::moe_out);
+  auto run = [&](int64_t at, const Weight& w, int x_div, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    cuda::ExpertGemv g;
+    g.table = table + at;
+    g.expert_of = expert;
+    g.pairs = int(P);
+    g.x_div = x_div;
+    g.x = x;
+    g.ldx = ldx;
+    g.y = y;
+    g.ldy = ldy;
+    g.type = w.type;
+    g.rows = w.rows;
+    g.cols = w.cols;
+    cuda::expert_gemv(g, stream_);
+  };
+  run(lt.gate, m.gate[0], int(K), n, ld(in), hb, ldh);
+  run(lt.up, m.up[0], int(K), n, ld(in), hb2, ldh);
+  cuda::swiglu(hb, hb2, ldh, m.expert_ff, int(P), stream_);
+  run(lt.down, m.down[0], 1, hb, ldh, expert_out, ldm);
+  cuda::MoeCombine c{expert_out, ldm, pair, weight, int(K)};
+  if (m.shared_gate_inp) {
+    float* shared = ptr(Act::moe_in);  // free in this path
+    cuda::matmul_swiglu(dev(*m.shared_gate), dev(*m.shared_up), n, ld(in), T, hb, hb2, ldh, gemm_, stream_);
+    const cuda::Product down{&dev(*m.shared_down), shared, ldm, false};
+    cuda::matmul(&down, 1, hb, ldh, T, gemm_, stream_);
+    c.shared_y = shared;
     c.shared_gate = dev_f32(*m.shared_gate_inp);
     c.n = n;
     c.ldn = ld(in);

@@ -516,6 +516,62 @@ __global__ void gather_rows_kernel(const float* src, int64_t ld_src, const int32
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x) dst[int64_t(i) * ld_dst + j] = from[j];
 }
 
+// One warp a token, as worker/moe_routes.h's route_token: the softmax in
+// place (exp(s - max), the sum in double), then K rounds of a warp's argmax
+// over the experts not taken (ties to the lower id), renormalised in k order.
+__global__ void moe_topk_kernel(float* scores, int64_t ld, int T, int E, int K, int norm, int32_t* expert,
+                                float* weight, int32_t* pair) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = int(blockIdx.x) * int(blockDim.x / 32) + int(threadIdx.x / 32);
+  const int lane = threadIdx.x % 32;
+  if (t >= T) return;
+  float* p = scores + int64_t(t) * ld;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, p[e]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  double sum = 0;
+  for (int e = lane; e < E; e += 32) {
+    const float v = expf(p[e] - mx);
+    p[e] = v;
+    sum += double(v);
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float inv = float(1.0 / sum);
+  for (int e = lane; e < E; e += 32) p[e] *= inv;
+  uint32_t taken = 0;  // bit j: expert lane + 32 j
+  float wsum = 0;
+  for (int k = 0; k < K; ++k) {
+    float best = -1.0f;
+    int best_e = INT_MAX;
+    for (int j = 0, e = lane; e < E; ++j, e += 32)
+      if (!((taken >> j) & 1u) && p[e] > best) {
+        best = p[e];
+        best_e = e;
+      }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+      if (ov > best || (ov == best && oe < best_e)) {
+        best = ov;
+        best_e = oe;
+      }
+    }
+    if (best_e % 32 == lane) taken |= 1u << (best_e / 32);
+    wsum += best;
+    if (lane == 0) {
+      const int i = t * K + k;
+      expert[i] = best_e;
+      weight[i] = best;
+      pair[i] = i;
+    }
+  }
+  if (norm && lane == 0) {
+    const float s = fmaxf(wsum, 6.103515625e-5f);
+    for (int k = 0; k < K; ++k) weight[t * K + k] /= s;
+  }
+}
+
 __global__ void moe_combine_kernel(MoeCombine c, float* out, int64_t ldo, bool accumulate, int64_t n) {
   pdl_wait();
   pdl_trigger();
@@ -682,6 +738,14 @@ void gather_rows(const float* src, int64_t ld_src, const int32_t* rows, int coun
                  int64_t ld_dst, cudaStream_t s) {
   if (count == 0) return;
   launch(gather_rows_kernel, dim3(unsigned(count)), dim3(kThreads), s, src, ld_src, rows, n, dst, ld_dst);
+  DS4_CUDA_LAUNCHED();
+}
+
+void moe_topk(float* scores, int64_t ld, int T, int E, int K, bool norm, int32_t* expert, float* weight, int32_t* pair,
+              cudaStream_t s) {
+  if (E > 32 * 32 || K > E) throw Error("moe_topk: " + std::to_string(E) + " experts, " + std::to_string(K) + " a token");
+  launch(moe_topk_kernel, dim3(unsigned((T + 3) / 4)), dim3(128), s, scores, ld, T, E, K, int(norm), expert, weight,
+         pair);
   DS4_CUDA_LAUNCHED();
 }
 

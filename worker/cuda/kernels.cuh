@@ -77,6 +77,15 @@ void gather_logit_rows(const float* x, int64_t ld, const BatchToken* batch, int 
 void gather_rows(const float* src, int64_t ld_src, const int32_t* rows, int count, int64_t n, float* dst,
                  int64_t ld_dst, cudaStream_t s);
 
+/// A mixture of experts' routing on the device, one warp a token (at most
+/// 1024 experts): scores[t] (E values, ld apart) become their softmax in
+/// place; the K largest (ties to the lower id) go to expert[t*K+k] with their
+/// weight (renormalised to sum 1, at least 2^-14, when `norm`), as
+/// worker/moe_routes.h's route_token; pair[i] = i (each (token, k) is its own
+/// row, for moe_combine).
+void moe_topk(float* scores, int64_t ld, int T, int E, int K, bool norm, int32_t* expert, float* weight, int32_t* pair,
+              cudaStream_t s);
+
 /// A mixture of experts' sum, per token t of T: a = sum over k of
 /// weight_of[pair[t, k]] * y[pair[t, k]] (k in order), plus, when shared_y is
 /// set, shared_y[t] * sigmoid(shared_gate . n[t]); out[t] = a, or out[t] += a

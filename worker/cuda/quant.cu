@@ -636,16 +636,16 @@ __device__ __forceinline__ void load_chunk(const DeviceWeight& w, int64_t rg, in
 /// times x's (signed) by dp4a, minus OFF times the sum of x's quants, scaled
 /// by a * dx, plus b times the exact sum of x.
 template <GgmlType TY, int NT, int R, int U>
-__global__ void __launch_bounds__(kWarpGemvThreads, 2)
-    gemv_warp_kernel(DeviceWeight w, const float* __restrict__ x, int64_t ldx, float* y, int64_t ldy, int accumulate) {
+__device__ __forceinline__ void gemv_warp_body(const DeviceWeight& w, const float* __restrict__ x, int64_t ldx, float* y,
+                                               int64_t ldy, int accumulate, int64_t block, int64_t blocks) {
   using Q = QT<TY>;
   extern __shared__ int4 smem[];
   const int64_t K = w.cols, G = K / 32;
   const XQ xq = xq_at(smem, NT, K);
   const int lane = threadIdx.x % 32;
-  const int64_t n_rg = ceil_div(w.rows, R), stride = int64_t(gridDim.x) * kWarpGemvWarps;
+  const int64_t n_rg = ceil_div(w.rows, R), stride = blocks * kWarpGemvWarps;
   const int64_t n_chunks = ceil_div(G, 32 * U);
-  int64_t rg = int64_t(blockIdx.x) * kWarpGemvWarps + threadIdx.x / 32;
+  int64_t rg = block * kWarpGemvWarps + threadIdx.x / 32;
   // The first chunk's weights do not depend on x: their loads go out before
   // the previous kernel ends and while x is quantised.
   LaneChunk<TY, R, U> cur;
@@ -733,6 +733,25 @@ __global__ void __launch_bounds__(kWarpGemvThreads, 2)
   }
 }
 
+template <GgmlType TY, int NT, int R, int U>
+__global__ void __launch_bounds__(kWarpGemvThreads, 2)
+    gemv_warp_kernel(DeviceWeight w, const float* __restrict__ x, int64_t ldx, float* y, int64_t ldy, int accumulate) {
+  gemv_warp_body<TY, NT, R, U>(w, x, ldx, y, ldy, accumulate, blockIdx.x, gridDim.x);
+}
+
+/// The experts of a mixture, all pairs of a step in one launch: pair p
+/// (blockIdx.y) is y[p] = table[expert_of[p]] . x[p / x_div], each pair's
+/// rows over blockIdx.x as gemv_warp_kernel's. Launched without programmatic
+/// serialisation: the expert ids are the previous kernel's output.
+template <GgmlType TY, int R, int U>
+__global__ void __launch_bounds__(kWarpGemvThreads, 2)
+    expert_gemv_kernel(const DeviceWeight* __restrict__ table, const int32_t* __restrict__ expert_of, int x_div,
+                       const float* __restrict__ x, int64_t ldx, float* y, int64_t ldy) {
+  const int64_t p = blockIdx.y;
+  const DeviceWeight w = table[expert_of[p]];
+  gemv_warp_body<TY, 1, R, U>(w, x + (p / x_div) * ldx, ldx, y + p * ldy, ldy, 0, blockIdx.x, gridDim.x);
+}
+
 /// Shared memory the dp4a kernel may take for x's quants.
 constexpr int64_t kDp4aSmem = 200 * 1024;
 
@@ -781,6 +800,25 @@ void launch_warp(const DeviceWeight& w, const float* x, int64_t ldx, float* y, i
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_warp_kernel<TY, NT, R, U>, w, x, ldx, y, ldy, int(accumulate)));
+}
+
+template <GgmlType TY, int R, int U>
+void launch_expert(const ExpertGemv& g, cudaStream_t s) {
+  static const bool opted = [] {
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(expert_gemv_kernel<TY, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kDp4aSmem)));
+    return true;
+  }();
+  (void)opted;
+  const int64_t smem = xq_bytes(1, g.cols);
+  // Enough blocks for the whole GPU over all pairs, each pair's rows split
+  // among a few: 2 blocks a multiprocessor in all.
+  const int64_t warps = ceil_div(g.rows, R);
+  const int64_t per_pair = std::max<int64_t>(1, ceil_div(int64_t(multiprocessor_count()) * 2, g.pairs));
+  const unsigned gx = unsigned(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), per_pair));
+  expert_gemv_kernel<TY, R, U><<<dim3(gx, unsigned(g.pairs)), kWarpGemvThreads, size_t(smem), s>>>(
+      g.table, g.expert_of, g.x_div, g.x, g.ldx, g.y, g.ldy);
+  DS4_CUDA_CHECK(cudaGetLastError());
 }
 
 unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, 256), 1, 8192)); }
@@ -877,6 +915,22 @@ void dequant_quant_f32(const DeviceWeight& w, float* out, cudaStream_t s) {
 void embed_quant(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s) {
   dispatch(table.type, [&](auto tag) {
     launch(embed_quant_kernel<decltype(tag)::value>, dim3(unsigned(T)), dim3(128), s, table, batch, x, ldx);
+    return 0;
+  });
+}
+
+bool expert_gemv_takes(GgmlType type, int64_t cols) {
+  return is_block_quant(type) && dp4a_enabled() && xq_bytes(1, cols) <= kDp4aSmem;
+}
+
+void expert_gemv(const ExpertGemv& g, cudaStream_t s) {
+  if (!expert_gemv_takes(g.type, g.cols)) throw Error("expert GEMV: a type or width the dp4a kernel does not take");
+  if ((g.ldx % 4) != 0 || (reinterpret_cast<uintptr_t>(g.x) & 15) != 0)
+    throw Error("expert GEMV: activation rows must be 16-byte aligned");
+  if (g.pairs <= 0) return;
+  dispatch(g.type, [&](auto tag) {
+    constexpr GgmlType TY = decltype(tag)::value;
+    launch_expert<TY, 2, QT<TY>::H ? 2 : 4>(g, s);
     return 0;
   });
 }

@@ -56,6 +56,27 @@ void dequant_quant_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 /// The whole matrix as f32, bit-exact with llama.cpp's dequantize_row_*.
 void dequant_quant_f32(const DeviceWeight& w, float* out, cudaStream_t s);
 
+/// A mixture of experts' products for a step's (token, expert) pairs in one
+/// launch: y[p] = table[expert_of[p]] . x[p / x_div] for p < pairs (rows of
+/// ldx and ldy floats). Every matrix of the table has `type`, `rows` and
+/// `cols`; the table, the expert ids and x are device memory.
+struct ExpertGemv {
+  const DeviceWeight* table = nullptr;
+  const int32_t* expert_of = nullptr;
+  int pairs = 0;
+  int x_div = 1;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  GgmlType type = GgmlType::F32;
+  int64_t rows = 0, cols = 0;
+};
+/// Whether expert_gemv() takes matrices of `type` and `cols` (block-quantised
+/// types whose row fits the dp4a kernel's shared memory).
+bool expert_gemv_takes(GgmlType type, int64_t cols);
+void expert_gemv(const ExpertGemv& g, cudaStream_t s);
+
 /// Decode GEMV: y[t*ldy + n] (+)= W[n] . x[t*ldx ...] for T <= kMaxGemvTokens
 /// tokens; x rows 16-byte aligned (ldx a multiple of 4). Each weight's
 /// quants are multiplied with x as small integers turned into floats, and the
