@@ -16,6 +16,10 @@
 # ds4-mkmodel arguments and refuses a file whose sha256 differs from the one
 # recorded. Environment: DS4_BIN (ds4-mkmodel, ds4-worker), DS4_MODELS
 # (stories260K.gguf), DS4_SRC, DS4_PEER (refs only). Port 19260.
+# CUDA_ARCH_ARCHS="qwen3moe qwen2moe" takes only those architectures (refs and
+# check alike). CUDA_ARCH_HOST_EXPERTS="0 1" checks each mixture of experts
+# once per expert rung (`--host-experts`: the first N layers' experts on the
+# host), each against the same llama.cpp answers.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,7 +44,8 @@ declare -A arch_args=(
   [qwen3moe]="--arch qwen3moe --heads 8 --kv-heads 4 --head-dim 64 --experts 8 --experts-used 2 --expert-ff 256"
   [qwen2moe]="--arch qwen2moe --heads 4 --kv-heads 2 --experts 8 --experts-used 2 --expert-ff 256 --shared-ff 512"
 )
-archs=(llama3 mistral qwen2 qwen3 tied qwen3moe qwen2moe)
+read -r -a archs <<<"${CUDA_ARCH_ARCHS:-llama3 mistral qwen2 qwen3 tied qwen3moe qwen2moe}"
+read -r -a host_experts <<<"${CUDA_ARCH_HOST_EXPERTS:-0}"
 quants=(Q4_K_M Q5_K_M Q6_K Q4_0 Q2_K)  # from the F16 file, for llama3 and qwen3
 # The near-tie thresholds of arch_compare.py (F16, Q8_0) and quants_greedy.sh
 # (the other types, 0.15: llama.cpp's CPU code against itself). On the GPU the
@@ -113,9 +118,13 @@ case $mode in
     done
     for m in "$dir"/*.gguf; do
       name=$(basename "$m" .gguf)
-      echo "--- $name (cuda:0)"
-      DS4_DEVICE=cuda:0 DS4_ROUTER_TIE=$(router_tie "$name" "$mode") python3 "$compare" "$bin/ds4-worker" "$m" "$dir/$name.json" "$n_predict" \
-        "$(near_tie "${name#*-}" "$mode")" "${prompts[@]}" || failed=1
+      rungs=(0)
+      [[ $name == *moe-* ]] && rungs=("${host_experts[@]}")
+      for n in "${rungs[@]}"; do
+        echo "--- $name (cuda:0$([[ $n == 0 ]] || echo ", the experts of $n layers on the host"))"
+        DS4_HOST_EXPERTS=$n DS4_DEVICE=cuda:0 DS4_ROUTER_TIE=$(router_tie "$name" "$mode") python3 "$compare" "$bin/ds4-worker" "$m" \
+          "$dir/$name.json" "$n_predict" "$(near_tie "${name#*-}" "$mode")" "${prompts[@]}" || failed=1
+      done
     done
     [[ $failed == 0 ]] || { echo "FAIL: the CUDA backend parts from llama.cpp (above)" >&2; exit 1; }
     echo "ok: every model gives llama.cpp's greedy tokens on cuda:0"
