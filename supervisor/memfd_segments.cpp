@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "shared/log.h"
+#include "supervisor/keeper.h"
 #include "supervisor/policy.h"
 
 namespace ds4::sup {
@@ -20,6 +21,7 @@ namespace {
 // Our unit's FileDescriptorStoreMax=, from the manager that runs us; nullopt
 // when it cannot be asked.
 std::optional<uint32_t> fd_store_max() {
+  if (const char* k = std::getenv(kFdStoreMaxEnv); k && *k) return uint32_t(std::strtoul(k, nullptr, 10));  // the keeper's
   sd_bus* bus = nullptr;
   if (sd_bus_open_user(&bus) < 0) return std::nullopt;
   sd_bus_set_method_call_timeout(bus, 2 * 1000 * 1000);  // µs: a start does not wait on a stuck bus
@@ -50,10 +52,12 @@ std::optional<uint32_t> fd_store_max() {
 
 }  // namespace
 
-bool MemfdSegments::systemd_fd_store_available() {
+bool MemfdSegments::systemd_fd_store_available(std::optional<uint32_t>* max_out) {
   const char* s = std::getenv("NOTIFY_SOCKET");
   if (!s || !*s) return false;
-  if (fd_store_max() == uint32_t(0)) {
+  const std::optional<uint32_t> max = fd_store_max();
+  if (max_out) *max_out = max;
+  if (max == uint32_t(0)) {
     log::warn("this unit has FileDescriptorStoreMax=0: a model kept in a memfd is loaded again at every restart "
               "of the supervisor (the shipped ds4-supervisor.service sets it; reinstall it), ignoring");
     return false;
@@ -61,18 +65,22 @@ bool MemfdSegments::systemd_fd_store_available() {
   return true;
 }
 
-std::vector<int> MemfdSegments::recover() {
-  std::vector<int> sockets;
+PassedFds MemfdSegments::recover() {
+  PassedFds passed;
   char** names = nullptr;
   const int n = sd_listen_fds_with_names(1, &names);
-  if (n <= 0) return sockets;
+  if (n <= 0) return passed;
   for (int i = 0; i < n; ++i) {
     const int fd = SD_LISTEN_FDS_START + i;
     const std::string name = names && names[i] ? names[i] : "";
     std::free(names ? names[i] : nullptr);
     ::fcntl(fd, F_SETFD, FD_CLOEXEC);
     if (sd_is_socket(fd, AF_UNSPEC, SOCK_STREAM, 1) > 0) {  // the socket unit's listening socket
-      sockets.push_back(fd);
+      passed.listeners.push_back(fd);
+      continue;
+    }
+    if (name.starts_with("ds4-conn-")) {  // a client connection or its journal (the proxy's)
+      passed.connections[name].push_back(fd);
       continue;
     }
     auto owned = std::make_shared<store::UniqueFd>(fd);
@@ -95,7 +103,7 @@ std::vector<int> MemfdSegments::recover() {
     kept_[k.handle] = std::move(k);
   }
   std::free(names);
-  return sockets;
+  return passed;
 }
 
 void MemfdSegments::add(const std::string& handle, std::shared_ptr<store::UniqueFd> fd) {

@@ -26,6 +26,18 @@ struct KeptMemfd {
   uint64_t bytes = 0;
 };
 
+/// What the service manager passed at this start, besides the segments.
+struct PassedFds {
+  std::vector<int> listeners;  // the socket unit's listening sockets
+  /// Client connections the proxy kept (ds4-conn-N: a socket and its journal), by name.
+  std::map<std::string, std::vector<int>> connections;
+};
+
+/// Descriptors of the fd store that are not segments: the proxy's kept
+/// client connections, two each. The shipped unit's FileDescriptorStoreMax=
+/// leaves room for these after kMemfdStoreSlots segments.
+inline constexpr uint32_t kMemfdStoreSlots = 4;
+
 class MemfdSegments {
  public:
   /// With `fd_store`, each segment added is also stored in systemd's fd store.
@@ -33,15 +45,16 @@ class MemfdSegments {
   /// Whether a service manager keeps descriptors for us: $NOTIFY_SOCKET is
   /// set, and our unit's FileDescriptorStoreMax= is not 0 (asked over the
   /// user bus; when the bus cannot say, assumed). Logs why not when it is 0.
-  static bool systemd_fd_store_available();
+  /// `max`: the unit's FileDescriptorStoreMax= when it could be asked.
+  static bool systemd_fd_store_available(std::optional<uint32_t>* max = nullptr);
 
   /// Takes the descriptors the service manager passed back at this start
   /// (sd_listen_fds_with_names; named by FDNAME): each one that holds a ready
   /// ds4 segment of this layout is kept; a listening stream socket (socket
-  /// activation: ds4-supervisor.socket) is returned for the proxy, untouched;
-  /// every other one is closed and removed from the store (FDSTOREREMOVE=1).
-  /// Logs one entry per descriptor.
-  std::vector<int> recover();
+  /// activation: ds4-supervisor.socket) and the proxy's connections
+  /// (ds4-conn-N) are returned, untouched; every other one is closed and
+  /// removed from the store (FDSTOREREMOVE=1). Logs one entry per segment.
+  PassedFds recover();
 
   /// Keeps `fd` as segment `handle` (and stores it in the fd store).
   void add(const std::string& handle, std::shared_ptr<store::UniqueFd> fd);

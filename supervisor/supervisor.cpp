@@ -14,6 +14,7 @@
 #include "shared/model_store.h"
 #include "supervisor/admin.h"
 #include "supervisor/headroom.h"
+#include "supervisor/keeper.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/holder_keeper.h"
 #include "supervisor/paths.h"
@@ -145,7 +146,8 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
 std::string backing_text(const ModelInfo& m, const MemfdSegments& memfds) {
   if (m.file_only) return "none (the exec engine loads the file)";
   if (m.backing == store::Backing::shm) return "shared memory";
-  return memfds.fd_store() ? "memfd (in the supervisor, fd store)" : "memfd (in the supervisor)";
+  if (!memfds.fd_store()) return "memfd (in the supervisor)";
+  return under_keeper() ? "memfd (in the supervisor, its keeper's fd store)" : "memfd (in the supervisor, fd store)";
 }
 
 }  // namespace
@@ -201,11 +203,16 @@ void Supervisor::prepare() {
     log::warn("config file " + opts_.config_path + " not found; running on the defaults");
   runtime_dir_ = runtime_dir();
   ensure_private_dir(runtime_dir_);
-  runtime_lock_ = RuntimeDirLock(runtime_dir_);
+  if (!under_keeper()) runtime_lock_ = RuntimeDirLock(runtime_dir_);  // else the keeper holds it for us
   // Memfd segments a previous run of ours left in systemd's fd store, and
   // the socket unit's listening socket.
-  memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available());
-  const std::vector<int> sockets = memfds_->recover();
+  std::optional<uint32_t> store_max;
+  memfds_ = std::make_unique<MemfdSegments>(MemfdSegments::systemd_fd_store_available(&store_max));
+  if (memfds_->fd_store())  // two descriptors a connection, after the segments' slots
+    connection_slots_ = store_max ? (*store_max > kMemfdStoreSlots ? (*store_max - kMemfdStoreSlots) / 2 : 0) : 0;
+  PassedFds passed = memfds_->recover();
+  stored_connections_ = std::move(passed.connections);
+  const std::vector<int>& sockets = passed.listeners;
   if (!sockets.empty()) listen_fd_ = sockets.front();
   for (size_t i = 1; i < sockets.size(); ++i) {
     log::warn("systemd passed " + std::to_string(sockets.size()) + " listening sockets; the proxy listens on the first, " +

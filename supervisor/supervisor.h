@@ -22,6 +22,7 @@
 /// the proxy hold READY=1 back until its port is open.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +84,12 @@ class Supervisor {
   /// activation), for the proxy; -1 without one. It outlives this process:
   /// connections that come while the supervisor restarts wait in its backlog.
   int inherited_listen_fd() const { return listen_fd_; }
+  /// How many client connections the fd store has room for (0: no store,
+  /// or its FileDescriptorStoreMax= could not be asked).
+  size_t connection_slots() const { return connection_slots_; }
+  /// The connections a killed run of ours left in the fd store (ds4-conn-N:
+  /// descriptors), for the proxy to take back; once.
+  std::map<std::string, std::vector<int>> take_stored_connections() { return std::move(stored_connections_); }
   const ModelInfo& model() const { return model_; }
   const std::string& segment_name() const { return model_.segment; }
 
@@ -155,6 +162,8 @@ class Supervisor {
   std::unique_ptr<WorkerHealth> health_;  // the control block and socket probes
   std::unique_ptr<HolderKeeper> holder_;  // GPU weights holder (GPU workers only)
   int listen_fd_ = -1;                       // socket activation: systemd's listening socket
+  size_t connection_slots_ = 0;
+  std::map<std::string, std::vector<int>> stored_connections_;
   std::unique_ptr<MemfdSegments> memfds_;    // memfd segments kept (and in systemd's fd store)
   /// The segment socket runs on a thread of its own: it answers while io_'s
   /// thread waits (HolderKeeper::start() waits there for a holder that first

@@ -1,14 +1,20 @@
 // ds4-supervisor: the daemon (supervisor/supervisor.h).
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
+#include "supervisor/keeper.h"
 #include "supervisor/proxy/proxy.h"
 #include "supervisor/status_history.h"
 #include "supervisor/supervisor.h"
@@ -22,12 +28,33 @@ static const char* kUsage =
     "  SIGHUP re-reads the config. SIGTERM (or SIGINT) answers the requests in\n"
     "  flight (at most restart.drain_deadline; a second signal: at once), then\n"
     "  stops the workers and exits; during the model load it stops the load and\n"
-    "  removes what it wrote.\n";
+    "  removes what it wrote.\n"
+    "  Started by hand (not by systemd), it runs under a small parent of its own\n"
+    "  (the keeper) that holds the port and the requests in flight and starts it\n"
+    "  again if it is killed, as the systemd units do; --no-keeper: without it.\n";
+
+// The descriptors the fd store kept under each ds4-conn-N: its socket and its journal.
+static std::vector<ds4::proxy::StoredConnection> stored_connections(std::map<std::string, std::vector<int>> named) {
+  std::vector<ds4::proxy::StoredConnection> out;
+  for (auto& [name, fds] : named) {
+    ds4::proxy::StoredConnection c;
+    c.name = name;
+    for (int fd : fds) {
+      struct stat st {};
+      int& slot = ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? c.socket : c.journal;
+      if (slot >= 0) ::close(slot);  // a second one of a kind: not ours
+      slot = fd;
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
 
 int main(int argc, char** argv) {
   ds4::log::set_identifier("ds4-supervisor");
   ds4::sup::SupervisorOptions opts;
   opts.config_path = "config/ds4.yaml";
+  bool keeper = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -40,12 +67,22 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--config=", 0) == 0) {
       opts.config_path = a.substr(9);
       opts.config_given = true;
+    } else if (a == "--no-keeper") {
+      keeper = false;
     } else {
       std::fprintf(stderr, "ds4-supervisor: unknown argument '%s'\n%s", a.c_str(), kUsage);
       return 2;
     }
   }
   try {
+    // Started by hand (no service manager): a small parent keeps the port,
+    // the fd store and the restarts that systemd's units give (keeper.h).
+    const char* notify = std::getenv("NOTIFY_SOCKET");
+    if (keeper && !(notify && *notify) && !ds4::sup::under_keeper()) {
+      const int rc = ds4::sup::run_keeper(std::vector<std::string>(argv, argv + argc), opts.config_path,
+                                          opts.config_given);
+      if (rc >= 0) return rc;
+    }
     ds4::sup::Supervisor sup(opts);
     sup.prepare();
     // The front proxy (supervisor/proxy/proxy.h) on the supervisor's io_context;
@@ -60,7 +97,9 @@ int main(int argc, char** argv) {
     else if (text->jinja_template())
       ds4::log::info("chat prompts are rendered with the model's own template (tokenizer.chat_template)");
     ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(*text), sup.registry());
+    proxy.keep_connections(sup.connection_slots());
     proxy.start(sup.inherited_listen_fd());
+    proxy.adopt_connections(stored_connections(sup.take_stored_connections()));
     const auto ep = proxy.endpoint();
     const std::string host = ep.address().is_v6() ? "[" + ep.address().to_string() + "]" : ep.address().to_string();
     ds4::log::info("proxy listening on " + host + ":" + std::to_string(ep.port()) +

@@ -18,6 +18,7 @@
 #include "supervisor/proxy/response_store.h"
 #include "supervisor/proxy/router.h"
 #include "supervisor/proxy/scheduler.h"
+#include "supervisor/proxy/session_journal.h"
 
 namespace ds4::proxy {
 
@@ -50,6 +51,7 @@ struct Core {
   RefusalLog refusals;
   boost::asio::ip::tcp::acceptor acceptor;
   std::map<Session*, std::weak_ptr<Session>> sessions;
+  ConnStore conn_store;  // connections kept across a supervisor restart (off: capacity 0)
   std::function<std::string()> metrics_extra;
   std::function<std::string()> status_source;  // /status.json; null: the router's short one
   /// Where the requests with long bodies are parsed and tokenized (route()),

@@ -12,6 +12,7 @@
 #include "shared/request_trace.h"
 #include "supervisor/proxy/core.h"
 #include "supervisor/proxy/session.h"
+#include "supervisor/proxy/tcp_bytes.h"
 
 namespace ds4::proxy {
 
@@ -70,7 +71,17 @@ void accept_connections(Core& core) {
     if (ec == asio::error::operation_aborted || !core.acceptor.is_open()) return;
     if (!ec) {
       const bool reject = core.sessions.size() >= core.cfg.limits.max_connections;
-      std::make_shared<Session>(core, std::move(sock))->start(reject);
+      std::unique_ptr<ConnJournal> journal;
+      std::string name;
+      if (!reject && core.conn_store.size() < core.conn_store.capacity()) {
+        // The connection and its journal go to systemd's fd store: a
+        // supervisor killed mid-answer gets both back when it restarts.
+        journal = ConnJournal::create("ds4-conn");
+        if (journal) journal->base(0, 0, {});
+        if (journal && journal->ok()) name = core.conn_store.add(sock.native_handle(), journal->fd());
+        if (name.empty()) journal.reset();
+      }
+      std::make_shared<Session>(core, std::move(sock))->start(reject, std::move(journal), std::move(name));
     }
     accept_connections(core);
   });
@@ -147,10 +158,68 @@ void Proxy::start_inherited(int fd) {
                   ep.address().to_string() + ":" + std::to_string(ep.port()) +
                   "): serving on the socket's address (ListenStream= of ds4-supervisor.socket sets it)",
               {{"DS4_LISTEN", c.cfg.listen.str()}});
-  log::info("listening on the socket systemd holds (socket activation): connections made while the supervisor "
-            "restarts wait for it in the kernel's backlog",
+  log::info("listening on the socket systemd (socket activation) or the keeper holds: connections made while the "
+            "supervisor restarts wait for it in the kernel's backlog",
             {{"DS4_EVENT", "socket_inherited"}});
   accept_connections(c);
+}
+
+void Proxy::keep_connections(size_t capacity) { core_->conn_store = ConnStore(capacity); }
+
+void Proxy::adopt_connections(std::vector<StoredConnection> conns) {
+  Core& c = *core_;
+  size_t continued = 0, closed = 0, answers = 0;
+  for (StoredConnection& sc : conns) {
+    if (auto n = stored_connection_number(sc.name)) c.conn_store.skip_past(*n);
+    c.conn_store.adopt();
+    std::string why;
+    const std::optional<TcpBytes> bytes = sc.socket >= 0 ? tcp_bytes(sc.socket) : std::nullopt;
+    std::optional<JournalState> st = sc.journal >= 0 ? ConnJournal::read(sc.journal, &why) : std::nullopt;
+    if (sc.socket < 0 || sc.journal < 0) why = "the store gave back no socket or no journal";
+    else if (!bytes) why = "the descriptor is not a connected TCP socket";
+    std::shared_ptr<Session> s;
+    if (bytes && st) {
+      boost::system::error_code ec;
+      tcp::socket sock(c.io);
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      ::getsockname(sc.socket, reinterpret_cast<sockaddr*>(&ss), &len);
+      sock.assign(ss.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), sc.socket, ec);
+      if (!ec) {
+        sc.socket = -1;  // the session's now
+        s = std::make_shared<Session>(c, std::move(sock));
+        auto journal = std::make_unique<ConnJournal>(sc.journal, *st);
+        sc.journal = -1;
+        bool mid_answer = false;
+        if (s->recover(std::move(journal), sc.name, *st, bytes->read, bytes->written, &why, &mid_answer)) {
+          ++continued;
+          answers += mid_answer ? 1 : 0;
+          continue;
+        }
+      } else {
+        why = "cannot take the socket: " + ec.message();
+      }
+    }
+    log::warn("connection " + sc.name + " from before the restart is closed: " + why,
+              {{"DS4_EVENT", "connection_lost"}, {"DS4_CONNECTION", sc.name}, {"DS4_REASON", why}});
+    ++closed;
+    if (s) {
+      s->close();  // also takes it out of the store
+    } else {
+      if (sc.socket >= 0) ::shutdown(sc.socket, SHUT_RDWR);
+      c.conn_store.remove(sc.name);
+    }
+    if (sc.socket >= 0) ::close(sc.socket);
+    if (sc.journal >= 0) ::close(sc.journal);
+  }
+  if (!conns.empty())
+    log::info("took back " + std::to_string(conns.size()) + " client connections from before the restart: " +
+                  std::to_string(continued) + " go on (" + std::to_string(answers) + " of them mid-answer), " +
+                  std::to_string(closed) + " closed",
+              {{"DS4_EVENT", "connections_adopted"},
+               {"DS4_CONNECTIONS", std::to_string(conns.size())},
+               {"DS4_CONTINUED", std::to_string(continued)},
+               {"DS4_MID_ANSWER", std::to_string(answers)}});
 }
 
 tcp::endpoint Proxy::endpoint() const {

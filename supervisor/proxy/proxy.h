@@ -21,6 +21,7 @@
 
 #include "shared/config.h"
 #include "supervisor/proxy/model_text.h"
+#include "supervisor/proxy/session_journal.h"
 #include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {
@@ -39,6 +40,14 @@ class Proxy : public sup::ProxyStatsSource {
   /// (socket activation) is used instead of binding proxy.listen; the proxy
   /// accepts on a duplicate and never closes the original.
   void start(int inherited_fd = -1);
+  /// Keep up to `capacity` client connections, each with its journal, in
+  /// systemd's fd store (session_journal.h), so that a supervisor killed
+  /// mid-answer goes on with them when it restarts. 0 (the default): none.
+  void keep_connections(size_t capacity);
+  /// The connections a killed supervisor left in the fd store: each one's
+  /// answer goes on from the client's next byte, or it is closed (journal:
+  /// DS4_EVENT=connection_lost, with the reason). After start().
+  void adopt_connections(std::vector<StoredConnection> conns);
   /// The bound address (port 0 in the config: the one the kernel chose).
   boost::asio::ip::tcp::endpoint endpoint() const;
 

@@ -22,10 +22,78 @@ Session::Session(Core& core, tcp::socket sock)
 Session::~Session() {
   if (core_alive_.expired()) return;
   if (job_) core_.scheduler.cancel(job_);  // nothing may call back into a dead session
+  forget_store();
   core_.sessions.erase(this);
 }
 
-void Session::start(bool reject) {
+// ---- the journal (conn_journal.h) ----
+
+template <class Buffers, class Handler>
+void Session::Reader::async_read_some(const Buffers& buffers, Handler&& handler) {
+  if (!s.journal_ || !s.journal_->ok()) {
+    s.sock_.async_read_some(buffers, [&s = s, h = std::decay_t<Handler>(std::forward<Handler>(handler))](
+                                         const boost::system::error_code& ec, size_t n) mutable {
+      s.read_total_ += n;
+      h(ec, n);
+    });
+    return;
+  }
+  // Readable first, then the read and its journal record together: a kill
+  // between the two is the only way to lose a byte, and the restarted
+  // supervisor sees that from the socket's count.
+  s.sock_.async_wait(tcp::socket::wait_read, [&s = s, buffers, h = std::decay_t<Handler>(std::forward<Handler>(handler))](
+                                                 boost::system::error_code ec) mutable {
+    size_t n = 0;
+    if (!ec) {
+      n = s.sock_.read_some(buffers, ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) return s.reader_.async_read_some(buffers, std::move(h));
+      if (n > 0) {
+        std::string bytes(n, '\0');
+        asio::buffer_copy(asio::buffer(bytes), buffers, n);
+        s.journal_->input(bytes);
+        s.read_total_ += n;
+      }
+    }
+    h(ec, n);
+  });
+}
+
+Session::Step::Step(Session& s, JournalStep::Kind kind, std::string event) : s_(s) {
+  if (!s.journal_ || s.replaying_ || s.step_depth_++ > 0) return;
+  outer_ = true;
+  s.step_ = JournalStep{};
+  s.step_.kind = kind;
+  s.step_.event = std::move(event);
+}
+
+Session::Step::~Step() {
+  if (!outer_) return;
+  Session& s = s_;
+  s.step_depth_ = 0;
+  s.step_.exchange_done = s.exchange_done_;
+  s.step_.keep_alive = s.keep_alive_;
+  if (s.journal_) s.journal_->step(s.step_);
+  std::string bytes = std::move(s.step_.output);
+  s.step_.output.clear();
+  if (!bytes.empty()) s.send(std::move(bytes));
+  if (s.exchange_done_ && !s.output_pending()) s.after_exchange();
+}
+
+bool Session::submit(const std::shared_ptr<Job>& job) {
+  if (replaying_) return true;  // recover() submits the last job once the steps are replayed
+  return core_.scheduler.submit(job);
+}
+
+void Session::forget_store() {
+  if (store_name_.empty()) return;
+  core_.conn_store.remove(store_name_);
+  store_name_.clear();
+  journal_.reset();
+}
+
+void Session::start(bool reject, std::unique_ptr<ConnJournal> journal, std::string store_name) {
+  journal_ = std::move(journal);
+  store_name_ = std::move(store_name);
   core_.sessions[this] = weak_from_this();
   boost::system::error_code ignored;
   sock_.non_blocking(true, ignored);  // write() sends at once what the socket takes
@@ -46,10 +114,141 @@ void Session::close() {
   phase_ = Phase::closed;
   if (job_ && !core_alive_.expired()) core_.scheduler.cancel(job_);
   job_.reset();
+  if (!core_alive_.expired()) forget_store();
   timer_.cancel();
   boost::system::error_code ignored;
   sock_.shutdown(tcp::socket::shutdown_both, ignored);
   sock_.close(ignored);
+}
+
+// ---- after a supervisor restart ----
+
+bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_name, const JournalState& st,
+                      uint64_t read, uint64_t written, std::string* why, bool* mid_answer) {
+  auto fail = [why](std::string w) {
+    *why = std::move(w);
+    return false;
+  };
+  journal_ = std::move(journal);
+  store_name_ = std::move(store_name);
+  core_.sessions[this] = weak_from_this();
+  boost::system::error_code ignored;
+  sock_.non_blocking(true, ignored);
+  sock_.set_option(tcp::no_delay(true), ignored);
+  if (read != st.read_total())
+    return fail("the socket gave " + std::to_string(read) + " bytes, the journal holds " +
+                std::to_string(st.read_total()) + " (a read the kill cut before its record)");
+  const std::string out = st.output();
+  if (written < st.written_at_base || written - st.written_at_base > out.size())
+    return fail("the socket took " + std::to_string(written) + " bytes, the journal's exchange began at " +
+                std::to_string(st.written_at_base) + " and wrote " + std::to_string(out.size()));
+  const size_t delivered = size_t(written - st.written_at_base);
+  read_total_ = read;
+  written_total_ = written;
+  buf_.commit(asio::buffer_copy(buf_.prepare(st.input.size()), asio::buffer(st.input)));
+  phase_ = Phase::busy;
+  exchange_done_ = false;
+  std::string rest = out.substr(delivered);  // journaled already: sent as it is
+
+  const JournalStep* request = nullptr;
+  for (const JournalStep& s : st.steps)
+    if (s.kind == JournalStep::Kind::request) request = &s;
+  if (!st.steps.empty() && st.steps.back().exchange_done) {  // answered; some bytes may still be due
+    keep_alive_ = st.steps.back().keep_alive;
+    // What follows the request in the buffer is the next one's.
+    if (keep_alive_ && !parse_buffered_request()) return fail("its answered request does not parse again");
+    exchange_done_ = true;
+    *mid_answer = !rest.empty();
+    send(std::move(rest));
+    if (!output_pending()) after_exchange();
+    return true;
+  }
+  if (!request) {  // the request was being read or planned: read or plan it again
+    continue_sent_ = !out.empty();
+    send(std::move(rest));
+    do_read_header();
+    return true;
+  }
+
+  *mid_answer = true;
+  // Planned, answer under way: plan it again with the choices the journal
+  // kept, replay its tokens with nothing sent, then send what the client has
+  // not had and let the job go on from its last token.
+  const std::optional<JournalRequest> jr = decode_request(request->event);
+  if (!jr) return fail("its request step does not decode");
+  if (jr->forward) {
+    if (!out.empty()) return fail("an exec engine's answer under way cannot be continued");
+    do_read_header();
+    return true;
+  }
+  if (!parse_buffered_request()) return fail("its request does not parse again");
+  const HttpRequest& req = parser_->get();
+  target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
+  keep_alive_ = req.keep_alive();
+  received_ = std::chrono::steady_clock::now();
+  RouteContext ctx = core_.route_context();
+  ctx.limits.context = 0;  // the workers may not be back yet; the journal has the room it left
+  ctx.limits.random_seed = jr->seed;
+  Route r = route(req, ctx);
+  if (!r.plan) return fail("its request no longer plans to an answer");
+  api_ = r.api;
+  r.plan->gen.max_tokens = jr->max_tokens;
+  r.plan->gen.sampling.seed = jr->seed;
+  replayed_ = jr;
+  replaying_ = true;
+  start_job(std::move(*r.plan));
+  replayed_.reset();
+  bool more = true;
+  for (const JournalStep& s : st.steps) {
+    if (&s <= request) continue;
+    if (s.kind == JournalStep::Kind::token) {
+      const std::optional<proto::TokenEvent> e = decode_token(s.event);
+      if (!e || !job_) {
+        replaying_ = false;
+        return fail("a token step does not decode or follows the end");
+      }
+      job_->gen.generated.push_back(e->token);
+      more = on_token(*e);
+    } else if (s.kind == JournalStep::Kind::done) {
+      const std::optional<JobResult> res = decode_result(s.event);
+      if (!res) {
+        replaying_ = false;
+        return fail("a done step does not decode");
+      }
+      on_done(*res);
+      more = job_ != nullptr;
+    }
+  }
+  replaying_ = false;
+  send(std::move(rest));
+  arm(core_.cfg.limits.request_timeout);
+  if (exchange_done_) {  // a thought closed with no room left: the answer ended in the replay
+    if (!output_pending()) after_exchange();
+    return true;
+  }
+  if (!more) {  // the last token ended the answer; its end was not journaled
+    JobResult end;
+    end.reason = "stop";
+    on_done(end);
+    return true;
+  }
+  if (!core_.scheduler.submit(job_)) {
+    job_.reset();
+    respond_error({ErrorKind::unavailable, "the queue is full (proxy.queue.max_waiting); retry later", 2});
+    return true;
+  }
+  watch();
+  return true;
+}
+
+bool Session::parse_buffered_request() {
+  parser_.emplace();
+  parser_->header_limit(uint32_t(std::min<Bytes>(core_.cfg.limits.max_header_bytes, UINT32_MAX)));
+  parser_->body_limit(core_.cfg.limits.max_body_bytes);
+  parser_->eager(true);
+  boost::system::error_code ec;
+  while (!ec && !parser_->is_done() && buf_.size() > 0) buf_.consume(parser_->put(buf_.data(), ec));
+  return !ec && parser_->is_done();
 }
 
 // ---- reading a request ----
@@ -67,7 +266,7 @@ void Session::do_read_header() {
     buf_.consume(parser_->put(buf_.data(), ec));
     if (ec != http::error::need_more && (ec || parser_->is_header_done())) return on_header(ec);
   }
-  http::async_read_header(sock_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+  http::async_read_header(reader_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
     self->on_header(ec);
   });
 }
@@ -98,7 +297,9 @@ void Session::on_header(const boost::system::error_code& ec) {
                                                     " bytes, more than " + format_size(core_.cfg.limits.max_body_bytes) +
                                                     " (proxy.limits.max_body_bytes)"});
   auto expect = req.find(http::field::expect);
-  if (expect != req.end() && beast::iequals(expect->value(), "100-continue")) write("HTTP/1.1 100 Continue\r\n\r\n");
+  if (expect != req.end() && beast::iequals(expect->value(), "100-continue") && !continue_sent_)
+    write("HTTP/1.1 100 Continue\r\n\r\n");
+  continue_sent_ = false;
   phase_ = Phase::body;
   arm(core_.cfg.limits.body_timeout);
   if (!parser_->is_done() && buf_.size() > 0) {  // the body came with the header
@@ -108,7 +309,7 @@ void Session::on_header(const boost::system::error_code& ec) {
     if (ec && ec != http::error::need_more) return on_body(ec);
   }
   if (parser_->is_done()) return on_body({});
-  http::async_read(sock_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+  http::async_read(reader_, buf_, *parser_, [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
     self->on_body(ec);
   });
 }
@@ -189,6 +390,21 @@ void Session::routed(Route r, bool head) {
 // ---- running a job ----
 
 void Session::start_job(Plan plan) {
+  JournalRequest jr;
+  if (replayed_) {
+    jr = *replayed_;
+  } else {
+    const Endpoint ep = plan.endpoint;
+    const char* prefix = ep == Endpoint::messages    ? "msg_"
+                         : ep == Endpoint::chat      ? "chatcmpl-"
+                         : ep == Endpoint::responses ? "resp_"
+                                                     : "cmpl-";
+    jr.id = core_.new_id(prefix);
+    jr.created = int64_t(std::time(nullptr));
+    jr.seed = plan.gen.sampling.seed;
+    jr.max_tokens = plan.gen.max_tokens;
+  }
+  Step step(*this, JournalStep::Kind::request, encode_request(jr));
   plan_ = std::move(plan);
   stream_ = plan_->stream;
   head_sent_ = false;
@@ -199,21 +415,16 @@ void Session::start_job(Plan plan) {
   thought_tokens_ = earlier_tokens_ = 0;
   closing_thought_ = false;
   pending_tokens_.clear();
-  const Endpoint ep = plan_->endpoint;
-  const char* prefix = ep == Endpoint::messages    ? "msg_"
-                       : ep == Endpoint::chat      ? "chatcmpl-"
-                       : ep == Endpoint::responses ? "resp_"
-                                                   : "cmpl-";
-  response_id_ = core_.new_id(prefix);
-  responder_ = make_responder(*plan_, core_.model.tokenizer(), response_id_, int64_t(std::time(nullptr)));
+  response_id_ = jr.id;
+  responder_ = make_responder(*plan_, core_.model.tokenizer(), response_id_, jr.created);
   job_ = std::make_shared<Job>();
   job_->gen = plan_->gen;
   job_->sink = this;
   job_->trace_received = trace_received_;
   job_->trace_port = trace_port_;
   job_->endpoint = target_;
-  core_.metrics.add_tokens_in(int64_t(plan_->gen.prompt.size()));
-  if (!core_.scheduler.submit(job_)) {
+  if (!replaying_) core_.metrics.add_tokens_in(int64_t(plan_->gen.prompt.size()));
+  if (!submit(job_)) {
     job_.reset();
     return respond_error({ErrorKind::unavailable,
                           "the queue is full (" + std::to_string(core_.cfg.queue.max_waiting) +
@@ -227,6 +438,9 @@ void Session::start_job(Plan plan) {
 // ---- forwarding to an exec engine ----
 
 void Session::start_forward(EngineRequest f) {
+  JournalRequest jr;
+  jr.forward = true;
+  Step step(*this, JournalStep::Kind::request, encode_request(jr));
   forwarding_ = true;
   stream_ = f.stream;
   head_sent_ = false;
@@ -237,7 +451,7 @@ void Session::start_forward(EngineRequest f) {
   job_->forward = std::make_shared<const EngineRequest>(std::move(f));
   job_->sink = this;
   job_->endpoint = target_;
-  if (!core_.scheduler.submit(job_)) {
+  if (!submit(job_)) {
     job_.reset();
     return respond_error({ErrorKind::unavailable,
                           "the queue is full (" + std::to_string(core_.cfg.queue.max_waiting) +
@@ -292,9 +506,10 @@ void Session::on_waiting(int64_t position) {
 }
 
 bool Session::on_token(const proto::TokenEvent& e) {
+  Step step(*this, JournalStep::Kind::token, journal_ ? encode_token(e) : std::string());
   const Tokenizer& tok = core_.model.tokenizer();
   if (tok.is_eog(e.token)) return false;
-  core_.metrics.add_tokens_out(1);
+  if (!replaying_) core_.metrics.add_tokens_out(1);
   if (plan_->logprobs) pending_tokens_.push_back({e.token, e.logprob, e.top});
   std::string piece = tok.piece(e.token);
   if (piece.empty() && plan_->read_answer) piece = core_.model.marker_text(e.token);  // a call marker, <think>
@@ -359,7 +574,7 @@ bool Session::close_thought(const Job& done) {
   job_->gen.max_tokens = left - int32_t(tail.size());
   job_->sink = this;
   job_->endpoint = target_;
-  if (!core_.scheduler.submit(job_)) {
+  if (!submit(job_)) {
     job_.reset();
     return false;
   }
@@ -367,6 +582,7 @@ bool Session::close_thought(const Job& done) {
 }
 
 void Session::on_done(const JobResult& r) {
+  Step step(*this, JournalStep::Kind::done, journal_ ? encode_result(r) : std::string());
   if (forwarding_) return end_forward(r);
   std::shared_ptr<Job> job = std::move(job_);
   if (!r.ok) {
@@ -458,6 +674,7 @@ std::string error_message(const std::string& body) {
 }  // namespace
 
 void Session::respond(const Response& r) {
+  Step step(*this, JournalStep::Kind::output);
   core_.metrics.count(r.status);
   if (r.status >= 400)
     core_.refusals.note(r.status, target_.empty() ? "(before the request line was read)" : target_, error_message(r.body));
@@ -465,7 +682,7 @@ void Session::respond(const Response& r) {
   if (r.status == 413 || (parser_ && !parser_->is_done())) keep_alive_ = false;
   write(serialize(r, keep_alive_));
   exchange_done_ = true;
-  if (!writing_ && out_.empty()) after_exchange();
+  if (!output_pending()) after_exchange();
 }
 
 void Session::send_head(std::string_view content_type) {
@@ -485,13 +702,29 @@ void Session::chunk(const std::string& bytes) {
 }
 
 void Session::end_exchange() {
+  Step step(*this, JournalStep::Kind::output);
   write("0\r\n\r\n");
   exchange_done_ = true;
-  if (!writing_ && out_.empty()) after_exchange();
+  if (!output_pending()) after_exchange();
 }
 
 void Session::write(std::string bytes) {
-  if (phase_ == Phase::closed) return;
+  if (phase_ == Phase::closed || replaying_) return;
+  if (step_depth_ > 0) {
+    step_.output += bytes;
+    return;
+  }
+  if (journal_ && journal_->ok()) {
+    Step step(*this, JournalStep::Kind::output);  // journaled alone, then sent
+    step_.output += bytes;
+    return;
+  }
+  send(std::move(bytes));
+}
+
+void Session::send(std::string bytes) {
+  if (phase_ == Phase::closed || bytes.empty()) return;
+  written_total_ += bytes.size();
   if (!writing_ && out_.empty()) {  // the socket usually takes it all at once: no completion to wait for
     boost::system::error_code ec;
     const size_t n = sock_.write_some(asio::buffer(bytes), ec);
@@ -518,7 +751,10 @@ void Session::do_write() {
 }
 
 void Session::after_exchange() {
-  if (phase_ == Phase::closed || phase_ == Phase::idle || phase_ == Phase::header) return;
+  if (replaying_ || phase_ == Phase::closed || phase_ == Phase::idle || phase_ == Phase::header) return;
+  // The answer is all written: the journal starts the next exchange with
+  // what was read ahead of it.
+  if (journal_ && keep_alive_) journal_->base(read_total_, written_total_, {static_cast<const char*>(buf_.data().data()), buf_.size()});
   plan_.reset();
   forwarding_ = false;
   engine_body_.clear();
@@ -551,6 +787,7 @@ void Session::after_exchange() {
 // answer before the client reads it: send FIN, drain for a moment, then close.
 void Session::linger_close() {
   phase_ = Phase::closed;
+  forget_store();
   if (job_) {
     core_.scheduler.cancel(job_);
     job_.reset();
@@ -587,7 +824,7 @@ void Session::watch() {
   if (watching_ || phase_ == Phase::closed) return;
   if (buf_.size() >= core_.cfg.limits.max_header_bytes) return;  // pipelined too far ahead: stop reading
   watching_ = true;
-  sock_.async_read_some(buf_.prepare(4096), [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+  reader_.async_read_some(buf_.prepare(4096), [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
     self->watching_ = false;
     if (self->phase_ == Phase::closed) {
       if (!ec) self->drain();  // lingering: keep discarding

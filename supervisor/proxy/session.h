@@ -16,7 +16,9 @@
 
 #include "supervisor/proxy/answer.h"
 #include "supervisor/proxy/api_response.h"
+#include "supervisor/proxy/conn_journal.h"
 #include "supervisor/proxy/core.h"
+#include "supervisor/proxy/session_journal.h"
 #include "supervisor/proxy/text_stream.h"
 
 namespace ds4::proxy {
@@ -25,12 +27,44 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
  public:
   Session(Core& core, boost::asio::ip::tcp::socket sock);
   ~Session() override;
-  /// `reject`: too many connections, answer 503 and close.
-  void start(bool reject);
+  /// `reject`: too many connections, answer 503 and close. With a journal
+  /// (the connection is in systemd's fd store under `store_name`), every
+  /// byte read and every step of an answer is journaled first.
+  void start(bool reject, std::unique_ptr<ConnJournal> journal = nullptr, std::string store_name = {});
+  /// A connection a killed supervisor left in the fd store, `journal` read
+  /// back from it: the exchange in progress is rebuilt from its steps and the
+  /// answer goes on from the client's next byte (`written`: the socket's
+  /// count). False, with `why`, when the journal cannot be continued: the
+  /// caller closes the connection.
+  /// `mid_answer`: set when an answer was under way (not a connection
+  /// between requests, nor one whose answer was all written).
+  bool recover(std::unique_ptr<ConnJournal> journal, std::string store_name, const JournalState& state,
+               uint64_t read, uint64_t written, std::string* why, bool* mid_answer);
   void close();
 
  private:
   enum class Phase { header, body, busy, idle, closed };
+
+  /// The socket as Beast reads it: each byte read is journaled before it is used.
+  struct Reader {
+    Session& s;
+    using executor_type = boost::asio::ip::tcp::socket::executor_type;
+    executor_type get_executor() { return s.sock_.get_executor(); }
+    template <class Buffers, class Handler>
+    void async_read_some(const Buffers& buffers, Handler&& handler);
+  };
+  /// Collects what a step writes; at its end (the outermost one) the step is
+  /// journaled and only then are its bytes sent.
+  class Step {
+   public:
+    Step(Session& s, JournalStep::Kind kind, std::string event = {});
+    ~Step();
+    Step(const Step&) = delete;
+    Step& operator=(const Step&) = delete;
+   private:
+    Session& s_;
+    bool outer_ = false;
+  };
 
   void do_read_header();
   void on_header(const boost::system::error_code& ec);
@@ -47,7 +81,14 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void chunk(const std::string& bytes);
   void end_exchange();
   void write(std::string bytes);
+  /// To the socket, journaled or not.
+  void send(std::string bytes);
   void do_write();
+  bool output_pending() const { return writing_ || !out_.empty() || step_depth_ > 0; }
+  bool submit(const std::shared_ptr<Job>& job);
+  /// recover(): parses the request at the head of buf_ (all there), consuming it.
+  bool parse_buffered_request();
+  void forget_store();
   void after_exchange();
   void watch();
   void linger_close();
@@ -86,6 +127,17 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   std::chrono::steady_clock::time_point received_{};  // when the request was all read: its latency starts
   bool timer_waiting_ = false;
 
+  // Kept across a supervisor restart (conn_journal.h, session_journal.h).
+  Reader reader_{*this};
+  std::unique_ptr<ConnJournal> journal_;
+  std::string store_name_;       // in the fd store under this name ("" = not)
+  uint64_t read_total_ = 0;      // bytes read from the socket
+  uint64_t written_total_ = 0;   // bytes handed to it
+  int step_depth_ = 0;
+  JournalStep step_;             // the step being recorded
+  bool replaying_ = false;       // recover(): steps rebuild the state, nothing is sent or submitted
+  bool continue_sent_ = false;   // "100 Continue" went out before a restart
+
   // The exchange in progress.
   Api api_ = Api::openai;
   bool exchange_done_ = true;
@@ -101,6 +153,7 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   int64_t earlier_tokens_ = 0;    // tokens of the answer before the thought was closed
   bool closing_thought_ = false;  // the budget is spent: the job stops and goes on after </think>
   std::vector<TokenInfo> pending_tokens_;
+  std::optional<JournalRequest> replayed_;  // recover(): the request step's choices
   bool stream_ = false;
   bool head_sent_ = false;
   // A forwarded exchange (exec engines): the engine's answer when it is not

@@ -15,9 +15,10 @@
 #      A reload to another model: a new memfd; the old one is released
 #      (journal) and leaves the fd store.
 #   4. A worker started while the supervisor is down fails at once, saying why.
-#   5. Started by hand (no fd store) with the systemd backend: after a crash
-#      the model is loaded into a new memfd, and the worker on the old copy
-#      is replaced, not adopted (the old copy's memory is freed).
+#   5. Started by hand with the systemd backend: after a crash of the
+#      supervisor and its keeper (the fd store by hand) the model is loaded
+#      into a new memfd, and the worker on the old copy is replaced, not
+#      adopted (the old copy's memory is freed).
 #   6. The process backend, without systemd, with a 1 MiB /dev/shm (a private
 #      mount namespace) and model.backing: auto: the supervisor takes a memfd
 #      itself and says why; child workers get it; a killed one comes back.
@@ -232,8 +233,9 @@ ms=$(((${EPOCHREALTIME/[.,]/} - t0) / 1000))
 [[ $rc != 0 && $rc != 124 && $out == *"is ds4-supervisor running?"* ]] \
   && pass "worker without a supervisor: exit $rc in $ms ms: ${out:0:160}..." || fail "worker without a supervisor: rc $rc: $out"
 
-# --- 5. by hand (no fd store), systemd backend: a crash loads a new copy ---
-# The new supervisor cannot get the old memfd back: it loads the model into
+# --- 5. by hand, systemd backend: a crash of the keeper too loads a new copy ---
+# SIGKILL of $SUP_PID, the keeper, ends its supervisor and its fd store: the
+# new supervisor cannot get the old memfd back: it loads the model into
 # a new one, and the worker still running on the old copy is replaced, not
 # adopted, so that the old copy's memory is freed.
 write_config "$SUP_DIR/byhand.yaml" systemd memfd
@@ -266,7 +268,7 @@ if unshare -m --propagation private true 2>/dev/null; then
     "$DS4_BIN/ds4-supervisor" "$SUP_DIR/process.yaml" >>"$SUP_DIR/sup.log" 2>&1 &
   SUP_PID=$!
   if sup_wait 30 'w[0]["state"] == "ready"'; then
-    [[ $(sup_get 's["model"]["backing"]') == "memfd (in the supervisor)" ]] \
+    [[ $(sup_get 's["model"]["backing"]') == "memfd (in the supervisor, its keeper's fd store)" ]] \
       && pass "a 1 MiB /dev/shm, model.backing auto: backing '$(sup_get 's["model"]["backing"]')'" \
       || fail "process backend: backing '$(sup_get 's["model"]["backing"]')'"
     grep -q "loaded into memfd segment .*: /dev/shm cannot hold it" "$SUP_DIR/sup.log" \

@@ -1,0 +1,128 @@
+#include "supervisor/proxy/session_journal.h"
+
+#include <systemd/sd-daemon.h>
+
+#include <charconv>
+#include <cstring>
+
+#include "supervisor/proxy/json_util.h"
+
+namespace ds4::proxy {
+
+namespace {
+
+template <class T>
+void put(std::string& s, T v) {
+  s.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+template <class T>
+bool take(std::string_view& s, T& v) {
+  if (s.size() < sizeof v) return false;
+  std::memcpy(&v, s.data(), sizeof v);
+  s.remove_prefix(sizeof v);
+  return true;
+}
+
+constexpr std::string_view kConnPrefix = "ds4-conn-";
+
+}  // namespace
+
+std::string encode_request(const JournalRequest& r) {
+  return json{{"id", r.id}, {"created", r.created}, {"seed", r.seed}, {"max_tokens", r.max_tokens}, {"forward", r.forward}}
+      .dump();
+}
+
+std::optional<JournalRequest> decode_request(std::string_view s) {
+  json j = json::parse(s, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  try {
+    JournalRequest r;
+    r.id = j.at("id").get<std::string>();
+    r.created = j.at("created").get<int64_t>();
+    r.seed = j.at("seed").get<uint64_t>();
+    r.max_tokens = j.at("max_tokens").get<int32_t>();
+    r.forward = j.at("forward").get<bool>();
+    return r;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string encode_token(const proto::TokenEvent& e) {
+  std::string s;
+  put(s, e.index);
+  put(s, e.token);
+  put(s, e.logprob);
+  put(s, uint32_t(e.top.size()));
+  for (const auto& [t, p] : e.top) {
+    put(s, t);
+    put(s, p);
+  }
+  return s;
+}
+
+std::optional<proto::TokenEvent> decode_token(std::string_view s) {
+  proto::TokenEvent e;
+  uint32_t n = 0;
+  if (!take(s, e.index) || !take(s, e.token) || !take(s, e.logprob) || !take(s, n) || s.size() != size_t(n) * 8)
+    return std::nullopt;
+  e.top.resize(n);
+  for (auto& [t, p] : e.top)
+    if (!take(s, t) || !take(s, p)) return std::nullopt;
+  return e;
+}
+
+std::string encode_result(const JobResult& r) {
+  const proto::Timings& t = r.timings;
+  return json{{"ok", r.ok},
+              {"reason", r.reason},
+              {"timings", {t.prompt_n, t.cache_n, t.predicted_n, t.prompt_ms, t.predicted_ms}},
+              {"error", {int(r.error.kind), r.error.message, r.error.retry_after_s, r.error.param}}}
+      .dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::optional<JobResult> decode_result(std::string_view s) {
+  json j = json::parse(s, nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  try {
+    JobResult r;
+    r.ok = j.at("ok").get<bool>();
+    r.reason = j.at("reason").get<std::string>();
+    const json& t = j.at("timings");
+    r.timings = {t.at(0).get<int64_t>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>(), t.at(3).get<double>(),
+                 t.at(4).get<double>()};
+    const json& e = j.at("error");
+    r.error = ApiError(ErrorKind(e.at(0).get<int>()), e.at(1).get<std::string>(), e.at(2).get<int>(),
+                       e.at(3).get<std::string>());
+    return r;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::string ConnStore::add(int socket, int journal) {
+  if (stored_ >= capacity_) return {};
+  const std::string name = std::string(kConnPrefix) + std::to_string(next_++);
+  const std::string msg = "FDSTORE=1\nFDNAME=" + name;
+  const int fds[2] = {socket, journal};
+  if (sd_pid_notify_with_fds(0, 0, msg.c_str(), fds, 2) <= 0) return {};
+  ++stored_;
+  return name;
+}
+
+void ConnStore::remove(const std::string& name) {
+  if (name.empty()) return;
+  sd_notify(0, ("FDSTOREREMOVE=1\nFDNAME=" + name).c_str());
+  if (stored_ > 0) --stored_;
+}
+
+std::optional<uint64_t> stored_connection_number(std::string_view name) {
+  if (!name.starts_with(kConnPrefix)) return std::nullopt;
+  name.remove_prefix(kConnPrefix.size());
+  uint64_t n = 0;
+  const auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
+  if (ec != std::errc() || p != name.data() + name.size() || name.empty()) return std::nullopt;
+  return n;
+}
+
+}  // namespace ds4::proxy
