@@ -7,8 +7,8 @@
 # tests/js, when installed), the grammars (GBNF text with input for its
 # matcher, and JSON Schemas) and what the proxy reads out of an answer (the
 # tool-call parser of each syntax and the thought splitter, fed whole and in
-# pieces). Builds tests/fuzz with clang (libFuzzer, ASan, UBSan) in
-# build-fuzz/ and runs each for a bounded time: a sixth of [seconds] each. Exits non-zero on any crash; the
+# pieces) and a connection's journal as a restarted supervisor reads it. Builds tests/fuzz with clang (libFuzzer, ASan, UBSan) in
+# build-fuzz/ and runs each for a bounded time: a seventh of [seconds] each. Exits non-zero on any crash; the
 # input that caused it is left in build-fuzz/fuzz-artifacts/.
 #   scripts/fuzz.sh [seconds]     default 60
 set -euo pipefail
@@ -29,8 +29,8 @@ if [ ! -f "$build/build.ninja" ]; then
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DDS4_FUZZ=ON -DDS4_CUDA=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
 fi
-cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol fuzz_jinja fuzz_grammar fuzz_answer -j"${JOBS:-2}"
-part=$(( (seconds + 5) / 6 ))
+cmake --build "$build" --target fuzz_gguf fuzz_proxy_request fuzz_worker_protocol fuzz_jinja fuzz_grammar fuzz_answer fuzz_conn_journal -j"${JOBS:-2}"
+part=$(( (seconds + 6) / 7 ))
 artifacts="$build/fuzz-artifacts"
 mkdir -p "$artifacts"
 # run NAME CORPUS: one target for its share of the time. Inputs are
@@ -112,3 +112,30 @@ printf '\022%s' '[TOOL_CALLS][{"name": "f", "arguments": {"x": "y"}}, {"name": "
 printf '\033%s' $'<\xef\xbd\x9ctool\xe2\x96\x81calls\xe2\x96\x81begin\xef\xbd\x9c><\xef\xbd\x9ctool\xe2\x96\x81call\xe2\x96\x81begin\xef\xbd\x9c>function<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>f\n```json\n{"a": 1}\n```<\xef\xbd\x9ctool\xe2\x96\x81call\xe2\x96\x81end\xef\xbd\x9c><\xef\xbd\x9ctool\xe2\x96\x81calls\xe2\x96\x81end\xef\xbd\x9c>' >"$corpus/deepseek.txt"
 printf '\004%s' $'I think so.</think>\n\nThe answer <tool_call>{"name":"t","arguments":{}}</tool_call>' >"$corpus/think.txt"
 run fuzz_answer "$corpus"
+
+corpus="$build/fuzz-corpus/journal"
+mkdir -p "$corpus"
+# The first byte: 0 a journal file, 1 a token, 2 a request, 3 a job's end.
+printf '\002%s' '{"id":"chatcmpl-1","created":1700000000,"seed":7,"max_tokens":48,"forward":false}' >"$corpus/request.txt"
+printf '\003%s' '{"ok":true,"reason":"stop","timings":[3,0,8,0.5,1.5],"error":[7,"",0,""]}' >"$corpus/done.txt"
+printf '\001\051\000\000\000\000\000\000\000\322\004\000\000\000\000\000\277\001\000\000\000\005\000\000\000\000\000\200\277' >"$corpus/token.bin"
+# A journal: a base, input, a request step and a token step (conn_journal.cpp's format).
+python3 - "$corpus/journal.bin" <<'PY'
+import struct, sys
+def check(t, gen, payload):
+    h = 1469598103934665603
+    for c in bytes([t]) + struct.pack("<I", gen) + payload:
+        h = ((h ^ c) * 1099511628211) & (2**64 - 1)
+    return h
+def rec(t, payload, gen=1):
+    return struct.pack("<IB3xIIQ", 0x4a345344, t, gen, len(payload), check(t, gen, payload)) + payload
+def step(kind, flags, event, out):
+    return struct.pack("<BBI", kind, flags, len(event)) + event + out
+req = b'{"id":"chatcmpl-1","created":1,"seed":7,"max_tokens":8,"forward":false}'
+tok = struct.pack("<qifI", 0, 1234, -0.5, 0)
+data = (b"\0" + rec(1, struct.pack("<QQ", 0, 0) + b"POST /v1/chat")
+        + rec(2, b"/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+        + rec(3, step(1, 0, req, b"HTTP/1.1 200 OK\r\n\r\n")) + rec(3, step(2, 0, tok, b"5\r\nhello\r\n")))
+open(sys.argv[1], "wb").write(data)
+PY
+run fuzz_conn_journal "$corpus"

@@ -60,15 +60,20 @@ int bind_listener(const ListenAddress& a) {
   } else {
     return -1;
   }
-  const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  const int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, 4096) != 0) {
+  // A supervisor killed with its keeper a moment ago may still hold the port
+  // while it dies: wait for that, briefly.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 && ::listen(fd, 4096) == 0) return fd;
+    const int err = errno;
     ::close(fd);
-    return -1;
+    if (err != EADDRINUSE || std::chrono::steady_clock::now() >= until) return -1;
+    ::usleep(20000);
   }
-  return fd;
 }
 
 class Keeper {
@@ -263,6 +268,8 @@ int Keeper::run() {
               "); running the supervisor without it");
     return -1;
   }
+  // Workers outlive a killed supervisor: they become the keeper's to reap.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   sigset_t mask;
   sigemptyset(&mask);
   for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&mask, s);
@@ -280,7 +287,13 @@ int Keeper::run() {
     signalfd_siginfo si;
     while (::read(sfd, &si, sizeof si) == ssize_t(sizeof si)) {
       if (si.ssi_signo != SIGCHLD) {
-        if (si.ssi_signo != SIGHUP) stopping = true;  // a stop, not a crash, ends the supervisor now
+        if (si.ssi_signo != SIGHUP && !stopping) {  // a stop, not a crash, ends the supervisor now
+          stopping = true;
+          // The port closes as the supervisor's own acceptor does: new
+          // connections are refused while it finishes the ones in flight.
+          if (listener_ >= 0) ::close(listener_);
+          listener_ = -1;
+        }
         if (child_ > 0) ::kill(child_, int(si.ssi_signo));
         continue;
       }

@@ -5,11 +5,13 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -34,9 +36,26 @@ struct ProcessBackend::Child {
   std::optional<uint64_t> cgroup_ooms_at_start;
   uint64_t vmstat_ooms_at_start = 0;
   std::unique_ptr<asio::steady_timer> kill_timer;
+  bool adopted = false;  // left running by a supervisor before this one: not our child
+  std::unique_ptr<asio::posix::stream_descriptor> pidfd;  // adopted: readable when it exits
 };
 
 namespace {
+
+// Field 22 of /proc/PID/stat: when the process started (clock ticks since
+// boot), which tells a recorded pid from a reused one. 0 when it is gone.
+uint64_t start_time_of(int pid) {
+  const std::string stat = read_whole_file("/proc/" + std::to_string(pid) + "/stat").value_or("");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream in(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && in >> field; ++i)
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  return 0;
+}
+
+std::string record_path(const std::string& dir, int id) { return dir + "/process-worker-" + std::to_string(id) + ".env"; }
 
 bool write_text(const std::string& path, const std::string& text) {
   std::ofstream f(path);
@@ -134,7 +153,8 @@ ProcessBackend::~ProcessBackend() {
   for (auto& [id, c] : children_) {
     if (c->pid > 0) {
       ::kill(c->pid, SIGKILL);
-      ::waitpid(c->pid, nullptr, 0);
+      if (!c->adopted) ::waitpid(c->pid, nullptr, 0);
+      if (opts_.keeper_pid > 0) ::unlink(record_path(opts_.runtime_dir, id).c_str());
     }
     if (!c->cgroup.empty()) ::rmdir(c->cgroup.c_str());
   }
@@ -201,6 +221,11 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   env.push_back("DS4_HOST_EXPERTS=" + std::to_string(spec.host_experts));
   env.push_back("DS4_HOLDER_EXPERTS=" + std::to_string(spec.holder_experts));
   env.push_back("DS4_SEGMENT_SOCKET=" + opts_.runtime_dir + "/segments.sock");
+  // Under a keeper the worker outlives us (a restarted supervisor adopts it)
+  // and dies with the keeper instead (ds4-worker watches that pid).
+  // (Exec engines die with us, as before: their servers are not adopted.)
+  const bool outlive = opts_.keeper_pid > 0 && spec.exec_command.empty();
+  if (outlive) env.push_back("DS4_WORKER_DIES_WITH=" + std::to_string(opts_.keeper_pid));
   // Everything the child needs is prepared before fork (only async-signal-safe calls after).
   std::vector<char*> argv, envp;
   for (auto& a : args) argv.push_back(a.data());
@@ -225,7 +250,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
     // reach it (the supervisor stops it); dies with the supervisor.
     ChildSignals::reset_in_child();
     ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (!outlive) ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent) ::_exit(127);
     if (procs_fd >= 0) {
       if (::write(procs_fd, "0", 1) != 1) ::_exit(126);
@@ -249,7 +274,119 @@ void ProcessBackend::start(const LaunchSpec& spec) {
                 (spec.host_experts ? ", the experts of " + std::to_string(spec.host_experts) + " layers on the host" : "") +
                 (c->cgroup.empty() ? "" : ", memory cgroup " + c->cgroup) + ")",
             {{"DS4_WORKER", std::to_string(spec.id)}, {"DS4_PID", std::to_string(pid)}});
+  if (outlive) record_start(*c);
   children_[spec.id] = std::move(c);
+}
+
+void ProcessBackend::record_start(const Child& c) const {
+  const LaunchSpec& s = c.spec;
+  write_text(record_path(opts_.runtime_dir, s.id),
+             "DS4_PID=" + std::to_string(c.pid) + "\nDS4_START_TIME=" + std::to_string(start_time_of(c.pid)) +
+                 "\nDS4_SEGMENT=" + s.segment + "\nDS4_CONTEXT=" + std::to_string(s.context) +
+                 "\nDS4_SOCKET=" + s.socket_path + "\nDS4_PORT=" + std::to_string(s.port) +
+                 "\nDS4_HOST_EXPERTS=" + std::to_string(s.host_experts) + "\nDS4_CGROUP=" + c.cgroup + "\n");
+}
+
+std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segment) {
+  std::vector<AdoptedWorker> out;
+  if (opts_.keeper_pid <= 0) return out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(opts_.runtime_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int id = -1;
+    if (std::sscanf(name.c_str(), "process-worker-%d.env", &id) != 1 || id < 0) continue;
+    const std::string env = read_whole_file(e.path().string()).value_or("");
+    auto value = [&](const std::string& key) {
+      const auto p = env.find(key + "=");
+      if (p == std::string::npos) return std::string();
+      return env.substr(p + key.size() + 1, env.find('\n', p) - p - key.size() - 1);
+    };
+    const int pid = std::atoi(value("DS4_PID").c_str());
+    const uint64_t started = std::strtoull(value("DS4_START_TIME").c_str(), nullptr, 10);
+    if (pid <= 0 || started == 0 || start_time_of(pid) != started) {  // gone (or the pid is another's now)
+      ::unlink(e.path().c_str());
+      continue;
+    }
+    if (value("DS4_SEGMENT") != segment || children_.count(id)) {
+      log::info("worker " + std::to_string(id) + " (pid " + std::to_string(pid) + ") runs another model segment (" +
+                value("DS4_SEGMENT") + "); stopping it");
+      ::kill(pid, SIGTERM);
+      ::unlink(e.path().c_str());
+      continue;
+    }
+    auto c = std::make_unique<Child>();
+    c->adopted = true;
+    c->pid = pid;
+    c->ready = true;
+    c->spec.id = id;
+    c->spec.segment = segment;
+    c->spec.context = uint32_t(std::atoi(value("DS4_CONTEXT").c_str()));
+    c->spec.socket_path = value("DS4_SOCKET");
+    c->spec.port = std::atoi(value("DS4_PORT").c_str());
+    c->spec.host_experts = uint32_t(std::atoi(value("DS4_HOST_EXPERTS").c_str()));
+    c->cgroup = value("DS4_CGROUP");
+    c->cgroup_ooms_at_start = oom_kills_in(c->cgroup);
+    c->vmstat_ooms_at_start = read_vmstat_oom_kills();
+    AdoptedWorker a;
+    a.id = id;
+    a.pid = pid;
+    a.context = c->spec.context;
+    a.socket_path = c->spec.socket_path;
+    a.port = c->spec.port;
+    a.host_experts = c->spec.host_experts;
+    children_[id] = std::move(c);
+    watch_adopted(id);
+    out.push_back(a);
+  }
+  return out;
+}
+
+// An adopted worker is the keeper's child, not ours: its end comes as its
+// pidfd turning readable, without an exit status.
+void ProcessBackend::watch_adopted(int id) {
+  Child& c = *children_.at(id);
+  const int fd = int(::syscall(SYS_pidfd_open, c.pid, 0));
+  if (fd < 0) {  // already gone
+    asio::post(io_, [this, id] { on_adopted_exit(id); });
+    return;
+  }
+  c.pidfd = std::make_unique<asio::posix::stream_descriptor>(io_, fd);
+  c.pidfd->async_wait(asio::posix::stream_descriptor::wait_read, [this, id](boost::system::error_code ec) {
+    if (!ec) on_adopted_exit(id);
+  });
+}
+
+void ProcessBackend::on_adopted_exit(int id) {
+  auto it = children_.find(id);
+  if (it == children_.end() || !it->second->adopted || it->second->pid <= 0) return;
+  Child& c = *it->second;
+  ExitKind kind = ExitKind::killed;
+  std::string msg = "exited (an adopted process: its status went to the keeper)";
+  const auto now_ooms = oom_kills_in(c.cgroup);
+  const bool oom = c.cgroup_ooms_at_start && now_ooms ? *now_ooms > *c.cgroup_ooms_at_start
+                                                      : read_vmstat_oom_kills() > c.vmstat_ooms_at_start;
+  if (c.killed_by_us || c.stop_requested) {
+    kind = ExitKind::clean;
+  } else if (oom) {
+    kind = ExitKind::oom;
+    msg = "OOM-killed" + std::string(c.cgroup.empty() ? "" : " in " + c.cgroup);
+  }
+  gone(id, c, kind, msg);
+  if (cb_.exited) cb_.exited(id, kind, msg);
+}
+
+void ProcessBackend::gone(int id, Child& c, ExitKind kind, std::string msg) {
+  log::info("worker " + std::to_string(id) + " (pid " + std::to_string(c.pid) + ") exited: " + exit_kind_name(kind) +
+                (msg.empty() ? "" : ", " + msg),
+            {{"DS4_WORKER", std::to_string(id)}, {"DS4_EXIT", exit_kind_name(kind)}});
+  if (opts_.keeper_pid > 0) {
+    // Only this run's record: a worker started since has its own.
+    const std::string env = read_whole_file(record_path(opts_.runtime_dir, id)).value_or("");
+    if (env.starts_with("DS4_PID=" + std::to_string(c.pid) + "\n")) ::unlink(record_path(opts_.runtime_dir, id).c_str());
+  }
+  c.pid = 0;
+  c.pidfd.reset();
+  if (c.kill_timer) c.kill_timer->cancel();
 }
 
 void ProcessBackend::stop(int id) {
@@ -330,9 +467,9 @@ void ProcessBackend::do_wait_signal() {
 }
 
 void ProcessBackend::reap() {
-  std::vector<std::pair<int, std::pair<ExitKind, std::string>>> gone;
+  std::vector<std::pair<int, std::pair<ExitKind, std::string>>> ended;
   for (auto& [id, c] : children_) {
-    if (c->pid <= 0) continue;
+    if (c->pid <= 0 || c->adopted) continue;
     int st = 0;
     if (::waitpid(c->pid, &st, WNOHANG) != c->pid) continue;
     ExitKind kind = ExitKind::crash;
@@ -363,14 +500,10 @@ void ProcessBackend::reap() {
       }
     }
     if (c->status.rfind("error: ", 0) == 0) msg = c->status.substr(7) + (msg.empty() ? "" : " (" + msg + ")");
-    log::info("worker " + std::to_string(id) + " (pid " + std::to_string(c->pid) + ") exited: " +
-                  exit_kind_name(kind) + (msg.empty() ? "" : ", " + msg),
-              {{"DS4_WORKER", std::to_string(id)}, {"DS4_EXIT", exit_kind_name(kind)}});
-    c->pid = 0;
-    if (c->kill_timer) c->kill_timer->cancel();
-    gone.push_back({id, {kind, msg}});
+    gone(id, *c, kind, msg);
+    ended.push_back({id, {kind, msg}});
   }
-  for (auto& [id, km] : gone)
+  for (auto& [id, km] : ended)
     if (cb_.exited) cb_.exited(id, km.first, km.second);
 }
 

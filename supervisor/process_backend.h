@@ -29,6 +29,11 @@ struct ProcessBackendOptions {
   std::string cgroup_parent;
   /// SIGKILL a worker that has not exited this long after SIGTERM.
   Duration stop_timeout = std::chrono::seconds(15);
+  /// The supervisor's keeper (keeper.h), 0 when none. With one, workers
+  /// outlive the supervisor (they die with the keeper instead) and a
+  /// restarted supervisor adopts them: each start is recorded in
+  /// runtime_dir/process-worker-N.env (pid, start time, what it serves).
+  int keeper_pid = 0;
 };
 
 class ProcessBackend : public UnitBackend {
@@ -43,6 +48,8 @@ class ProcessBackend : public UnitBackend {
   void stop(int id) override;
   void kill(int id) override;
   std::string unit_name(int id) const override { return "process"; }
+  /// Under a keeper: the workers a killed supervisor left running.
+  std::vector<AdoptedWorker> find_running(const std::string& segment) override;
 
   /// Where memory_max lands for worker `id` ("" when not enforced) and why not.
   std::string cgroup_of(int id) const;
@@ -54,6 +61,10 @@ class ProcessBackend : public UnitBackend {
   void on_notify_datagram(int pid, const std::string& text);
   void do_wait_signal();
   void reap();
+  void record_start(const Child& c) const;
+  void watch_adopted(int id);
+  void on_adopted_exit(int id);
+  void gone(int id, Child& c, ExitKind kind, std::string msg);
   std::string prepare_cgroup(int id, Bytes memory_max);
   std::optional<uint64_t> oom_kills_in(const std::string& cgroup) const;
 

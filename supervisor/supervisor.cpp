@@ -311,6 +311,7 @@ void Supervisor::start_backend() {
   po.worker_binary = worker;
   po.runtime_dir = runtime_dir_;
   if (const char* cg = std::getenv("DS4_WORKER_CGROUP_PARENT")) po.cgroup_parent = cg;
+  if (under_keeper()) po.keeper_pid = int(::getppid());  // workers outlive us; the next run adopts them
   auto pb = std::make_unique<ProcessBackend>(io_, po);
   if (config_.workers.memory_max > 0 && !pb->cgroup_note().empty())
     log::warn("workers.memory_max is not enforced for child processes: " + pb->cgroup_note());

@@ -1,10 +1,14 @@
 #include "worker/server.h"
 
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <functional>
+#include <optional>
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
 
 #include <boost/asio.hpp>
@@ -360,11 +364,11 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
 
   asio::signal_set signals(io, SIGTERM, SIGINT);
   asio::steady_timer grace(io);
-  signals.async_wait([&](boost::system::error_code ec, int sig) {
-    if (ec) return;
+  std::function<void(const std::string&)> stop = [&](const std::string& why) {
+    if (st.stopping) return;
     sd_notify(0, "STOPPING=1");
     if (record) record->set_state(control::RecordState::stopping);
-    log::info("stopping on signal " + std::to_string(sig), {{"DS4_WORKER", std::to_string(opts.id)}});
+    log::info("stopping " + why, {{"DS4_WORKER", std::to_string(opts.id)}});
     st.stopping = true;
     boost::system::error_code ignored;
     acc.close(ignored);
@@ -373,7 +377,22 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
     // Let the cancellations reach their clients, then stop.
     grace.expires_after(std::chrono::milliseconds(200));
     grace.async_wait([&](boost::system::error_code) { io.stop(); });
+  };
+  signals.async_wait([&](boost::system::error_code ec, int sig) {
+    if (!ec) stop("on signal " + std::to_string(sig));
   });
+  // A process-backend worker under the supervisor's keeper outlives the
+  // supervisor (the next one adopts it) and ends with the keeper.
+  std::optional<asio::posix::stream_descriptor> keeper;
+  if (const char* k = std::getenv("DS4_WORKER_DIES_WITH"); k && std::atoi(k) > 0) {
+    const std::string gone = "as the supervisor's keeper (pid " + std::string(k) + ") is gone";
+    const int fd = int(::syscall(SYS_pidfd_open, std::atoi(k), 0));
+    if (fd < 0) throw Error("the supervisor's keeper (pid " + std::string(k) + ") is gone");
+    keeper.emplace(io, fd);
+    keeper->async_wait(asio::posix::stream_descriptor::wait_read, [&stop, gone](boost::system::error_code ec) {
+      if (!ec) stop(gone);
+    });
+  }
 
   const std::string status = "serving " + (hp.name.empty() ? lm.segment.name() : hp.name) + ": context " +
                              std::to_string(opts.shape.ctx) + " x " + std::to_string(opts.shape.slots) +

@@ -18,7 +18,7 @@
 #include "supervisor/proxy/response_store.h"
 #include "supervisor/proxy/router.h"
 #include "supervisor/proxy/scheduler.h"
-#include "supervisor/proxy/session_journal.h"
+#include "supervisor/proxy/conn_store.h"
 
 namespace ds4::proxy {
 

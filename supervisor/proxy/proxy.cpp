@@ -138,6 +138,9 @@ void Proxy::start_inherited(int fd) {
                 ") is not a TCP socket: ListenStream= of ds4-supervisor.socket must be an address and port");
   const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
   if (own < 0) throw Error(std::string("cannot duplicate the listening socket systemd passed: ") + std::strerror(errno));
+  // The service manager (or the keeper) holds its own copy: ours closes with
+  // the acceptor, so a stop closes the port here.
+  ::close(fd);
   boost::system::error_code ec;
   c.acceptor.assign(ss.ss_family == AF_INET ? tcp::v4() : tcp::v6(), own, ec);
   if (ec) {

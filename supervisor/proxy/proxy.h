@@ -21,7 +21,7 @@
 
 #include "shared/config.h"
 #include "supervisor/proxy/model_text.h"
-#include "supervisor/proxy/session_journal.h"
+#include "supervisor/proxy/conn_store.h"
 #include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {

@@ -29,17 +29,11 @@
 #include "supervisor/proxy/engine_anthropic.h"
 #include "supervisor/proxy/engine_call.h"
 #include "supervisor/proxy/engine_resume.h"
+#include "supervisor/proxy/job_result.h"
 #include "supervisor/proxy/worker_call.h"
 #include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {
-
-struct JobResult {
-  bool ok = true;
-  std::string reason;     // ok: "stop" (end of turn, or the sink stopped it) or "length"
-  proto::Timings timings; // summed over every worker that worked on it
-  ApiError error;         // !ok
-};
 
 /// The request's owner (an HTTP exchange) hears about its job here.
 class JobSink {

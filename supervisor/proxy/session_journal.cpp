@@ -1,8 +1,5 @@
 #include "supervisor/proxy/session_journal.h"
 
-#include <systemd/sd-daemon.h>
-
-#include <charconv>
 #include <cstring>
 
 #include "supervisor/proxy/json_util.h"
@@ -22,8 +19,6 @@ bool take(std::string_view& s, T& v) {
   s.remove_prefix(sizeof v);
   return true;
 }
-
-constexpr std::string_view kConnPrefix = "ds4-conn-";
 
 }  // namespace
 
@@ -98,31 +93,6 @@ std::optional<JobResult> decode_result(std::string_view s) {
   } catch (const json::exception&) {
     return std::nullopt;
   }
-}
-
-std::string ConnStore::add(int socket, int journal) {
-  if (stored_ >= capacity_) return {};
-  const std::string name = std::string(kConnPrefix) + std::to_string(next_++);
-  const std::string msg = "FDSTORE=1\nFDNAME=" + name;
-  const int fds[2] = {socket, journal};
-  if (sd_pid_notify_with_fds(0, 0, msg.c_str(), fds, 2) <= 0) return {};
-  ++stored_;
-  return name;
-}
-
-void ConnStore::remove(const std::string& name) {
-  if (name.empty()) return;
-  sd_notify(0, ("FDSTOREREMOVE=1\nFDNAME=" + name).c_str());
-  if (stored_ > 0) --stored_;
-}
-
-std::optional<uint64_t> stored_connection_number(std::string_view name) {
-  if (!name.starts_with(kConnPrefix)) return std::nullopt;
-  name.remove_prefix(kConnPrefix.size());
-  uint64_t n = 0;
-  const auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), n);
-  if (ec != std::errc() || p != name.data() + name.size() || name.empty()) return std::nullopt;
-  return n;
 }
 
 }  // namespace ds4::proxy

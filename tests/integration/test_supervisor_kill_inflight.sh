@@ -13,7 +13,9 @@
 # connections in the fd store (FileDescriptorStoreMax=4, the segments' only)
 # must lose requests: what the journal is for. Then the same 1200 requests
 # and 3 kills with the process backend, the supervisor started by hand: its
-# keeper (supervisor/keeper.h) is the fd store and restarts it.
+# keeper (supervisor/keeper.h) is the fd store and restarts it, and the
+# worker outlives each supervisor and is adopted; a SIGKILL of the keeper
+# itself ends the worker.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -141,6 +143,7 @@ timeout 30 systemctl --user stop ds4-supervisor.service ds4-supervisor.socket
 sed -e 's/backend: systemd/backend: process/' "$HOME/.config/ds4/ds4.yaml" >"$SUP_DIR/process.yaml"
 sup_start "$SUP_DIR/process.yaml" || fail "the supervisor (process backend, by hand) did not start"
 sup_wait 30 'w[0]["state"] == "ready"' || fail "process backend: worker not ready"
+wpid=$(sup_get 'w[0]["pid"]')
 echo 0 >"$SUP_DIR/faults"
 : >"$SUP_DIR/faults.log"
 cat >"$SUP_DIR/fault_process.sh" <<EOS
@@ -171,6 +174,22 @@ restarts=$(grep -c 'DS4_EVENT=supervisor_restart,' "$SUP_DIR/sup.log")
 [[ $restarts == 3 ]] && pass "the keeper started the supervisor again 3 times" || fail "keeper restarts: $restarts"
 grep -q 'connection_lost' "$SUP_DIR/sup.log" && fail "process backend: connections lost: $(grep 'connection_lost' "$SUP_DIR/sup.log" | head -3)" \
   || pass "process backend: no connection was lost"
+sup_wait 30 'w[0]["state"] == "ready"' || fail "process backend: worker not ready after the last restart"
+[[ $(sup_get 'w[0]["pid"]') == "$wpid" ]] && pass "process backend: the worker outlived each supervisor and was adopted (pid $wpid)" \
+  || fail "process backend: the worker was replaced: pid $(sup_get 'w[0]["pid"]'), was $wpid"
 sup_stop
 [[ ${SUP_RC:-1} == 0 ]] && pass "process backend: SIGTERM to the keeper is a clean stop (exit 0)" || fail "process backend: exit ${SUP_RC:-?}"
+kill -0 "$wpid" 2>/dev/null && fail "process backend: worker $wpid still runs after the stop" || pass "process backend: the stop ended the worker"
+# The keeper's own SIGKILL ends everything: its supervisor (PDEATHSIG) and the workers (they watch its pid).
+sup_start "$SUP_DIR/process.yaml" || fail "the supervisor (process backend) did not start again"
+if sup_wait 30 'w[0]["state"] == "ready"'; then
+  wpid=$(sup_get 'w[0]["pid"]')
+  kill -KILL "$SUP_PID"
+  wait "$SUP_PID" 2>/dev/null
+  SUP_PID=
+  gone() { ! kill -0 "$wpid" 2>/dev/null; }
+  ds4_wait_until 10 gone && pass "SIGKILL of the keeper: its worker $wpid ended too" || fail "worker $wpid outlived the keeper"
+else
+  fail "process backend: worker not ready at the second start"
+fi
 sup_finish

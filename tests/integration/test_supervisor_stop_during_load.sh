@@ -38,8 +38,9 @@ headroom:
 YAML
 
 # signal_mid_load SIG: waits (at most 60 s) until the supervisor $SUP_PID
-# copies tensors into a segment it created (its header: state loading,
-# loader_pid $SUP_PID, 0 < bytes_done < 90% of the segment), then sends it
+# (or the supervisor its keeper runs) copies tensors into a segment it
+# created (its header: state loading, loader_pid, 0 < bytes_done < 90% of the
+# segment), then sends $SUP_PID
 # SIG and prints that segment's name (how far it got goes to stderr). Fails
 # when the load got past that first.
 signal_mid_load() {
@@ -59,7 +60,12 @@ while time.monotonic() < deadline:
         # SegmentHeader (shared/model_store.h): magic, layout_version, state,
         # total_bytes, loader_pid, bytes_done.
         _, state, total, loader, done = struct.unpack_from("<IIQqQ", head, 8)
-        if loader != pid:
+        # The supervisor loads, or (started by hand) its child under the keeper.
+        try:
+            parent = int(open("/proc/%d/stat" % loader).read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            parent = 0
+        if loader != pid and parent != pid:
             continue
         if state != 0 or done >= total * 9 // 10:
             sys.exit("the load got to %d of %d bytes (state %d) before it could be signalled" % (done, total, state))

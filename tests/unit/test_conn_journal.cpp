@@ -9,6 +9,7 @@
 #include <string>
 
 #include "supervisor/proxy/conn_journal.h"
+#include "supervisor/proxy/conn_store.h"
 #include "supervisor/proxy/session_journal.h"
 #include "supervisor/proxy/tcp_bytes.h"
 
