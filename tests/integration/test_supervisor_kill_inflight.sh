@@ -3,7 +3,7 @@
 # under a real user manager (lib/systemd_env.sh): ds4-supervisor.socket holds
 # the port, each client connection and its journal sit in the service's fd
 # store. 8 clients through the official SDKs (proxy_load.mjs: greedy, half of
-# them streamed, chat, Anthropic messages and completions) run 1200 requests
+# them streamed, chat, Anthropic messages and completions) run 2000 requests
 # undisturbed, then again while the supervisor is SIGKILLed three times. Every
 # answer must equal the undisturbed one (streams token by token: no gap, no
 # repeat) and none may fail; the restarted supervisor takes the connections
@@ -11,7 +11,7 @@
 # (DS4_EVENT=connection_lost) and adopts the running worker. Prints the
 # largest pause a streaming client saw. Last, the same kills with no room for
 # connections in the fd store (FileDescriptorStoreMax=4, the segments' only)
-# must lose requests: what the journal is for. Then the same 1200 requests
+# must lose requests: what the journal is for. Then the same 2000 requests
 # and 3 kills with the process backend, the supervisor started by hand: its
 # keeper (supervisor/keeper.h) is the fd store and restarts it, and the
 # worker outlives each supervisor and is adopted; a SIGKILL of the keeper
@@ -76,7 +76,7 @@ wpid=$(sup_get 'w[0]["pid"]')
 
 cd "$DS4_SRC/tests/js" || exit 1
 echo "undisturbed run:"
-timeout 300 node proxy_load.mjs --base "$url" --requests 1200 --concurrency 8 --max-tokens 48 --out "$SUP_DIR/ref.json" ||
+timeout 300 node proxy_load.mjs --base "$url" --requests 2000 --concurrency 8 --max-tokens 48 --out "$SUP_DIR/ref.json" ||
   { fail "the undisturbed run"; sup_finish; }
 
 # Each fault: once the supervisor serves again (active, the worker ready),
@@ -98,9 +98,9 @@ kill -9 "\$pid"
 EOS
 chmod +x "$SUP_DIR/fault.sh"
 echo "run with 3 SIGKILLs of the supervisor:"
-if timeout 400 node proxy_load.mjs --base "$url" --requests 1200 --concurrency 8 --max-tokens 48 \
+if timeout 400 node proxy_load.mjs --base "$url" --requests 2000 --concurrency 8 --max-tokens 48 \
      --reference "$SUP_DIR/ref.json" --fault-cmd "$SUP_DIR/fault.sh" --faults 3 | tee "$SUP_DIR/summary"; then
-  pass "0 failed of 1200, every answer identical to the undisturbed run's"
+  pass "0 failed of 2000, every answer identical to the undisturbed run's"
 else
   fail "requests lost or changed by the supervisor's SIGKILLs"
 fi
@@ -132,10 +132,10 @@ timeout 60 systemctl --user restart ds4-supervisor.service || fail "restart with
 sup_wait 30 'w[0]["state"] == "ready"' || fail "worker not ready with FileDescriptorStoreMax=4"
 echo 0 >"$SUP_DIR/faults"
 : >"$SUP_DIR/faults.log"
-timeout 400 node proxy_load.mjs --base "$url" --requests 1200 --concurrency 8 --max-tokens 48 \
+timeout 400 node proxy_load.mjs --base "$url" --requests 2000 --concurrency 8 --max-tokens 48 \
   --reference "$SUP_DIR/ref.json" --fault-cmd "$SUP_DIR/fault.sh" --faults 3 >"$SUP_DIR/summary_small"
 failed=$(head -1 "$SUP_DIR/summary_small" | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["failed"])')
-((failed > 0)) && pass "without room in the fd store, the same 3 kills failed $failed of 1200 requests (what the journal prevents)" \
+((failed > 0)) && pass "without room in the fd store, the same 3 kills failed $failed of 2000 requests (what the journal prevents)" \
   || fail "without room in the fd store nothing failed: the check above proves nothing ($(cat "$SUP_DIR/summary_small"))"
 timeout 30 systemctl --user stop ds4-supervisor.service ds4-supervisor.socket
 
@@ -161,9 +161,9 @@ kill -9 "\$pid"
 EOS
 chmod +x "$SUP_DIR/fault_process.sh"
 echo "process backend, run with 3 SIGKILLs of the supervisor:"
-if timeout 400 node proxy_load.mjs --base "$url" --requests 1200 --concurrency 8 --max-tokens 48 \
+if timeout 400 node proxy_load.mjs --base "$url" --requests 2000 --concurrency 8 --max-tokens 48 \
      --reference "$SUP_DIR/ref.json" --fault-cmd "$SUP_DIR/fault_process.sh" --faults 3 | tee "$SUP_DIR/summary_process"; then
-  pass "process backend: 0 failed of 1200, every answer identical to the undisturbed run's"
+  pass "process backend: 0 failed of 2000, every answer identical to the undisturbed run's"
 else
   fail "process backend: requests lost or changed by the supervisor's SIGKILLs"
 fi
