@@ -494,55 +494,27 @@ void read_listen(Reader& r, const Entry& e, ListenAddress& out) {
                         *text + "'");
 }
 
-void read_ladder(Reader& r, const Entry& e, std::vector<std::uint32_t>& out) {
-  if (!e.value || e.value.IsNull()) return;
-  if (!e.value.IsSequence()) {
-    r.error(e.mark, e.path + ": expected a list of context sizes like [8192, 4096, 2048], got " + describe(e.value));
-    return;
-  }
-  if (e.value.size() == 0) {
-    r.error(e.mark, e.path + ": the ladder is empty; give at least one context size");
-    return;
-  }
-  std::vector<std::uint32_t> ladder;
-  bool ok = true;
-  for (std::size_t i = 0; i < e.value.size(); ++i) {
-    const YAML::Node& item = e.value[i];
-    const std::string where = e.path + "[" + std::to_string(i) + "]";
-    Entry rung{e.key, item, where, item.Mark().is_null() ? e.mark : item.Mark()};
-    std::int64_t v = -1;
-    const std::size_t before = r.errors.size();
-    r.integer(rung, v, std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
-    if (r.errors.size() != before || !item.IsScalar()) {
-      if (item.IsNull()) r.error(rung.mark, where + ": expected a context size, got nothing");
-      ok = false;
-      continue;
-    }
-    if (v < kMinContext || v > kMaxContext) {
-      r.error(rung.mark, where + ": context size " + std::to_string(v) + " must be between " + std::to_string(kMinContext) +
-                             " and " + std::to_string(kMaxContext) + " tokens");
-      ok = false;
-      continue;
-    }
-    if (!ladder.empty() && static_cast<std::uint32_t>(v) >= ladder.back()) {
-      r.error(rung.mark, where + ": " + std::to_string(v) + " is not smaller than the rung before it (" +
-                             std::to_string(ladder.back()) + "); the ladder goes from the largest context down");
-      ok = false;
-    }
-    ladder.push_back(static_cast<std::uint32_t>(v));
-  }
-  if (ok) out = std::move(ladder);
-}
+// A list of rungs (workers.context.ladder, workers.moe_offload): whole
+// numbers in range, each further than the one before in one direction; each
+// wrong one an error at its own line:column, and the list kept only whole.
+struct RungList {
+  std::string expected;    // "a list of context sizes like [8192, 4096, 2048]"
+  std::string empty;       // what to give when it is empty
+  std::string item;        // "a context size"
+  std::int64_t lo, hi;     // the range …
+  bool own_range_message;  // … said in the list's words (else the reader's)
+  bool descending;
+  std::string order;       // why each rung must pass the one before it
+};
 
-void read_moe_offload(Reader& r, const Entry& e, std::vector<std::uint32_t>& out) {
+void read_rungs(Reader& r, const Entry& e, const RungList& spec, std::vector<std::uint32_t>& out) {
   if (!e.value || e.value.IsNull()) return;
   if (!e.value.IsSequence()) {
-    r.error(e.mark, e.path + ": expected a list of layer counts like [0, 4, 8] (the first layers whose experts stay on "
-                             "the host, one rung each), got " + describe(e.value));
+    r.error(e.mark, e.path + ": expected " + spec.expected + ", got " + describe(e.value));
     return;
   }
   if (e.value.size() == 0) {
-    r.error(e.mark, e.path + ": the list is empty; give at least one rung ([0]: every expert on the GPU)");
+    r.error(e.mark, e.path + ": " + spec.empty);
     return;
   }
   std::vector<std::uint32_t> rungs;
@@ -553,20 +525,45 @@ void read_moe_offload(Reader& r, const Entry& e, std::vector<std::uint32_t>& out
     Entry rung{e.key, item, where, item.Mark().is_null() ? e.mark : item.Mark()};
     std::int64_t v = -1;
     const std::size_t before = r.errors.size();
-    r.integer(rung, v, 0, 65535);
+    if (spec.own_range_message)
+      r.integer(rung, v, std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
+    else
+      r.integer(rung, v, spec.lo, spec.hi);
     if (r.errors.size() != before || !item.IsScalar()) {
-      if (item.IsNull()) r.error(rung.mark, where + ": expected a number of layers, got nothing");
+      if (item.IsNull()) r.error(rung.mark, where + ": expected " + spec.item + ", got nothing");
       ok = false;
       continue;
     }
-    if (!rungs.empty() && static_cast<std::uint32_t>(v) <= rungs.back()) {
-      r.error(rung.mark, where + ": " + std::to_string(v) + " is not larger than the rung before it (" +
-                             std::to_string(rungs.back()) + "); each rung keeps more layers' experts on the host");
+    if (spec.own_range_message && (v < spec.lo || v > spec.hi)) {
+      r.error(rung.mark, where + ": " + spec.item.substr(2) + " " + std::to_string(v) + " must be between " +
+                             std::to_string(spec.lo) + " and " + std::to_string(spec.hi) + " tokens");
+      ok = false;
+      continue;
+    }
+    const std::uint32_t u = static_cast<std::uint32_t>(v);
+    if (!rungs.empty() && (spec.descending ? u >= rungs.back() : u <= rungs.back())) {
+      r.error(rung.mark, where + ": " + std::to_string(v) + " is not " + (spec.descending ? "smaller" : "larger") +
+                             " than the rung before it (" + std::to_string(rungs.back()) + "); " + spec.order);
       ok = false;
     }
-    rungs.push_back(static_cast<std::uint32_t>(v));
+    rungs.push_back(u);
   }
   if (ok) out = std::move(rungs);
+}
+
+void read_ladder(Reader& r, const Entry& e, std::vector<std::uint32_t>& out) {
+  read_rungs(r, e,
+             {"a list of context sizes like [8192, 4096, 2048]", "the ladder is empty; give at least one context size",
+              "a context size", kMinContext, kMaxContext, true, true, "the ladder goes from the largest context down"},
+             out);
+}
+
+void read_moe_offload(Reader& r, const Entry& e, std::vector<std::uint32_t>& out) {
+  read_rungs(r, e,
+             {"a list of layer counts like [0, 4, 8] (the first layers whose experts stay on the host, one rung each)",
+              "the list is empty; give at least one rung ([0]: every expert on the GPU)", "a number of layers", 0,
+              65535, false, false, "each rung keeps more layers' experts on the host"},
+             out);
 }
 
 void read_document(Reader& r, const YAML::Node& root, Config& c) {
