@@ -113,8 +113,11 @@ uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& s) {
 }
 
 uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const WeightsSummary& w) {
-  // A mixture of experts' routes (worker/moe_routes.h's words) on the device.
-  const uint64_t routes = hp.moe() ? uint64_t(4 * s.max_batch * hp.n_expert_used + hp.n_expert + 1) * 4 : 0;
+  // A mixture of experts' routes and a prefill's expert jobs (worker/moe_routes.h's
+  // words and job_words) on the device.
+  const int64_t pairs = int64_t(s.max_batch) * hp.n_expert_used;
+  const uint64_t routes =
+      hp.moe() ? uint64_t(4 * pairs + hp.n_expert + 1 + 3 * ((pairs + 7) / 8 + hp.n_expert)) * 4 : 0;
   const uint64_t tables = hp.moe() ? uint64_t(hp.n_layers * 3 * hp.n_expert) * kCudaDeviceWeightBytes : 0;
   return uint64_t(cuda_scratch_layout(hp, s).total) * 4 + cuda_act16_bytes(hp, s) + w.largest_q8_elems * 2 +
          kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes + routes + tables;

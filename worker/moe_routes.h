@@ -20,6 +20,9 @@ struct ExpertRoutes {
   float* weight_of = nullptr;   // T x K: each row's weight
   /// Words (4 bytes) the arrays take for T tokens: 4 x T x K + E + 1.
   static int64_t words(int64_t T, int64_t K, int64_t E) { return 4 * T * K + E + 1; }
+  /// Words a batch's expert jobs take (three each: expert, first row, rows
+  /// up to 8): at most one a part-filled group of each expert, one per 8 rows else.
+  static int64_t job_words(int64_t T, int64_t K, int64_t E) { return 3 * ((T * K + 7) / 8 + E); }
   /// Carves the arrays from `words` (at least words(T, K, E) of them).
   static ExpertRoutes in(void* words, int64_t T, int64_t K, int64_t E) {
     ExpertRoutes r;

@@ -18,6 +18,7 @@
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
+. "$here/lib/gpu_env.sh"
 
 model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
@@ -27,54 +28,7 @@ if "$DS4_BIN/ds4-worker" hold --segment none 2>&1 | grep -q 'built without the C
   echo "SKIP: this ds4-worker was built without the CUDA backend"; exit 77
 fi
 trap sup_cleanup EXIT
-# One greedy /v1/completions request (python: the GPU machine may lack curl);
-# prints the body and the HTTP status on the last line.
-complete() {
-  python3 - "$1/v1/completions" "$model_name" <<'PY'
-import json, sys, urllib.request, urllib.error
-req = urllib.request.Request(sys.argv[1], json.dumps({"model": sys.argv[2], "prompt": "Once upon a time",
-                             "max_tokens": 24, "temperature": 0}).encode(), {"content-type": "application/json"})
-try:
-    with urllib.request.urlopen(req, timeout=60) as r:
-        body = json.loads(r.read())
-        print(body["choices"][0]["text"]); print(r.status)
-except urllib.error.HTTPError as e:
-    print(e.read().decode(errors="replace")); print(e.code)
-PY
-}
 unset DBUS_SESSION_BUS_ADDRESS
-# Another process (PyTorch) takes the GPU's free memory but $2 bytes, or with
-# $2 = all every MiB it can get, and holds it for 5 minutes; it writes what it
-# took to $1 once it has it. $HOG is its pid; false when it did not get there.
-gpu_take() {
-  local out=$1
-  rm -f "$out"
-  python3 - "$out" "$2" <<'PY' &
-import sys, time, torch
-out, leave = sys.argv[1], sys.argv[2]
-free = torch.cuda.mem_get_info()[0]
-if leave == "all":
-    blocks, size = [], free
-    while size >= 2**20:
-        try:
-            blocks.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-        except RuntimeError:
-            size //= 2
-    left = torch.cuda.mem_get_info()[0]
-    open(out, "w").write(f"{sum(b.numel() for b in blocks) >> 20} MiB more, {left >> 10} KiB left")
-else:
-    hog = torch.empty(max(free - int(leave), 0), dtype=torch.uint8, device="cuda")
-    open(out, "w").write(f"{hog.numel() >> 20} MiB")
-time.sleep(300)
-PY
-  HOG=$!
-  for _ in $(seq 1 600); do
-    [[ -s $out ]] && return 0
-    kill -0 $HOG 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
 
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
@@ -115,7 +69,7 @@ grep -q 'weights mapped from the holder' "$SUP_DIR/sup.log" && pass "the worker 
   || fail "no worker on the holder's weights in the log: $(grep -i 'weights\|cuda' "$SUP_DIR/sup.log" | tail -5)"
 url=$(sup_proxy_url)
 model_name=$(sup_get 's["model"]["name"]')
-before=$(complete "$url")
+before=$(gpu_complete "$url" "$model_name")
 [[ ${before##*$'\n'} == 200 ]] && pass "served on the GPU" || fail "request: $before"
 
 old=$(sup_get 'w[0]["pid"]')
@@ -130,7 +84,7 @@ else
 fi
 (($(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log") > holders)) && pass "the restarted worker mapped the holder's weights again" \
   || fail "the restarted worker did not use the holder"
-after=$(complete "$url")
+after=$(gpu_complete "$url" "$model_name")
 [[ $after == "$before" ]] && pass "same greedy answer after the restart" || fail "answers differ: $before vs $after"
 
 hpid=$(sup_get 's["holder"]["pid"]')
@@ -143,7 +97,7 @@ if sup_wait 60 's["holder"]["state"] == "ready" and s["holder"]["pid"] not in (N
 else
   fail "holder not restarted: $(sup_get 's["holder"]')"
 fi
-again=$(complete "$url")
+again=$(gpu_complete "$url" "$model_name")
 [[ $again == "$before" ]] && pass "the worker kept serving through the holder's restart" || fail "after the holder's restart: $again"
 
 # Another process takes all but 1.5 GiB of the GPU's memory: below min_available
@@ -161,7 +115,7 @@ import json, sys
 print(next((e["reason"] for e in json.load(sys.stdin)["events"] if e["event"] == "downgrade"), ""))')
     [[ $why == *"free on the GPU < min_available"* ]] && pass "the decision says why: $why" \
       || fail "downgrade reason: '$why'"
-    [[ $(complete "$url") == *$'\n'200 ]] && pass "served at the lower rung" || fail "no answer at the lower rung"
+    [[ $(gpu_complete "$url" "$model_name") == *$'\n'200 ]] && pass "served at the lower rung" || fail "no answer at the lower rung"
     kill $hog; wait $hog 2>/dev/null
     if sup_wait 60 'w[0]["context"] == 512 and w[0]["state"] == "ready"'; then
       pass "GPU memory back: one rung up again, ready at 512"
@@ -187,7 +141,7 @@ else
 fi
 grep -q 'weights: host-mapped), socket' "$SUP_DIR/sup.log" && pass "the new worker reads the weights in place" \
   || fail "no worker on host-mapped weights in the log: $(grep -i 'serving' "$SUP_DIR/sup.log" | tail -2)"
-[[ $(complete "$url") == "$before" ]] && pass "same greedy answer from host-mapped weights" || fail "host-mapped answer differs"
+[[ $(gpu_complete "$url" "$model_name") == "$before" ]] && pass "same greedy answer from host-mapped weights" || fail "host-mapped answer differs"
 pid=$(sup_get 'w[0]["pid"]')
 holders=$(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log")
 sed -i 's/^  weights: host-mapped$/  weights: device/' "$SUP_DIR/ds4.yaml"
@@ -228,7 +182,7 @@ else
 fi
 (($(grep -c 'weights mapped from the holder' "$SUP_DIR/sup.log") > holders)) && pass "the worker maps the memfd holder's weights" \
   || fail "the worker on the memfd model does not use the holder"
-[[ $(complete "$url") == "$before" ]] && pass "same greedy answer from the memfd model on the GPU" || fail "the memfd model's answer differs"
+[[ $(gpu_complete "$url" "$model_name") == "$before" ]] && pass "same greedy answer from the memfd model on the GPU" || fail "the memfd model's answer differs"
 
 hpid=$(sup_get 's["holder"]["pid"]')
 sup_stop
@@ -272,7 +226,7 @@ import json, sys
 print(" | ".join(e["event"] + ": " + e["reason"] for e in json.load(sys.stdin)["events"]))')
       [[ $decisions == "start: largest rung that fits: needs "*" free on the GPU − 64.0 MiB reserve" ]] \
         && pass "one decision, by the GPU's free memory: $decisions" || fail "decisions: '$decisions'"
-      [[ $(complete "$(sup_proxy_url)") == "$before" ]] && pass "same greedy answer at 256" || fail "no answer at 256"
+      [[ $(gpu_complete "$(sup_proxy_url)" "$model_name") == "$before" ]] && pass "same greedy answer at 256" || fail "no answer at 256"
       # Then another process fills the GPU up to the last MiB. The worker's
       # plan is reserved, but a step of a shape it has not met yet (two
       # requests at once) makes a new CUDA graph, whose memory is outside the

@@ -13,6 +13,7 @@
 set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
+. "$here/lib/gpu_env.sh"
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no NVIDIA GPU here"; exit 77; }
 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null \
@@ -29,40 +30,7 @@ model=$SUP_DIR/moe.gguf
 sup_synthetic_model "$model" --arch qwen3moe --dim 512 --layers 4 --heads 8 --kv-heads 4 --head-dim 64 \
   --ff 1024 --experts 16 --experts-used 4 --expert-ff 512 --type q8_0
 
-complete() {
-  python3 - "$1/v1/completions" "$2" <<'PY'
-import json, sys, urllib.request, urllib.error
-req = urllib.request.Request(sys.argv[1], json.dumps({"model": sys.argv[2], "prompt": "Once upon a time",
-                             "max_tokens": 24, "temperature": 0}).encode(), {"content-type": "application/json"})
-try:
-    with urllib.request.urlopen(req, timeout=60) as r:
-        body = json.loads(r.read())
-        print(body["choices"][0]["text"]); print(r.status)
-except urllib.error.HTTPError as e:
-    print(e.read().decode(errors="replace")); print(e.code)
-PY
-}
 
-# Another process takes all of the GPU's free memory but $1 bytes and holds it
-# for 5 minutes; $HOG is its pid.
-gpu_take() {
-  local out=$SUP_DIR/hog
-  rm -f "$out"
-  python3 - "$out" "$1" <<'PY' &
-import sys, time, torch
-free = torch.cuda.mem_get_info()[0]
-hog = torch.empty(max(free - int(sys.argv[2]), 0), dtype=torch.uint8, device="cuda")
-open(sys.argv[1], "w").write(f"{hog.numel() >> 20} MiB")
-time.sleep(300)
-PY
-  HOG=$!
-  for _ in $(seq 1 600); do
-    [[ -s $out ]] && return 0
-    kill -0 $HOG 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
 
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:
@@ -104,11 +72,11 @@ grep -aq 'every expert on the device, the experts of layers 0 to 3 copied to thi
   || fail "no own copy of the experts the holder lacks in the log"
 url=$(sup_proxy_url)
 name=$(sup_get 's["model"]["name"]')
-before=$(complete "$url" "$name")
+before=$(gpu_complete "$url" "$name")
 [[ ${before##*$'\n'} == 200 ]] && pass "served with every expert on the GPU" || fail "request: $before"
 
 # 1.5 GiB left on the GPU: below min_available (2 GiB).
-if ! gpu_take $((3 * 2 ** 29)); then
+if ! gpu_take "$SUP_DIR/hog" $((3 * 2 ** 29)); then
   fail "the process taking GPU memory did not start"; kill "$HOG" 2>/dev/null; sup_finish
 fi
 hog=$HOG
@@ -116,7 +84,7 @@ if sup_wait 60 'w[0]["host_experts"] == 2 and w[0]["state"] == "ready"'; then
   [[ $(sup_get 'w[0]["context"]') == 512 ]] \
     && pass "GPU taken ($(cat "$SUP_DIR/hog")): the experts of 2 layers went to the host, context still 512" \
     || fail "the first step changed the context: $(sup_get 'w[0]["context"]')"
-  answer=$(complete "$url" "$name")
+  answer=$(gpu_complete "$url" "$name")
   [[ ${answer##*$'\n'} == 200 ]] && pass "served with 2 layers' experts on the host" || fail "request: $answer"
   [[ $answer == "$before" ]] && echo "     (the same greedy answer as with every expert on the GPU)" \
     || echo "     (the greedy answer parted from the GPU's: the CPU's experts round differently; not asserted)"
@@ -131,7 +99,7 @@ if sup_wait 90 'w[0]["context"] == 256 and w[0]["host_experts"] == 4 and w[0]["s
 else
   fail "did not reach 256/e4: $(sup_status | tr -d '\n' | cut -c1-600)"
 fi
-[[ $(complete "$url" "$name") == *$'\n'200 ]] && pass "served at the smallest rung" || fail "no answer at the smallest rung"
+[[ $(gpu_complete "$url" "$name") == *$'\n'200 ]] && pass "served at the smallest rung" || fail "no answer at the smallest rung"
 path=$(sup_events | python3 -c '
 import json, sys
 ev = [e for e in json.load(sys.stdin)["events"] if e["event"] == "downgrade"]
@@ -156,7 +124,7 @@ print(" ".join("%s/e%s->%s/e%s" % (e["context_from"], e.get("host_experts_from")
 else
   fail "no way back up with the GPU's memory back: $(sup_status | tr -d '\n' | cut -c1-600)"
 fi
-again=$(complete "$url" "$name")
+again=$(gpu_complete "$url" "$name")
 [[ $again == "$before" ]] && pass "the same greedy answer as at the start" || fail "answer after the round trip: $again vs $before"
 sup_stop
 sup_finish

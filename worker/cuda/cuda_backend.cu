@@ -123,6 +123,9 @@ class CudaBackend final : public Backend, ForwardOps {
   std::unique_ptr<cuda::WeightImage> make_image(const CudaWeightsOptions& o);
   std::unique_ptr<cuda::WeightImage> image_from_holder(const CudaWeightsOptions& o, std::string& why);
   void bind_weights();
+  /// The end of moe_ffn: the shared expert (if any) into `shared_y`, then
+  /// each token's experts (and the shared one under its gate) summed into `out`.
+  void combine_experts(const MoeSpec& m, cuda::MoeCombine c, Act in, float* shared_y, Act out, bool accumulate);
   /// moe_ffn for a layer whose experts stay on the host (HostExperts).
   void moe_on_host(Act in, const MoeSpec& m, Act out, bool accumulate);
   /// moe_ffn of a decode step routed on the device: top-k there, each
@@ -185,6 +188,7 @@ class CudaBackend final : public Backend, ForwardOps {
   // and routes on the host, where they are computed (worker/moe_routes.h).
   DeviceBuffer routes_dev_;
   PinnedBuffer routes_host_, router_host_;
+
   int rows_ = 0;  // logit rows of the last step
   int step_tokens_ = 0, step_rows_ = 0, step_reads_now_ = 0;  // the step being enqueued
   ScratchLayout sc_{};
@@ -417,10 +421,12 @@ void CudaBackend::reserve(const EngineShape& s) {
                             "greedy picks");
   picks_host_ = PinnedBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
   if (hp_.moe()) {
-    const size_t words = size_t(ExpertRoutes::words(s.max_batch, hp_.n_expert_used, hp_.n_expert));
+    const size_t words = size_t(ExpertRoutes::words(s.max_batch, hp_.n_expert_used, hp_.n_expert) +
+                                ExpertRoutes::job_words(s.max_batch, hp_.n_expert_used, hp_.n_expert));
     routes_dev_ = DeviceBuffer(words * 4, "expert routes");
     routes_host_ = PinnedBuffer(words * 4, "expert routes");
     router_host_ = PinnedBuffer(size_t(s.max_batch * ld(Act::router)) * 4, "router scores");
+
   }
   if (host_layers_ > 0) {
     host_experts_ = make_host_experts(m_, host_threads_, s.max_batch);
@@ -515,30 +521,84 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
   const ExpertRoutes r = ExpertRoutes::in(routes_host_.as<void>(), T, K, E);
   for (int t = 0; t < T; ++t) route_token(scores + t * ldr, E, K, m.norm_weights, r.pair + t * K, r.weight + t * K);
   group_routes(r, T, K, E);
+  // Block-quantised experts with device tables: each expert's rows in groups
+  // of up to 8 through the decode GEMV's body (the weights read as they are
+  // stored, once a group), every group of every expert in one launch a
+  // matrix (the jobs after the routes' words). DS4_CUDA_MOE_PREFILL=each:
+  // each expert's rows through cuBLAS, one expert at a time (dequantised to
+  // f16), the way before (a comparison).
+  const char* how = std::getenv("DS4_CUDA_MOE_PREFILL");
+  const bool grouped = m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0 && !(how && std::string(how) == "each") &&
+                       cuda::expert_groups_take(m.gate[0].type, m.gate[0].cols) &&
+                       cuda::expert_groups_take(m.up[0].type, m.up[0].cols) &&
+                       cuda::expert_groups_take(m.down[0].type, m.down[0].cols);
+  int jobs = 0;
+  if (grouped) {
+    int32_t* job_host = static_cast<int32_t*>(routes_host_.as<void>()) + ExpertRoutes::words(T, K, E);
+    for (int64_t e = 0; e < E; ++e)
+      for (int32_t at = r.start[e]; at < r.start[e + 1]; at += 8) {
+        job_host[3 * jobs] = int32_t(e);
+        job_host[3 * jobs + 1] = at;
+        job_host[3 * jobs + 2] = std::min<int32_t>(8, r.start[e + 1] - at);
+        ++jobs;
+      }
+  }
   DS4_CUDA_CHECK(cudaMemcpyAsync(routes_dev_.as<void>(), routes_host_.as<void>(),
-                                 size_t(ExpertRoutes::words(T, K, E)) * 4, cudaMemcpyHostToDevice, stream_));
+                                 size_t(ExpertRoutes::words(T, K, E) + 3 * jobs) * 4, cudaMemcpyHostToDevice, stream_));
   if (trace_)  // the probabilities, where the trace reads them
     DS4_CUDA_CHECK(cudaMemcpyAsync(ptr(Act::router), scores, size_t(T * ldr) * 4, cudaMemcpyHostToDevice, stream_));
   const ExpertRoutes rd = ExpertRoutes::in(routes_dev_.as<void>(), T, K, E);
   cuda::gather_rows(n, ld(in), rd.token_of, int(T * K), hp_.dim, gathered, ldm, stream_);
-  for (int64_t e = 0; e < E; ++e) {
-    const int c0 = r.start[e], c = r.start[e + 1] - c0;
-    if (c == 0) continue;
-    cuda::matmul_swiglu(dev(m.gate[size_t(e)]), dev(m.up[size_t(e)]), gathered + c0 * ldm, ldm, c, hb + c0 * ldh,
-                        hb2 + c0 * ldh, ldh, gemm_, stream_);
-    const cuda::Product down{&dev(m.down[size_t(e)]), expert_out + c0 * ldm, ldm, false};
-    cuda::matmul(&down, 1, hb + c0 * ldh, ldh, c, gemm_, stream_);
+  if (grouped) {
+    const LayerTables& lt = tables_[size_t(m.layer)];
+    const DeviceWeight* table = expert_tables_.as<DeviceWeight>();
+    const int32_t* job_dev = static_cast<const int32_t*>(routes_dev_.as<void>()) + ExpertRoutes::words(T, K, E);
+    auto run = [&](int64_t at, const Weight& w, const float* x, int64_t ldx, float* y, int64_t ldy) {
+      cuda::ExpertGroups g;
+      g.table = table + at;
+      g.jobs = job_dev;
+      g.n_jobs = jobs;
+      g.x = x;
+      g.ldx = ldx;
+      g.y = y;
+      g.ldy = ldy;
+      g.type = w.type;
+      g.rows = w.rows;
+      g.cols = w.cols;
+      cuda::expert_groups(g, stream_);
+    };
+    run(lt.gate, m.gate[0], gathered, ldm, hb, ldh);
+    run(lt.up, m.up[0], gathered, ldm, hb2, ldh);
+    cuda::swiglu(hb, hb2, ldh, m.expert_ff, int(T * K), stream_);
+    run(lt.down, m.down[0], hb, ldh, expert_out, ldm);
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const int c0 = r.start[e], c = r.start[e + 1] - c0;
+      if (c == 0) continue;
+      cuda::matmul_swiglu(dev(m.gate[size_t(e)]), dev(m.up[size_t(e)]), gathered + c0 * ldm, ldm, c, hb + c0 * ldh,
+                          hb2 + c0 * ldh, ldh, gemm_, stream_);
+      const cuda::Product down{&dev(m.down[size_t(e)]), expert_out + c0 * ldm, ldm, false};
+      cuda::matmul(&down, 1, hb + c0 * ldh, ldh, c, gemm_, stream_);
+    }
   }
-  cuda::MoeCombine c{expert_out, ldm, rd.pair, rd.weight_of, int(K)};
-  if (m.shared_gate_inp) {
-    // The shared expert over every token; its output goes where the
-    // gathered rows were (read by now, in stream order).
-    cuda::matmul_swiglu(dev(*m.shared_gate), dev(*m.shared_up), n, ld(in), T, hb, hb2, ldh, gemm_, stream_);
-    const cuda::Product down{&dev(*m.shared_down), gathered, ldm, false};
+  // The shared expert's output goes where the gathered rows were (read by
+  // now, in stream order).
+  combine_experts(m, {expert_out, ldm, rd.pair, rd.weight_of, int(K)}, in, gathered, out, accumulate);
+}
+
+void CudaBackend::combine_experts(const MoeSpec& m, cuda::MoeCombine c, Act in, float* shared_y, Act out,
+                                  bool accumulate) {
+  const int T = rows(in);
+  if (m.shared_gate_inp) {  // qwen2moe's shared expert over every token, under its sigmoid gate
+    const int64_t ldh = ld(Act::hb);
+    float* hb = ptr(Act::hb);
+    cuda::matmul_swiglu(dev(*m.shared_gate), dev(*m.shared_up), ptr(in), ld(in), T, hb, ptr(Act::hb2), ldh, gemm_,
+                        stream_);
+    const cuda::Product down{&dev(*m.shared_down), shared_y, ld(Act::moe_in), false};
     cuda::matmul(&down, 1, hb, ldh, T, gemm_, stream_);
-    c.shared_y = gathered;
+    c.shared_y = shared_y;
     c.shared_gate = dev_f32(*m.shared_gate_inp);
-    c.n = n;
+    c.n = ptr(in);
     c.ldn = ld(in);
   }
   cuda::moe_combine(c, ptr(out), ld(out), accumulate, hp_.dim, T, stream_);
@@ -584,18 +644,8 @@ void CudaBackend::moe_on_device(Act in, const MoeSpec& m, Act out, bool accumula
   run(lt.up, m.up[0], int(K), n, ld(in), hb2, ldh);
   cuda::swiglu(hb, hb2, ldh, m.expert_ff, int(P), stream_);
   run(lt.down, m.down[0], 1, hb, ldh, expert_out, ldm);
-  cuda::MoeCombine c{expert_out, ldm, pair, weight, int(K)};
-  if (m.shared_gate_inp) {
-    float* shared = ptr(Act::moe_in);  // free in this path
-    cuda::matmul_swiglu(dev(*m.shared_gate), dev(*m.shared_up), n, ld(in), T, hb, hb2, ldh, gemm_, stream_);
-    const cuda::Product down{&dev(*m.shared_down), shared, ldm, false};
-    cuda::matmul(&down, 1, hb, ldh, T, gemm_, stream_);
-    c.shared_y = shared;
-    c.shared_gate = dev_f32(*m.shared_gate_inp);
-    c.n = n;
-    c.ldn = ld(in);
-  }
-  cuda::moe_combine(c, ptr(out), ld(out), accumulate, hp_.dim, T, stream_);
+  combine_experts(m, {expert_out, ldm, pair, weight, int(K)}, in, ptr(Act::moe_in) /* free in this path */, out,
+                  accumulate);
 }
 
 // The expert rung: the normalised rows go to the host, the CPU backend's

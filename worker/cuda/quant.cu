@@ -752,6 +752,28 @@ __global__ void __launch_bounds__(kWarpGemvThreads, 2)
   gemv_warp_body<TY, 1, R, U>(w, x + (p / x_div) * ldx, ldx, y + p * ldy, ldy, 0, blockIdx.x, gridDim.x);
 }
 
+/// A prefill's expert groups (ExpertGroups): group blockIdx.y's rows through
+/// gemv_warp_body for its count of tokens, its matrix's rows over blockIdx.x.
+template <GgmlType TY>
+__global__ void __launch_bounds__(kWarpGemvThreads, 2)
+    expert_groups_kernel(const DeviceWeight* __restrict__ table, const int32_t* __restrict__ jobs,
+                         const float* __restrict__ x, int64_t ldx, float* y, int64_t ldy) {
+  const int32_t* j = jobs + 3 * int64_t(blockIdx.y);
+  const DeviceWeight w = table[j[0]];
+  const float* xr = x + int64_t(j[1]) * ldx;
+  float* yr = y + int64_t(j[1]) * ldy;
+  switch (j[2]) {
+    case 1: gemv_warp_body<TY, 1, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+    case 2: gemv_warp_body<TY, 2, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+    case 3: gemv_warp_body<TY, 3, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+    case 4: gemv_warp_body<TY, 4, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+    case 5: gemv_warp_body<TY, 5, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+    case 6: gemv_warp_body<TY, 6, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+    case 7: gemv_warp_body<TY, 7, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+    default: gemv_warp_body<TY, 8, 1, 2>(w, xr, ldx, yr, ldy, 0, blockIdx.x, gridDim.x); break;
+  }
+}
+
 /// Shared memory the dp4a kernel may take for x's quants.
 constexpr int64_t kDp4aSmem = 200 * 1024;
 
@@ -818,6 +840,25 @@ void launch_expert(const ExpertGemv& g, cudaStream_t s) {
   const unsigned gx = unsigned(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), per_pair));
   expert_gemv_kernel<TY, R, U><<<dim3(gx, unsigned(g.pairs)), kWarpGemvThreads, size_t(smem), s>>>(
       g.table, g.expert_of, g.x_div, g.x, g.ldx, g.y, g.ldy);
+  DS4_CUDA_CHECK(cudaGetLastError());
+}
+
+template <GgmlType TY>
+void launch_groups(const ExpertGroups& g, cudaStream_t s) {
+  static const bool opted = [] {
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(expert_groups_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(kDp4aSmem)));
+    return true;
+  }();
+  (void)opted;
+  const int64_t smem = xq_bytes(8, g.cols);
+  // As launch_expert: 2 blocks a multiprocessor over all groups, a group's
+  // rows split among a few when there are few groups.
+  const int64_t warps = g.rows;
+  const int64_t per_job = std::max<int64_t>(1, ceil_div(int64_t(multiprocessor_count()) * 2, g.n_jobs));
+  const unsigned gx = unsigned(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), per_job));
+  expert_groups_kernel<TY><<<dim3(gx, unsigned(g.n_jobs)), kWarpGemvThreads, size_t(smem), s>>>(g.table, g.jobs, g.x,
+                                                                                                g.ldx, g.y, g.ldy);
   DS4_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -931,6 +972,21 @@ void expert_gemv(const ExpertGemv& g, cudaStream_t s) {
   dispatch(g.type, [&](auto tag) {
     constexpr GgmlType TY = decltype(tag)::value;
     launch_expert<TY, 2, QT<TY>::H ? 2 : 4>(g, s);
+    return 0;
+  });
+}
+
+bool expert_groups_take(GgmlType type, int64_t cols) {
+  return expert_gemv_takes(type, cols) && xq_bytes(8, cols) <= kDp4aSmem;
+}
+
+void expert_groups(const ExpertGroups& g, cudaStream_t s) {
+  if (!expert_groups_take(g.type, g.cols)) throw Error("expert groups: a type or width the dp4a kernel does not take");
+  if ((g.ldx % 4) != 0 || (reinterpret_cast<uintptr_t>(g.x) & 15) != 0)
+    throw Error("expert groups: activation rows must be 16-byte aligned");
+  if (g.n_jobs <= 0) return;
+  dispatch(g.type, [&](auto tag) {
+    launch_groups<decltype(tag)::value>(g, s);
     return 0;
   });
 }

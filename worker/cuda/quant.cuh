@@ -77,6 +77,27 @@ struct ExpertGemv {
 bool expert_gemv_takes(GgmlType type, int64_t cols);
 void expert_gemv(const ExpertGemv& g, cudaStream_t s);
 
+/// A mixture of experts' products for a prefill, its rows grouped by expert:
+/// job j (three words at jobs + 3j: expert, first row, rows 1..8) is
+/// y[r] = table[expert] . x[r] for its rows, each group through the decode
+/// GEMV's body, so an expert's weights are read once a group of 8 rows. Every
+/// matrix of the table has `type`, `rows` and `cols`; table, jobs and x are
+/// device memory; rows 16-byte aligned.
+struct ExpertGroups {
+  const DeviceWeight* table = nullptr;
+  const int32_t* jobs = nullptr;
+  int n_jobs = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  GgmlType type = GgmlType::F32;
+  int64_t rows = 0, cols = 0;
+};
+/// Whether expert_groups() takes matrices of `type` and `cols`.
+bool expert_groups_take(GgmlType type, int64_t cols);
+void expert_groups(const ExpertGroups& g, cudaStream_t s);
+
 /// Decode GEMV: y[t*ldy + n] (+)= W[n] . x[t*ldx ...] for T <= kMaxGemvTokens
 /// tokens; x rows 16-byte aligned (ldx a multiple of 4). Each weight's
 /// quants are multiplied with x as small integers turned into floats, and the
