@@ -140,6 +140,9 @@ std::optional<JournalState> ConnJournal::read(int fd, std::string* why) {
   JournalState st;
   uint64_t at = 0;
   bool first = true;
+  struct stat file {};
+  if (::fstat(fd, &file) != 0) return fail(std::string("fstat: ") + std::strerror(errno));
+  const uint64_t size = uint64_t(file.st_size);
   for (;;) {
     char h[kHeader];
     if (!pread_all(fd, h, kHeader, at)) break;
@@ -147,6 +150,7 @@ std::optional<JournalState> ConnJournal::read(int fd, std::string* why) {
     const uint8_t type = uint8_t(h[4]);
     const uint32_t generation = get<uint32_t>(hv, 8), length = get<uint32_t>(hv, 12);
     if (get<uint32_t>(hv, 0) != kMagic || (!first && generation != st.generation)) break;
+    if (at + kHeader + length > size) break;  // torn (or not a length at all): read nothing past the file
     std::string payload(length, '\0');
     if (!pread_all(fd, payload.data(), length, at + kHeader) ||
         check(type, generation, payload, {}) != get<uint64_t>(hv, 16))

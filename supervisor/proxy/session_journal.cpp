@@ -1,6 +1,8 @@
 #include "supervisor/proxy/session_journal.h"
 
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "supervisor/proxy/json_util.h"
 
@@ -27,16 +29,37 @@ std::string encode_request(const JournalRequest& r) {
       .dump();
 }
 
+namespace {
+
+// A whole number of `v` that fits T; false for anything else (a float, a
+// string, a number out of T's range: nlohmann's get would be undefined then).
+template <class T>
+bool whole(const json& v, T& out) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(std::numeric_limits<T>::max())) return false;
+    out = T(u);
+    return true;
+  }
+  if (!v.is_number_integer()) return false;
+  const int64_t i = v.get<int64_t>();
+  if (std::is_unsigned_v<T> ? i < 0 : (i < int64_t(std::numeric_limits<T>::min()) || i > int64_t(std::numeric_limits<T>::max())))
+    return false;
+  out = T(i);
+  return true;
+}
+
+}  // namespace
+
 std::optional<JournalRequest> decode_request(std::string_view s) {
   json j = json::parse(s, nullptr, false);
   if (!j.is_object()) return std::nullopt;
   try {
     JournalRequest r;
     r.id = j.at("id").get<std::string>();
-    r.created = j.at("created").get<int64_t>();
-    r.seed = j.at("seed").get<uint64_t>();
-    r.max_tokens = j.at("max_tokens").get<int32_t>();
     r.forward = j.at("forward").get<bool>();
+    if (!whole(j.at("created"), r.created) || !whole(j.at("seed"), r.seed) || !whole(j.at("max_tokens"), r.max_tokens))
+      return std::nullopt;
     return r;
   } catch (const json::exception&) {
     return std::nullopt;
@@ -84,11 +107,15 @@ std::optional<JobResult> decode_result(std::string_view s) {
     r.ok = j.at("ok").get<bool>();
     r.reason = j.at("reason").get<std::string>();
     const json& t = j.at("timings");
-    r.timings = {t.at(0).get<int64_t>(), t.at(1).get<int64_t>(), t.at(2).get<int64_t>(), t.at(3).get<double>(),
-                 t.at(4).get<double>()};
     const json& e = j.at("error");
-    r.error = ApiError(ErrorKind(e.at(0).get<int>()), e.at(1).get<std::string>(), e.at(2).get<int>(),
-                       e.at(3).get<std::string>());
+    int kind = 0, retry = 0;
+    if (!whole(t.at(0), r.timings.prompt_n) || !whole(t.at(1), r.timings.cache_n) ||
+        !whole(t.at(2), r.timings.predicted_n) || !t.at(3).is_number() || !t.at(4).is_number() ||
+        !whole(e.at(0), kind) || kind < 0 || kind > int(ErrorKind::internal) || !whole(e.at(2), retry))
+      return std::nullopt;
+    r.timings.prompt_ms = t.at(3).get<double>();
+    r.timings.predicted_ms = t.at(4).get<double>();
+    r.error = ApiError(ErrorKind(kind), e.at(1).get<std::string>(), retry, e.at(3).get<std::string>());
     return r;
   } catch (const json::exception&) {
     return std::nullopt;
