@@ -115,6 +115,13 @@ TEST_CASE("conn journal: a torn or foreign record ends the read; no base is an e
   CHECK(why.find("base") != std::string::npos);
   REQUIRE(::pwrite(empty->fd(), "garbage that is long enough to be a header", 42, 0) == 42);
   CHECK_FALSE(ConnJournal::read(empty->fd(), &why));
+  // A header whose length runs past the file (a torn write, or not a length
+  // at all: 3.9 GB here) is not read, nor allocated (fuzz_conn_journal's find).
+  auto torn = ConnJournal::create("ds4-test-journal");
+  torn->base(0, 0, "abc");
+  const uint32_t huge = 0xe8000000u;
+  REQUIRE(::pwrite(torn->fd(), &huge, 4, 12) == 4);
+  CHECK_FALSE(ConnJournal::read(torn->fd(), &why));
 }
 
 TEST_CASE("session journal: events round-trip; malformed ones are refused") {
@@ -122,6 +129,13 @@ TEST_CASE("session journal: events round-trip; malformed ones are refused") {
   CHECK(decode_request(encode_request(r)) == r);
   CHECK_FALSE(decode_request("{\"id\":1}"));
   CHECK_FALSE(decode_request("not json"));
+  // Numbers past their field's type are refused, not converted (fuzz_conn_journal's find).
+  CHECK_FALSE(decode_request(
+      R"({"id":"x","created":34000777777777777777,"seed":1,"max_tokens":8,"forward":false})"));
+  CHECK_FALSE(decode_request(R"({"id":"x","created":1,"seed":-1,"max_tokens":8,"forward":false})"));
+  CHECK_FALSE(decode_request(R"({"id":"x","created":1,"seed":1,"max_tokens":3000000000,"forward":false})"));
+  CHECK_FALSE(decode_request(R"({"id":"x","created":1.5,"seed":1,"max_tokens":8,"forward":false})"));
+  CHECK_FALSE(decode_result(R"({"ok":true,"reason":"stop","timings":[1,0,2,0.5,1.5],"error":[99,"",0,""]})"));
   proto::TokenEvent e;
   e.index = 41;
   e.token = 1234;
