@@ -41,6 +41,9 @@ wait_ready() {
 }
 complete() { curl -s -o /dev/null -w '%{http_code}' --max-time 300 "http://127.0.0.1:$((base + 1))/v1/completions" \
   -d '{"prompt":"Once upon a time","max_tokens":1,"temperature":0}'; }
+# measure runs in a subshell ($(measure ...)): its supervisor is stopped
+# there, on every way out, since the EXIT trap above never sees its pid.
+stop_sup() { [[ -n $sup ]] && kill "$sup" 2>/dev/null && wait "$sup" 2>/dev/null; sup=; }
 measure() {  # MODE: prints the restart-to-serving times, ms
   cat >"$work/ds4.yaml" <<YAML
 model:
@@ -63,14 +66,14 @@ headroom:
 YAML
   "$bin/ds4-supervisor" --config "$work/ds4.yaml" >>"$work/sup-$1.log" 2>&1 &
   sup=$!
-  wait_ready
-  [[ $(complete) == 200 ]] || { echo "no answer before the faults" >&2; return 1; }
+  wait_ready || { stop_sup; return 1; }
+  [[ $(complete) == 200 ]] || { echo "no answer before the faults" >&2; stop_sup; return 1; }
   if [[ $1 == on ]]; then  # the lock holds the whole file before the first fault
     for _ in $(seq 600); do [[ $(status | jq -r '.model.resident.mode') != loading ]] && break; sleep 0.1; done
   fi
   local k w e t0 t1 code
   for ((k = 0; k < kills; k++)); do
-    wait_ready
+    wait_ready || { stop_sup; return 1; }
     w=$(status | jq -r '.workers[0].pid')
     e=$(pgrep -P "$w" -x llama-server)
     kill -STOP "$w"
@@ -82,12 +85,12 @@ YAML
     kill -CONT "$w"
     code=$(complete)
     t1=$(now)
-    [[ $code == 200 ]] || { echo "HTTP $code after the fault" >&2; return 1; }
+    [[ $code == 200 ]] || { echo "HTTP $code after the fault" >&2; stop_sup; return 1; }
     echo -n "$(((t1 - t0) / 1000)) "
   done
   local resident
   resident=$(status | jq -c '.model.resident // "none"')
-  kill "$sup"; wait "$sup" 2>/dev/null || true; sup=
+  stop_sup
   echo "(model.resident: $resident)"
 }
 echo "model $(basename "$big") $(du -h "$big" | cut -f1); $(nproc) cores; llama-server $("$peer/llama-server" --version 2>&1 | grep -m1 version)"

@@ -264,6 +264,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
   if (rungs.empty()) rungs.push_back(-1);
   for (const int rung : rungs) {
     auto backend = make_backend(a.str("device", "cpu"), *lm, threads, a, rung);
+    if (rung > 0 && !backend->memory_on_device())
+      throw Error("--host-experts " + std::to_string(rung) + ": " + backend->name() +
+                  " computes every expert on the host already; the expert rungs are a GPU worker's");
     EngineShape shape;
     shape.ctx = std::max<int64_t>(np, ng) + 1;
     shape.slots = 1;
@@ -322,7 +325,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           {"pp_sd", pp_sd},
                           {"tg_tok_s", tg},
                           {"tg_sd", tg_sd}};
-    if (rung >= 0) out["host_expert_layers"] = rung;
+    if (rung >= 0 && backend->memory_on_device()) out["host_expert_layers"] = rung;
     if (backend->memory_on_device()) {
       const MemoryPlan p = backend->plan(shape);
       out["device_weight_bytes"] = p.weights + p.experts;

@@ -81,4 +81,10 @@ for arch in qwen3moe qwen2moe; do
   done
 done
 [[ $failed == 0 ]] || fail "ds4 and llama.cpp disagree on a mixture of experts (above)"
+# bench's expert rungs are a GPU worker's: on the CPU, rung 0 is measured and
+# a rung above it is refused, saying why (it printed a rung that meant nothing).
+out=$("$bin/ds4-worker" bench --model "$tmp/qwen3moe-Q8_0.gguf" --device cpu -p 4 -n 4 -r 1 --host-experts 0,2 2>&1) &&
+  fail "bench --device cpu --host-experts 0,2 succeeded: $out"
+[[ $out == *'"tg_tok_s"'* && $out != *host_expert_layers* && $out == *"computes every expert on the host already"* ]] ||
+  fail "bench --device cpu --host-experts 0,2: $out"
 echo "PASS"
