@@ -14,8 +14,6 @@ namespace {
 constexpr uint32_t kMagic = 0x4a345344;  // "DS4J"
 constexpr size_t kHeader = 24;           // magic, type, 3 spare, generation, length, check
 constexpr uint8_t kBase = 1, kInput = 2, kStep = 3;
-// A journal grown past this by a large request shrinks at the next exchange.
-constexpr uint64_t kShrinkAbove = 1 << 20;
 
 template <class T>
 void put(std::string& s, T v) {
@@ -68,8 +66,11 @@ std::unique_ptr<ConnJournal> ConnJournal::create(const std::string& name) {
 
 ConnJournal::ConnJournal(int fd, const JournalState& state)
     : fd_(fd), generation_(state.generation), end_(state.journal_bytes) {
+  // What lies past the records read (a torn record) goes: the next records
+  // would cover only its start, and its rest could then read as records.
   struct stat st {};
   high_ = ::fstat(fd, &st) == 0 ? uint64_t(st.st_size) : end_;
+  if (high_ > end_) cut();
 }
 
 ConnJournal::~ConnJournal() {
@@ -116,7 +117,16 @@ void ConnJournal::base(uint64_t read, uint64_t written, std::string_view leftove
   put(head, read);
   put(head, written);
   append(kBase, head, leftover);
-  if (ok_ && high_ > kShrinkAbove && ::ftruncate(fd_, off_t(end_)) == 0) high_ = end_;
+  // The last exchange's records go, rather than stay behind the end: a
+  // client's own bytes in them must never read as records of a later one.
+  if (ok_ && high_ > end_) cut();
+}
+
+void ConnJournal::cut() {
+  if (::ftruncate(fd_, off_t(end_)) == 0)
+    high_ = end_;
+  else
+    ok_ = false;  // stale records could follow ours: from here on, unprotected
 }
 
 void ConnJournal::input(std::string_view bytes) {

@@ -64,7 +64,8 @@ class ConnJournal {
  public:
   /// A new journal in a memfd named `name`; nullptr (errno set) when none can be made.
   static std::unique_ptr<ConnJournal> create(const std::string& name);
-  /// Takes over `fd` (a journal read back): the next records follow `state`'s.
+  /// Takes over `fd` (a journal read back): the next records follow `state`'s,
+  /// and whatever lay past them in the file is cut.
   ConnJournal(int fd, const JournalState& state);
   ~ConnJournal();
   ConnJournal(const ConnJournal&) = delete;
@@ -74,7 +75,8 @@ class ConnJournal {
   bool ok() const { return ok_; }
 
   /// A new exchange: `read`/`written` are the socket's byte counts, `leftover`
-  /// what was read and not used yet. Forgets every record before.
+  /// what was read and not used yet. Forgets every record before (the file
+  /// is cut after the base).
   void base(uint64_t read, uint64_t written, std::string_view leftover);
   void input(std::string_view bytes);
   void step(const JournalStep& s);
@@ -86,11 +88,12 @@ class ConnJournal {
  private:
   ConnJournal(int fd) : fd_(fd) {}
   void append(uint8_t type, std::string_view a, std::string_view b = {});
+  void cut();  // the file ends where the records do
   int fd_ = -1;
   bool ok_ = true;
   uint32_t generation_ = 0;
   uint64_t end_ = 0;
-  uint64_t high_ = 0;  // the file's size (the end of the longest generation)
+  uint64_t high_ = 0;  // the file's size
 };
 
 }  // namespace ds4::proxy

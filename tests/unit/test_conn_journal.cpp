@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
@@ -67,9 +68,14 @@ TEST_CASE("conn journal: a new exchange forgets the records of the one before") 
   auto j = ConnJournal::create("ds4-test-journal");
   REQUIRE(j);
   j->base(0, 0, {});
-  j->input(std::string(5000, 'a'));  // longer than what follows: its records stay in the file
+  j->input(std::string(5000, 'a'));
   j->step(step_of(JournalStep::Kind::output, "", std::string(3000, 'b'), true));
   j->base(5000, 3000, "x");
+  // The file ends at the new base: no bytes of the old exchange (a client's
+  // own) stay behind it to be read as records later.
+  struct stat file {};
+  REQUIRE(::fstat(j->fd(), &file) == 0);
+  CHECK(file.st_size == off_t(read_back(*j).journal_bytes));
   j->input("yz");
   JournalState st = read_back(*j);
   CHECK(st.read_at_base == 5000);
@@ -122,6 +128,29 @@ TEST_CASE("conn journal: a torn or foreign record ends the read; no base is an e
   const uint32_t huge = 0xe8000000u;
   REQUIRE(::pwrite(torn->fd(), &huge, 4, 12) == 4);
   CHECK_FALSE(ConnJournal::read(torn->fd(), &why));
+}
+
+TEST_CASE("conn journal: taken over after a torn record, what follows it is never read") {
+  // fuzz_conn_journal's third find: a broken record with a whole one behind
+  // it. The new owner's first record covered only the broken one's start, and
+  // the whole one then read as if it followed. Taking over cuts the file.
+  auto j = ConnJournal::create("ds4-test-journal");
+  REQUIRE(j);
+  j->base(0, 0, {});
+  j->input("abc");
+  const uint64_t good = read_back(*j).journal_bytes;
+  j->input("0123456789");
+  j->step(step_of(JournalStep::Kind::output, "", "forged"));
+  char c = 'X';
+  REQUIRE(::pwrite(j->fd(), &c, 1, off_t(good + 24)) == 1);  // the second input's first payload byte
+  const JournalState st = read_back(*j);
+  CHECK(st.input == "abc");
+  CHECK(st.steps.empty());
+  ConnJournal again(::dup(j->fd()), st);
+  again.input("ABCDEFGHIJ");  // as long as the broken one: the whole one would follow at once
+  const JournalState after = read_back(again);
+  CHECK(after.input == "abcABCDEFGHIJ");
+  CHECK(after.steps.empty());
 }
 
 TEST_CASE("session journal: events round-trip; malformed ones are refused") {
