@@ -245,14 +245,16 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights",
-                "holder-socket", "host-experts", "holder-experts"}, {},
-         {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}});
+                "holder-socket", "host-experts", "holder-experts", "depth"}, {},
+         {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}, {"-d", "depth"}});
   const auto t_attach = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
   const double attach_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_attach).count();
   const HParams& hp = lm->model.hp();
   const int64_t np = a.integer("n-prompt", 128, 0, 1 << 20), ng = a.integer("n-gen", 128, 0, 1 << 20);
   const int64_t reps = a.integer("repetitions", 3, 1, 1000);
+  // -d D: the runs start with D tokens in the cache, as llama-bench's -d.
+  const int64_t depth = a.integer("depth", 0, 0, kMaxContext);
   const int threads = int(a.integer("threads", 0, 0, 1024));
   // --host-experts 0,4,8: the speed of each expert rung, one line each.
   std::vector<int> rungs;
@@ -268,28 +270,34 @@ int cmd_bench(const std::vector<std::string>& argv) {
       throw Error("--host-experts " + std::to_string(rung) + ": " + backend->name() +
                   " computes every expert on the host already; the expert rungs are a GPU worker's");
     EngineShape shape;
-    shape.ctx = std::max<int64_t>(np, ng) + 1;
+    shape.ctx = depth + std::max<int64_t>(np, ng) + 1;
     shape.slots = 1;
-    shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(np, 512));
+    shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(std::max(np, depth), 512));
     check_backend_plan_fits(*backend, backend->plan(shape), shape);
     backend->reserve(shape);
 
     std::mt19937 rng(42);
     auto random_token = [&] { return int32_t(rng() % uint32_t(hp.n_vocab)); };
-    // A P-token prompt in batches, as llama-bench's pp test.
-    auto run_pp = [&] {
+    // n tokens in batches from position `from`, as llama-bench's pp test.
+    auto prefill = [&](int64_t from, int64_t n) {
       std::vector<BatchToken> b;
-      for (int64_t i = 0; i < np; i += shape.max_batch) {
+      for (int64_t i = 0; i < n; i += shape.max_batch) {
         b.clear();
-        for (int64_t j = i; j < std::min(np, i + shape.max_batch); ++j)
-          b.push_back({random_token(), 0, int32_t(j), j == np - 1 ? 0 : -1});
+        for (int64_t j = i; j < std::min(n, i + shape.max_batch); ++j)
+          b.push_back({random_token(), 0, int32_t(from + j), j == n - 1 ? 0 : -1});
         backend->forward(b);
       }
     };
-    // N tokens one at a time from an empty cache, as llama-bench's tg test.
+    // The first `depth` positions are written once: every run after them
+    // attends to them and writes only past them.
+    const auto t_depth = Clock::now();
+    prefill(0, depth);
+    const double depth_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_depth).count();
+    auto run_pp = [&] { prefill(depth, np); };
+    // N tokens one at a time after the depth, as llama-bench's tg test.
     auto run_tg = [&] {
       for (int64_t i = 0; i < ng; ++i) {
-        BatchToken t{random_token(), 0, int32_t(i), 0};
+        BatchToken t{random_token(), 0, int32_t(depth + i), 0};
         backend->forward({&t, 1});
       }
     };
@@ -316,6 +324,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           {"backend", backend->name()},
                           {"n_prompt", np},
                           {"n_gen", ng},
+                          {"depth", depth},
+                          {"depth_ms", depth_ms},
                           {"repetitions", reps},
                           {"weights_bytes", lm->model.w().bytes},
                           // Of the segment as this process maps it (after the runs touched it).
