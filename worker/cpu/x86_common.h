@@ -139,6 +139,25 @@ void gemv_rows(const MatmulArgs& a, int64_t n0, int64_t n1, const float* x, floa
   for (int64_t n = n0; n < n1; ++n) run.template operator()<1>(n);
 }
 
+// A batch of a few tokens (decode steps of several slots): row by row, each
+// row (in L1 after its first group) taken by every group of up to four
+// tokens, weights converted on the fly; the weights are read from memory once.
+// Each table says up to how many tokens this beats its panel tiles.
+void gemv_rows_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  const int64_t groups = (a.T + 3) / 4;  // of balanced sizes: a group of one would be one chain
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t g = 0, t = 0; g < groups; ++g) {
+      const int64_t c = (a.T - t) / (groups - g);
+      const float* x = a.x + t * a.ldx;
+      float* y = a.y + t * a.ldy;
+      if (c == 4) gemv_rows<4>(a, n, n + 1, x, y);
+      else if (c == 3) gemv_rows<3>(a, n, n + 1, x, y);
+      else if (c == 2) gemv_rows<2>(a, n, n + 1, x, y);
+      else gemv_rows<1>(a, n, n + 1, x, y);
+      t += c;
+    }
+}
+
 // All tokens of a small batch (T <= 3), three at a time, weights converted on the fly.
 void gemv_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
   for (int64_t t = 0; t < a.T;) {
