@@ -103,7 +103,7 @@ TEST_CASE("kernels: matrix products match a double-precision sum and the generic
       if (type == GgmlType::Q8_0 && K % 32) continue;
       const int64_t N = 37, ldx = (K + 7) / 8 * 8;
       const Matrix m = random_matrix(type, N, K, rng);
-      for (int64_t T : {1, 2, 3, 4, 5, 7, 50, 70})  // 70: more than one 64-token block of the Q8_0 prefill
+      for (int64_t T : {1, 2, 3, 4, 5, 7, 13, 24, 50, 70})  // 70: more than one 64-token block of the Q8_0 prefill
         for (bool quantized : {false, true}) {
           if (quantized && type != GgmlType::Q8_0) continue;
           CAPTURE(int(type));

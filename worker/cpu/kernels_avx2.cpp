@@ -34,11 +34,10 @@ void gemm_panel_rows(const float* wp, int64_t kp, const MatmulArgs& a, int64_t t
 
 constexpr int64_t kPanelRows = 16;
 constexpr int64_t kTokenBlock = 48;  // tokens whose x rows stay in cache across a panel
-// Batches up to this many tokens take gemv_rows_tokens (this table on the
-// Zen 4 box, 207M F16, 2 threads, tok/s, panels -> rows: T=4 81-83 -> 99-107,
-// T=5 79-107 -> 99-109; T=6 126-131 -> 114-127 and T=8 149-159 -> 136-139
-// stay on the panels).
-constexpr int64_t kRowPathMaxT = 5;
+// Batches up to this many tokens take gemv_rows_tokens<4> (this table on the
+// Zen 4 box, 207M F16, 2 threads, tok/s, panels -> rows: T=4 86-97 -> 131-135,
+// T=8 111-163 -> 153-162; T=16 176-222 -> 184-203 stays on the panels).
+constexpr int64_t kRowPathMaxT = 8;
 
 void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   const int64_t kp = (a.K + 7) / 8 * 8;
@@ -58,7 +57,7 @@ void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratc
   if (a.quantized()) return matmul_rows_quantized_x86(a, n0, n1, scratch);
   if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T > kRowPathMaxT) return gemm_rows(a, n0, n1, scratch);
-  if (a.T >= 4) return gemv_rows_tokens(a, n0, n1);
+  if (a.T >= 4) return gemv_rows_tokens<4>(a, n0, n1);
   gemv_tokens(a, n0, n1);
 }
 

@@ -13,11 +13,11 @@ namespace {
 
 constexpr int64_t kPanelPairs = 8;   // 16 rows converted to f32 at once
 constexpr int64_t kTokenBlock = 48;  // tokens per pass over a panel
-// Batches up to this many tokens take gemv_rows_tokens (207M F16, Zen 4, 2
+// Batches up to this many tokens take gemv_rows_tokens<4> (207M F16, Zen 4, 2
 // threads, a forward of T tokens in tok/s, panels -> rows: T=4 75-82 ->
-// 100-104, T=7 93-104 -> 117-133, T=8 110-134 -> 130-139; T=9 122-139 ->
-// 121-122 and T=12 169-173 -> 151-154 stay on the panels).
-constexpr int64_t kRowPathMaxT = 8;
+// 117-123, T=8 134-154 -> 179-183, T=16 219-250 -> 262-287, T=24 259-265 ->
+// 301-308; T=32 286-300 -> 299-312 and T=64 328-352 -> 303-346 are even).
+constexpr int64_t kRowPathMaxT = 24;
 
 // Interleaves rows 2p and 2p+1 chunk by chunk: [row0 k0..7][row1 k0..7][row0 k8..15]...
 void pack_pairs(const MatmulArgs& a, int64_t n0, int64_t rows, int64_t kp, float* rowbuf, float* panel) {
@@ -79,7 +79,7 @@ void matmul_rows_avx512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
   if (a.quantized()) return matmul_rows_quantized_x86(a, n0, n1, scratch);
   if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T > kRowPathMaxT) return gemm_rows512(a, n0, n1, scratch);
-  if (a.T >= 4) return gemv_rows_tokens(a, n0, n1);
+  if (a.T >= 4) return gemv_rows_tokens<4>(a, n0, n1);
   gemv_tokens(a, n0, n1);
 }
 
