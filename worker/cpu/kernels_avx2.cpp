@@ -58,7 +58,7 @@ void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratc
   if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T > kRowPathMaxT) return gemm_rows(a, n0, n1, scratch);
   if (a.T >= 4) return gemv_rows_tokens<4>(a, n0, n1);
-  gemv_tokens(a, n0, n1);
+  gemv_rows_tokens<1>(a, n0, n1);
 }
 
 }  // namespace

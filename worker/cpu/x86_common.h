@@ -134,21 +134,17 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y) {
   }
 }
 
-template <int C>
-void gemv_rows(const MatmulArgs& a, int64_t n0, int64_t n1, const float* x, float* y) {
-  // One row at a time: a single sequential stream is what the hardware
-  // prefetcher follows best. On Zen 4, 4 rows side by side (4 streams 2 KB
-  // apart) read 8 GB/s a core, one row 13-14 GB/s, as a plain read.
-  for (int64_t n = n0; n < n1; ++n) gemv_block<1, C>(a, n, x, y);
-}
-
-// A batch of a few tokens (decode steps of several slots): R rows at a time,
-// taken by every group of up to four tokens (in L1 after the first group),
-// weights converted on the fly and read from memory once. Unlike one token's
-// decode, this is bound by arithmetic and loads, not by the weights' stream:
-// R rows side by side share each token's loads (207M F16, Zen 4, 2 threads,
-// an 8-token batch: 95-130 tok/s one row at a time, 181-189 four). Each table
-// says up to how many tokens this beats its panel tiles, and its R.
+// A batch of a few tokens: R rows at a time, taken by every group of up to
+// four tokens (in L1 after the first group), weights converted on the fly and
+// read from memory once.
+// - Decode (T <= 3) takes R = 1: a single sequential stream is what the
+//   hardware prefetcher follows best. On Zen 4, 4 rows side by side (4
+//   streams 2 KB apart) read 8 GB/s a core, one row 13-14 GB/s.
+// - Several slots' decode steps (T >= 4) take R = 4: bound by arithmetic and
+//   loads rather than the stream, and R rows share each token's loads (207M
+//   F16, Zen 4, 2 threads, an 8-token batch: 95-130 tok/s one row at a time,
+//   181-189 four). Each table says up to how many tokens this beats its
+//   panel tiles.
 template <int R>
 void gemv_rows_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t groups = (a.T + 3) / 4;  // of balanced sizes: a group of one would be one chain
@@ -167,19 +163,6 @@ void gemv_rows_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + R <= n1; n += R) rows.template operator()<R>(n);
   for (; n < n1; ++n) rows.template operator()<1>(n);
-}
-
-// All tokens of a small batch (T <= 3), three at a time, weights converted on the fly.
-void gemv_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
-  for (int64_t t = 0; t < a.T;) {
-    const int64_t c = std::min<int64_t>(a.T - t, 3);
-    const float* x = a.x + t * a.ldx;
-    float* y = a.y + t * a.ldy;
-    if (c == 3) gemv_rows<3>(a, n0, n1, x, y);
-    else if (c == 2) gemv_rows<2>(a, n0, n1, x, y);
-    else gemv_rows<1>(a, n0, n1, x, y);
-    t += c;
-  }
 }
 
 // --- Q8_0 weights times quantized activations (integer products) -----------
