@@ -15,8 +15,10 @@ refuses, and end-of-text early: with a SentencePiece vocabulary both servers
 get the same logit_bias banning the byte tokens and the end of text, so that
 every request generates its 64 tokens. Both run at once (different ports),
 only one takes load at a time. Environment: DS4_BIN (build/bin), DS4_PEER
-(../shared/peers/llama.cpp/bin), DS4_THREADS (2). Run it on a quiet machine,
-with priority (`nice -n -20`) on a shared one."""
+(../shared/peers/llama.cpp/bin), DS4_THREADS (2), DS4_DEVICE (ds4's
+workers.device, default auto), DS4_PEER_ARGS (more llama-server arguments,
+split on blanks: on a GPU `-ngl 99 -fa on`). Run it on a quiet machine, with
+priority (`nice -n -20`) on a shared one."""
 import json
 import os
 import random
@@ -38,6 +40,8 @@ seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 20
 bin_dir = os.path.realpath(os.environ.get("DS4_BIN", os.path.join(root, "build/bin")))
 peer = os.path.realpath(os.environ.get("DS4_PEER", os.path.join(root, "../shared/peers/llama.cpp/bin")))
 threads = int(os.environ.get("DS4_THREADS", "2"))
+device = os.environ.get("DS4_DEVICE", "auto")
+peer_args = os.environ.get("DS4_PEER_ARGS", "").split()
 CTX = 256  # per slot: 33 + 64 tokens fit
 MAX_TOKENS = 64
 for path, what in ((model, "the model"), (f"{bin_dir}/ds4-supervisor", "ds4-supervisor"),
@@ -96,6 +100,7 @@ proxy:
 workers:
   backend: process
   count: 1
+  device: {device}
   slots: {n_slots}
   threads: {threads}
   context:
@@ -108,7 +113,7 @@ workers:
                                       stdout=open(logs["ds4"], "w"), stderr=subprocess.STDOUT)
     started["llama.cpp"] = subprocess.Popen(
         [f"{peer}/llama-server", "-m", model, "--port", str(ports["llama.cpp"]), "-t", str(threads), "-tb",
-         str(threads), "-np", str(n_slots), "-c", str(CTX * n_slots), "--no-webui"],
+         str(threads), "-np", str(n_slots), "-c", str(CTX * n_slots), "--no-webui"] + peer_args,
         stdout=open(logs["llama.cpp"], "w"), stderr=subprocess.STDOUT)
     procs.extend(started.values())
     for n, p in started.items():
@@ -201,8 +206,8 @@ try:
     if "tokenizer.ggml.eos_token_id" in vocab:
         bias[str(vocab["tokenizer.ggml.eos_token_id"])] = -100
     words = "once upon a time there was a little girl who liked to play in the park with her dog and cat".split()
-    print(f"model {model}, {threads} threads, {seconds:.0f} s a measurement, {rounds} rounds, "
-          f"{len(bias)} tokens banned")
+    print(f"model {model}, {threads} threads, ds4 device {device}, llama-server {' '.join(peer_args) or '(CPU)'}, "
+          f"{seconds:.0f} s a measurement, {rounds} rounds, {len(bias)} tokens banned")
     print(f"load before: {os.getloadavg()}")
     summary = []
     for n in clients:

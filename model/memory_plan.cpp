@@ -84,7 +84,7 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   l.xk = take(l.xk_floats);
   l.moe = take(hp.moe() ? 4 * B * hp.n_expert_used + hp.n_expert + 1 : 0);  // worker/moe_routes.h's words
   l.matmul_per_thread = 17 * pad8(max_k) + 64;
-  l.per_thread = l.matmul_per_thread + kAttendQueriesPerThread * pad8(s.ctx) + pad8(hp.head_dim);
+  l.per_thread = l.matmul_per_thread + kAttendQueriesPerThread * kAttendScoresPerQuery + pad8(hp.head_dim);
   l.threads = take(int64_t(std::max(threads, 1)) * l.per_thread);
   l.total = at;
   return l;

@@ -81,8 +81,10 @@ struct BackendPlanOptions {
 
 /// Float offsets of each part of a backend's scratch buffer.
 /// Queries of one sequence and head the CPU backend attends in one pass over
-/// the cached K and V (cpu::kAttendBlock): each thread keeps a score row for each.
+/// the cached K and V (cpu::kAttendBlock): each thread keeps a score row for
+/// each, of one tile of positions (cpu::kAttendTile), whatever the context.
 inline constexpr int64_t kAttendQueriesPerThread = 8;
+inline constexpr int64_t kAttendScoresPerQuery = 128;
 
 struct ScratchLayout {
   std::array<int64_t, kActCount> act{};  // offset of each Act

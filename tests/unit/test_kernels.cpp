@@ -189,47 +189,64 @@ TEST_CASE("kernels: Q8_0 activation quantization rounds each block to its own sc
   }
 }
 
-TEST_CASE("kernels: attention agrees across tables and with a direct softmax") {
+TEST_CASE("kernels: attention agrees across tables and with a direct softmax, over one tile and many") {
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.f, 1.f);
-  for (int64_t hd : {8, 64, 100}) {
-    const int64_t n_pos = 37, stride = hd * 3;
-    std::vector<float> q(static_cast<size_t>(hd));
-    for (auto& v : q) v = nd(rng);
-    std::vector<uint16_t> k(size_t(n_pos * stride)), v(size_t(n_pos * stride));
-    for (auto& e : k) e = fp32_to_fp16(nd(rng));
-    for (auto& e : v) e = fp32_to_fp16(nd(rng));
-    const float scale = 1.0f / std::sqrt(float(hd));
-    std::vector<double> ref(static_cast<size_t>(hd), 0.0), s(static_cast<size_t>(n_pos));
-    double mx = -1e30, sum = 0;
-    for (int64_t p = 0; p < n_pos; ++p) {
-      double d = 0;
-      for (int64_t i = 0; i < hd; ++i) d += double(q[size_t(i)]) * fp16_to_fp32(k[size_t(p * stride + i)]);
-      s[size_t(p)] = d * scale;
-      mx = std::max(mx, s[size_t(p)]);
-    }
-    for (auto& e : s) sum += (e = std::exp(e - mx));
-    for (int64_t p = 0; p < n_pos; ++p)
-      for (int64_t i = 0; i < hd; ++i) ref[size_t(i)] += s[size_t(p)] / sum * fp16_to_fp32(v[size_t(p * stride + i)]);
-    for (const KernelTable* kt : tables()) {
-      std::vector<float> out(static_cast<size_t>(hd)), scores(static_cast<size_t>(n_pos));
-      kt->attend(q.data(), k.data(), v.data(), n_pos, hd, stride, scale, out.data(), scores.data());
-      for (int64_t i = 0; i < hd; ++i) CHECK(out[size_t(i)] == doctest::Approx(ref[size_t(i)]).epsilon(1e-4));
-    }
-  }
+  // `rising`: the scores grow along the positions, so that each tile's maximum
+  // is a new one and the output so far is rescaled at every tile (the online
+  // softmax's step that a flat score profile never takes); the last tile
+  // then carries almost all the weight.
+  for (bool rising : {false, true})
+    for (int64_t hd : {8, 64, 100})
+      for (int64_t n_pos : {int64_t(37), kAttendTile, kAttendTile + 1, int64_t(1000)}) {
+        const int64_t stride = hd * 3;
+        std::vector<float> q(static_cast<size_t>(hd));
+        for (auto& v : q) v = nd(rng);
+        std::vector<uint16_t> k(size_t(n_pos * stride)), v(size_t(n_pos * stride));
+        for (int64_t p = 0; p < n_pos; ++p)
+          for (int64_t i = 0; i < hd; ++i) {
+            const float grow = rising ? 8.0f * float(p) / float(n_pos) * q[size_t(i)] / float(hd) : 0.0f;
+            k[size_t(p * stride + i)] = fp32_to_fp16(nd(rng) + grow * std::sqrt(float(hd)));
+            v[size_t(p * stride + i)] = fp32_to_fp16(nd(rng));
+          }
+        const float scale = 1.0f / std::sqrt(float(hd));
+        std::vector<double> ref(static_cast<size_t>(hd), 0.0), s(static_cast<size_t>(n_pos));
+        double mx = -1e30, sum = 0;
+        for (int64_t p = 0; p < n_pos; ++p) {
+          double d = 0;
+          for (int64_t i = 0; i < hd; ++i) d += double(q[size_t(i)]) * fp16_to_fp32(k[size_t(p * stride + i)]);
+          s[size_t(p)] = d * scale;
+          mx = std::max(mx, s[size_t(p)]);
+        }
+        for (auto& e : s) sum += (e = std::exp(e - mx));
+        for (int64_t p = 0; p < n_pos; ++p)
+          for (int64_t i = 0; i < hd; ++i)
+            ref[size_t(i)] += s[size_t(p)] / sum * fp16_to_fp32(v[size_t(p * stride + i)]);
+        for (const KernelTable* kt : tables()) {
+          CAPTURE(kt->name);
+          CAPTURE(hd);
+          CAPTURE(n_pos);
+          CAPTURE(rising);
+          // The score row is one tile long, whatever the depth.
+          std::vector<float> out(static_cast<size_t>(hd)), scores(static_cast<size_t>(kAttendTile));
+          kt->attend(q.data(), k.data(), v.data(), n_pos, hd, stride, scale, out.data(), scores.data());
+          for (int64_t i = 0; i < hd; ++i)
+            CHECK(out[size_t(i)] == doctest::Approx(ref[size_t(i)]).epsilon(1e-5));
+        }
+      }
 }
 
 TEST_CASE("kernels: a block of queries attends exactly as each query alone (a prompt chunk equals its tokens one by one)") {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (int64_t hd : {64, 100, 128}) {
-    const int64_t most = 301, stride = hd * 2, score_stride = 304;
+    const int64_t most = 301, stride = hd * 2, score_stride = kAttendTile;
     std::vector<uint16_t> k(size_t(most * stride)), v(size_t(most * stride));
     for (auto& e : k) e = fp32_to_fp16(nd(rng));
     for (auto& e : v) e = fp32_to_fp16(nd(rng));
     const float scale = 1.0f / std::sqrt(float(hd));
     for (int nq = 1; nq <= kAttendBlock; ++nq) {
-      // Consecutive positions of one sequence, the last query at the deepest one (301: past 4 tiles of 64, not a multiple of 8).
+      // Consecutive positions of one sequence, the last query at the deepest one (301: into a third tile, not a multiple of 8).
       std::vector<std::vector<float>> q{size_t(nq), std::vector<float>(size_t(hd))};
       std::vector<int64_t> n_pos(static_cast<size_t>(nq));
       for (int j = 0; j < nq; ++j) {

@@ -471,7 +471,8 @@ void CpuBackend::kv_store(int layer, Act k, Act v) {
 }
 
 void CpuBackend::attention(int layer, Act qa, Act outa, const AttentionSpec& a) {
-  static_assert(cpu::kAttendBlock == kAttendQueriesPerThread, "the memory plan's score rows per thread");
+  static_assert(cpu::kAttendBlock == kAttendQueriesPerThread && cpu::kAttendTile == kAttendScoresPerQuery,
+                "the memory plan's score rows per thread");
   const int64_t T = rows(qa), hd = a.head_dim;
   const int64_t group = a.n_heads / a.n_kv_heads, ldq = ld(qa), ldo = ld(outa);
   const float* q = ptr(qa);
@@ -486,7 +487,7 @@ void CpuBackend::attention(int layer, Act qa, Act outa, const AttentionSpec& a) 
     blocks.push_back({t, e});
     t = e;
   }
-  const int64_t jobs = int64_t(blocks.size()) * a.n_heads, score_stride = (shape_.ctx + 7) / 8 * 8;
+  const int64_t jobs = int64_t(blocks.size()) * a.n_heads, score_stride = cpu::kAttendTile;
   std::atomic<int64_t> next_job{0};
   // A cached position costs several multiply-adds of a product: two f16
   // rows (K and V) and its share of the softmax.

@@ -80,15 +80,17 @@ struct KernelTable {
   /// Rows [n0, n1) of the product; `scratch` holds matmul_scratch_floats(K) floats.
   void (*matmul_rows)(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch);
   /// Attention of one query head over n_pos cached positions (f16 K and V, one
-  /// row of `hd` values every `stride` elements): out = softmax(scale * q.K) V.
-  /// `scores` holds n_pos floats.
+  /// row of `hd` values every `stride` elements): out = softmax(scale * q.K) V,
+  /// in tiles of kAttendTile positions with an online softmax (flash
+  /// attention: the maximum and sum so far, the output rescaled when the
+  /// maximum grows). `scores` holds kAttendTile floats, at any depth.
   void (*attend)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos,
                  int64_t hd, int64_t stride, float scale, float* out, float* scores);
   /// attend() for nq queries of one head over the same cached K and V (the
   /// tokens of one sequence in a prefill chunk): query j attends its first
   /// n_pos[j] positions, out[j] gets its result, bit for bit attend()'s.
   /// Reads each tile of K and V once for all of them. `scores` holds
-  /// nq * score_stride floats (score_stride >= every n_pos).
+  /// nq * score_stride floats (score_stride >= kAttendTile).
   void (*attend_block)(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
                        int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
                        int64_t score_stride);
@@ -104,6 +106,8 @@ struct KernelTable {
 
 /// The queries a block of attend_block takes at most (scratch: that many score rows).
 inline constexpr int kAttendBlock = 8;
+/// Positions of K and V one step of the online softmax takes (a score row's length).
+inline constexpr int64_t kAttendTile = 128;
 
 /// attend_block as nq calls of attend (the generic table's).
 void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq,

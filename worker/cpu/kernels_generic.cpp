@@ -69,24 +69,28 @@ void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scr
 
 void attend_generic(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos,
                     int64_t hd, int64_t stride, float scale, float* out, float* scores) {
-  float mx = -INFINITY;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    float s = 0;
-    for (int64_t i = 0; i < hd; ++i) s += q[i] * fp16_to_fp32(k[p * stride + i]);
-    scores[p] = s * scale;
-    mx = std::max(mx, scores[p]);
+  float m = -INFINITY, l = 0;
+  for (int64_t t0 = 0; t0 < n_pos; t0 += kAttendTile) {
+    const int64_t n = std::min(kAttendTile, n_pos - t0);
+    const uint16_t *kt = k + t0 * stride, *vt = v + t0 * stride;
+    float mx = -INFINITY;
+    for (int64_t p = 0; p < n; ++p) {
+      float s = 0;
+      for (int64_t i = 0; i < hd; ++i) s += q[i] * fp16_to_fp32(kt[p * stride + i]);
+      scores[p] = s * scale;
+      mx = std::max(mx, scores[p]);
+    }
+    const float m_new = std::max(m, mx), alpha = m_new == m ? 1.0f : std::exp(m - m_new);
+    m = m_new;
+    float sum = 0;
+    for (int64_t p = 0; p < n; ++p) sum += (scores[p] = std::exp(scores[p] - m));
+    l = l * alpha + sum;
+    for (int64_t i = 0; i < hd; ++i) out[i] = t0 == 0 ? 0.0f : out[i] * alpha;
+    for (int64_t p = 0; p < n; ++p)
+      for (int64_t i = 0; i < hd; ++i) out[i] += scores[p] * fp16_to_fp32(vt[p * stride + i]);
   }
-  float sum = 0;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    scores[p] = std::exp(scores[p] - mx);
-    sum += scores[p];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < hd; ++i) out[i] = 0;
-  for (int64_t p = 0; p < n_pos; ++p) {
-    const float w = scores[p] * inv;
-    for (int64_t i = 0; i < hd; ++i) out[i] += w * fp16_to_fp32(v[p * stride + i]);
-  }
+  const float inv = 1.0f / l;
+  for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
 }
 
 void silu_mul_generic(float* g, const float* u, int64_t n) {

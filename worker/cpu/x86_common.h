@@ -487,11 +487,17 @@ inline __m256 exp_x86(__m256 x) {
   return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
 }
 
-// The steps of one query's attention, shared by attend_x86 (one query) and
+// Attention in tiles of kAttendTile positions with an online softmax: a
+// query keeps its running maximum m, its running sum l and its unnormalised
+// output in `out`; each tile's scores are exponentiated against the new
+// maximum, and what came before is scaled by e^(m_old - m_new). No row of a
+// query's scores longer than a tile is ever kept, at any depth.
+//
+// The steps of one query, shared by attend_x86 (one query) and
 // attend_block_x86 (several over the same K and V, loops in another order):
 // each query's arithmetic is these steps in this order, whichever calls them.
 
-// Scores of positions p0..p0+8 (eight sums in one transposing reduction).
+// Scores of positions p0..p0+8 of the tile at k (eight sums in one transposing reduction).
 inline void score8(const float* q, const uint16_t* k, int64_t p0, int64_t hd, int64_t stride, float scale, float* sc,
                    float& mx) {
   const int64_t hmain = hd / 8 * 8;
@@ -524,8 +530,18 @@ inline void score1(const float* q, const uint16_t* k, int64_t p, int64_t hd, int
   mx = std::max(mx, sc[p]);
 }
 
+// The n scores of one tile (k at its first position) into sc; returns their maximum.
+inline float score_tile(const float* q, const uint16_t* k, int64_t n, int64_t hd, int64_t stride, float scale,
+                        float* sc) {
+  float mx = -INFINITY;
+  int64_t p = 0;
+  for (; p + 8 <= n; p += 8) score8(q, k, p, hd, stride, scale, sc, mx);
+  for (; p < n; ++p) score1(q, k, p, hd, stride, scale, sc, mx);
+  return mx;
+}
+
 // exp(score - max) in place, eight positions at a time; the last few
-// through a padded copy, where exp(-inf) gives exactly zero. Returns 1 / sum.
+// through a padded copy, where exp(-inf) gives exactly zero. Returns the sum.
 inline float softmax_x86(float* sc, int64_t n, float mx) {
   const __m256 vmx = _mm256_set1_ps(mx);
   __m256 vsum = _mm256_setzero_ps();
@@ -543,94 +559,116 @@ inline float softmax_x86(float* sc, int64_t n, float mx) {
     vsum = _mm256_add_ps(vsum, e);
     for (int64_t i = e0; i < n; ++i) sc[i] = tail[i - e0];
   }
-  return 1.0f / hsum(vsum);
+  return hsum(vsum);
 }
 
-// out[0..8N) += sum over positions [0, n) of (scores[p] * inv) * V[p], in
-// position order, the running sums in registers; `first`: they start at
-// zero, else from `out` (the tile before: the same additions in the same
-// order as one pass, so the same result).
+// One query's running state across tiles.
+struct OnlineSoftmax {
+  float m = -INFINITY;  // the largest score so far
+  float l = 0;          // sum of e^(score - m) so far
+  // A tile's scores (their maximum mx) become e^(score - m_new) in place;
+  // returns the factor e^(m_old - m_new) for the output so far (1 when the
+  // maximum stays: e^0 is exactly 1).
+  float tile(float* sc, int64_t n, float mx) {
+    const float m_new = std::max(m, mx);
+    float alpha = 1.0f;
+    if (m_new != m) {
+      alignas(32) float e[8];
+      _mm256_store_ps(e, exp_x86(_mm256_set1_ps(m - m_new)));  // m = -inf at the first tile: 0
+      alpha = e[0];
+    }
+    m = m_new;
+    const float sum = softmax_x86(sc, n, m);
+    l = l * alpha + sum;
+    return alpha;
+  }
+};
+
+// out[0..8N) = out * alpha + sum over positions [0, n) of e[p] * V[p], in
+// position order, the running sums in registers; `first`: they start at zero.
 template <int N>
-void attend_values_tile(const float* scores, float inv, const uint16_t* v, int64_t n, int64_t stride, float* out,
+void attend_values_tile(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t stride, float* out,
                         bool first) {
   __m256 acc[N];
-  for (int j = 0; j < N; ++j) acc[j] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * j);
+  const __m256 a = _mm256_set1_ps(alpha);
+  for (int j = 0; j < N; ++j) acc[j] = first ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_loadu_ps(out + 8 * j), a);
   for (int64_t p = 0; p < n; ++p) {
-    const __m256 w = _mm256_set1_ps(scores[p] * inv);
+    const __m256 w = _mm256_set1_ps(e[p]);
     for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(w, load_f16(v + p * stride + 8 * j), acc[j]);
   }
   for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
 }
 
-// Value dims [c0, c0 + 64) (fewer at the end of hmain) over positions [t0, t0 + n).
-inline void attend_values_at(const float* scores, float inv, const uint16_t* v, int64_t hmain, int64_t c0,
-                             int64_t t0, int64_t n, int64_t stride, float* out) {
-  const float* sc = scores + t0;
-  const uint16_t* vt = v + t0 * stride + c0;
-  float* o = out + c0;
-  const bool first = t0 == 0;
-  switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
-    case 8: attend_values_tile<8>(sc, inv, vt, n, stride, o, first); break;
-    case 7: attend_values_tile<7>(sc, inv, vt, n, stride, o, first); break;
-    case 6: attend_values_tile<6>(sc, inv, vt, n, stride, o, first); break;
-    case 5: attend_values_tile<5>(sc, inv, vt, n, stride, o, first); break;
-    case 4: attend_values_tile<4>(sc, inv, vt, n, stride, o, first); break;
-    case 3: attend_values_tile<3>(sc, inv, vt, n, stride, o, first); break;
-    case 2: attend_values_tile<2>(sc, inv, vt, n, stride, o, first); break;
-    default: attend_values_tile<1>(sc, inv, vt, n, stride, o, first); break;
+// One tile's values (v at its first position) into a query's output: dims in
+// groups of 64 with the sums in registers, the dims past the last multiple of
+// 8 position by position.
+inline void attend_values(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t hd, int64_t stride,
+                          float* out, bool first) {
+  const int64_t hmain = hd / 8 * 8;
+  for (int64_t c0 = 0; c0 < hmain; c0 += 64) {
+    const uint16_t* vt = v + c0;
+    float* o = out + c0;
+    switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
+      case 8: attend_values_tile<8>(e, alpha, vt, n, stride, o, first); break;
+      case 7: attend_values_tile<7>(e, alpha, vt, n, stride, o, first); break;
+      case 6: attend_values_tile<6>(e, alpha, vt, n, stride, o, first); break;
+      case 5: attend_values_tile<5>(e, alpha, vt, n, stride, o, first); break;
+      case 4: attend_values_tile<4>(e, alpha, vt, n, stride, o, first); break;
+      case 3: attend_values_tile<3>(e, alpha, vt, n, stride, o, first); break;
+      case 2: attend_values_tile<2>(e, alpha, vt, n, stride, o, first); break;
+      default: attend_values_tile<1>(e, alpha, vt, n, stride, o, first); break;
+    }
+  }
+  for (int64_t i = hmain; i < hd; ++i) {
+    float o = first ? 0.0f : out[i] * alpha;
+    for (int64_t p = 0; p < n; ++p) o += e[p] * fp16_to_fp32(v[p * stride + i]);
+    out[i] = o;
   }
 }
 
-// The value dims past the last multiple of 8, position by position.
-inline void attend_values_rest(const float* scores, float inv, const uint16_t* v, int64_t n_pos, int64_t hd,
-                               int64_t stride, float* out) {
-  const int64_t hmain = hd / 8 * 8;
-  for (int64_t i = hmain; i < hd; ++i) out[i] = 0;
-  for (int64_t p = 0; p < n_pos; ++p)
-    for (int64_t i = hmain; i < hd; ++i) out[i] += scores[p] * inv * fp16_to_fp32(v[p * stride + i]);
+// The output divided by the running sum.
+inline void attend_finish(const OnlineSoftmax& st, int64_t hd, float* out) {
+  const float inv = 1.0f / st.l;
+  for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
 }
 
 void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
                  int64_t stride, float scale, float* out, float* scores) {
-  const int64_t hmain = hd / 8 * 8;
-  float mx = -INFINITY;
-  int64_t p = 0;
-  for (; p + 8 <= n_pos; p += 8) score8(q, k, p, hd, stride, scale, scores, mx);
-  for (; p < n_pos; ++p) score1(q, k, p, hd, stride, scale, scores, mx);
-  const float inv = softmax_x86(scores, n_pos, mx);
-  for (int64_t c0 = 0; c0 < hmain; c0 += 64) attend_values_at(scores, inv, v, hmain, c0, 0, n_pos, stride, out);
-  attend_values_rest(scores, inv, v, n_pos, hd, stride, out);
+  OnlineSoftmax st;
+  for (int64_t t0 = 0; t0 < n_pos; t0 += kAttendTile) {
+    const int64_t n = std::min(kAttendTile, n_pos - t0);
+    const float alpha = st.tile(scores, n, score_tile(q, k + t0 * stride, n, hd, stride, scale, scores));
+    attend_values(scores, alpha, v + t0 * stride, n, hd, stride, out, t0 == 0);
+  }
+  attend_finish(st, hd, out);
 }
 
 // Several queries of one head (a prefill chunk's tokens of one sequence):
-// each query's steps are attend_x86's, in its order, but the loops run over
-// tiles of K and V positions outside the queries, so that a tile is read
-// from memory once for all of them (at a depth of 16K positions one head's
-// K and V are 4 MB: one pass per query streamed them from L3 each time).
+// each query's steps are attend_x86's, in its order, but the tiles of K and V
+// are the outer loop, so that a tile is read from memory once for all of
+// them and stays in L1/L2 while they take it in turn (at a depth of 16K
+// positions one head's K and V are 4 MB: one pass per query streamed them
+// from L3 each time).
 void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
                       int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
                       int64_t score_stride) {
-  const int64_t hmain = hd / 8 * 8;
   int64_t most = 0;
   for (int j = 0; j < nq; ++j) most = std::max(most, n_pos[j]);
-  float mx[kAttendBlock], inv[kAttendBlock];
-  for (int j = 0; j < nq; ++j) mx[j] = -INFINITY;
-  for (int64_t p0 = 0; p0 + 8 <= most; p0 += 8)
+  OnlineSoftmax st[kAttendBlock];
+  float alpha[kAttendBlock];
+  for (int64_t t0 = 0; t0 < most; t0 += kAttendTile) {
     for (int j = 0; j < nq; ++j)
-      if (p0 + 8 <= n_pos[j]) score8(q[j], k, p0, hd, stride, scale, scores + j * score_stride, mx[j]);
-  for (int j = 0; j < nq; ++j) {  // each query's last few positions one by one, then its softmax
-    float* sc = scores + j * score_stride;
-    for (int64_t p = n_pos[j] / 8 * 8; p < n_pos[j]; ++p) score1(q[j], k, p, hd, stride, scale, sc, mx[j]);
-    inv[j] = softmax_x86(sc, n_pos[j], mx[j]);
+      if (t0 < n_pos[j]) {
+        float* sc = scores + j * score_stride;
+        const int64_t n = std::min(kAttendTile, n_pos[j] - t0);
+        alpha[j] = st[j].tile(sc, n, score_tile(q[j], k + t0 * stride, n, hd, stride, scale, sc));
+      }
+    for (int j = 0; j < nq; ++j)
+      if (t0 < n_pos[j])
+        attend_values(scores + j * score_stride, alpha[j], v + t0 * stride, std::min(kAttendTile, n_pos[j] - t0), hd,
+                      stride, out[j], t0 == 0);
   }
-  constexpr int64_t kTile = 64;  // positions of V read once for every query that reaches them
-  for (int64_t c0 = 0; c0 < hmain; c0 += 64)
-    for (int64_t t0 = 0; t0 < most; t0 += kTile)
-      for (int j = 0; j < nq; ++j)
-        if (t0 < n_pos[j])
-          attend_values_at(scores + j * score_stride, inv[j], v, hmain, c0, t0, std::min(kTile, n_pos[j] - t0), stride,
-                           out[j]);
-  for (int j = 0; j < nq; ++j) attend_values_rest(scores + j * score_stride, inv[j], v, n_pos[j], hd, stride, out[j]);
+  for (int j = 0; j < nq; ++j) attend_finish(st[j], hd, out[j]);
 }
 
 // Eight values of SwiGLU's gate: g / (1 + e^-g) * u, in the scalar order.
