@@ -630,6 +630,211 @@ void rope_store(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv, c
   DS4_CUDA_LAUNCHED();
 }
 
+namespace {
+
+// Prefill attention on the tensor cores (flash attention): a block takes one
+// head and kFaRows consecutive tokens of the batch, four warps of 16 rows.
+// K and V of kFaKeys positions at a time go into shared memory as they are
+// cached (f16); each warp multiplies its rows' queries (f16) by the tile's
+// keys with mma.sync m16n8k16 (f32 sums), keeps the online softmax of its rows
+// in registers (a row's maximum and sum shared by the four lanes that hold
+// it), and multiplies the weights (f16, straight from the score registers)
+// by the values into its f32 outputs. The tokens' slots are taken one at a
+// time, in increasing order, as in attention_tiled_kernel; a token attends
+// only to its own slot's positions up to its own.
+constexpr int kFaRows = 64, kFaKeys = 64, kFaThreads = 128;
+
+template <int HD>
+__host__ __device__ constexpr int fa_ld() { return HD + 8; }  // halves a shared row: 16-byte rows, no bank conflicts
+
+template <int HD>
+constexpr size_t fa_smem_bytes() {
+  return size_t(kFaRows + 2 * kFaKeys) * fa_ld<HD>() * sizeof(__half);
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// c += a (16x16, row-major f16) * b (16x8, column-major f16), f32 sums.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 f16 matrices from shared memory, transposed (lane l gives the
+// address of row l % 8 of matrix l / 8).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* q, int64_t ldq, const __half* kc,
+                                                                   const __half* vc, const BatchToken* batch, int T,
+                                                                   AttentionArgs a, float* out, int64_t ldo) {
+  constexpr int LD = fa_ld<HD>();
+  constexpr int NT = kFaKeys / 8;  // score tiles of 8 positions a warp
+  constexpr int OT = HD / 8;       // output tiles of 8 dimensions a warp
+  extern __shared__ float4 fa_smem[];
+  __half* sq = reinterpret_cast<__half*>(fa_smem);
+  __half* sk = sq + kFaRows * LD;
+  __half* sv = sk + kFaKeys * LD;
+  __shared__ int s_slot[kFaRows], s_pos[kFaRows];
+  pdl_wait();
+  pdl_trigger();
+  const int h = blockIdx.x, t0 = int(blockIdx.y) * kFaRows, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int kvh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t kvd = int64_t(a.n_kv_heads) * HD;
+  if (tid < kFaRows) {
+    const int t = t0 + tid;
+    s_slot[tid] = t < T ? batch[t].slot : -1;
+    s_pos[tid] = t < T ? batch[t].pos : -1;
+  }
+  for (int i = tid; i < kFaRows * HD / 4; i += kFaThreads) {
+    const int r = i / (HD / 4), c = i % (HD / 4), t = t0 + r;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (t < T) v = *reinterpret_cast<const float4*>(q + t * ldq + int64_t(h) * HD + c * 4);
+    uint2 packed;
+    packed.x = pack_half2(v.x, v.y);
+    packed.y = pack_half2(v.z, v.w);
+    *reinterpret_cast<uint2*>(sq + r * LD + c * 4) = packed;
+  }
+  __syncthreads();
+  // This lane's two rows: g and g + 8 of its warp's 16.
+  const int r0 = warp * 16 + g, r1 = r0 + 8;
+  const int my_slot[2] = {s_slot[r0], s_slot[r1]}, my_pos[2] = {s_pos[r0], s_pos[r1]};
+  const float scale = a.scale * 1.4426950408889634f;  // scores in log2 units: exp2f
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[OT][4];
+#pragma unroll
+  for (int n = 0; n < OT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  const __half* qw = sq + (warp * 16) * LD;
+
+  for (int slot = -1;;) {
+    int next = INT_MAX;
+    for (int r = 0; r < kFaRows; ++r)
+      if (s_slot[r] > slot && s_slot[r] < next) next = s_slot[r];
+    if (next == INT_MAX) break;
+    slot = next;
+    int last = -1;
+    for (int r = 0; r < kFaRows; ++r)
+      if (s_slot[r] == slot) last = max(last, s_pos[r]);
+    const __half* kb = kc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
+    const __half* vb = vc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
+    for (int p0 = 0; p0 <= last; p0 += kFaKeys) {
+      __syncthreads();  // the last tile's readers are done
+      for (int i = tid; i < kFaKeys * HD / 8; i += kFaThreads) {
+        const int j = i / (HD / 8), c = i % (HD / 8), p = p0 + j;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+        if (p <= last) {  // past it: zeros (weight 0 times a zero, never garbage)
+          kv = *reinterpret_cast<const uint4*>(kb + int64_t(p) * kvd + c * 8);
+          vv = *reinterpret_cast<const uint4*>(vb + int64_t(p) * kvd + c * 8);
+        }
+        *reinterpret_cast<uint4*>(sk + j * LD + c * 8) = kv;
+        *reinterpret_cast<uint4*>(sv + j * LD + c * 8) = vv;
+      }
+      __syncthreads();
+      // Scores: 16 rows x kFaKeys positions a warp.
+      float sc[NT][4];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+      for (int k0 = 0; k0 < HD; k0 += 16) {
+        uint32_t qa[4];
+        qa[0] = *reinterpret_cast<const uint32_t*>(qw + g * LD + k0 + 2 * tq);
+        qa[1] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * LD + k0 + 2 * tq);
+        qa[2] = *reinterpret_cast<const uint32_t*>(qw + g * LD + k0 + 8 + 2 * tq);
+        qa[3] = *reinterpret_cast<const uint32_t*>(qw + (g + 8) * LD + k0 + 8 + 2 * tq);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const __half* kr = sk + (n * 8 + g) * LD + k0 + 2 * tq;
+          mma_16816(sc[n], qa, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
+        }
+      }
+      // The online softmax of rows r0 (sums 0, 1) and r1 (sums 2, 3).
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int p = p0 + n * 8 + 2 * tq + e;
+            float& x = sc[n][2 * r + e];
+            x = my_slot[r] == slot && p <= my_pos[r] ? x * scale : -INFINITY;
+            tile_max = fmaxf(tile_max, x);
+          }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float m_new = fmaxf(m[r], tile_max);
+        float corr = 1.f, sum = 0.f;
+        if (m_new != -INFINITY) {
+          corr = exp2f(m[r] - m_new);  // 0 while m is still -inf
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = sc[n][2 * r + e];
+              x = exp2f(x - m_new);  // 0 for a masked position
+              sum += x;
+            }
+        } else {
+#pragma unroll
+          for (int n = 0; n < NT; ++n) sc[n][2 * r] = sc[n][2 * r + 1] = 0.f;
+        }
+        l[r] = l[r] * corr + sum;  // this lane's columns; the four lanes of a row add up at the end
+        m[r] = m_new;
+#pragma unroll
+        for (int n = 0; n < OT; ++n) {
+          o[n][2 * r] *= corr;
+          o[n][2 * r + 1] *= corr;
+        }
+      }
+      // Outputs: the weights of 16 positions at a time as the A operand, the
+      // values (transposed by ldmatrix) as B, two output tiles a load.
+#pragma unroll
+      for (int kc = 0; kc < kFaKeys / 16; ++kc) {
+        uint32_t pa[4];
+        pa[0] = pack_half2(sc[2 * kc][0], sc[2 * kc][1]);
+        pa[1] = pack_half2(sc[2 * kc][2], sc[2 * kc][3]);
+        pa[2] = pack_half2(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
+        pa[3] = pack_half2(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
+        const int mi = lane / 8, rr = lane % 8;
+        const __half* vrow = sv + (kc * 16 + (mi & 1) * 8 + rr) * LD + (mi >> 1) * 8;
+#pragma unroll
+        for (int n = 0; n < OT; n += 2) {
+          uint32_t vb4[4];
+          ldmatrix_x4_trans(vb4, vrow + n * 8);
+          mma_16816(o[n], pa, vb4[0], vb4[1]);
+          mma_16816(o[n + 1], pa, vb4[2], vb4[3]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int t = t0 + (r == 0 ? r0 : r1);
+    if (t >= T) continue;
+    const float inv = 1.0f / sum;
+    float* orow = out + int64_t(t) * ldo + int64_t(h) * HD + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < OT; ++n)
+      *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+  }
+}
+
+}  // namespace
+
 void head_norm(float* x, int64_t ldx, int heads, int64_t n, const float* g, float eps, int T, cudaStream_t s) {
   if (heads == 0 || T == 0) return;
   launch(head_norm_kernel, dim3(unsigned(T * heads)), dim3(n >= 128 ? 128 : 64), s, x, ldx, heads, n, g, eps);
@@ -654,14 +859,43 @@ int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits) {
 
 namespace {
 
-/// Whether prefill batches take the tiled kernel (DS4_CUDA_ATTN_TILED=0: the
-/// split kernel for every batch, for comparison).
-bool tiled_attention() {
-  static const bool on = [] {
-    const char* env = std::getenv("DS4_CUDA_ATTN_TILED");
-    return !(env && std::strcmp(env, "0") == 0);
+/// The prefill kernel (batches of more than kMaxGemvTokens tokens):
+/// DS4_CUDA_ATTN=mma (the tensor cores, default), tiled (f32, the one before
+/// it) or split (the decode kernel for every batch), for comparison.
+enum class PrefillAttention { mma, tiled, split };
+PrefillAttention prefill_attention() {
+  static const PrefillAttention kind = [] {
+    const char* env = std::getenv("DS4_CUDA_ATTN");
+    if (env && std::strcmp(env, "tiled") == 0) return PrefillAttention::tiled;
+    if (env && std::strcmp(env, "split") == 0) return PrefillAttention::split;
+    const char* old = std::getenv("DS4_CUDA_ATTN_TILED");  // the earlier switch: 0 = split
+    if (old && std::strcmp(old, "0") == 0) return PrefillAttention::split;
+    return PrefillAttention::mma;
   }();
-  return on;
+  return kind;
+}
+
+template <int HD>
+void launch_mma(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
+                int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
+  constexpr size_t smem = fa_smem_bytes<HD>();
+  static const bool sized = [] {
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem)));
+    return true;
+  }();
+  (void)sized;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(a.n_heads), unsigned(ceil_div(T, kFaRows)));
+  cfg.blockDim = dim3(kFaThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_mma_kernel<HD>, q, ldq, k_cache, v_cache, batch, T, a, out, ldo));
 }
 
 template <int HD>
@@ -691,7 +925,16 @@ void launch_tiled(const float* q, int64_t ldq, const __half* k_cache, const __ha
 
 void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
                int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
-  if (T > kMaxGemvTokens && tiled_attention() && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
+  const PrefillAttention kind = prefill_attention();
+  if (T > kMaxGemvTokens && kind == PrefillAttention::mma && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
+    switch (a.head_dim) {
+      case 64: launch_mma<64>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      case 128: launch_mma<128>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      default: launch_mma<256>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+    }
+    return;
+  }
+  if (T > kMaxGemvTokens && kind == PrefillAttention::tiled && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
     switch (a.head_dim) {
       case 64: launch_tiled<64>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
       case 128: launch_tiled<128>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
