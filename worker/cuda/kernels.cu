@@ -181,8 +181,12 @@ __device__ void combine_splits(const float* p, int hd, int splits, float* out) {
   }
 }
 
-template <int G>
-__global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float* q, int64_t ldq, const __half* kc,
+// QH query heads of one grouped-query group a block (they read the same KV
+// head): each position's K and V are loaded once for all of them. Decode
+// deep in a context reads the cache at memory speed, and one block per query
+// head read each KV head group-size times.
+template <int G, int QH>
+__global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_kernel(const float* q, int64_t ldq, const __half* kc,
                                                                      const __half* vc, const BatchToken* batch,
                                                                      AttentionArgs a, float* partial, float* out,
                                                                      int64_t ldo) {
@@ -190,9 +194,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
   pdl_trigger();
   constexpr int kGroups = kAttnWarps * 32 / G;
   constexpr int HD = G * 8;
-  __shared__ float s_m[kGroups], s_l[kGroups];
-  __shared__ float s_acc[kGroups][HD];
-  const int h = blockIdx.x, t = blockIdx.y, split = blockIdx.z;
+  // Four heads: two positions a round, so that two blocks fit a multiprocessor's registers.
+  constexpr int kUnroll = QH >= 4 ? 2 : kAttnUnroll;
+  __shared__ float s_m[QH][kGroups], s_l[QH][kGroups];
+  __shared__ float s_acc[QH][kGroups][HD];
+  const int h0 = blockIdx.x * QH, t = blockIdx.y, split = blockIdx.z;
   const BatchToken b = batch[t];
   const int64_t n_pos = int64_t(b.pos) + 1;
   const int64_t chunk = (a.ctx + a.splits - 1) / a.splits;
@@ -201,26 +207,34 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
   const int active = int((n_pos + chunk - 1) / chunk);
   if (split >= active) return;
   const int group = threadIdx.x / G, gl = threadIdx.x % G;
-  const int kvh = h / (a.n_heads / a.n_kv_heads);
+  const int kvh = h0 / (a.n_heads / a.n_kv_heads);
   const int64_t kvd = int64_t(a.n_kv_heads) * HD;
 
-  float qv[8];
-  {
-    const float4* qp = reinterpret_cast<const float4*>(q + t * ldq + int64_t(h) * HD + gl * 8);
+  float qv[QH][8];
+#pragma unroll
+  for (int qh = 0; qh < QH; ++qh) {
+    const float4* qp = reinterpret_cast<const float4*>(q + t * ldq + int64_t(h0 + qh) * HD + gl * 8);
     const float4 x0 = qp[0], x1 = qp[1];
-    qv[0] = x0.x; qv[1] = x0.y; qv[2] = x0.z; qv[3] = x0.w;
-    qv[4] = x1.x; qv[5] = x1.y; qv[6] = x1.z; qv[7] = x1.w;
+    qv[qh][0] = x0.x; qv[qh][1] = x0.y; qv[qh][2] = x0.z; qv[qh][3] = x0.w;
+    qv[qh][4] = x1.x; qv[qh][5] = x1.y; qv[qh][6] = x1.z; qv[qh][7] = x1.w;
   }
-  float m = -INFINITY, l = 0.0f, acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float m[QH], l[QH], acc[QH][8];
+#pragma unroll
+  for (int qh = 0; qh < QH; ++qh) {
+    m[qh] = -INFINITY;
+    l[qh] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[qh][j] = 0.0f;
+  }
   const __half* kbase = kc + int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD + gl * 8;
   const __half* vbase = vc + int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD + gl * 8;
-  // A group takes kAttnUnroll positions a round, their K and V loaded before
+  // A group takes kUnroll positions a round, their K and V loaded before
   // any is used. Every lane runs the same rounds (the shuffles need the whole
   // warp); a group past the end of the range computes and drops.
-  for (int64_t base = p0; base < p1; base += int64_t(kGroups) * kAttnUnroll) {
-    float kf[kAttnUnroll][8], vf[kAttnUnroll][8], sc[kAttnUnroll];
+  for (int64_t base = p0; base < p1; base += int64_t(kGroups) * kUnroll) {
+    float kf[kUnroll][8], vf[kUnroll][8];
 #pragma unroll
-    for (int u = 0; u < kAttnUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int64_t p = base + u * kGroups + group;
       if (p < p1) {
         load8(kbase + p * kvd, kf[u]);
@@ -230,75 +244,87 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(const float*
         for (int j = 0; j < 8; ++j) kf[u][j] = vf[u][j] = 0.0f;
       }
     }
-    float m_new = m;
 #pragma unroll
-    for (int u = 0; u < kAttnUnroll; ++u) {
-      float d = 0.0f;
+    for (int qh = 0; qh < QH; ++qh) {
+      float sc[kUnroll];
+      float m_new = m[qh];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) d = fmaf(qv[j], kf[u][j], d);
+      for (int u = 0; u < kUnroll; ++u) {
+        float d = 0.0f;
 #pragma unroll
-      for (int off = G / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off, G);
-      sc[u] = base + u * kGroups + group < p1 ? d * a.scale : -INFINITY;
-      m_new = fmaxf(m_new, sc[u]);
-    }
-    if (m_new == -INFINITY) continue;  // no position of this group in the round
-    const float corr = expf(m - m_new);  // 0 while m = -inf
-    l *= corr;
+        for (int j = 0; j < 8; ++j) d = fmaf(qv[qh][j], kf[u][j], d);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) acc[j] *= corr;
-#pragma unroll
-    for (int u = 0; u < kAttnUnroll; ++u) {
-      const float e = expf(sc[u] - m_new);  // 0 for a dropped position
-      l += e;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = fmaf(e, vf[u][j], acc[j]);
-    }
-    m = m_new;
-  }
-  if (gl == 0) {
-    s_m[group] = m;
-    s_l[group] = l;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) s_acc[group][gl * 8 + j] = acc[j];
-  __syncthreads();
-  // Merge the groups: thread d < HD takes dimension d.
-  float* part = partial + ((int64_t(t) * a.n_heads + h) * a.splits + split) * (HD + 2);
-  if (threadIdx.x < HD) {
-    float M = -INFINITY;
-    for (int g = 0; g < kGroups; ++g) M = fmaxf(M, s_m[g]);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int g = 0; g < kGroups; ++g) {
-        const float w = expf(s_m[g] - M);
-        L += s_l[g] * w;
-        A += s_acc[g][threadIdx.x] * w;
+        for (int off = G / 2; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off, G);
+        sc[u] = base + u * kGroups + group < p1 ? d * a.scale : -INFINITY;
+        m_new = fmaxf(m_new, sc[u]);
       }
+      if (m_new == -INFINITY) continue;  // no position of this group in the round
+      const float corr = expf(m[qh] - m_new);  // 0 while m = -inf
+      l[qh] *= corr;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[qh][j] *= corr;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float e = expf(sc[u] - m_new);  // 0 for a dropped position
+        l[qh] += e;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[qh][j] = fmaf(e, vf[u][j], acc[qh][j]);
+      }
+      m[qh] = m_new;
     }
-    if (active == 1) {  // the whole range: no partial to merge
-      out[int64_t(t) * ldo + int64_t(h) * HD + threadIdx.x] = A / L;
-      return;
+  }
+#pragma unroll
+  for (int qh = 0; qh < QH; ++qh) {
+    if (gl == 0) {
+      s_m[qh][group] = m[qh];
+      s_l[qh][group] = l[qh];
     }
-    part[threadIdx.x] = A;
-    if (threadIdx.x == 0) {
-      part[HD] = M;
-      part[HD + 1] = L;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s_acc[qh][group][gl * 8 + j] = acc[qh][j];
+  }
+  __syncthreads();
+  // Merge the groups: thread d < HD takes dimension d of each head.
+  if (threadIdx.x < HD) {
+    for (int qh = 0; qh < QH; ++qh) {
+      const int h = h0 + qh;
+      float M = -INFINITY;
+      for (int g = 0; g < kGroups; ++g) M = fmaxf(M, s_m[qh][g]);
+      float L = 0.0f, A = 0.0f;
+      if (M != -INFINITY) {
+        for (int g = 0; g < kGroups; ++g) {
+          const float w = expf(s_m[qh][g] - M);
+          L += s_l[qh][g] * w;
+          A += s_acc[qh][g][threadIdx.x] * w;
+        }
+      }
+      if (active == 1) {  // the whole range: no partial to merge
+        out[int64_t(t) * ldo + int64_t(h) * HD + threadIdx.x] = A / L;
+        continue;
+      }
+      float* part = partial + ((int64_t(t) * a.n_heads + h) * a.splits + split) * (HD + 2);
+      part[threadIdx.x] = A;
+      if (threadIdx.x == 0) {
+        part[HD] = M;
+        part[HD + 1] = L;
+      }
     }
   }
   if (active == 1) return;
-  // The last split block of (token, head) to finish merges the splits, and
-  // sets the counter back to zero for the next launch.
+  // The last split block of (token, head group) to finish merges the splits,
+  // and sets the counter (the group's first head's) back to zero for the
+  // next launch.
   __shared__ bool s_last;
   __threadfence();
   __syncthreads();
-  unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * a.n_heads + h;
+  unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * a.n_heads + h0;
   if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == unsigned(active - 1);
   __syncthreads();
   if (!s_last) return;
   if (threadIdx.x == 0) *count = 0;
   __threadfence();
-  combine_splits(partial + (int64_t(t) * a.n_heads + h) * a.splits * (HD + 2), HD, active,
-                 out + int64_t(t) * ldo + int64_t(h) * HD);
+  for (int qh = 0; qh < QH; ++qh)
+    combine_splits(partial + (int64_t(t) * a.n_heads + h0 + qh) * a.splits * (HD + 2), HD, active,
+                   out + int64_t(t) * ldo + int64_t(h0 + qh) * HD);
 }
 
 
@@ -945,13 +971,24 @@ void attention(const float* q, int64_t ldq, const __half* k_cache, const __half*
   if (a.splits > 1 && int64_t(T) * a.n_heads > kAttnCounters)
     throw Error("CUDA attention: " + std::to_string(a.splits) + " splits for " + std::to_string(T) + " tokens x " +
                 std::to_string(a.n_heads) + " heads");
-  const dim3 grid(unsigned(a.n_heads), unsigned(T), unsigned(a.splits));
+  // Query heads a block: as many of a group as divide it, up to 4 (the
+  // merge's shared memory is 8 KiB a head).
+  const int group = a.n_heads / a.n_kv_heads;
+  const int qh = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  const dim3 grid(unsigned(a.n_heads / qh), unsigned(T), unsigned(a.splits));
   float* partial = scratch + kAttnCounters;
   switch (a.head_dim) {
-#define DS4_ATTN_CASE(HD)                                                                             \
-  case HD:                                                                                            \
-    launch(attention_kernel<HD / 8>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a, partial, \
-           out, ldo);                                                                                 \
+#define DS4_ATTN_CASE(HD)                                                                                         \
+  case HD:                                                                                                        \
+    if (qh == 4)                                                                                                  \
+      launch(attention_kernel<HD / 8, 4>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a,     \
+             partial, out, ldo);                                                                                  \
+    else if (qh == 2)                                                                                             \
+      launch(attention_kernel<HD / 8, 2>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a,     \
+             partial, out, ldo);                                                                                  \
+    else                                                                                                          \
+      launch(attention_kernel<HD / 8, 1>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a,     \
+             partial, out, ldo);                                                                                  \
     break;
     DS4_ATTN_CASE(8)
     DS4_ATTN_CASE(16)
