@@ -84,7 +84,7 @@ struct BackendPlanOptions {
 /// the cached K and V (cpu::kAttendBlock): each thread keeps a score row for
 /// each, of one tile of positions (cpu::kAttendTile), whatever the context.
 inline constexpr int64_t kAttendQueriesPerThread = 8;
-inline constexpr int64_t kAttendScoresPerQuery = 128;
+inline constexpr int64_t kAttendScoresPerQuery = 512;
 
 struct ScratchLayout {
   std::array<int64_t, kActCount> act{};  // offset of each Act

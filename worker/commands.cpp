@@ -245,7 +245,7 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights",
-                "holder-socket", "host-experts", "holder-experts", "depth"}, {},
+                "holder-socket", "host-experts", "holder-experts", "depth", "ctx"}, {},
          {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}, {"-d", "depth"}});
   const auto t_attach = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
@@ -270,7 +270,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
       throw Error("--host-experts " + std::to_string(rung) + ": " + backend->name() +
                   " computes every expert on the host already; the expert rungs are a GPU worker's");
     EngineShape shape;
-    shape.ctx = depth + std::max<int64_t>(np, ng) + 1;
+    // --ctx C: the slot's context, as a worker at that rung holds it (the
+    // attention's plan follows the context, not the depth); default the runs' need.
+    const int64_t need = depth + std::max<int64_t>(np, ng) + 1;
+    shape.ctx = a.integer("ctx", need, kMinContext, kMaxContext);
+    if (shape.ctx < need)
+      throw Error("--ctx " + std::to_string(shape.ctx) + " is smaller than the runs need (" +
+                  std::to_string(need) + ": -d + the longer of -p and -n + 1)");
     shape.slots = 1;
     shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(std::max(np, depth), 512));
     check_backend_plan_fits(*backend, backend->plan(shape), shape);
@@ -325,6 +331,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           {"n_prompt", np},
                           {"n_gen", ng},
                           {"depth", depth},
+                          {"ctx", shape.ctx},
                           {"depth_ms", depth_ms},
                           {"repetitions", reps},
                           {"weights_bytes", lm->model.w().bytes},

@@ -16,7 +16,7 @@ static const char* kUsage =
     "         [--ctx N] [--threads T] [--device auto|cpu|cuda:N] [--json]   one-shot generation\n"
     "         [--router-gaps]  with --json on a mixture of experts: each position's smallest\n"
     "                          margin (nats) between a chosen expert and the best unchosen one\n"
-    "  bench  --model FILE [-p 128] [-n 128] [-r 3] [-d 0] [--threads T] [--device auto|cpu|cuda:N]\n"
+    "  bench  --model FILE [-p 128] [-n 128] [-r 3] [-d 0] [--ctx N] [--threads T] [--device auto|cpu|cuda:N]\n"
     "                                                 prompt and generation speed, one JSON line\n"
     "  serve  (--segment SEGMENT | --model FILE) --socket PATH [--context N] [--slots N]\n"
     "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"

@@ -107,7 +107,7 @@ struct KernelTable {
 /// The queries a block of attend_block takes at most (scratch: that many score rows).
 inline constexpr int kAttendBlock = 8;
 /// Positions of K and V one step of the online softmax takes (a score row's length).
-inline constexpr int64_t kAttendTile = 128;
+inline constexpr int64_t kAttendTile = 512;
 
 /// attend_block as nq calls of attend (the generic table's).
 void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq,

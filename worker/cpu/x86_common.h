@@ -530,16 +530,6 @@ inline void score1(const float* q, const uint16_t* k, int64_t p, int64_t hd, int
   mx = std::max(mx, sc[p]);
 }
 
-// The n scores of one tile (k at its first position) into sc; returns their maximum.
-inline float score_tile(const float* q, const uint16_t* k, int64_t n, int64_t hd, int64_t stride, float scale,
-                        float* sc) {
-  float mx = -INFINITY;
-  int64_t p = 0;
-  for (; p + 8 <= n; p += 8) score8(q, k, p, hd, stride, scale, sc, mx);
-  for (; p < n; ++p) score1(q, k, p, hd, stride, scale, sc, mx);
-  return mx;
-}
-
 // exp(score - max) in place, eight positions at a time; the last few
 // through a padded copy, where exp(-inf) gives exactly zero. Returns the sum.
 inline float softmax_x86(float* sc, int64_t n, float mx) {
@@ -599,27 +589,28 @@ void attend_values_tile(const float* e, float alpha, const uint16_t* v, int64_t 
   for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
 }
 
-// One tile's values (v at its first position) into a query's output: dims in
-// groups of 64 with the sums in registers, the dims past the last multiple of
-// 8 position by position.
-inline void attend_values(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t hd, int64_t stride,
-                          float* out, bool first) {
-  const int64_t hmain = hd / 8 * 8;
-  for (int64_t c0 = 0; c0 < hmain; c0 += 64) {
-    const uint16_t* vt = v + c0;
-    float* o = out + c0;
-    switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
-      case 8: attend_values_tile<8>(e, alpha, vt, n, stride, o, first); break;
-      case 7: attend_values_tile<7>(e, alpha, vt, n, stride, o, first); break;
-      case 6: attend_values_tile<6>(e, alpha, vt, n, stride, o, first); break;
-      case 5: attend_values_tile<5>(e, alpha, vt, n, stride, o, first); break;
-      case 4: attend_values_tile<4>(e, alpha, vt, n, stride, o, first); break;
-      case 3: attend_values_tile<3>(e, alpha, vt, n, stride, o, first); break;
-      case 2: attend_values_tile<2>(e, alpha, vt, n, stride, o, first); break;
-      default: attend_values_tile<1>(e, alpha, vt, n, stride, o, first); break;
-    }
+// Value dims [c0, c0 + 64) (fewer at the end of the multiples of 8) of one
+// tile (v at its first position) into a query's output, the sums in registers.
+inline void attend_values_at(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t hmain, int64_t c0,
+                             int64_t stride, float* out, bool first) {
+  const uint16_t* vt = v + c0;
+  float* o = out + c0;
+  switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
+    case 8: attend_values_tile<8>(e, alpha, vt, n, stride, o, first); break;
+    case 7: attend_values_tile<7>(e, alpha, vt, n, stride, o, first); break;
+    case 6: attend_values_tile<6>(e, alpha, vt, n, stride, o, first); break;
+    case 5: attend_values_tile<5>(e, alpha, vt, n, stride, o, first); break;
+    case 4: attend_values_tile<4>(e, alpha, vt, n, stride, o, first); break;
+    case 3: attend_values_tile<3>(e, alpha, vt, n, stride, o, first); break;
+    case 2: attend_values_tile<2>(e, alpha, vt, n, stride, o, first); break;
+    default: attend_values_tile<1>(e, alpha, vt, n, stride, o, first); break;
   }
-  for (int64_t i = hmain; i < hd; ++i) {
+}
+
+// The dims past the last multiple of 8 of one tile, position by position.
+inline void attend_values_rest(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t hd, int64_t stride,
+                               float* out, bool first) {
+  for (int64_t i = hd / 8 * 8; i < hd; ++i) {
     float o = first ? 0.0f : out[i] * alpha;
     for (int64_t p = 0; p < n; ++p) o += e[p] * fp16_to_fp32(v[p * stride + i]);
     out[i] = o;
@@ -634,39 +625,57 @@ inline void attend_finish(const OnlineSoftmax& st, int64_t hd, float* out) {
 
 void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
                  int64_t stride, float scale, float* out, float* scores) {
+  const int64_t hmain = hd / 8 * 8;
   OnlineSoftmax st;
   for (int64_t t0 = 0; t0 < n_pos; t0 += kAttendTile) {
     const int64_t n = std::min(kAttendTile, n_pos - t0);
-    const float alpha = st.tile(scores, n, score_tile(q, k + t0 * stride, n, hd, stride, scale, scores));
-    attend_values(scores, alpha, v + t0 * stride, n, hd, stride, out, t0 == 0);
+    const uint16_t *kt = k + t0 * stride, *vt = v + t0 * stride;
+    float mx = -INFINITY;
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) score8(q, kt, p, hd, stride, scale, scores, mx);
+    for (; p < n; ++p) score1(q, kt, p, hd, stride, scale, scores, mx);
+    const float alpha = st.tile(scores, n, mx);
+    for (int64_t c0 = 0; c0 < hmain; c0 += 64) attend_values_at(scores, alpha, vt, n, hmain, c0, stride, out, t0 == 0);
+    attend_values_rest(scores, alpha, vt, n, hd, stride, out, t0 == 0);
   }
   attend_finish(st, hd, out);
 }
 
 // Several queries of one head (a prefill chunk's tokens of one sequence):
-// each query's steps are attend_x86's, in its order, but the tiles of K and V
-// are the outer loop, so that a tile is read from memory once for all of
-// them and stays in L1/L2 while they take it in turn (at a depth of 16K
-// positions one head's K and V are 4 MB: one pass per query streamed them
-// from L3 each time).
+// each query's steps are attend_x86's, with the same arithmetic, but the
+// queries take each piece of a tile in turn while it is in L1: eight
+// positions of K for every query's scores, then 64 dims of the tile's V for
+// every query's outputs (at a depth of 16K positions one head's K and V are
+// 4 MB: one pass per query streamed them from L3 each time).
 void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
                       int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
                       int64_t score_stride) {
+  const int64_t hmain = hd / 8 * 8;
   int64_t most = 0;
   for (int j = 0; j < nq; ++j) most = std::max(most, n_pos[j]);
   OnlineSoftmax st[kAttendBlock];
-  float alpha[kAttendBlock];
+  float alpha[kAttendBlock], mx[kAttendBlock];
+  int64_t n[kAttendBlock];
   for (int64_t t0 = 0; t0 < most; t0 += kAttendTile) {
+    const uint16_t *kt = k + t0 * stride, *vt = v + t0 * stride;
+    for (int j = 0; j < nq; ++j) {
+      n[j] = std::clamp<int64_t>(n_pos[j] - t0, 0, kAttendTile);
+      mx[j] = -INFINITY;
+    }
+    for (int64_t p = 0; p + 8 <= kAttendTile; p += 8)
+      for (int j = 0; j < nq; ++j)
+        if (p + 8 <= n[j]) score8(q[j], kt, p, hd, stride, scale, scores + j * score_stride, mx[j]);
+    for (int j = 0; j < nq; ++j) {
+      if (n[j] == 0) continue;
+      float* sc = scores + j * score_stride;
+      for (int64_t p = n[j] / 8 * 8; p < n[j]; ++p) score1(q[j], kt, p, hd, stride, scale, sc, mx[j]);
+      alpha[j] = st[j].tile(sc, n[j], mx[j]);
+    }
+    for (int64_t c0 = 0; c0 < hmain; c0 += 64)
+      for (int j = 0; j < nq; ++j)
+        if (n[j] > 0) attend_values_at(scores + j * score_stride, alpha[j], vt, n[j], hmain, c0, stride, out[j], t0 == 0);
     for (int j = 0; j < nq; ++j)
-      if (t0 < n_pos[j]) {
-        float* sc = scores + j * score_stride;
-        const int64_t n = std::min(kAttendTile, n_pos[j] - t0);
-        alpha[j] = st[j].tile(sc, n, score_tile(q[j], k + t0 * stride, n, hd, stride, scale, sc));
-      }
-    for (int j = 0; j < nq; ++j)
-      if (t0 < n_pos[j])
-        attend_values(scores + j * score_stride, alpha[j], v + t0 * stride, std::min(kAttendTile, n_pos[j] - t0), hd,
-                      stride, out[j], t0 == 0);
+      if (n[j] > 0) attend_values_rest(scores + j * score_stride, alpha[j], vt, n[j], hd, stride, out[j], t0 == 0);
   }
   for (int j = 0; j < nq; ++j) attend_finish(st[j], hd, out[j]);
 }
