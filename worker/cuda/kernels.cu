@@ -201,9 +201,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_ke
   const int h0 = blockIdx.x * QH, t = blockIdx.y, split = blockIdx.z;
   const BatchToken b = batch[t];
   const int64_t n_pos = int64_t(b.pos) + 1;
-  const int64_t chunk = (a.ctx + a.splits - 1) / a.splits;
+  // The token's positions (not the context's) shared by the splits, at least
+  // kAttnSplitPositions each: a token early in a long context still takes as
+  // many blocks as its positions are worth. Splits past the end have nothing
+  // to do; the others merge.
+  const int64_t chunk = max(kAttnSplitPositions, (n_pos + a.splits - 1) / a.splits);
   const int64_t p0 = int64_t(split) * chunk, p1 = min(n_pos, p0 + chunk);
-  // Splits past the token's position have nothing to do; the others merge.
   const int active = int((n_pos + chunk - 1) / chunk);
   if (split >= active) return;
   const int group = threadIdx.x / G, gl = threadIdx.x % G;
