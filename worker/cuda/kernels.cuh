@@ -59,9 +59,10 @@ int attention_splits(int T, int n_heads, int64_t ctx, int n_sm);
 int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
 /// out[t][h] = softmax(scale * q[t][h] . K[0..pos]) V over the token's own slot,
 /// positions 0..batch[t].pos (grouped-query: head h reads KV head h / group).
-/// Decode batches split the positions over blocks, and the last block of each
-/// (token, head) merges the splits; prefill batches (more than
-/// kMaxGemvTokens tokens) take a kernel that tiles tokens and positions.
+/// Decode batches split each token's positions over blocks (a block takes up
+/// to four heads of a group), and the last block of each (token, heads)
+/// merges the splits; prefill batches (more than kMaxGemvTokens tokens) take
+/// flash attention on the tensor cores, tiles of 64 tokens x 64 positions.
 void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
                int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s);
 
