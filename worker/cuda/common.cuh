@@ -112,13 +112,14 @@ __device__ __forceinline__ void pdl_trigger() {
 /// compute capability 9.0 or newer and DS4_CUDA_PDL unset or not "0".
 bool pdl_enabled();
 
-/// Launches `kernel` on `s` (with the PDL attribute when enabled) and checks the launch.
+/// Launches `kernel` with `smem` bytes of dynamic shared memory on `s` (with
+/// the PDL attribute when enabled) and checks the launch.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {
+void launch_smem(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -126,6 +127,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Ar
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+/// launch_smem without dynamic shared memory.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t s, Args&&... args) {
+  launch_smem(kernel, grid, block, 0, s, std::forward<Args>(args)...);
 }
 
 }  // namespace ds4::cuda

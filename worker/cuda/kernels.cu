@@ -904,50 +904,31 @@ PrefillAttention prefill_attention() {
   return kind;
 }
 
-template <int HD>
-void launch_mma(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
-                int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
-  constexpr size_t smem = fa_smem_bytes<HD>();
-  static const bool sized = [] {
-    DS4_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem)));
+// One prefill kernel over blocks of `rows` tokens of one head, its dynamic
+// shared memory opted in on first use.
+template <auto kKernel>
+void launch_prefill(size_t smem, int rows, int threads, const float* q, int64_t ldq, const __half* k_cache,
+                    const __half* v_cache, const BatchToken* batch, int T, const AttentionArgs& a, float* out,
+                    int64_t ldo, cudaStream_t s) {
+  static const bool opted = [smem] {
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
-  (void)sized;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(a.n_heads), unsigned(ceil_div(T, kFaRows)));
-  cfg.blockDim = dim3(kFaThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_mma_kernel<HD>, q, ldq, k_cache, v_cache, batch, T, a, out, ldo));
+  (void)opted;
+  launch_smem(kKernel, dim3(unsigned(a.n_heads), unsigned(ceil_div(T, rows))), dim3(threads), smem, s, q, ldq,
+              k_cache, v_cache, batch, T, a, out, ldo);
 }
 
+// The tensor cores' kernel or the f32 tiled one, for head size HD.
 template <int HD>
-void launch_tiled(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
-                  int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
-  constexpr size_t smem = tiled_smem_bytes<HD>();
-  static const bool sized = [] {
-    DS4_CUDA_CHECK(cudaFuncSetAttribute(attention_tiled_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem)));
-    return true;
-  }();
-  (void)sized;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(a.n_heads), unsigned(ceil_div(T, kTileQ)));
-  cfg.blockDim = dim3(kTileThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, attention_tiled_kernel<HD>, q, ldq, k_cache, v_cache, batch, T, a, out, ldo));
+void launch_prefill(PrefillAttention kind, const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache,
+                    const BatchToken* batch, int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
+  if (kind == PrefillAttention::mma)
+    launch_prefill<attention_mma_kernel<HD>>(fa_smem_bytes<HD>(), kFaRows, kFaThreads, q, ldq, k_cache, v_cache,
+                                             batch, T, a, out, ldo, s);
+  else
+    launch_prefill<attention_tiled_kernel<HD>>(tiled_smem_bytes<HD>(), kTileQ, kTileThreads, q, ldq, k_cache,
+                                               v_cache, batch, T, a, out, ldo, s);
 }
 
 }  // namespace
@@ -955,19 +936,12 @@ void launch_tiled(const float* q, int64_t ldq, const __half* k_cache, const __ha
 void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
                int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
   const PrefillAttention kind = prefill_attention();
-  if (T > kMaxGemvTokens && kind == PrefillAttention::mma && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
+  if (T > kMaxGemvTokens && kind != PrefillAttention::split &&
+      (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
     switch (a.head_dim) {
-      case 64: launch_mma<64>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
-      case 128: launch_mma<128>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
-      default: launch_mma<256>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
-    }
-    return;
-  }
-  if (T > kMaxGemvTokens && kind == PrefillAttention::tiled && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
-    switch (a.head_dim) {
-      case 64: launch_tiled<64>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
-      case 128: launch_tiled<128>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
-      default: launch_tiled<256>(q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      case 64: launch_prefill<64>(kind, q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      case 128: launch_prefill<128>(kind, q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      default: launch_prefill<256>(kind, q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
     }
     return;
   }

@@ -811,17 +811,8 @@ void launch_warp(const DeviceWeight& w, const float* x, int64_t ldx, float* y, i
   const int per_sm = 2 * smem <= 200 * 1024 ? 2 : 1;
   const int64_t warps = ceil_div(w.rows, R);
   const int grid = int(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), int64_t(multiprocessor_count()) * per_sm));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(kWarpGemvThreads);
-  cfg.dynamicSmemBytes = size_t(smem);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
-  DS4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_warp_kernel<TY, NT, R, U>, w, x, ldx, y, ldy, int(accumulate)));
+  launch_smem(gemv_warp_kernel<TY, NT, R, U>, dim3(unsigned(grid)), dim3(kWarpGemvThreads), size_t(smem), s, w, x, ldx, y,
+              ldy, int(accumulate));
 }
 
 template <GgmlType TY, int R, int U>
