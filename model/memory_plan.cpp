@@ -123,6 +123,21 @@ uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const Weigh
          kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes + routes + tables;
 }
 
+const char* kv_type_name(KvType t) { return t == KvType::q8_0 ? "q8_0" : "f16"; }
+
+std::optional<KvType> kv_type_from(std::string_view name) {
+  if (name == "f16") return KvType::f16;
+  if (name == "q8_0") return KvType::q8_0;
+  return std::nullopt;
+}
+
+std::string kv_type_unsupported(const HParams& hp, KvType t) {
+  if (t == KvType::q8_0 && hp.head_dim % kKvQ8Block != 0)
+    return "a q8_0 KV cache needs a head size that is a multiple of 32; this model's is " +
+           std::to_string(hp.head_dim);
+  return {};
+}
+
 MemoryPlan plan_memory(const HParams& hp, const EngineShape& s, const WeightsSummary& w,
                        const BackendPlanOptions& opt) {
   MemoryPlan p;

@@ -11,6 +11,9 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "model/hparams.h"
 
@@ -18,11 +21,28 @@ namespace ds4 {
 
 struct ModelWeights;
 
+/// How the KV cache stores a head's row of head_dim values: f16, or Q8_0
+/// blocks as ggml lays them out (per 32 values an f16 scale d and 32 int8 q,
+/// value = d * q; 34 bytes, 8.5 bits a value: the cache in 53% of f16's
+/// memory, for a rounding error of at most d/2 per value). The CPU keeps
+/// ggml's blocks; CUDA the same bytes as two arrays (the int8 values, then
+/// the scales), so that its loads stay aligned.
+enum class KvType : uint8_t { f16, q8_0 };
+inline constexpr int64_t kKvQ8Block = 32;       // values of a Q8_0 block
+inline constexpr int64_t kKvQ8BlockBytes = 34;  // its bytes
+const char* kv_type_name(KvType t);  // "f16", "q8_0"
+std::optional<KvType> kv_type_from(std::string_view name);  // the inverse; nullopt for anything else
+/// Bytes of one cached row of hd values (hd a multiple of 32 for q8_0).
+inline int64_t kv_row_bytes(KvType t, int64_t hd) {
+  return t == KvType::q8_0 ? hd / kKvQ8Block * kKvQ8BlockBytes : hd * 2;
+}
+
 /// The sizes a worker is started with.
 struct EngineShape {
   int64_t ctx = 2048;      // tokens per slot
   int64_t slots = 1;       // concurrent sequences
   int64_t max_batch = 256; // tokens per forward step (prefill chunk + decodes)
+  KvType kv = KvType::f16; // the KV cache's storage
 };
 
 /// Memory a worker will use, known before anything is allocated.
@@ -39,11 +59,16 @@ struct MemoryPlan {
 
 enum class BackendKind : uint8_t { cpu, cuda };
 
-/// KV cache bytes for a shape (f16 K and V for every layer, slot and position).
+/// KV cache bytes for a shape (K and V for every layer, slot and position,
+/// in shape.kv).
 inline uint64_t kv_cache_bytes(const HParams& hp, const EngineShape& shape) {
-  return 2ull * uint64_t(hp.n_layers) * uint64_t(shape.slots) * uint64_t(shape.ctx) *
-         uint64_t(hp.kv_dim()) * 2ull;
+  return 2ull * uint64_t(hp.n_layers) * uint64_t(shape.slots) * uint64_t(shape.ctx) * uint64_t(hp.n_kv_heads) *
+         uint64_t(kv_row_bytes(shape.kv, hp.head_dim));
 }
+
+/// Why `hp` cannot keep its cache in `t`, or empty when it can (Q8_0 needs a
+/// head size that is a multiple of 32).
+std::string kv_type_unsupported(const HParams& hp, KvType t);
 
 /// The activations of a step, by name. Token rows (max_batch of them):
 /// x (the residual stream), xb (its normalised copy, a product's output),

@@ -566,6 +566,37 @@ void read_moe_offload(Reader& r, const Entry& e, std::vector<std::uint32_t>& out
              out);
 }
 
+// workers.kv_cache: one KV type, or a list of them from the most memory to the least.
+void read_kv_cache(Reader& r, const Entry& e, std::vector<std::string>& out) {
+  static const std::vector<std::string_view> kTypes = {"f16", "q8_0"};
+  if (!e.value || e.value.IsNull()) return;
+  std::vector<std::string> rungs;
+  bool ok = true;
+  auto one = [&](const Entry& x) {
+    std::string v;
+    const std::size_t before = r.errors.size();
+    r.choice(x, v, {{"f16", std::string("f16")}, {"q8_0", std::string("q8_0")}});
+    if (r.errors.size() != before) return (void)(ok = false);
+    const auto rank = [](const std::string& t) { return std::find(kTypes.begin(), kTypes.end(), t) - kTypes.begin(); };
+    if (!rungs.empty() && rank(v) <= rank(rungs.back())) {
+      r.error(x.mark, x.path + ": '" + v + "' does not take less memory than the rung before it ('" + rungs.back() +
+                          "'); the rungs go from the most memory to the least, as [f16, q8_0]");
+      ok = false;
+    }
+    rungs.push_back(v);
+  };
+  if (e.value.IsSequence()) {
+    if (e.value.size() == 0) return r.error(e.mark, e.path + ": the list is empty; give at least one KV cache type (f16)");
+    for (std::size_t i = 0; i < e.value.size(); ++i) {
+      const YAML::Node& item = e.value[i];
+      one(Entry{e.key, item, e.path + "[" + std::to_string(i) + "]", item.Mark().is_null() ? e.mark : item.Mark()});
+    }
+  } else {
+    one(e);
+  }
+  if (ok) out = std::move(rungs);
+}
+
 void read_document(Reader& r, const YAML::Node& root, Config& c) {
   const YAML::Mark top = root.Mark();
   r.mapping(root, top, "", {
@@ -628,6 +659,7 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
           r.mapping(x.value, x.mark, x.path, {{"ladder", [&](const Entry& l) { read_ladder(r, l, W.ladder); }}});
         }},
         {"moe_offload", [&](const Entry& x) { read_moe_offload(r, x, W.moe_offload); }},
+        {"kv_cache", [&](const Entry& x) { read_kv_cache(r, x, W.kv_cache); }},
         {"memory_max", [&](const Entry& x) { r.size(x, W.memory_max); }},
         {"reserve", [&](const Entry& x) { r.size(x, W.reserve); }},
         {"engine", [&](const Entry& x) {
@@ -889,6 +921,7 @@ ConfigChanges diff(const Config& a, const Config& b) {
   note(V.busy_poll != W.busy_poll, "workers.busy_poll", c.worker_settings);
   note(V.ladder != W.ladder, "workers.context.ladder", c.worker_settings);
   note(V.moe_offload != W.moe_offload, "workers.moe_offload", c.worker_settings);
+  note(V.kv_cache != W.kv_cache, "workers.kv_cache", c.worker_settings);
   note(V.memory_max != W.memory_max, "workers.memory_max", c.worker_settings);
   note(V.reserve != W.reserve, "workers.reserve", c.in_place);  // policy only
   note(V.engine != W.engine, "workers.engine", c.worker_settings);

@@ -132,6 +132,13 @@ struct WorkersConfig {
   /// retraces that path. The GPU holder keeps only what the last rung keeps
   /// on the device. Ignored (with a note) for a dense model or CPU workers.
   std::vector<std::uint32_t> moe_offload = {0};
+  /// How workers keep their KV cache, as rungs from the most memory to the
+  /// least: "f16", "q8_0" (53% of f16's memory, values rounded to 8 bits per
+  /// 32-value block). [f16, q8_0]: at the largest context the memory policy
+  /// first moves to a q8_0 cache, then (a mixture of experts on a GPU) walks
+  /// the expert rungs, then shrinks the context with the last of each; a step
+  /// up retraces that path. A single value (`kv_cache: q8_0`) is one rung.
+  std::vector<std::string> kv_cache = {"f16"};
   Bytes memory_max = 0;       // systemd MemoryMax= per worker; 0 = none
   Bytes reserve = Bytes(1) << 30;  // kept free when choosing a rung
   WorkerEngine engine = WorkerEngine::native;

@@ -106,6 +106,8 @@ void print_status(nlohmann::json s) {
                 state.c_str(), w.value("pid", 0), w.value("context", 0u), w.value("slots", 0u),
                 (long long)w.value("restarts", int64_t(0)), (long long)w.value("oom_kills", int64_t(0)), beat.c_str(),
                 up.c_str());
+    if (w.value("kv_cache", std::string("f16")) != "f16")
+      std::printf("    KV cache: %s (a rung of workers.kv_cache)\n", w.value("kv_cache", std::string()).c_str());
     if (w.value("host_experts", 0u) > 0)
       std::printf("    experts on the host: the first %u layers' (an expert rung of workers.moe_offload)\n",
                   w.value("host_experts", 0u));
@@ -141,14 +143,17 @@ void print_events(const nlohmann::json& a) {
     const std::time_t t = std::time_t(e.value("time_ms", int64_t(0)) / 1000);
     char when[32];
     std::strftime(when, sizeof when, "%F %T", std::localtime(&t));
-    // An expert rung reads 32768/e4: context 32768 with the experts of 4 layers on the host.
-    auto rung = [&](const char* ctx, const char* experts) {
+    // An expert rung reads 32768/e4: context 32768 with the experts of 4 layers
+    // on the host; a KV rung 32768/q8_0.
+    auto rung = [&](const char* ctx, const char* kv, const char* experts) {
       std::string r = std::to_string(e.value(ctx, 0u));
+      if (e.contains(kv)) r += "/" + e.value(kv, std::string());
       if (e.contains(experts)) r += "/e" + std::to_string(e.value(experts, 0u));
       return r;
     };
     std::printf("%s  worker %d  %-9s %s -> %s  %s\n", when, e.value("worker", 0), e.value("event", "").c_str(),
-                rung("context_from", "host_experts_from").c_str(), rung("context_to", "host_experts_to").c_str(),
+                rung("context_from", "kv_cache_from", "host_experts_from").c_str(),
+                rung("context_to", "kv_cache_to", "host_experts_to").c_str(),
                 e.value("reason", "").c_str());
   }
 }

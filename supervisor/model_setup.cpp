@@ -203,9 +203,28 @@ std::vector<uint32_t> expert_rungs(const ModelInfo& model, const WorkersConfig& 
   return out;
 }
 
+std::vector<std::string> kv_rungs(const ModelInfo& model, const WorkersConfig& w, std::string* note) {
+  const std::vector<std::string> none = {"f16"};
+  if (w.kv_cache == none) return none;
+  if (w.engine == WorkerEngine::exec) {
+    if (note) *note = "workers.kv_cache is not used: an exec engine keeps its cache as its command line says";
+    return none;
+  }
+  const store::Segment seg = attach_served(model);
+  const Model m = Model::bind(seg.metadata(), segment_tensors(seg));
+  std::vector<std::string> out;
+  for (const std::string& k : w.kv_cache) {
+    const auto t = kv_type_from(k);
+    const std::string why = t ? kv_type_unsupported(m.hp(), *t) : "unknown KV cache type '" + k + "'";
+    if (why.empty()) out.push_back(k);
+    else if (note) *note = "workers.kv_cache: " + k + " is not used: " + why;
+  }
+  return out.empty() ? none : out;
+}
+
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder, uint32_t slots,
                                uint32_t threads, uint32_t prefill_chunk, const std::vector<uint32_t>& host_experts,
-                               uint32_t holder_experts) {
+                               uint32_t holder_experts, const std::vector<std::string>& kv_cache) {
   const store::Segment seg = attach_served(model);
   const Model m = Model::bind(seg.metadata(), segment_tensors(seg));
   const WeightsSummary w = WeightsSummary::of(m.w());
@@ -217,6 +236,7 @@ std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_
     shape.ctx = ladder[i];
     shape.slots = slots;
     shape.max_batch = prefill_chunk;  // ds4-worker serve --batch
+    if (!kv_cache.empty()) shape.kv = kv_type_from(kv_cache[i]).value_or(KvType::f16);
     Bytes own = plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own();
     if (!host_experts.empty()) own += expert_bytes(m.w(), int(host_experts[i]), int(holder_experts));
     out.push_back(own);

@@ -59,10 +59,18 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
 /// configured), computed by the CPU backend's own planner on the segment.
 /// With expert rungs (`host_experts`, one per rung, PolicyConfig's): a GPU
 /// worker's own copy of the experts its holder lacks, those of layers
-/// [host_experts[i], holder_experts), is added to rung i.
+/// [host_experts[i], holder_experts), is added to rung i. With KV cache
+/// rungs (`kv_cache`, one per rung), rung i's cache is kept in kv_cache[i].
 std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder,
                                uint32_t slots, uint32_t threads, uint32_t prefill_chunk = 256,
-                               const std::vector<uint32_t>& host_experts = {}, uint32_t holder_experts = 0);
+                               const std::vector<uint32_t>& host_experts = {}, uint32_t holder_experts = 0,
+                               const std::vector<std::string>& kv_cache = {});
+
+/// workers.kv_cache as it applies: the types the model's heads can be kept
+/// in (q8_0 needs a head size that is a multiple of 32; such rungs are
+/// dropped, with `note`), for the native engine (an exec engine's cache is
+/// its command line's: {"f16"}, with `note`).
+std::vector<std::string> kv_rungs(const ModelInfo& model, const WorkersConfig& w, std::string* note = nullptr);
 
 /// workers.moe_offload as it applies: the model is a mixture of experts and
 /// its workers run on a GPU with the native engine. Rungs past the model's

@@ -23,33 +23,49 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   return p;
 }
 
-void PolicyConfig::with_expert_rungs(const std::vector<uint32_t>& offload) {
-  if (offload.empty() || (offload.size() == 1 && offload[0] == 0)) return;
+void PolicyConfig::with_rungs(const std::vector<std::string>& kv, const std::vector<uint32_t>& offload) {
+  const bool kv_rungs = !kv.empty() && !(kv.size() == 1 && kv[0] == "f16");
+  const bool expert_rungs = !offload.empty() && !(offload.size() == 1 && offload[0] == 0);
+  if (!kv_rungs && !expert_rungs) return;
+  const std::vector<std::string> kvs = kv.empty() ? std::vector<std::string>{"f16"} : kv;
+  const std::vector<uint32_t> offs = offload.empty() ? std::vector<uint32_t>{0} : offload;
   std::vector<uint32_t> contexts, experts;
+  std::vector<std::string> caches;
+  auto add = [&](uint32_t c, uint32_t e, const std::string& k) {
+    contexts.push_back(c);
+    experts.push_back(e);
+    caches.push_back(k);
+  };
   for (size_t i = 0; i < ladder.size(); ++i) {
-    if (i == 0) {
-      for (uint32_t o : offload) {
-        contexts.push_back(ladder[0]);
-        experts.push_back(o);
-      }
-    } else {
-      contexts.push_back(ladder[i]);
-      experts.push_back(offload.back());
+    if (i > 0) {
+      add(ladder[i], offs.back(), kvs.back());
+      continue;
     }
+    for (const std::string& k : kvs) add(ladder[0], offs.front(), k);
+    for (size_t o = 1; o < offs.size(); ++o) add(ladder[0], offs[o], kvs.back());
   }
   ladder = std::move(contexts);
-  host_experts = std::move(experts);
+  host_experts = expert_rungs ? std::move(experts) : std::vector<uint32_t>{};
+  kv_cache = kv_rungs ? std::move(caches) : std::vector<std::string>{};
+}
+
+const std::string& PolicyConfig::kv_at(size_t rung) const {
+  static const std::string f16 = "f16";
+  return kv_cache.empty() ? f16 : kv_cache[rung];
 }
 
 std::string PolicyConfig::rung_text(size_t rung) const {
   std::string t = "context " + std::to_string(ladder[rung]);
-  if (const uint32_t n = experts_at(rung)) t += " with the experts of " + std::to_string(n) + " layers on the host";
+  const bool kv = kv_at(rung) != "f16";
+  if (kv) t += " with a " + kv_at(rung) + " KV cache";
+  if (const uint32_t n = experts_at(rung))
+    t += (kv ? " and" : " with") + std::string(" the experts of ") + std::to_string(n) + " layers on the host";
   return t;
 }
 
-std::optional<size_t> PolicyConfig::rung_of(uint32_t context, uint32_t experts) const {
+std::optional<size_t> PolicyConfig::rung_of(uint32_t context, uint32_t experts, const std::string& kv) const {
   for (size_t i = 0; i < ladder.size(); ++i)
-    if (ladder[i] == context && experts_at(i) == experts) return i;
+    if (ladder[i] == context && experts_at(i) == experts && kv_at(i) == kv) return i;
   return std::nullopt;
 }
 
@@ -75,7 +91,8 @@ const char* exit_kind_name(ExitKind k) {
 WorkerPolicy::WorkerPolicy(int id, PolicyConfig config, std::vector<Bytes> own_bytes)
     : id_(id), config_(std::move(config)), own_(std::move(own_bytes)) {
   if (config_.ladder.empty() || own_.size() != config_.ladder.size() ||
-      (!config_.host_experts.empty() && config_.host_experts.size() != config_.ladder.size()))
+      (!config_.host_experts.empty() && config_.host_experts.size() != config_.ladder.size()) ||
+      (!config_.kv_cache.empty() && config_.kv_cache.size() != config_.ladder.size()))
     throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
 }
 
@@ -88,6 +105,10 @@ Decision WorkerPolicy::decision(const std::string& event, size_t from, size_t to
   if (!config_.host_experts.empty()) {
     d.host_experts_from = config_.host_experts[from];
     d.host_experts_to = config_.host_experts[to];
+  }
+  if (!config_.kv_cache.empty()) {
+    d.kv_cache_from = config_.kv_cache[from];
+    d.kv_cache_to = config_.kv_cache[to];
   }
   d.reason = std::move(reason);
   return d;
@@ -185,7 +206,7 @@ Step WorkerPolicy::start_at(size_t rung, const std::string& event, const std::st
   low_since_.reset();
   ample_since_.reset();
   if (!event.empty()) s.decisions.push_back(decision(event, from, rung, reason));
-  s.actions.push_back({Action::Kind::start, config_.ladder[rung], config_.experts_at(rung)});
+  s.actions.push_back({Action::Kind::start, config_.ladder[rung], config_.experts_at(rung), config_.kv_at(rung)});
   return s;
 }
 
@@ -241,7 +262,7 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
     }
     const std::string where = " at " + config_.rung_text(rung_) +
                               (to == rung_ ? "; already the smallest rung, restarting at it"
-                                           : "; restarting one rung lower at once");
+                                           : "; restarting one rung lower at once, at " + config_.rung_text(to));
     if (oom) {
       Step s = start_at(to, "oom", "OOM-killed by the kernel" + where, now);
       s.decisions.back().figures = {{"DS4_OOM_KILLS", std::to_string(oom_kills_)}};
@@ -473,8 +494,8 @@ Step WorkerPolicy::request_context(TimePoint now, uint32_t context) {
       if (i == 0 || config_.ladder[i] != config_.ladder[i - 1]) l += (l.empty() ? "" : ", ") + std::to_string(config_.ladder[i]);
     throw Error("context " + std::to_string(context) + " is not on the ladder [" + l + "]");
   }
-  // Of a context's rungs (the largest has one per expert rung), the one
-  // with the fewest experts on the host.
+  // Of a context's rungs (the largest has one per KV and expert rung), the
+  // first: the most precise cache, the fewest experts on the host.
   const size_t to = size_t(it - config_.ladder.begin());
   failures_ = 0;
   Step s;
@@ -508,12 +529,14 @@ Step WorkerPolicy::request_stop(TimePoint now) {
 
 Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes) {
   if (config.ladder.empty() || own_bytes.size() != config.ladder.size() ||
-      (!config.host_experts.empty() && config.host_experts.size() != config.ladder.size()))
+      (!config.host_experts.empty() && config.host_experts.size() != config.ladder.size()) ||
+      (!config.kv_cache.empty() && config.kv_cache.size() != config.ladder.size()))
     throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
   const uint32_t current = context(), current_experts = host_experts();
+  const std::string current_kv = kv_cache();
   config_ = std::move(config);
   own_ = std::move(own_bytes);
-  if (const auto same = config_.rung_of(current, current_experts)) {
+  if (const auto same = config_.rung_of(current, current_experts, current_kv)) {
     rung_ = *same;
     return {};
   }
@@ -532,7 +555,12 @@ Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<B
     d.host_experts_from = current_experts;
     d.host_experts_to = config_.host_experts[to];
   }
+  if (!config_.kv_cache.empty()) {
+    d.kv_cache_from = current_kv;
+    d.kv_cache_to = config_.kv_cache[to];
+  }
   d.reason = "reload: context " + std::to_string(current) +
+             (current_kv != "f16" ? " with a " + current_kv + " KV cache" : "") +
              (current_experts ? " with the experts of " + std::to_string(current_experts) + " layers on the host" : "") +
              " is no longer on the ladder";
   s.decisions.push_back(d);
@@ -541,8 +569,8 @@ Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<B
   return s;
 }
 
-void WorkerPolicy::adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts) {
-  if (const auto r = config_.rung_of(context, host_experts)) {
+void WorkerPolicy::adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts, const std::string& kv_cache) {
+  if (const auto r = config_.rung_of(context, host_experts, kv_cache)) {
     rung_ = *r;
   } else {
     auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);

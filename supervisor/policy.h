@@ -50,6 +50,8 @@ struct PolicyConfig {
   /// of first layers whose experts stay on the host (empty: none anywhere).
   std::vector<uint32_t> ladder;
   std::vector<uint32_t> host_experts;
+  /// Each rung's KV cache type ("f16", "q8_0"); empty: f16 everywhere.
+  std::vector<std::string> kv_cache;
   Bytes reserve = 0;
   Bytes min_available = 0;
   Duration low_for{0};
@@ -65,12 +67,18 @@ struct PolicyConfig {
   /// ascending): every expert rung at the largest context first, then each
   /// smaller context with the last expert rung. [32768, 16384] x [0, 4]:
   /// (32768, 0), (32768, 4), (16384, 4). A single rung 0 changes nothing.
-  void with_expert_rungs(const std::vector<uint32_t>& offload);
+  void with_expert_rungs(const std::vector<uint32_t>& offload) { with_rungs({}, offload); }
+  /// The same with the KV cache rungs (workers.kv_cache, most memory first)
+  /// walked before the expert rungs: [32768, 16384] x [f16, q8_0] x [0, 4]:
+  /// (32768, f16, 0), (32768, q8_0, 0), (32768, q8_0, 4), (16384, q8_0, 4).
+  /// Empty or [f16]: no KV rungs.
+  void with_rungs(const std::vector<std::string>& kv, const std::vector<uint32_t>& offload);
   uint32_t experts_at(size_t rung) const { return host_experts.empty() ? 0 : host_experts[rung]; }
-  /// "context 32768", "context 32768 with the experts of 4 layers on the host".
+  const std::string& kv_at(size_t rung) const;
+  /// "context 32768", "context 32768 with a q8_0 KV cache and the experts of 4 layers on the host".
   std::string rung_text(size_t rung) const;
-  /// The rung of (context, host experts); nullopt when it is not on the ladder.
-  std::optional<size_t> rung_of(uint32_t context, uint32_t host_experts) const;
+  /// The rung of (context, host experts, KV cache); nullopt when it is not on the ladder.
+  std::optional<size_t> rung_of(uint32_t context, uint32_t host_experts, const std::string& kv = "f16") const;
 };
 
 /// One memory reading: the host's, and a GPU's where a worker reports one.
@@ -121,6 +129,7 @@ struct Action {
   enum class Kind { start, stop, drain, kill } kind = Kind::start;  // kill: SIGKILL, no drain
   uint32_t context = 0;  // start
   uint32_t host_experts = 0;  // start: the expert rung (first layers whose experts stay on the host)
+  std::string kv_cache = "f16";  // start: the KV cache rung
 };
 
 /// One decision, for the journal and `ds4ctl events`.
@@ -130,6 +139,7 @@ struct Decision {
   uint32_t context_from = 0;
   uint32_t context_to = 0;
   std::optional<uint32_t> host_experts_from, host_experts_to;  // set when the ladder has expert rungs
+  std::optional<std::string> kv_cache_from, kv_cache_to;       // set when it has KV cache rungs
   std::string reason;  // a sentence saying why, with the figures
   std::vector<std::pair<std::string, std::string>> figures;  // DS4_* fields
 };
@@ -175,7 +185,7 @@ class WorkerPolicy {
   Step reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes);
 
   /// A running worker found at start (supervisor restart): take it as ready.
-  void adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts = 0);
+  void adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts = 0, const std::string& kv_cache = "f16");
   /// Another worker just stepped down: this one starts its low-headroom count anew.
   void reset_headroom_timers(TimePoint now);
 
@@ -185,6 +195,7 @@ class WorkerPolicy {
   WorkerState state() const { return state_; }
   uint32_t context() const { return config_.ladder[rung_]; }
   uint32_t host_experts() const { return config_.experts_at(rung_); }
+  const std::string& kv_cache() const { return config_.kv_at(rung_); }
   size_t rung() const { return rung_; }
   int id() const { return id_; }
   int64_t restarts() const { return restarts_; }

@@ -211,7 +211,8 @@ void ProcessBackend::start(const LaunchSpec& spec) {
     std::string_view v(*e);
     if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=") ||
         v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS=") || v.starts_with("DS4_SEGMENT_SOCKET=") ||
-        v.starts_with("DS4_EXEC_COMMAND=") || v.starts_with("DS4_HOST_EXPERTS=") || v.starts_with("DS4_HOLDER_EXPERTS="))
+        v.starts_with("DS4_EXEC_COMMAND=") || v.starts_with("DS4_HOST_EXPERTS=") || v.starts_with("DS4_HOLDER_EXPERTS=") ||
+        v.starts_with("DS4_KV_CACHE="))
       continue;
     env.emplace_back(v);
   }
@@ -220,6 +221,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   env.push_back("DS4_GPU_WEIGHTS=" + spec.gpu_weights);
   env.push_back("DS4_HOST_EXPERTS=" + std::to_string(spec.host_experts));
   env.push_back("DS4_HOLDER_EXPERTS=" + std::to_string(spec.holder_experts));
+  env.push_back("DS4_KV_CACHE=" + spec.kv_cache);
   env.push_back("DS4_SEGMENT_SOCKET=" + opts_.runtime_dir + "/segments.sock");
   // Under a keeper the worker outlives us (a restarted supervisor adopts it)
   // and dies with the keeper instead (ds4-worker watches that pid).
@@ -271,6 +273,7 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   c->pid = pid;
   log::info("started worker " + std::to_string(spec.id) + " (pid " + std::to_string(pid) + ", context " +
                 std::to_string(spec.context) + " x " + std::to_string(spec.slots) + " slots" +
+                (spec.kv_cache != "f16" ? ", a " + spec.kv_cache + " KV cache" : "") +
                 (spec.host_experts ? ", the experts of " + std::to_string(spec.host_experts) + " layers on the host" : "") +
                 (c->cgroup.empty() ? "" : ", memory cgroup " + c->cgroup) + ")",
             {{"DS4_WORKER", std::to_string(spec.id)}, {"DS4_PID", std::to_string(pid)}});
@@ -284,7 +287,8 @@ void ProcessBackend::record_start(const Child& c) const {
              "DS4_PID=" + std::to_string(c.pid) + "\nDS4_START_TIME=" + std::to_string(start_time_of(c.pid)) +
                  "\nDS4_SEGMENT=" + s.segment + "\nDS4_CONTEXT=" + std::to_string(s.context) +
                  "\nDS4_SOCKET=" + s.socket_path + "\nDS4_PORT=" + std::to_string(s.port) +
-                 "\nDS4_HOST_EXPERTS=" + std::to_string(s.host_experts) + "\nDS4_CGROUP=" + c.cgroup + "\n");
+                 "\nDS4_HOST_EXPERTS=" + std::to_string(s.host_experts) + "\nDS4_KV_CACHE=" + s.kv_cache +
+                 "\nDS4_CGROUP=" + c.cgroup + "\n");
 }
 
 std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segment) {
@@ -324,6 +328,7 @@ std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segme
     c->spec.socket_path = value("DS4_SOCKET");
     c->spec.port = std::atoi(value("DS4_PORT").c_str());
     c->spec.host_experts = uint32_t(std::atoi(value("DS4_HOST_EXPERTS").c_str()));
+    c->spec.kv_cache = value("DS4_KV_CACHE").empty() ? "f16" : value("DS4_KV_CACHE");
     c->cgroup = value("DS4_CGROUP");
     c->cgroup_ooms_at_start = oom_kills_in(c->cgroup);
     c->vmstat_ooms_at_start = read_vmstat_oom_kills();
@@ -334,6 +339,7 @@ std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segme
     a.socket_path = c->spec.socket_path;
     a.port = c->spec.port;
     a.host_experts = c->spec.host_experts;
+    a.kv_cache = c->spec.kv_cache;
     children_[id] = std::move(c);
     watch_adopted(id);
     out.push_back(a);

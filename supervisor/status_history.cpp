@@ -40,6 +40,8 @@ std::optional<StatusEvent> status_event(log::Level level, std::string_view messa
     else if (name == "DS4_CONTEXT_TO") e.context_to = to_int(value, 0);
     else if (name == "DS4_HOST_EXPERTS_FROM") e.host_experts_from = to_int(value, -1);
     else if (name == "DS4_HOST_EXPERTS_TO") e.host_experts_to = to_int(value, -1);
+    else if (name == "DS4_KV_CACHE_FROM") e.kv_cache_from = std::string(value.substr(0, 16));
+    else if (name == "DS4_KV_CACHE_TO") e.kv_cache_to = std::string(value.substr(0, 16));
   }
   if (e.event.empty() || e.event == "refused") return std::nullopt;
   return e;
@@ -80,6 +82,8 @@ nlohmann::json events_json(const std::vector<StatusEvent>& events) {
     if (e.context_to) j["context_to"] = e.context_to;
     if (e.host_experts_from >= 0) j["host_experts_from"] = e.host_experts_from;
     if (e.host_experts_to >= 0) j["host_experts_to"] = e.host_experts_to;
+    if (!e.kv_cache_from.empty()) j["kv_cache_from"] = e.kv_cache_from;
+    if (!e.kv_cache_to.empty()) j["kv_cache_to"] = e.kv_cache_to;
     out.push_back(std::move(j));
   }
   return out;

@@ -31,6 +31,7 @@ struct StatusEvent {
   int64_t context_to = 0;
   int64_t host_experts_from = -1;  // DS4_HOST_EXPERTS_FROM / _TO (expert rungs); -1 = not given
   int64_t host_experts_to = -1;
+  std::string kv_cache_from{}, kv_cache_to{};  // DS4_KV_CACHE_FROM / _TO (KV rungs); empty = not given
   std::string level{};      // error, warning, info
   std::string message{};    // MESSAGE
 };

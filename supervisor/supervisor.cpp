@@ -119,10 +119,15 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
     std::string note;
     const std::vector<uint32_t> rungs = expert_rungs(m, c.workers, workers_on_gpu(c.workers.device), &note);
     if (!note.empty()) log::info(note, {{"DS4_MOE_OFFLOAD", std::to_string(rungs.back())}});
-    s.policy.with_expert_rungs(rungs);
+    // The KV cache rungs come first at the largest context (workers.kv_cache).
+    std::string kv_note;
+    const std::vector<std::string> kv = kv_rungs(m, c.workers, &kv_note);
+    if (!kv_note.empty()) log::info(kv_note, {{"DS4_KV_CACHE", kv.back()}});
+    s.policy.with_rungs(kv, rungs);
     s.holder_experts = rungs.back();
     s.own_bytes = plan_ladder(m, s.policy.ladder, c.workers.slots, c.workers.threads, c.workers.prefill_chunk,
-                              s.policy.host_experts, c.gpu.weights == GpuWeights::device ? s.holder_experts : 0);
+                              s.policy.host_experts, c.gpu.weights == GpuWeights::device ? s.holder_experts : 0,
+                              s.policy.kv_cache);
   }
   s.count = c.workers.count;
   s.slots = c.workers.slots;
@@ -702,6 +707,8 @@ nlohmann::json Supervisor::handle_admin(const nlohmann::json& req) {
                           {"reason", e.decision.reason}};
       if (e.decision.host_experts_from) j["host_experts_from"] = *e.decision.host_experts_from;
       if (e.decision.host_experts_to) j["host_experts_to"] = *e.decision.host_experts_to;
+      if (e.decision.kv_cache_from) j["kv_cache_from"] = *e.decision.kv_cache_from;
+      if (e.decision.kv_cache_to) j["kv_cache_to"] = *e.decision.kv_cache_to;
       ev.push_back(std::move(j));
     }
     return {{"ok", true}, {"events", ev}};

@@ -145,6 +145,7 @@ class SystemdBackend : public UnitBackend {
     if (sd_bus_message_read(reply.m, "o", &job) >= 0 && job) u.start_job = job;
     log::info("starting " + name + " (context " + std::to_string(spec.context) + " x " +
                   std::to_string(spec.slots) + " slots" +
+                  (spec.kv_cache != "f16" ? ", a " + spec.kv_cache + " KV cache" : "") +
                   (spec.host_experts ? ", the experts of " + std::to_string(spec.host_experts) + " layers on the host" : "") +
                   (spec.memory_max ? ", MemoryMax=" + std::to_string(spec.memory_max) : "") + ")",
               {{"DS4_WORKER", std::to_string(spec.id)}, {"DS4_UNIT", name}});
@@ -213,6 +214,7 @@ class SystemdBackend : public UnitBackend {
       a.pid = int(main_pid(id));
       a.context = uint32_t(std::atoi(value("DS4_CONTEXT").c_str()));
       a.host_experts = uint32_t(std::atoi(value("DS4_HOST_EXPERTS").c_str()));
+      a.kv_cache = value("DS4_KV_CACHE").empty() ? "f16" : value("DS4_KV_CACHE");
       a.socket_path = value("DS4_SOCKET");
       a.port = std::atoi(value("DS4_PORT").c_str());
       Unit& u = unit(id);
@@ -285,7 +287,7 @@ class SystemdBackend : public UnitBackend {
       << "\nDS4_BUSY_POLL_US=" << s.busy_poll.count() << "\nDS4_PREFILL_CHUNK=" << s.prefill_chunk
       << "\nDS4_CONTROL=" << s.control << "\nDS4_GPU_WEIGHTS=" << s.gpu_weights
       << "\nDS4_HOST_EXPERTS=" << s.host_experts << "\nDS4_HOLDER_EXPERTS=" << s.holder_experts
-      << "\nDS4_SEGMENT_SOCKET=" << opts_.runtime_dir << "/segments.sock\n";
+      << "\nDS4_KV_CACHE=" << s.kv_cache << "\nDS4_SEGMENT_SOCKET=" << opts_.runtime_dir << "/segments.sock\n";
     if (!s.exec_command.empty())  // `serve` runs the engine then (worker/exec_engine.h)
       o << "DS4_PORT=" << s.port << "\nDS4_MODEL=" << env_quoted(s.model_path)
         << "\nDS4_START_TIMEOUT_MS=" << exec_start_timeout_ms(s.start_timeout)

@@ -24,6 +24,7 @@ struct LaunchSpec {
   uint32_t context = 0;
   uint32_t host_experts = 0;    // DS4_HOST_EXPERTS: the expert rung (first layers whose experts stay on the host)
   uint32_t holder_experts = 0;  // DS4_HOLDER_EXPERTS: those the GPU holder's image lacks (the last expert rung)
+  std::string kv_cache = "f16"; // DS4_KV_CACHE: the KV cache rung (ds4-worker serve --kv-cache)
   uint32_t slots = 1;
   std::string device = "auto";
   std::string gpu_weights = "auto";  // DS4_GPU_WEIGHTS: auto (the holder's, else a copy) | host-mapped
@@ -56,6 +57,7 @@ struct AdoptedWorker {
   std::string socket_path;
   int port = 0;  // engine: exec
   uint32_t host_experts = 0;  // its expert rung (DS4_HOST_EXPERTS)
+  std::string kv_cache = "f16";  // its KV cache rung (DS4_KV_CACHE)
 };
 
 struct BackendCallbacks {

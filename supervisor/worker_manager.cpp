@@ -30,12 +30,17 @@ void log_decision(const Decision& d) {
   // log::Field views its value: the strings live until the line is written.
   if (d.host_experts_from) f.push_back({"DS4_HOST_EXPERTS_FROM", experts_from});
   if (d.host_experts_to) f.push_back({"DS4_HOST_EXPERTS_TO", experts_to});
+  if (d.kv_cache_from) f.push_back({"DS4_KV_CACHE_FROM", *d.kv_cache_from});
+  if (d.kv_cache_to) f.push_back({"DS4_KV_CACHE_TO", *d.kv_cache_to});
   f.push_back({"DS4_REASON", d.reason});
   for (const auto& [k, v] : d.figures) f.push_back({k, v});
   std::string msg = "worker " + worker + ": " + d.event;
-  // An expert rung reads "32768/e4": context 32768, the experts of 4 layers on the host.
-  const std::string rung_from = from + (d.host_experts_from ? "/e" + experts_from : ""),
-                    rung_to = to + (d.host_experts_to ? "/e" + experts_to : "");
+  // An expert rung reads "32768/e4": context 32768, the experts of 4 layers
+  // on the host; a KV rung "32768/q8_0".
+  const std::string rung_from = from + (d.kv_cache_from ? "/" + *d.kv_cache_from : "") +
+                                (d.host_experts_from ? "/e" + experts_from : ""),
+                    rung_to = to + (d.kv_cache_to ? "/" + *d.kv_cache_to : "") +
+                              (d.host_experts_to ? "/e" + experts_to : "");
   if (rung_from != rung_to) msg += " " + rung_from + " -> " + rung_to;
   else msg += " at " + rung_to;
   msg += ": " + d.reason;
@@ -117,7 +122,7 @@ void WorkerManager::start() {
     sl.timer = std::make_unique<asio::steady_timer>(io_);
     auto it = running.find(int(i));
     if (it != running.end()) {
-      sl.policy->adopt(now(), it->second.context, it->second.pid, it->second.host_experts);
+      sl.policy->adopt(now(), it->second.context, it->second.pid, it->second.host_experts, it->second.kv_cache);
       sl.pid = it->second.pid;
       sl.running = true;
       sl.generation = 1;
@@ -178,7 +183,7 @@ void WorkerManager::apply(int id, Step step) {
   for (const auto& a : step.actions) {
     switch (a.kind) {
       case Action::Kind::start:
-        launch(id, a.context, a.host_experts);
+        launch(id, a.context, a.host_experts, a.kv_cache);
         break;
       case Action::Kind::stop:
         if (sl.running) backend_.stop(id);
@@ -208,7 +213,7 @@ void WorkerManager::apply(int id, Step step) {
   notify();
 }
 
-void WorkerManager::launch(int id, uint32_t context, uint32_t host_experts) {
+void WorkerManager::launch(int id, uint32_t context, uint32_t host_experts, const std::string& kv_cache) {
   Slot& sl = slot(id);
   LaunchSpec spec;
   spec.id = id;
@@ -216,6 +221,7 @@ void WorkerManager::launch(int id, uint32_t context, uint32_t host_experts) {
   spec.socket_path = socket_path(id);
   spec.context = context;
   spec.host_experts = host_experts;
+  spec.kv_cache = kv_cache;
   spec.holder_experts = s_.holder_experts;
   spec.slots = s_.slots;
   spec.device = s_.device;
@@ -508,6 +514,7 @@ std::vector<WorkerInfo> WorkerManager::workers() const {
     else w.http_port = sl.port;
     w.context = sl.policy->context();
     w.host_experts = sl.policy->host_experts();
+    w.kv_cache = sl.policy->kv_cache();
     w.slots = s_.slots;
     w.pid = sl.pid;
     w.generation = sl.generation;
@@ -530,6 +537,7 @@ nlohmann::json WorkerManager::status_json() const {
                         {"pid", sl.pid},
                         {"context", p.context()},
                         {"host_experts", p.host_experts()},
+                        {"kv_cache", p.kv_cache()},
                         {"slots", s_.slots},
                         {"restarts", p.restarts()},
                         {"oom_kills", p.oom_kills()},

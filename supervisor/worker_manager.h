@@ -122,7 +122,7 @@ class WorkerManager : public WorkerRegistry {
   /// Logs the decisions (journal, events, counters by event).
   void record(Slot& sl, const std::vector<Decision>& decisions);
   void apply(int id, Step step);
-  void launch(int id, uint32_t context, uint32_t host_experts);
+  void launch(int id, uint32_t context, uint32_t host_experts, const std::string& kv_cache);
   void arm_timer(int id);
   void on_ready(int id, int pid);
   void on_exit(int id, ExitKind kind, const std::string& message);

@@ -24,6 +24,7 @@ struct WorkerInfo {
   int http_port = 0;        // workers.engine: exec — the engine's HTTP port on 127.0.0.1; 0 = native
   int64_t context = 0;      // tokens per slot
   int64_t host_experts = 0; // the expert rung: first layers whose experts the CPU computes
+  std::string kv_cache = "f16";  // the KV cache rung
   int64_t slots = 0;
   int pid = 0;
   uint64_t generation = 0;  // +1 at every (re)start: a new process behind the same id

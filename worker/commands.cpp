@@ -68,6 +68,17 @@ int cuda_index(const std::string& device) {
   return std::stoi(n);
 }
 
+/// --kv-cache f16|q8_0 (for serve also DS4_KV_CACHE, workers.kv_cache in a
+/// ds4-worker@.service's environment file; the command line wins).
+KvType kv_cache_arg(const Args& a, const char* env = nullptr) {
+  std::string def = "f16";
+  if (const char* v = env ? std::getenv(env) : nullptr; v && *v) def = v;
+  const std::string name = a.str("kv-cache", def);
+  const auto t = kv_type_from(name);
+  if (!t) throw Error("--kv-cache: '" + name + "' is not a KV cache type (expected f16 or q8_0)");
+  return *t;
+}
+
 /// An integer option that the supervisor may give in the environment instead
 /// (a ds4-worker@.service's environment file); the command line wins.
 int64_t integer_or_env(const Args& a, const std::string& name, const char* env, int64_t def, int64_t lo, int64_t hi) {
@@ -158,7 +169,7 @@ class CollectSink : public RequestSink {
 
 int cmd_run(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device",
-                "gpu-weights", "holder-socket", "host-experts", "holder-experts"},
+                "gpu-weights", "holder-socket", "host-experts", "holder-experts", "kv-cache"},
          {"json", "ignore-eos", "no-bos", "router-gaps"},
          {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
   auto lm = open_model(a.required("model"));
@@ -183,6 +194,7 @@ int cmd_run(const std::vector<std::string>& argv) {
                 " with room for one more");
   shape.slots = 1;
   shape.max_batch = 512;
+  shape.kv = kv_cache_arg(a);
   auto backend = make_backend(a.str("device", "auto"), *lm, int(a.integer("threads", 0, 0, 1024)), a);
   const MemoryPlan plan = backend->plan(shape);
   check_backend_plan_fits(*backend, plan, shape);
@@ -245,7 +257,7 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights",
-                "holder-socket", "host-experts", "holder-experts", "depth", "ctx"}, {},
+                "holder-socket", "host-experts", "holder-experts", "depth", "ctx", "kv-cache"}, {},
          {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}, {"-d", "depth"}});
   const auto t_attach = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
@@ -279,6 +291,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                   std::to_string(need) + ": -d + the longer of -p and -n + 1)");
     shape.slots = 1;
     shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(std::max(np, depth), 512));
+    shape.kv = kv_cache_arg(a);
     check_backend_plan_fits(*backend, backend->plan(shape), shape);
     backend->reserve(shape);
 
@@ -332,6 +345,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
                           {"n_gen", ng},
                           {"depth", depth},
                           {"ctx", shape.ctx},
+                          {"kv_cache", kv_type_name(shape.kv)},
                           {"depth_ms", depth_ms},
                           {"repetitions", reps},
                           {"weights_bytes", lm->model.w().bytes},
@@ -386,7 +400,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
     return cmd_engine(e);
   }
   Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch", "control",
-                      "gpu-weights", "holder-socket", "segment-socket", "busy-poll-us", "host-experts", "holder-experts"}, {});
+                      "gpu-weights", "holder-socket", "segment-socket", "busy-poll-us", "host-experts", "holder-experts",
+                      "kv-cache"}, {});
   ServeOptions o;
   o.id = int(a.integer("id", 0, 0, 1 << 20));
   o.socket_path = a.required("socket");
@@ -396,6 +411,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   int64_t batch = 256;
   if (const char* v = std::getenv("DS4_PREFILL_CHUNK"); v && *v) batch = std::clamp<int64_t>(std::atoll(v), 1, 8192);
   o.shape.max_batch = a.integer("batch", batch, 1, 8192);
+  o.shape.kv = kv_cache_arg(a, "DS4_KV_CACHE");
   o.threads = int(a.integer("threads", 0, 0, 1024));
   o.device = a.str("device", "auto");
   // workers.busy_poll: on the command line, or for ds4-worker@.service in its environment file.

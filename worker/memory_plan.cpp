@@ -63,7 +63,7 @@ MemoryRoom read_memory_room() {
 std::string describe_plan(const MemoryPlan& p, const EngineShape& s) {
   std::ostringstream o;
   o << "weights " << format_bytes(p.weights) << " (shared), KV cache " << format_bytes(p.kv) << " (context "
-    << s.ctx << " x " << s.slots << " slots), scratch " << format_bytes(p.scratch) << "; this worker needs "
+    << s.ctx << " x " << s.slots << " slots, " << kv_type_name(s.kv) << "), scratch " << format_bytes(p.scratch) << "; this worker needs "
     << format_bytes(p.own());
   return o.str();
 }

@@ -326,7 +326,7 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
   log::info("memory reserved: " + describe_plan(plan, opts.shape),
             {{"DS4_WORKER", std::to_string(opts.id)}, {"DS4_KV_BYTES", std::to_string(plan.kv)},
              {"DS4_SCRATCH_BYTES", std::to_string(plan.scratch)}, {"DS4_CONTEXT", std::to_string(opts.shape.ctx)},
-             {"DS4_SLOTS", std::to_string(opts.shape.slots)}});
+             {"DS4_SLOTS", std::to_string(opts.shape.slots)}, {"DS4_KV_CACHE", kv_type_name(opts.shape.kv)}});
 
   Engine engine(backend, hp, lm.tokenizer.eos(), opts.shape);
   engine.set_token_table(TokenTable::from_model(lm.segment.metadata(), lm.tokenizer));
@@ -348,6 +348,7 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
              {"n_vocab", hp.n_vocab},
              {"ctx", opts.shape.ctx},
              {"slots", opts.shape.slots},
+             {"kv_cache", kv_type_name(opts.shape.kv)},
              {"backend", backend.name()},
              {"plan", {{"weights", plan.weights}, {"kv", plan.kv}, {"scratch", plan.scratch}}}};
 

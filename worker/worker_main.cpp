@@ -34,6 +34,8 @@ static const char* kUsage =
     "         error at once; one that does not answer: after 10 s\n"
     "  GPU weights (run, bench, serve): --gpu-weights auto|holder|copy|host-mapped\n"
     "         [--holder-socket PATH]  (default $XDG_RUNTIME_DIR/ds4/holder-cudaN.sock)\n"
+    "  KV cache (run, bench, serve): --kv-cache f16|q8_0  how K and V are kept (q8_0: 53% of f16's\n"
+    "         memory; default f16, or for serve $DS4_KV_CACHE)\n"
     "  MoE experts on the host (run, bench, serve): --host-experts N  the first N layers' experts\n"
     "         are computed by the CPU from shared memory (bench: a list N,M,... measures each rung;\n"
     "         default $DS4_HOST_EXPERTS); [--holder-experts M] the holder's image lacks the first M\n"

@@ -101,6 +101,9 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
   head("ds4_worker_host_expert_layers", "gauge",
        "Expert rung of each worker: the first layers whose experts the CPU computes (workers.moe_offload).");
   for (auto& w : workers) o << "ds4_worker_host_expert_layers{worker=\"" << w.id << "\"} " << w.host_experts << '\n';
+  head("ds4_worker_kv_cache_q8", "gauge",
+       "KV cache rung of each worker: 1 when it keeps its cache in q8_0, 0 in f16 (workers.kv_cache).");
+  for (auto& w : workers) o << "ds4_worker_kv_cache_q8{worker=\"" << w.id << "\"} " << (w.kv_cache == "q8_0") << '\n';
   head("ds4_worker_slots", "gauge", "Slots of each worker.");
   for (auto& w : workers) o << "ds4_worker_slots{worker=\"" << w.id << "\"} " << w.slots << '\n';
   head("ds4_worker_in_flight", "gauge", "Requests running on each worker.");

@@ -7,7 +7,7 @@ usage: arch_compare.py WORKER MODEL PEER N_PREDICT NEAR_TIE PROMPT...
 PEER is llama-server's port, or a file --record wrote from one earlier (the
 reference taken on one machine, checked on another: the CUDA backend on the
 GPU machine, which has no llama.cpp build). DS4_DEVICE, when set, is passed
-to ds4-worker as --device. DS4_ROUTER_TIE, when set (a mixture of experts),
+to ds4-worker as --device; DS4_WORKER_ARGS adds options (--kv-cache q8_0). DS4_ROUTER_TIE, when set (a mixture of experts),
 is the router's near tie in nats (below).
 
 For each prompt: the prompt tokens of `ds4-worker run --json` must equal
@@ -105,6 +105,7 @@ def main():
             print(f"FAIL: {source} holds answers of {recorded['n_predict']} tokens, not {n}")
             return 1
     device = ["--device", os.environ["DS4_DEVICE"]] if os.environ.get("DS4_DEVICE") else []
+    device += os.environ.get("DS4_WORKER_ARGS", "").split()
     router_tie = float(os.environ["DS4_ROUTER_TIE"]) if os.environ.get("DS4_ROUTER_TIE") else None
     if router_tie is not None:
         device.append("--router-gaps")

@@ -87,5 +87,27 @@ for name in llama3 mistral qwen2 qwen3 tied qwen3moe qwen2moe; do
     peer_server_stop
   done
 done
+
+# A q8_0 KV cache (--kv-cache q8_0) against llama.cpp's (-ctk q8_0 -ctv q8_0,
+# which needs its flash attention): both round each cached row per 32 values
+# to 8 bits as ggml's q8_0 does; llama.cpp also rounds the query to 8 bits,
+# ds4 keeps it f32, so the answers may part at a q8_0-sized near tie.
+for name in llama3 qwen2; do
+  model=$tmp/$name-f16.gguf
+  # shellcheck disable=SC2086
+  "$bin/ds4-mkmodel" --out "$model" --vocab-from "$vocab" "${common[@]}" ${arch_args[$name]} --type f16 \
+    2>"$tmp/mk.log" || { cat "$tmp/mk.log" >&2; echo "FAIL: ds4-mkmodel for $name f16" >&2; exit 1; }
+  peer_server_start "$port" "$model" --no-jinja -t 1 -c 512 -fa on -ctk q8_0 -ctv q8_0 ||
+    { echo "FAIL: llama.cpp does not load the $name model with a q8_0 cache" >&2; exit 1; }
+  echo "--- $name f16, q8_0 KV cache"
+  DS4_WORKER_ARGS="--kv-cache q8_0" python3 "$here/arch_compare.py" "$bin/ds4-worker" "$model" "$port" 32 0.25 \
+    "${prompts[@]}" || failed=1
+  peer_server_stop
+done
+# A head size that is not a multiple of 32 cannot be kept in q8_0: said before anything runs.
+out=$("$bin/ds4-worker" run --model "$tmp/qwen3-f16.gguf" -p "Once" -n 1 --kv-cache q8_0 2>&1) && rc=0 || rc=$?
+[[ $rc -ne 0 && $out == *"a q8_0 KV cache needs a head size that is a multiple of 32; this model's is 48"* ]] ||
+  { echo "FAIL: --kv-cache q8_0 on a head of 48: exit $rc, '$out'" >&2; failed=1; }
+
 [[ $failed == 0 ]] || { echo "FAIL: ds4 and llama.cpp disagree (above)" >&2; exit 1; }
 echo "PASS"

@@ -127,6 +127,7 @@ workers:
   context:
     ladder: [32768, 16384, 256]
   moe_offload: [0, 4, 8]
+  kv_cache: [f16, q8_0]
   memory_max: 6GiB
   reserve: 512MiB
   engine: exec
@@ -171,6 +172,7 @@ gpu:
   CHECK(c.workers.threads == 8);
   CHECK(c.workers.ladder == std::vector<std::uint32_t>{32768, 16384, 256});
   CHECK(c.workers.moe_offload == std::vector<std::uint32_t>{0, 4, 8});
+  CHECK(c.workers.kv_cache == std::vector<std::string>{"f16", "q8_0"});
   CHECK(c.workers.memory_max == 6 * GiB);
   CHECK(c.workers.reserve == 512 * MiB);
   CHECK(c.workers.engine == ds4::WorkerEngine::exec);
@@ -259,7 +261,7 @@ TEST_CASE("config: wrong types") {
         "config/ds4.yaml:2:10: workers.slots: expected a whole number, got a list");
   CHECK(errors("workers: 3\n") ==
         "config/ds4.yaml:1:10: workers: expected a mapping with keys backend, count, device, slots, threads, prefill_chunk, "
-        "busy_poll, context, moe_offload, memory_max, reserve, engine, exec, got '3'");
+        "busy_poll, context, moe_offload, kv_cache, memory_max, reserve, engine, exec, got '3'");
   CHECK(errors("workers:\n  prefill_chunk: 8\n") ==
         "config/ds4.yaml:2:18: workers.prefill_chunk: 8 is out of range (16 to 8192)");
   CHECK(errors("- a\n- b\n") ==
@@ -291,6 +293,18 @@ TEST_CASE("config: wrong types") {
 }
 
 TEST_CASE("config: impossible values") {
+  SUBCASE("kv_cache") {
+    CHECK(errors("workers:\n  kv_cache: [q8_0, f16]\n") ==
+          "config/ds4.yaml:2:20: workers.kv_cache[1]: 'f16' does not take less memory than the rung before it "
+          "('q8_0'); the rungs go from the most memory to the least, as [f16, q8_0]");
+    CHECK(errors("workers:\n  kv_cache: q4\n") ==
+          "config/ds4.yaml:2:13: workers.kv_cache: expected one of f16, q8_0, got 'q4'");
+    CHECK(errors("workers:\n  kv_cache: [f16, q8]\n").find("config/ds4.yaml:2:19: workers.kv_cache[1]: expected one "
+                                                          "of f16, q8_0, got 'q8' (did you mean 'q8_0'?)") == 0);
+    CHECK(errors("workers:\n  kv_cache: []\n").find("workers.kv_cache: the list is empty") != std::string::npos);
+    CHECK(errors("workers:\n  kv_cache: q8_0\n") == "");
+    CHECK(parse("workers:\n  kv_cache: q8_0\n").workers.kv_cache == std::vector<std::string>{"q8_0"});
+  }
   SUBCASE("moe_offload") {
     CHECK(errors("workers:\n  moe_offload: [4, 2]\n") ==
           "config/ds4.yaml:2:20: workers.moe_offload[1]: 2 is not larger than the rung before it (4); each rung keeps "

@@ -751,9 +751,9 @@ TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel")
         for (int h = 0; h < hs.h; ++h) {
           const int kvh = h / (hs.h / hs.kv);
           const int64_t base = batch[t].slot * ctx * kvd + kvh * hs.hd;
-          cpu::cpu_kernels().attend(q.data() + t * qd + h * hs.hd, kc.data() + base, vc.data() + base,
-                                    batch[t].pos + 1, hs.hd, kvd, scale, want.data() + t * qd + h * hs.hd,
-                                    scores.data());
+          cpu::cpu_kernels().attend(q.data() + t * qd + h * hs.hd, {kc.data() + base, KvType::f16, kvd * 2},
+                                    {vc.data() + base, KvType::f16, kvd * 2}, batch[t].pos + 1, hs.hd, scale,
+                                    want.data() + t * qd + h * hs.hd, scores.data());
         }
       cuda_ops::attention(q, kc, vc, batch, hs.h, hs.kv, hs.hd, slots, ctx, got);
       CAPTURE(hs.hd);
@@ -763,6 +763,64 @@ TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel")
       // sums in f32. Everything else is f32 throughout.
       const bool mma = T > 8 && (hs.hd == 64 || hs.hd == 128 || hs.hd == 256);
       CHECK(rel_err(got, want) < (mma ? 2e-3 : 1e-5));
+    }
+  }
+}
+
+TEST_CASE("cuda: a q8_0 cache stores the CPU's blocks, and its attention matches the CPU kernel") {
+  if (!have_gpu()) return;
+  std::mt19937 rng(13);
+  struct Heads { int h, kv, hd; };
+  for (Heads hs : {Heads{32, 8, 128}, Heads{16, 16, 64}, Heads{8, 2, 256}}) {
+    const int64_t slots = 2, ctx = 2048, kvd = int64_t(hs.kv) * hs.hd, qd = int64_t(hs.h) * hs.hd;
+    // Fill both slots' caches through the store kernel, 256 positions a call.
+    cuda_ops::Q8Cache kc{std::vector<int8_t>(size_t(slots * ctx * kvd)), std::vector<uint16_t>(size_t(slots * ctx * kvd / 32))};
+    cuda_ops::Q8Cache vc = kc;
+    std::vector<uint8_t> cpu_k(size_t(slots * ctx * kvd / 32 * 34)), cpu_v(cpu_k.size());
+    for (int64_t slot = 0; slot < slots; ++slot)
+      for (int64_t p0 = 0; p0 < ctx; p0 += 256) {
+        std::vector<BatchToken> batch;
+        for (int64_t p = p0; p < p0 + 256; ++p) batch.push_back(BatchToken{0, int32_t(slot), int32_t(p), -1});
+        auto k = random_floats(size_t(256 * kvd), rng), v = random_floats(size_t(256 * kvd), rng);
+        if (p0 == 0) std::fill_n(k.begin(), 32, 0.0f);  // an all-zero block
+        cuda_ops::store_kv_q8(k, v, batch, int(kvd), ctx, kc, vc);
+        for (int64_t t = 0; t < 256; ++t) {
+          const int64_t row = (slot * ctx + p0 + t) * kvd / 32 * 34;
+          cpu::store_kv_q8(cpu::cpu_kernels(), k.data() + t * kvd, kvd, cpu_k.data() + row);
+          cpu::store_kv_q8(cpu::cpu_kernels(), v.data() + t * kvd, kvd, cpu_v.data() + row);
+        }
+      }
+    // The device's blocks are the CPU's, bit for bit (values and scales).
+    for (const auto& [dev, host] : {std::pair{&kc, &cpu_k}, std::pair{&vc, &cpu_v}}) {
+      size_t bad = 0;
+      for (size_t b = 0; b < dev->d.size(); ++b) {
+        uint16_t d;
+        std::memcpy(&d, host->data() + b * 34, 2);
+        bad += d != dev->d[b] || std::memcmp(host->data() + b * 34 + 2, dev->q.data() + b * 32, 32) != 0;
+      }
+      CHECK_MESSAGE(bad == 0, bad << " blocks differ from the CPU's");
+    }
+    for (int64_t T : {1, 3, 200}) {
+      std::vector<BatchToken> batch;
+      for (int64_t t = 0; t < T; ++t)
+        batch.push_back(T == 200 ? BatchToken{0, 1, int32_t(1800 + t), -1}
+                                 : BatchToken{0, int32_t(t % 2), int32_t(t == 0 ? 0 : t == 1 ? ctx - 1 : (rng() % ctx)), -1});
+      const auto q = random_floats(size_t(T * qd), rng);
+      std::vector<float> want(size_t(T * qd)), got, scores(static_cast<size_t>(cpu::kAttendTile));
+      const float scale = 1.0f / std::sqrt(float(hs.hd));
+      for (int64_t t = 0; t < T; ++t)
+        for (int h = 0; h < hs.h; ++h) {
+          const int kvh = h / (hs.h / hs.kv);
+          const int64_t at = (batch[t].slot * ctx * kvd + kvh * hs.hd) / 32 * 34, row = kvd / 32 * 34;
+          cpu::cpu_kernels().attend(q.data() + t * qd + h * hs.hd, {cpu_k.data() + at, KvType::q8_0, row},
+                                    {cpu_v.data() + at, KvType::q8_0, row}, batch[t].pos + 1, hs.hd, scale,
+                                    want.data() + t * qd + h * hs.hd, scores.data());
+        }
+      cuda_ops::attention_q8(q, kc, vc, batch, hs.h, hs.kv, hs.hd, ctx, got);
+      CAPTURE(hs.hd);
+      CAPTURE(T);
+      // The prefill chunk goes through the tensor cores, the values as f16.
+      CHECK(rel_err(got, want) < (T > 8 ? 2e-3 : 1e-5));
     }
   }
 }

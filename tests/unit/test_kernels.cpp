@@ -189,6 +189,69 @@ TEST_CASE("kernels: Q8_0 activation quantization rounds each block to its own sc
   }
 }
 
+// One head's cached rows in `type`, each row followed by `pad` bytes that
+// the attention must skip, built from f32 values (rounded as kv_store rounds
+// them) and read back as the attention must see them.
+struct TestCache {
+  KvType type;
+  int64_t hd, row_bytes;
+  std::vector<uint8_t> bytes;
+  TestCache(KvType t, int64_t hd_, int64_t n_pos, int64_t pad, const std::vector<float>& values)
+      : type(t), hd(hd_), row_bytes(kv_row_bytes(t, hd_) + pad), bytes(size_t(n_pos * row_bytes), 0xA5) {
+    for (int64_t p = 0; p < n_pos; ++p) {
+      uint8_t* row = bytes.data() + p * row_bytes;
+      if (t == KvType::q8_0) {
+        store_kv_q8(generic_kernels(), values.data() + p * hd, hd, row);
+      } else {
+        for (int64_t i = 0; i < hd; ++i) {
+          const uint16_t h = fp32_to_fp16(values[size_t(p * hd + i)]);
+          std::memcpy(row + 2 * i, &h, 2);
+        }
+      }
+    }
+  }
+  KvRows rows() const { return {bytes.data(), type, row_bytes}; }
+  double value(int64_t p, int64_t i) const {
+    const uint8_t* row = bytes.data() + p * row_bytes;
+    uint16_t h;
+    if (type == KvType::f16) {
+      std::memcpy(&h, row + 2 * i, 2);
+      return fp16_to_fp32(h);
+    }
+    const uint8_t* b = row + i / 32 * 34;
+    std::memcpy(&h, b, 2);
+    return double(fp16_to_fp32(h)) * int8_t(b[2 + i % 32]);
+  }
+};
+
+TEST_CASE("kernels: a q8_0 cache row holds each value within half a step of its block's scale") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (int64_t hd : {32, 128}) {
+    std::vector<float> x(static_cast<size_t>(hd));
+    for (auto& v : x) v = nd(rng);
+    x[5] = 0.0f;
+    const TestCache c(KvType::q8_0, hd, 1, 0, x);
+    for (int64_t b = 0; b < hd / 32; ++b) {
+      float amax = 0;
+      for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(b * 32 + i)]));
+      // q = round(x * 127 / max|x|), d = max|x| / 127 rounded to f16: half a
+      // step of max|x| / 127, plus |q| <= 127 times d's own rounding.
+      const double d = fp16_to_fp32(fp32_to_fp16(amax / 127.0f)), step = double(amax) / 127.0;
+      bool reached = false;
+      for (int64_t i = b * 32; i < b * 32 + 32; ++i) {
+        CHECK(std::fabs(c.value(0, i) - x[size_t(i)]) <= step * 0.5 * (1 + 1e-6) + 127 * std::fabs(d - step));
+        reached |= std::fabs(c.value(0, i)) >= d * 127 - 1e-9;
+      }
+      CHECK(reached);  // the largest value maps to +-127
+    }
+    CHECK(c.value(0, 5) == 0.0);
+  }
+  // An all-zero block stays zero (no division by zero).
+  const TestCache z(KvType::q8_0, 32, 1, 0, std::vector<float>(32, 0.0f));
+  for (int i = 0; i < 32; ++i) CHECK(z.value(0, i) == 0.0);
+}
+
 TEST_CASE("kernels: attention agrees across tables and with a direct softmax, over one tile and many") {
   std::mt19937 rng(2);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -196,40 +259,43 @@ TEST_CASE("kernels: attention agrees across tables and with a direct softmax, ov
   // is a new one and the output so far is rescaled at every tile (the online
   // softmax's step that a flat score profile never takes); the last tile
   // then carries almost all the weight.
+  for (KvType type : {KvType::f16, KvType::q8_0})
   for (bool rising : {false, true})
-    for (int64_t hd : {8, 64, 100})
+    for (int64_t hd : {8, 64, 100, 128})
       for (int64_t n_pos : {int64_t(37), kAttendTile, kAttendTile + 1, int64_t(1000)}) {
-        const int64_t stride = hd * 3;
+        if (type == KvType::q8_0 && hd % 32 != 0) continue;
         std::vector<float> q(static_cast<size_t>(hd));
         for (auto& v : q) v = nd(rng);
-        std::vector<uint16_t> k(size_t(n_pos * stride)), v(size_t(n_pos * stride));
+        std::vector<float> kf(size_t(n_pos * hd)), vf(kf.size());
         for (int64_t p = 0; p < n_pos; ++p)
           for (int64_t i = 0; i < hd; ++i) {
             const float grow = rising ? 8.0f * float(p) / float(n_pos) * q[size_t(i)] / float(hd) : 0.0f;
-            k[size_t(p * stride + i)] = fp32_to_fp16(nd(rng) + grow * std::sqrt(float(hd)));
-            v[size_t(p * stride + i)] = fp32_to_fp16(nd(rng));
+            kf[size_t(p * hd + i)] = nd(rng) + grow * std::sqrt(float(hd));
+            vf[size_t(p * hd + i)] = nd(rng);
           }
+        // Rows farther apart than their values (a head's rows of other data between).
+        const TestCache k(type, hd, n_pos, 2 * hd, kf), v(type, hd, n_pos, 2 * hd, vf);
         const float scale = 1.0f / std::sqrt(float(hd));
         std::vector<double> ref(static_cast<size_t>(hd), 0.0), s(static_cast<size_t>(n_pos));
         double mx = -1e30, sum = 0;
         for (int64_t p = 0; p < n_pos; ++p) {
           double d = 0;
-          for (int64_t i = 0; i < hd; ++i) d += double(q[size_t(i)]) * fp16_to_fp32(k[size_t(p * stride + i)]);
+          for (int64_t i = 0; i < hd; ++i) d += double(q[size_t(i)]) * k.value(p, i);
           s[size_t(p)] = d * scale;
           mx = std::max(mx, s[size_t(p)]);
         }
         for (auto& e : s) sum += (e = std::exp(e - mx));
         for (int64_t p = 0; p < n_pos; ++p)
-          for (int64_t i = 0; i < hd; ++i)
-            ref[size_t(i)] += s[size_t(p)] / sum * fp16_to_fp32(v[size_t(p * stride + i)]);
+          for (int64_t i = 0; i < hd; ++i) ref[size_t(i)] += s[size_t(p)] / sum * v.value(p, i);
         for (const KernelTable* kt : tables()) {
           CAPTURE(kt->name);
+          CAPTURE(kv_type_name(type));
           CAPTURE(hd);
           CAPTURE(n_pos);
           CAPTURE(rising);
           // The score row is one tile long, whatever the depth.
           std::vector<float> out(static_cast<size_t>(hd)), scores(static_cast<size_t>(kAttendTile));
-          kt->attend(q.data(), k.data(), v.data(), n_pos, hd, stride, scale, out.data(), scores.data());
+          kt->attend(q.data(), k.rows(), v.rows(), n_pos, hd, scale, out.data(), scores.data());
           for (int64_t i = 0; i < hd; ++i)
             CHECK(out[size_t(i)] == doctest::Approx(ref[size_t(i)]).epsilon(1e-5));
         }
@@ -242,12 +308,15 @@ TEST_CASE("kernels: a block of queries attends exactly as each query alone (a pr
   // The deepest query 45 positions into a third tile (not a multiple of 8),
   // or 3 into it, so that the first queries of a block end with the second
   // tile and sit the third one out.
+  for (KvType type : {KvType::f16, KvType::q8_0})
   for (int64_t most : {2 * kAttendTile + 45, 2 * kAttendTile + 3})
   for (int64_t hd : {64, 100, 128}) {
-    const int64_t stride = hd * 2, score_stride = kAttendTile;
-    std::vector<uint16_t> k(size_t(most * stride)), v(size_t(most * stride));
-    for (auto& e : k) e = fp32_to_fp16(nd(rng));
-    for (auto& e : v) e = fp32_to_fp16(nd(rng));
+    if (type == KvType::q8_0 && hd % 32 != 0) continue;
+    const int64_t score_stride = kAttendTile;
+    std::vector<float> kf(size_t(most * hd)), vf(kf.size());
+    for (auto& e : kf) e = nd(rng);
+    for (auto& e : vf) e = nd(rng);
+    const TestCache k(type, hd, most, 16, kf), v(type, hd, most, 16, vf);
     const float scale = 1.0f / std::sqrt(float(hd));
     for (int nq = 1; nq <= kAttendBlock; ++nq) {
       // Consecutive positions of one sequence, the last query at the deepest one.
@@ -263,15 +332,16 @@ TEST_CASE("kernels: a block of queries attends exactly as each query alone (a pr
         const float* qs[kAttendBlock];
         float* outs[kAttendBlock];
         for (int j = 0; j < nq; ++j) {
-          kt->attend(q[size_t(j)].data(), k.data(), v.data(), n_pos[size_t(j)], hd, stride, scale, one[size_t(j)].data(),
+          kt->attend(q[size_t(j)].data(), k.rows(), v.rows(), n_pos[size_t(j)], hd, scale, one[size_t(j)].data(),
                      scores.data());
           qs[j] = q[size_t(j)].data();
           outs[j] = block[size_t(j)].data();
         }
-        kt->attend_block(qs, n_pos.data(), nq, k.data(), v.data(), hd, stride, scale, outs, scores.data(), score_stride);
+        kt->attend_block(qs, n_pos.data(), nq, k.rows(), v.rows(), hd, scale, outs, scores.data(), score_stride);
         for (int j = 0; j < nq; ++j)
           REQUIRE_MESSAGE(std::memcmp(one[size_t(j)].data(), block[size_t(j)].data(), size_t(hd) * 4) == 0,
-                          kt->name << ": query " << j << " of " << nq << ", head size " << hd);
+                          kt->name << " " << kv_type_name(type) << ": query " << j << " of " << nq << ", head size "
+                                   << hd);
       }
     }
   }

@@ -514,6 +514,72 @@ TEST_CASE("policy: hang detection off (hang_timeout 0), or the worker not ready,
   CHECK(p.on_health(f.t, {Duration(1h), 1h}).actions.empty());  // draining: the drain deadline handles it
 }
 
+TEST_CASE("policy: KV cache rungs (workers.kv_cache) come before expert rungs and a smaller context") {
+  PolicyConfig c = test_config();
+  c.ladder = {8192, 4096};
+  c.with_rungs({"f16", "q8_0"}, {0, 4});
+  CHECK(c.ladder == std::vector<uint32_t>{8192, 8192, 8192, 4096});
+  CHECK(c.kv_cache == std::vector<std::string>{"f16", "q8_0", "q8_0", "q8_0"});
+  CHECK(c.host_experts == std::vector<uint32_t>{0, 0, 4, 4});
+  CHECK(c.rung_text(0) == "context 8192");
+  CHECK(c.rung_text(1) == "context 8192 with a q8_0 KV cache");
+  CHECK(c.rung_text(2) == "context 8192 with a q8_0 KV cache and the experts of 4 layers on the host");
+  CHECK(c.rung_of(8192, 0, "q8_0") == std::optional<size_t>(1));
+  CHECK(!c.rung_of(4096, 4, "f16"));
+  // Without expert rungs: only the KV rungs; a single q8_0 is q8_0 everywhere.
+  PolicyConfig k = test_config();
+  k.ladder = {8192, 4096};
+  k.with_rungs({"f16", "q8_0"}, {0});
+  CHECK(k.ladder == std::vector<uint32_t>{8192, 8192, 4096});
+  CHECK(k.host_experts.empty());
+  PolicyConfig q = test_config();
+  q.ladder = {8192, 4096};
+  q.with_rungs({"q8_0"}, {0});
+  CHECK(q.ladder == std::vector<uint32_t>{8192, 4096});
+  CHECK(q.kv_cache == std::vector<std::string>{"q8_0", "q8_0"});
+  PolicyConfig none = test_config();
+  none.with_rungs({"f16"}, {0});
+  CHECK(none.kv_cache.empty());
+  CHECK(none.ladder == test_config().ladder);
+
+  // An OOM kill at the largest context: the same context with a q8_0 cache.
+  const std::vector<Bytes> own = {900 * MiB, 500 * MiB, 300 * MiB};
+  TimePoint t{};
+  WorkerPolicy p(0, k, own);
+  Step s = p.start(t, Readings{5000 * MiB});
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 8192);
+  CHECK(s.actions[0].kv_cache == "f16");
+  p.on_ready(t, 10);
+  t += 5s;
+  s = p.on_exit(t, ExitKind::oom, "");
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 8192);
+  CHECK(s.actions[0].kv_cache == "q8_0");
+  CHECK(p.kv_cache() == "q8_0");
+  REQUIRE(s.decisions.size() == 1);
+  CHECK(s.decisions[0].kv_cache_from == std::optional<std::string>("f16"));
+  CHECK(s.decisions[0].kv_cache_to == std::optional<std::string>("q8_0"));
+  CHECK(s.decisions[0].reason.find("with a q8_0 KV cache") != std::string::npos);
+  p.on_ready(t, 11);
+  // The next one: a smaller context, still q8_0.
+  t += 5s;
+  s = p.on_exit(t, ExitKind::oom, "");
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 4096);
+  CHECK(s.actions[0].kv_cache == "q8_0");
+  // Start with little room: the q8_0 rung at the largest context fits where f16 does not.
+  WorkerPolicy r(1, k, own);
+  s = r.start(t, Readings{650 * MiB});  // 650 - 100 reserve: 500 fits, 900 does not
+  REQUIRE(s.actions.size() == 1);
+  CHECK(s.actions[0].context == 8192);
+  CHECK(s.actions[0].kv_cache == "q8_0");
+  // Adopted after a supervisor restart, a worker keeps its KV rung.
+  WorkerPolicy a(2, k, own);
+  a.adopt(t, 8192, 30, 0, "q8_0");
+  CHECK(a.rung() == 1);
+}
+
 TEST_CASE("policy: expert rungs (workers.moe_offload) come before a smaller context, down and back up") {
   PolicyConfig c = test_config();
   c.ladder = {8192, 4096};

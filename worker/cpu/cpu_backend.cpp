@@ -47,6 +47,7 @@ class CpuBackend final : public Backend, private ForwardOps {
                   " (model/memory_plan.cpp must follow kernels.h)");
     static_assert(sizeof(cpu::BlockQ8Act) == 9 * sizeof(float), "the memory plan gives 9 floats per 32 values");
     static_assert(sizeof(cpu::BlockQ8K) == 73 * sizeof(float), "the memory plan gives 73 floats per 256 values");
+    if (const std::string why = kv_type_unsupported(hp_, s.kv); !why.empty()) throw Error(why);
     shape_ = s;
     layout_ = l;
     kv_ = HostBuffer(kv_cache_bytes(hp_, s), "KV cache");
@@ -128,14 +129,17 @@ class CpuBackend final : public Backend, private ForwardOps {
   /// dim]: the positions one head attends to are one stream of memory (with
   /// positions outermost, a head's 2 rows of 64 values sat in each 2 KiB,
   /// and decode deep in a context read them at 9 GB/s against 12 or more).
-  uint16_t* k_cache(int layer, int slot, int64_t kv_head = 0) const {
-    return kv_.as<uint16_t>() + ((int64_t(layer) * shape_.slots + slot) * shape_.ctx) * hp_.kv_dim() +
-           kv_head * shape_.ctx * kv_head_dim();
+  /// A row is kv_row_bytes(shape_.kv, head_dim): f16 values or Q8_0 blocks.
+  uint8_t* k_cache(int layer, int slot, int64_t kv_head = 0) const {
+    return kv_.as<uint8_t>() + (((int64_t(layer) * shape_.slots + slot) * hp_.n_kv_heads + kv_head) * shape_.ctx) *
+                                   kv_row();
   }
-  uint16_t* v_cache(int layer, int slot, int64_t kv_head = 0) const {
-    return k_cache(layer, slot, kv_head) + int64_t(hp_.n_layers) * shape_.slots * shape_.ctx * hp_.kv_dim();
+  uint8_t* v_cache(int layer, int slot, int64_t kv_head = 0) const {
+    return k_cache(layer, slot, kv_head) + int64_t(hp_.n_layers) * shape_.slots * hp_.n_kv_heads * shape_.ctx * kv_row();
   }
   int64_t kv_head_dim() const { return hp_.head_dim; }
+  int64_t kv_row() const { return kv_row_bytes(shape_.kv, hp_.head_dim); }
+  cpu::KvRows kv_rows(const uint8_t* p) const { return {p, shape_.kv, kv_row()}; }
   float* thread_scratch(int t) const { return thread_scratch_ + int64_t(t) * layout_.per_thread; }
 
   /// Several products sharing one input, rows spread over the pool in one job.
@@ -463,9 +467,17 @@ void CpuBackend::kv_store(int layer, Act k, Act v) {
   const int64_t hd = kv_head_dim();
   for_tokens(rows(k), [&](int64_t t) {
     const BatchToken& b = batch_[size_t(t)];
+    const int64_t at = int64_t(b.pos) * kv_row();
     for (int64_t h = 0; h < hp_.n_kv_heads; ++h) {
-      k_.to_f16(kp + t * ldk + h * hd, k_cache(layer, b.slot, h) + int64_t(b.pos) * hd, hd);
-      k_.to_f16(vp + t * ldv + h * hd, v_cache(layer, b.slot, h) + int64_t(b.pos) * hd, hd);
+      const float *kr = kp + t * ldk + h * hd, *vr = vp + t * ldv + h * hd;
+      uint8_t *kc = k_cache(layer, b.slot, h) + at, *vc = v_cache(layer, b.slot, h) + at;
+      if (shape_.kv == KvType::q8_0) {
+        cpu::store_kv_q8(k_, kr, hd, kc);
+        cpu::store_kv_q8(k_, vr, hd, vc);
+      } else {
+        k_.to_f16(kr, reinterpret_cast<uint16_t*>(kc), hd);
+        k_.to_f16(vr, reinterpret_cast<uint16_t*>(vc), hd);
+      }
     }
   });
 }
@@ -506,8 +518,8 @@ void CpuBackend::attention(int layer, Act qa, Act outa, const AttentionSpec& a) 
         outs[t - t0] = out + t * ldo + h * hd;
         n_pos[t - t0] = int64_t(batch_[size_t(t)].pos) + 1;
       }
-      k_.attend_block(qs, n_pos, int(t1 - t0), k_cache(layer, slot, kvh), v_cache(layer, slot, kvh), hd, hd,
-                      a.scale, outs, scores, score_stride);
+      k_.attend_block(qs, n_pos, int(t1 - t0), kv_rows(k_cache(layer, slot, kvh)), kv_rows(v_cache(layer, slot, kvh)),
+                      hd, a.scale, outs, scores, score_stride);
     }
   });
 }

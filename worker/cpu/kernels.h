@@ -31,10 +31,21 @@
 #include <cstdint>
 #include <string_view>
 
+#include "model/memory_plan.h"
 #include "shared/ggml_types.h"
 #include "worker/cpu/quant_types.h"
 
 namespace ds4::cpu {
+
+/// One head's cached K or V: a row of hd values per position, `row_bytes`
+/// apart, in `type` (f16, or ggml's Q8_0 blocks: kv_row_bytes()). The
+/// attention converts each value exactly to f32 (f16, and Q8_0's d * q, fit
+/// f32 without rounding), so both types take the same float arithmetic.
+struct KvRows {
+  const void* data = nullptr;
+  KvType type = KvType::f16;
+  int64_t row_bytes = 0;
+};
 
 /// 32 activations rounded for the integer product with Q8_0 weights:
 /// x[i] ~ d * qs[i], qs = round-to-nearest-even(x * 127 / max|x|), d = max|x| / 127
@@ -79,21 +90,20 @@ struct KernelTable {
   std::string_view name;
   /// Rows [n0, n1) of the product; `scratch` holds matmul_scratch_floats(K) floats.
   void (*matmul_rows)(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch);
-  /// Attention of one query head over n_pos cached positions (f16 K and V, one
-  /// row of `hd` values every `stride` elements): out = softmax(scale * q.K) V,
+  /// Attention of one query head over n_pos cached positions (K and V rows
+  /// of `hd` values, of one type): out = softmax(scale * q.K) V,
   /// in tiles of kAttendTile positions with an online softmax (flash
   /// attention: the maximum and sum so far, the output rescaled when the
   /// maximum grows). `scores` holds kAttendTile floats, at any depth.
-  void (*attend)(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos,
-                 int64_t hd, int64_t stride, float scale, float* out, float* scores);
+  void (*attend)(const float* q, KvRows k, KvRows v, int64_t n_pos, int64_t hd, float scale, float* out,
+                 float* scores);
   /// attend() for nq queries of one head over the same cached K and V (the
   /// tokens of one sequence in a prefill chunk): query j attends its first
   /// n_pos[j] positions, out[j] gets its result, bit for bit attend()'s.
   /// Reads each tile of K and V once for all of them. `scores` holds
   /// nq * score_stride floats (score_stride >= kAttendTile).
-  void (*attend_block)(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
-                       int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
-                       int64_t score_stride);
+  void (*attend_block)(const float* const* q, const int64_t* n_pos, int nq, KvRows k, KvRows v, int64_t hd,
+                       float scale, float* const* out, float* scores, int64_t score_stride);
   /// dst[i] = f16(src[i]), round to nearest even.
   void (*to_f16)(const float* src, uint16_t* dst, int64_t n);
   /// The K floats of x (K a multiple of 32) as K/32 blocks for Q8_0 products.
@@ -110,9 +120,14 @@ inline constexpr int kAttendBlock = 8;
 inline constexpr int64_t kAttendTile = 512;
 
 /// attend_block as nq calls of attend (the generic table's).
-void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq,
-                           const uint16_t* k, const uint16_t* v, int64_t hd, int64_t stride, float scale,
-                           float* const* out, float* scores, int64_t score_stride);
+void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq, KvRows k,
+                           KvRows v, int64_t hd, float scale, float* const* out, float* scores, int64_t score_stride);
+
+/// A cache row of n values (n a multiple of 32) as Q8_0 blocks: each block's
+/// values rounded as quantize_q8 rounds them (d = max|x| / 127 stored as f16,
+/// q = round-to-nearest-even(x * 127 / max|x|): ggml's x86 values), through
+/// table `t`'s quantize_q8.
+void store_kv_q8(const KernelTable& t, const float* x, int64_t n, void* blocks);
 
 const KernelTable& generic_kernels();
 const KernelTable* avx2_kernels();    // nullptr when not built

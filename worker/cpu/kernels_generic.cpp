@@ -67,16 +67,29 @@ void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scr
   }
 }
 
-void attend_generic(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos,
-                    int64_t hd, int64_t stride, float scale, float* out, float* scores) {
+// Value i of row p of cached rows, exactly as f32.
+float kv_value(const KvRows& r, int64_t p, int64_t i) {
+  const auto* row = static_cast<const uint8_t*>(r.data) + p * r.row_bytes;
+  if (r.type == KvType::f16) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * i, 2);
+    return fp16_to_fp32(h);
+  }
+  const uint8_t* b = row + i / kKvQ8Block * kKvQ8BlockBytes;
+  uint16_t d;
+  std::memcpy(&d, b, 2);
+  return fp16_to_fp32(d) * float(int8_t(b[2 + i % kKvQ8Block]));
+}
+
+void attend_generic(const float* q, KvRows k, KvRows v, int64_t n_pos, int64_t hd, float scale, float* out,
+                    float* scores) {
   float m = -INFINITY, l = 0;
   for (int64_t t0 = 0; t0 < n_pos; t0 += kAttendTile) {
     const int64_t n = std::min(kAttendTile, n_pos - t0);
-    const uint16_t *kt = k + t0 * stride, *vt = v + t0 * stride;
     float mx = -INFINITY;
     for (int64_t p = 0; p < n; ++p) {
       float s = 0;
-      for (int64_t i = 0; i < hd; ++i) s += q[i] * fp16_to_fp32(kt[p * stride + i]);
+      for (int64_t i = 0; i < hd; ++i) s += q[i] * kv_value(k, t0 + p, i);
       scores[p] = s * scale;
       mx = std::max(mx, scores[p]);
     }
@@ -87,7 +100,7 @@ void attend_generic(const float* q, const uint16_t* k, const uint16_t* v, int64_
     l = l * alpha + sum;
     for (int64_t i = 0; i < hd; ++i) out[i] = t0 == 0 ? 0.0f : out[i] * alpha;
     for (int64_t p = 0; p < n; ++p)
-      for (int64_t i = 0; i < hd; ++i) out[i] += scores[p] * fp16_to_fp32(vt[p * stride + i]);
+      for (int64_t i = 0; i < hd; ++i) out[i] += scores[p] * kv_value(v, t0 + p, i);
   }
   const float inv = 1.0f / l;
   for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
@@ -119,17 +132,30 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
 
 }  // namespace
 
-void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq,
-                           const uint16_t* k, const uint16_t* v, int64_t hd, int64_t stride, float scale,
-                           float* const* out, float* scores, int64_t score_stride) {
-  for (int j = 0; j < nq; ++j) t.attend(q[j], k, v, n_pos[j], hd, stride, scale, out[j], scores + j * score_stride);
+void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq, KvRows k,
+                           KvRows v, int64_t hd, float scale, float* const* out, float* scores, int64_t score_stride) {
+  for (int j = 0; j < nq; ++j) t.attend(q[j], k, v, n_pos[j], hd, scale, out[j], scores + j * score_stride);
+}
+
+void store_kv_q8(const KernelTable& t, const float* x, int64_t n, void* blocks) {
+  BlockQ8Act tmp[16];
+  auto* out = static_cast<uint8_t*>(blocks);
+  for (int64_t b0 = 0; b0 < n / kKvQ8Block; b0 += 16) {
+    const int64_t nb = std::min<int64_t>(16, n / kKvQ8Block - b0);
+    t.quantize_q8(x + b0 * kKvQ8Block, nb * kKvQ8Block, tmp);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* o = out + (b0 + b) * kKvQ8BlockBytes;
+      const uint16_t d = fp32_to_fp16(tmp[b].d);  // d is an f16 value already: exact
+      std::memcpy(o, &d, 2);
+      std::memcpy(o + 2, tmp[b].qs, kKvQ8Block);
+    }
+  }
 }
 
 namespace {
-void attend_block_generic(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
-                          int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
-                          int64_t score_stride) {
-  attend_block_by_query(generic_kernels(), q, n_pos, nq, k, v, hd, stride, scale, out, scores, score_stride);
+void attend_block_generic(const float* const* q, const int64_t* n_pos, int nq, KvRows k, KvRows v, int64_t hd,
+                          float scale, float* const* out, float* scores, int64_t score_stride) {
+  attend_block_by_query(generic_kernels(), q, n_pos, nq, k, v, hd, scale, out, scores, score_stride);
 }
 }  // namespace
 

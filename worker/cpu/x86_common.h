@@ -497,35 +497,68 @@ inline __m256 exp_x86(__m256 x) {
 // attend_block_x86 (several over the same K and V, loops in another order):
 // each query's arithmetic is these steps in this order, whichever calls them.
 
-// Scores of positions p0..p0+8 of the tile at k (eight sums in one transposing reduction).
-inline void score8(const float* q, const uint16_t* k, int64_t p0, int64_t hd, int64_t stride, float scale, float* sc,
-                   float& mx) {
+// One head's cached rows as the attention reads them: load8(p, i) gives
+// values i..i+7 of row p (i a multiple of 8), one(p, i) value i, both
+// exactly as f32; from(p0) the rows from p0 on.
+struct F16Rows {
+  const uint8_t* base;
+  int64_t row_bytes;
+  F16Rows from(int64_t p0) const { return {base + p0 * row_bytes, row_bytes}; }
+  const uint16_t* row(int64_t p) const { return reinterpret_cast<const uint16_t*>(base + p * row_bytes); }
+  __m256 load8(int64_t p, int64_t i) const { return load_f16(row(p) + i); }
+  float one(int64_t p, int64_t i) const { return fp16_to_fp32(row(p)[i]); }
+};
+// ggml's Q8_0 blocks (an f16 scale d, 32 int8 q): value d * q.
+struct Q8Rows {
+  const uint8_t* base;
+  int64_t row_bytes;
+  Q8Rows from(int64_t p0) const { return {base + p0 * row_bytes, row_bytes}; }
+  const uint8_t* block(int64_t p, int64_t i) const {
+    return base + p * row_bytes + i / kKvQ8Block * kKvQ8BlockBytes;
+  }
+  static float scale(const uint8_t* b) {
+    uint16_t d;
+    std::memcpy(&d, b, 2);
+    return _cvtsh_ss(d);
+  }
+  __m256 load8(int64_t p, int64_t i) const {
+    const uint8_t* b = block(p, i);
+    return load_q8(reinterpret_cast<const int8_t*>(b + 2 + i % kKvQ8Block), _mm256_set1_ps(scale(b)));
+  }
+  float one(int64_t p, int64_t i) const {
+    const uint8_t* b = block(p, i);
+    return scale(b) * float(int8_t(b[2 + i % kKvQ8Block]));
+  }
+};
+
+// Scores of positions p0..p0+8 of the tile k (eight sums in one transposing reduction).
+template <class Rows>
+inline void score8(const float* q, const Rows& k, int64_t p0, int64_t hd, float scale, float* sc, float& mx) {
   const int64_t hmain = hd / 8 * 8;
   __m256 acc[8];
   for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < hmain; i += 8) {
     const __m256 qv = _mm256_loadu_ps(q + i);
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, load_f16(k + (p0 + r) * stride + i), acc[r]);
+    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, k.load8(p0 + r, i), acc[r]);
   }
   alignas(32) float sums[8];
   _mm256_store_ps(sums, hsums8(acc));
   for (int r = 0; r < 8; ++r) {
     float s = sums[r];
-    for (int64_t i = hmain; i < hd; ++i) s += q[i] * fp16_to_fp32(k[(p0 + r) * stride + i]);
+    for (int64_t i = hmain; i < hd; ++i) s += q[i] * k.one(p0 + r, i);
     sc[p0 + r] = s * scale;
     mx = std::max(mx, sc[p0 + r]);
   }
 }
 
 // The score of position p alone.
-inline void score1(const float* q, const uint16_t* k, int64_t p, int64_t hd, int64_t stride, float scale, float* sc,
-                   float& mx) {
+template <class Rows>
+inline void score1(const float* q, const Rows& k, int64_t p, int64_t hd, float scale, float* sc, float& mx) {
   const int64_t hmain = hd / 8 * 8;
-  const uint16_t* kp = k + p * stride;
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < hmain; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_f16(kp + i), acc);
+  for (int64_t i = 0; i < hmain; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), k.load8(p, i), acc);
   float s = hsum(acc);
-  for (int64_t i = hmain; i < hd; ++i) s += q[i] * fp16_to_fp32(kp[i]);
+  for (int64_t i = hmain; i < hd; ++i) s += q[i] * k.one(p, i);
   sc[p] = s * scale;
   mx = std::max(mx, sc[p]);
 }
@@ -574,45 +607,45 @@ struct OnlineSoftmax {
   }
 };
 
-// out[0..8N) = out * alpha + sum over positions [0, n) of e[p] * V[p], in
-// position order, the running sums in registers; `first`: they start at zero.
-template <int N>
-void attend_values_tile(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t stride, float* out,
-                        bool first) {
+// out[c0..c0+8N) = out * alpha + sum over positions [0, n) of e[p] * V[p],
+// in position order, the running sums in registers; `first`: they start at zero.
+template <int N, class Rows>
+void attend_values_tile(const float* e, float alpha, const Rows& v, int64_t n, int64_t c0, float* out, bool first) {
   __m256 acc[N];
   const __m256 a = _mm256_set1_ps(alpha);
-  for (int j = 0; j < N; ++j) acc[j] = first ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_loadu_ps(out + 8 * j), a);
+  float* o = out + c0;
+  for (int j = 0; j < N; ++j) acc[j] = first ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_loadu_ps(o + 8 * j), a);
   for (int64_t p = 0; p < n; ++p) {
     const __m256 w = _mm256_set1_ps(e[p]);
-    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(w, load_f16(v + p * stride + 8 * j), acc[j]);
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(w, v.load8(p, c0 + 8 * j), acc[j]);
   }
-  for (int j = 0; j < N; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
+  for (int j = 0; j < N; ++j) _mm256_storeu_ps(o + 8 * j, acc[j]);
 }
 
 // Value dims [c0, c0 + 64) (fewer at the end of the multiples of 8) of one
 // tile (v at its first position) into a query's output, the sums in registers.
-inline void attend_values_at(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t hmain, int64_t c0,
-                             int64_t stride, float* out, bool first) {
-  const uint16_t* vt = v + c0;
-  float* o = out + c0;
+template <class Rows>
+inline void attend_values_at(const float* e, float alpha, const Rows& v, int64_t n, int64_t hmain, int64_t c0,
+                             float* out, bool first) {
   switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
-    case 8: attend_values_tile<8>(e, alpha, vt, n, stride, o, first); break;
-    case 7: attend_values_tile<7>(e, alpha, vt, n, stride, o, first); break;
-    case 6: attend_values_tile<6>(e, alpha, vt, n, stride, o, first); break;
-    case 5: attend_values_tile<5>(e, alpha, vt, n, stride, o, first); break;
-    case 4: attend_values_tile<4>(e, alpha, vt, n, stride, o, first); break;
-    case 3: attend_values_tile<3>(e, alpha, vt, n, stride, o, first); break;
-    case 2: attend_values_tile<2>(e, alpha, vt, n, stride, o, first); break;
-    default: attend_values_tile<1>(e, alpha, vt, n, stride, o, first); break;
+    case 8: attend_values_tile<8>(e, alpha, v, n, c0, out, first); break;
+    case 7: attend_values_tile<7>(e, alpha, v, n, c0, out, first); break;
+    case 6: attend_values_tile<6>(e, alpha, v, n, c0, out, first); break;
+    case 5: attend_values_tile<5>(e, alpha, v, n, c0, out, first); break;
+    case 4: attend_values_tile<4>(e, alpha, v, n, c0, out, first); break;
+    case 3: attend_values_tile<3>(e, alpha, v, n, c0, out, first); break;
+    case 2: attend_values_tile<2>(e, alpha, v, n, c0, out, first); break;
+    default: attend_values_tile<1>(e, alpha, v, n, c0, out, first); break;
   }
 }
 
 // The dims past the last multiple of 8 of one tile, position by position.
-inline void attend_values_rest(const float* e, float alpha, const uint16_t* v, int64_t n, int64_t hd, int64_t stride,
-                               float* out, bool first) {
+template <class Rows>
+inline void attend_values_rest(const float* e, float alpha, const Rows& v, int64_t n, int64_t hd, float* out,
+                               bool first) {
   for (int64_t i = hd / 8 * 8; i < hd; ++i) {
     float o = first ? 0.0f : out[i] * alpha;
-    for (int64_t p = 0; p < n; ++p) o += e[p] * fp16_to_fp32(v[p * stride + i]);
+    for (int64_t p = 0; p < n; ++p) o += e[p] * v.one(p, i);
     out[i] = o;
   }
 }
@@ -623,33 +656,34 @@ inline void attend_finish(const OnlineSoftmax& st, int64_t hd, float* out) {
   for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
 }
 
-void attend_x86(const float* q, const uint16_t* k, const uint16_t* v, int64_t n_pos, int64_t hd,
-                 int64_t stride, float scale, float* out, float* scores) {
+template <class Rows>
+void attend_rows_x86(const float* q, const Rows& k, const Rows& v, int64_t n_pos, int64_t hd, float scale, float* out,
+                     float* scores) {
   const int64_t hmain = hd / 8 * 8;
   OnlineSoftmax st;
   for (int64_t t0 = 0; t0 < n_pos; t0 += kAttendTile) {
     const int64_t n = std::min(kAttendTile, n_pos - t0);
-    const uint16_t *kt = k + t0 * stride, *vt = v + t0 * stride;
+    const Rows kt = k.from(t0), vt = v.from(t0);
     float mx = -INFINITY;
     int64_t p = 0;
-    for (; p + 8 <= n; p += 8) score8(q, kt, p, hd, stride, scale, scores, mx);
-    for (; p < n; ++p) score1(q, kt, p, hd, stride, scale, scores, mx);
+    for (; p + 8 <= n; p += 8) score8(q, kt, p, hd, scale, scores, mx);
+    for (; p < n; ++p) score1(q, kt, p, hd, scale, scores, mx);
     const float alpha = st.tile(scores, n, mx);
-    for (int64_t c0 = 0; c0 < hmain; c0 += 64) attend_values_at(scores, alpha, vt, n, hmain, c0, stride, out, t0 == 0);
-    attend_values_rest(scores, alpha, vt, n, hd, stride, out, t0 == 0);
+    for (int64_t c0 = 0; c0 < hmain; c0 += 64) attend_values_at(scores, alpha, vt, n, hmain, c0, out, t0 == 0);
+    attend_values_rest(scores, alpha, vt, n, hd, out, t0 == 0);
   }
   attend_finish(st, hd, out);
 }
 
 // Several queries of one head (a prefill chunk's tokens of one sequence):
-// each query's steps are attend_x86's, with the same arithmetic, but the
+// each query's steps are attend_rows_x86's, with the same arithmetic, but the
 // queries take each piece of a tile in turn while it is in L1: eight
 // positions of K for every query's scores, then 64 dims of the tile's V for
 // every query's outputs (at a depth of 16K positions one head's K and V are
 // 4 MB: one pass per query streamed them from L3 each time).
-void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, const uint16_t* k, const uint16_t* v,
-                      int64_t hd, int64_t stride, float scale, float* const* out, float* scores,
-                      int64_t score_stride) {
+template <class Rows>
+void attend_block_rows_x86(const float* const* q, const int64_t* n_pos, int nq, const Rows& k, const Rows& v,
+                           int64_t hd, float scale, float* const* out, float* scores, int64_t score_stride) {
   const int64_t hmain = hd / 8 * 8;
   int64_t most = 0;
   for (int j = 0; j < nq; ++j) most = std::max(most, n_pos[j]);
@@ -657,27 +691,47 @@ void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, const
   float alpha[kAttendBlock], mx[kAttendBlock];
   int64_t n[kAttendBlock];
   for (int64_t t0 = 0; t0 < most; t0 += kAttendTile) {
-    const uint16_t *kt = k + t0 * stride, *vt = v + t0 * stride;
+    const Rows kt = k.from(t0), vt = v.from(t0);
     for (int j = 0; j < nq; ++j) {
       n[j] = std::clamp<int64_t>(n_pos[j] - t0, 0, kAttendTile);
       mx[j] = -INFINITY;
     }
     for (int64_t p = 0; p + 8 <= kAttendTile; p += 8)
       for (int j = 0; j < nq; ++j)
-        if (p + 8 <= n[j]) score8(q[j], kt, p, hd, stride, scale, scores + j * score_stride, mx[j]);
+        if (p + 8 <= n[j]) score8(q[j], kt, p, hd, scale, scores + j * score_stride, mx[j]);
     for (int j = 0; j < nq; ++j) {
       if (n[j] == 0) continue;
       float* sc = scores + j * score_stride;
-      for (int64_t p = n[j] / 8 * 8; p < n[j]; ++p) score1(q[j], kt, p, hd, stride, scale, sc, mx[j]);
+      for (int64_t p = n[j] / 8 * 8; p < n[j]; ++p) score1(q[j], kt, p, hd, scale, sc, mx[j]);
       alpha[j] = st[j].tile(sc, n[j], mx[j]);
     }
     for (int64_t c0 = 0; c0 < hmain; c0 += 64)
       for (int j = 0; j < nq; ++j)
-        if (n[j] > 0) attend_values_at(scores + j * score_stride, alpha[j], vt, n[j], hmain, c0, stride, out[j], t0 == 0);
+        if (n[j] > 0) attend_values_at(scores + j * score_stride, alpha[j], vt, n[j], hmain, c0, out[j], t0 == 0);
     for (int j = 0; j < nq; ++j)
-      if (n[j] > 0) attend_values_rest(scores + j * score_stride, alpha[j], vt, n[j], hd, stride, out[j], t0 == 0);
+      if (n[j] > 0) attend_values_rest(scores + j * score_stride, alpha[j], vt, n[j], hd, out[j], t0 == 0);
   }
   for (int j = 0; j < nq; ++j) attend_finish(st[j], hd, out[j]);
+}
+
+inline const uint8_t* kv_bytes(const KvRows& r) { return static_cast<const uint8_t*>(r.data); }
+
+void attend_x86(const float* q, KvRows k, KvRows v, int64_t n_pos, int64_t hd, float scale, float* out,
+                float* scores) {
+  if (k.type == KvType::q8_0)
+    return attend_rows_x86(q, Q8Rows{kv_bytes(k), k.row_bytes}, Q8Rows{kv_bytes(v), v.row_bytes}, n_pos, hd, scale,
+                           out, scores);
+  attend_rows_x86(q, F16Rows{kv_bytes(k), k.row_bytes}, F16Rows{kv_bytes(v), v.row_bytes}, n_pos, hd, scale, out,
+                  scores);
+}
+
+void attend_block_x86(const float* const* q, const int64_t* n_pos, int nq, KvRows k, KvRows v, int64_t hd,
+                      float scale, float* const* out, float* scores, int64_t score_stride) {
+  if (k.type == KvType::q8_0)
+    return attend_block_rows_x86(q, n_pos, nq, Q8Rows{kv_bytes(k), k.row_bytes}, Q8Rows{kv_bytes(v), v.row_bytes},
+                                 hd, scale, out, scores, score_stride);
+  attend_block_rows_x86(q, n_pos, nq, F16Rows{kv_bytes(k), k.row_bytes}, F16Rows{kv_bytes(v), v.row_bytes}, hd,
+                        scale, out, scores, score_stride);
 }
 
 // Eight values of SwiGLU's gate: g / (1 + e^-g) * u, in the scalar order.

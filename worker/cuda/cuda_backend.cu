@@ -146,10 +146,21 @@ class CudaBackend final : public Backend, ForwardOps {
   bool launch_graph(int T, int rows);
   void no_room_for_graphs(int T, int rows);
   void trace_rows(std::string_view name, int layer, const float* dev, int64_t rows, int64_t cols, int64_t ld);
-  __half* k_cache(int layer) const {
-    return kv_.as<__half>() + int64_t(layer) * shape_.slots * shape_.ctx * hp_.kv_dim();
+  /// The cache: K of every layer, then V. f16: [layer][slot][pos][kv_dim]
+  /// halves each. q8_0: the int8 values of every layer in that order, then
+  /// their scales (one half per 32 values), for K and then for V; the same
+  /// bytes as kv_cache_bytes().
+  cuda::KvLayer k_cache(int layer) const { return kv_layer(layer, false); }
+  cuda::KvLayer v_cache(int layer) const { return kv_layer(layer, true); }
+  cuda::KvLayer kv_layer(int layer, bool v) const {
+    const int64_t n = shape_.slots * shape_.ctx * hp_.kv_dim();  // values a layer
+    if (shape_.kv == KvType::f16)
+      return {kv_.as<__half>() + (int64_t(v) * hp_.n_layers + layer) * n, nullptr};
+    int8_t* part = kv_.as<int8_t>() + int64_t(v) * hp_.n_layers * n * kKvQ8BlockBytes / kKvQ8Block;
+    return {part + int64_t(layer) * n,
+            reinterpret_cast<__half*>(part + hp_.n_layers * n) + int64_t(layer) * n / kKvQ8Block};
   }
-  __half* v_cache(int layer) const { return k_cache(layer) + hp_.n_layers * shape_.slots * shape_.ctx * hp_.kv_dim(); }
+  static __half* half_cache(cuda::KvLayer c) { return static_cast<__half*>(c.values); }
   float* f(int64_t off) const { return scratch_.as<float>() + off; }
 
   const Model& m_;
@@ -405,6 +416,7 @@ void CudaBackend::reserve(const EngineShape& s) {
       throw Error("CUDA backend: the attention of " + std::to_string(T) + " tokens needs more scratch than the memory "
                   "plan gives (model/memory_plan.cpp must follow worker/cuda/kernels.cu)");
   }
+  if (const std::string why = kv_type_unsupported(hp_, s.kv); !why.empty()) throw Error(why);
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
   graphs_.clear();
   shape_ = s;
@@ -699,17 +711,26 @@ void CudaBackend::rope(Act qk, int64_t heads, const RopeSpec& r) {
 }
 
 void CudaBackend::kv_store(int layer, Act k, Act v) {
+  if (shape_.kv == KvType::q8_0)
+    return cuda::store_kv_q8(ptr(k), ptr(v), ld(k), batch_dev(), rows(k), int(hp_.kv_dim()), shape_.ctx,
+                             k_cache(layer), v_cache(layer), stream_);
   cuda::RopeArgs a;
   a.n_kv_heads = int(hp_.n_kv_heads);
   a.head_dim = int(hp_.head_dim);
   a.ctx = shape_.ctx;  // n_rot 0: nothing rotated, k and v stored
-  cuda::rope_store(nullptr, 0, ptr(k), ptr(v), ld(k), batch_dev(), rows(k), a, k_cache(layer), v_cache(layer), stream_);
+  cuda::rope_store(nullptr, 0, ptr(k), ptr(v), ld(k), batch_dev(), rows(k), a, half_cache(k_cache(layer)),
+                   half_cache(v_cache(layer)), stream_);
 }
 
 void CudaBackend::rope_kv_store(int layer, Act q, int64_t q_heads, Act k, int64_t kv_heads, Act v, const RopeSpec& r) {
   if (ld(k) != ld(v)) throw Error("CUDA backend: k and v rows of different strides");
+  if (shape_.kv == KvType::q8_0) {  // rotate q and k in place, then store k and v as blocks
+    cuda::rope_store(ptr(q), ld(q), ptr(k), nullptr, ld(k), batch_dev(), rows(q), rope_args(r, q_heads, kv_heads),
+                     nullptr, nullptr, stream_);
+    return kv_store(layer, k, v);
+  }
   cuda::rope_store(ptr(q), ld(q), ptr(k), ptr(v), ld(k), batch_dev(), rows(q), rope_args(r, q_heads, kv_heads),
-                   k_cache(layer), v_cache(layer), stream_);
+                   half_cache(k_cache(layer)), half_cache(v_cache(layer)), stream_);
 }
 
 void CudaBackend::attention(int layer, Act q, Act out, const AttentionSpec& a) {

@@ -172,25 +172,60 @@ void rope_store(std::vector<float>& q, std::vector<float>& k, const std::vector<
   to_host(vc, v_cache.data(), v_cache.size());
 }
 
-void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache, const std::vector<uint16_t>& v_cache,
-               const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t slots,
-               int64_t ctx, std::vector<float>& out) {
+namespace {
+// attention() over caches already on the device.
+void attention_on(const std::vector<float>& q, cuda::KvLayer kc, cuda::KvLayer vc, const std::vector<BatchToken>& batch,
+                  int n_heads, int n_kv_heads, int head_dim, int64_t ctx, std::vector<float>& out) {
   const int T = int(batch.size());
   int n_sm = 0;
   DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
   cuda::AttentionArgs a{n_heads, n_kv_heads, head_dim, ctx, 1.0f / std::sqrt(float(head_dim)),
                         cuda::attention_splits(T, n_heads, ctx, n_sm)};
-  (void)slots;
   DeviceBuffer dq = to_device(q.data(), q.size(), "q"), db = to_device(batch.data(), batch.size(), "batch");
-  DeviceBuffer kc = to_device(k_cache.data(), k_cache.size(), "k cache");
-  DeviceBuffer vc = to_device(v_cache.data(), v_cache.size(), "v cache");
   DeviceBuffer scratch(size_t(cuda::attention_scratch_floats(T, n_heads, head_dim, a.splits)) * 4, "scratch");
   DS4_CUDA_CHECK(cudaMemset(scratch.as<void>(), 0, scratch.size()));  // zeroed, as the backend's scratch
   out.assign(size_t(T) * n_heads * head_dim, NAN);
   DeviceBuffer dout = to_device(out.data(), out.size(), "out");
-  cuda::attention(dq.as<float>(), int64_t(n_heads) * head_dim, kc.as<__half>(), vc.as<__half>(), db.as<BatchToken>(),
-                  T, a, scratch.as<float>(), dout.as<float>(), int64_t(n_heads) * head_dim, nullptr);
+  cuda::attention(dq.as<float>(), int64_t(n_heads) * head_dim, kc, vc, db.as<BatchToken>(), T, a, scratch.as<float>(),
+                  dout.as<float>(), int64_t(n_heads) * head_dim, nullptr);
   to_host(dout, out.data(), out.size());
+}
+}  // namespace
+
+void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache, const std::vector<uint16_t>& v_cache,
+               const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t slots,
+               int64_t ctx, std::vector<float>& out) {
+  (void)slots;
+  DeviceBuffer kc = to_device(k_cache.data(), k_cache.size(), "k cache");
+  DeviceBuffer vc = to_device(v_cache.data(), v_cache.size(), "v cache");
+  attention_on(q, {kc.as<void>(), nullptr}, {vc.as<void>(), nullptr}, batch, n_heads, n_kv_heads, head_dim, ctx, out);
+}
+
+void attention_q8(const std::vector<float>& q, const Q8Cache& k_cache, const Q8Cache& v_cache,
+                  const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t ctx,
+                  std::vector<float>& out) {
+  DeviceBuffer kq = to_device(k_cache.q.data(), k_cache.q.size(), "k values");
+  DeviceBuffer kd = to_device(k_cache.d.data(), k_cache.d.size(), "k scales");
+  DeviceBuffer vq = to_device(v_cache.q.data(), v_cache.q.size(), "v values");
+  DeviceBuffer vd = to_device(v_cache.d.data(), v_cache.d.size(), "v scales");
+  attention_on(q, {kq.as<void>(), kd.as<__half>()}, {vq.as<void>(), vd.as<__half>()}, batch, n_heads, n_kv_heads,
+               head_dim, ctx, out);
+}
+
+void store_kv_q8(const std::vector<float>& k, const std::vector<float>& v, const std::vector<BatchToken>& batch,
+                 int kv_dim, int64_t ctx, Q8Cache& k_cache, Q8Cache& v_cache) {
+  DeviceBuffer dk = to_device(k.data(), k.size(), "k"), dv = to_device(v.data(), v.size(), "v");
+  DeviceBuffer db = to_device(batch.data(), batch.size(), "batch");
+  DeviceBuffer kq = to_device(k_cache.q.data(), k_cache.q.size(), "k values");
+  DeviceBuffer kd = to_device(k_cache.d.data(), k_cache.d.size(), "k scales");
+  DeviceBuffer vq = to_device(v_cache.q.data(), v_cache.q.size(), "v values");
+  DeviceBuffer vd = to_device(v_cache.d.data(), v_cache.d.size(), "v scales");
+  cuda::store_kv_q8(dk.as<float>(), dv.as<float>(), kv_dim, db.as<BatchToken>(), int(batch.size()), kv_dim, ctx,
+                    {kq.as<void>(), kd.as<__half>()}, {vq.as<void>(), vd.as<__half>()}, nullptr);
+  to_host(kq, k_cache.q.data(), k_cache.q.size());
+  to_host(kd, k_cache.d.data(), k_cache.d.size());
+  to_host(vq, v_cache.q.data(), v_cache.q.size());
+  to_host(vd, v_cache.d.data(), v_cache.d.size());
 }
 
 void swiglu(std::vector<float>& g, const std::vector<float>& u) {

@@ -69,6 +69,20 @@ void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache
                const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t slots,
                int64_t ctx, std::vector<float>& out);
 
+/// A Q8_0 cache as the CUDA backend keeps it (slots x ctx x n_kv*hd int8
+/// values; one f16 scale, as bits, per 32 of them).
+struct Q8Cache {
+  std::vector<int8_t> q;
+  std::vector<uint16_t> d;
+};
+/// attention() over Q8_0 caches.
+void attention_q8(const std::vector<float>& q, const Q8Cache& k_cache, const Q8Cache& v_cache,
+                  const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t ctx,
+                  std::vector<float>& out);
+/// Stores k and v (T x kv_dim each) at each token's (slot, pos) of Q8_0 caches.
+void store_kv_q8(const std::vector<float>& k, const std::vector<float>& v, const std::vector<BatchToken>& batch,
+                 int kv_dim, int64_t ctx, Q8Cache& k_cache, Q8Cache& v_cache);
+
 /// g[i] = silu(g[i]) * u[i].
 void swiglu(std::vector<float>& g, const std::vector<float>& u);
 

@@ -161,6 +161,34 @@ __device__ void load8(const __half* p, float (&f)[8]) {
   }
 }
 
+// A layer's cached K or V as the attention kernels read it: load8(e, f)
+// gives values e..e+7 (e a multiple of 8) as f32, half8(e) as f16.
+struct KvF16 {
+  const __half* p;
+  __device__ void load8(int64_t e, float (&f)[8]) const { ::ds4::cuda::load8(p + e, f); }
+  __device__ uint4 half8(int64_t e) const { return *reinterpret_cast<const uint4*>(p + e); }
+};
+struct KvQ8 {
+  const int8_t* q;
+  const __half* d;
+  __device__ void load8(int64_t e, float (&f)[8]) const {
+    const int2 u = *reinterpret_cast<const int2*>(q + e);
+    const int8_t* b = reinterpret_cast<const int8_t*>(&u);
+    const float s = __half2float(d[e / 32]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = s * float(b[j]);
+  }
+  __device__ uint4 half8(int64_t e) const {
+    float f[8];
+    load8(e, f);
+    uint4 r;
+    __half2* h = reinterpret_cast<__half2*>(&r);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
+    return r;
+  }
+};
+
 /// out[0..hd) = the merge of `splits` partial results (hd sums, max, sum of
 /// weights each), by the calling block's threads. Reads through L2: other
 /// blocks wrote the partials.
@@ -185,9 +213,9 @@ __device__ void combine_splits(const float* p, int hd, int splits, float* out) {
 // head): each position's K and V are loaded once for all of them. Decode
 // deep in a context reads the cache at memory speed, and one block per query
 // head read each KV head group-size times.
-template <int G, int QH>
-__global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_kernel(const float* q, int64_t ldq, const __half* kc,
-                                                                     const __half* vc, const BatchToken* batch,
+template <int G, int QH, class Kv>
+__global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_kernel(const float* q, int64_t ldq, Kv kc,
+                                                                     Kv vc, const BatchToken* batch,
                                                                      AttentionArgs a, float* partial, float* out,
                                                                      int64_t ldo) {
   pdl_wait();
@@ -229,8 +257,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_ke
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[qh][j] = 0.0f;
   }
-  const __half* kbase = kc + int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD + gl * 8;
-  const __half* vbase = vc + int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD + gl * 8;
+  const int64_t kvbase = int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD + gl * 8;
   // A group takes kUnroll positions a round, their K and V loaded before
   // any is used. Every lane runs the same rounds (the shuffles need the whole
   // warp); a group past the end of the range computes and drops.
@@ -240,8 +267,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_ke
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t p = base + u * kGroups + group;
       if (p < p1) {
-        load8(kbase + p * kvd, kf[u]);
-        load8(vbase + p * kvd, vf[u]);
+        kc.load8(kvbase + p * kvd, kf[u]);
+        vc.load8(kvbase + p * kvd, vf[u]);
       } else {
 #pragma unroll
         for (int j = 0; j < 8; ++j) kf[u][j] = vf[u][j] = 0.0f;
@@ -347,9 +374,9 @@ constexpr size_t tiled_smem_bytes() {
   return size_t(kTileQ * (HD + 4) + 2 * kTileK * (HD + 4) + kTileQ * (kTileK + 4)) * sizeof(float);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(const float* q, int64_t ldq, const __half* kc,
-                                                                       const __half* vc, const BatchToken* batch,
+template <int HD, class Kv>
+__global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(const float* q, int64_t ldq, Kv kc,
+                                                                       Kv vc, const BatchToken* batch,
                                                                        int T, AttentionArgs a, float* out,
                                                                        int64_t ldo) {
   constexpr int LD = HD + 4;  // floats a row of the Q, K and V tiles: 16-byte rows, no bank conflicts
@@ -397,16 +424,15 @@ __global__ void __launch_bounds__(kTileThreads) attention_tiled_kernel(const flo
     int last = -1;
     for (int r = 0; r < kTileQ; ++r)
       if (s_slot[r] == slot) last = max(last, s_pos[r]);
-    const __half* kb = kc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
-    const __half* vb = vc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
+    const int64_t kvbase = int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
     for (int p0 = 0; p0 <= last; p0 += kTileK) {
       __syncthreads();  // the last tile's readers are done
       for (int i = tid; i < kTileK * HD / 8; i += kTileThreads) {
         const int j = i / (HD / 8), c = i % (HD / 8), p = p0 + j;
         float kf[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (p <= last) {  // past it: zeros (weight 0 times a zero, never garbage)
-          load8(kb + int64_t(p) * kvd + c * 8, kf);
-          load8(vb + int64_t(p) * kvd + c * 8, vf);
+          kc.load8(kvbase + int64_t(p) * kvd + c * 8, kf);
+          vc.load8(kvbase + int64_t(p) * kvd + c * 8, vf);
         }
         float4* kd = reinterpret_cast<float4*>(sk + j * LD + c * 8);
         float4* vd = reinterpret_cast<float4*>(sv + j * LD + c * 8);
@@ -703,9 +729,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
                : "r"(addr));
 }
 
-template <int HD>
-__global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* q, int64_t ldq, const __half* kc,
-                                                                   const __half* vc, const BatchToken* batch, int T,
+template <int HD, class Kv>
+__global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* q, int64_t ldq, Kv kc,
+                                                                   Kv vc, const BatchToken* batch, int T,
                                                                    AttentionArgs a, float* out, int64_t ldo) {
   constexpr int LD = fa_ld<HD>();
   constexpr int NT = kFaKeys / 8;  // score tiles of 8 positions a warp
@@ -755,16 +781,15 @@ __global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* 
     int last = -1;
     for (int r = 0; r < kFaRows; ++r)
       if (s_slot[r] == slot) last = max(last, s_pos[r]);
-    const __half* kb = kc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
-    const __half* vb = vc + int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
+    const int64_t kvbase = int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
     for (int p0 = 0; p0 <= last; p0 += kFaKeys) {
       __syncthreads();  // the last tile's readers are done
       for (int i = tid; i < kFaKeys * HD / 8; i += kFaThreads) {
         const int j = i / (HD / 8), c = i % (HD / 8), p = p0 + j;
         uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
         if (p <= last) {  // past it: zeros (weight 0 times a zero, never garbage)
-          kv = *reinterpret_cast<const uint4*>(kb + int64_t(p) * kvd + c * 8);
-          vv = *reinterpret_cast<const uint4*>(vb + int64_t(p) * kvd + c * 8);
+          kv = kc.half8(kvbase + int64_t(p) * kvd + c * 8);
+          vv = vc.half8(kvbase + int64_t(p) * kvd + c * 8);
         }
         *reinterpret_cast<uint4*>(sk + j * LD + c * 8) = kv;
         *reinterpret_cast<uint4*>(sv + j * LD + c * 8) = vv;
@@ -906,10 +931,9 @@ PrefillAttention prefill_attention() {
 
 // One prefill kernel over blocks of `rows` tokens of one head, its dynamic
 // shared memory opted in on first use.
-template <auto kKernel>
-void launch_prefill(size_t smem, int rows, int threads, const float* q, int64_t ldq, const __half* k_cache,
-                    const __half* v_cache, const BatchToken* batch, int T, const AttentionArgs& a, float* out,
-                    int64_t ldo, cudaStream_t s) {
+template <auto kKernel, class Kv>
+void launch_prefill(size_t smem, int rows, int threads, const float* q, int64_t ldq, Kv k_cache, Kv v_cache,
+                    const BatchToken* batch, int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
   static const bool opted = [smem] {
     DS4_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
@@ -920,21 +944,21 @@ void launch_prefill(size_t smem, int rows, int threads, const float* q, int64_t 
 }
 
 // The tensor cores' kernel or the f32 tiled one, for head size HD.
-template <int HD>
-void launch_prefill(PrefillAttention kind, const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache,
+template <int HD, class Kv>
+void launch_prefill(PrefillAttention kind, const float* q, int64_t ldq, Kv k_cache, Kv v_cache,
                     const BatchToken* batch, int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
   if (kind == PrefillAttention::mma)
-    launch_prefill<attention_mma_kernel<HD>>(fa_smem_bytes<HD>(), kFaRows, kFaThreads, q, ldq, k_cache, v_cache,
-                                             batch, T, a, out, ldo, s);
+    launch_prefill<attention_mma_kernel<HD, Kv>>(fa_smem_bytes<HD>(), kFaRows, kFaThreads, q, ldq, k_cache, v_cache,
+                                                 batch, T, a, out, ldo, s);
   else
-    launch_prefill<attention_tiled_kernel<HD>>(tiled_smem_bytes<HD>(), kTileQ, kTileThreads, q, ldq, k_cache,
-                                               v_cache, batch, T, a, out, ldo, s);
+    launch_prefill<attention_tiled_kernel<HD, Kv>>(tiled_smem_bytes<HD>(), kTileQ, kTileThreads, q, ldq, k_cache,
+                                                   v_cache, batch, T, a, out, ldo, s);
 }
 
-}  // namespace
-
-void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
-               int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
+// attention() for one way of keeping the cache.
+template <class Kv>
+void attention_on(const float* q, int64_t ldq, Kv k_cache, Kv v_cache, const BatchToken* batch, int T,
+                  const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
   const PrefillAttention kind = prefill_attention();
   if (T > kMaxGemvTokens && kind != PrefillAttention::split &&
       (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
@@ -958,13 +982,13 @@ void attention(const float* q, int64_t ldq, const __half* k_cache, const __half*
 #define DS4_ATTN_CASE(HD)                                                                                         \
   case HD:                                                                                                        \
     if (qh == 4)                                                                                                  \
-      launch(attention_kernel<HD / 8, 4>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a,     \
+      launch(attention_kernel<HD / 8, 4, Kv>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a, \
              partial, out, ldo);                                                                                  \
     else if (qh == 2)                                                                                             \
-      launch(attention_kernel<HD / 8, 2>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a,     \
+      launch(attention_kernel<HD / 8, 2, Kv>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a, \
              partial, out, ldo);                                                                                  \
     else                                                                                                          \
-      launch(attention_kernel<HD / 8, 1>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a,     \
+      launch(attention_kernel<HD / 8, 1, Kv>, grid, dim3(kAttnWarps * 32), s, q, ldq, k_cache, v_cache, batch, a, \
              partial, out, ldo);                                                                                  \
     break;
     DS4_ATTN_CASE(8)
@@ -978,6 +1002,51 @@ void attention(const float* q, int64_t ldq, const __half* k_cache, const __half*
       throw Error("CUDA attention: head dimension " + std::to_string(a.head_dim) +
                   " is not supported (8, 16, 32, 64, 128 or 256)");
   }
+  DS4_CUDA_LAUNCHED();
+}
+
+// One warp a 32-value block of one token's k or v row: the block's largest
+// magnitude by shuffles, then each lane its value.
+__global__ void store_kv_q8_kernel(const float* k, const float* v, int64_t ldkv, const BatchToken* batch, int kvd,
+                                   int64_t ctx, int8_t* kq, __half* kd, int8_t* vq, __half* vd) {
+  pdl_wait();
+  pdl_trigger();
+  const int t = blockIdx.y, lane = threadIdx.x % 32;
+  const int blocks = kvd / 32;
+  const int job = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // [k blocks][v blocks]
+  if (job >= 2 * blocks) return;
+  const bool is_v = job >= blocks;
+  const int blk = is_v ? job - blocks : job;
+  const BatchToken b = batch[t];
+  const float x = (is_v ? v : k)[t * ldkv + blk * 32 + lane];
+  float amax = fabsf(x);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const bool zero = !(amax >= 1e-30f);
+  const int64_t e = (int64_t(b.slot) * ctx + b.pos) * kvd + blk * 32;
+  (is_v ? vq : kq)[e + lane] = zero ? int8_t(0) : int8_t(__float2int_rn(x * (127.0f / amax)));
+  if (lane == 0) (is_v ? vd : kd)[e / 32] = __float2half_rn(zero ? 0.0f : amax / 127.0f);
+}
+
+}  // namespace
+
+void attention(const float* q, int64_t ldq, KvLayer k_cache, KvLayer v_cache, const BatchToken* batch, int T,
+               const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
+  if (k_cache.q8())
+    return attention_on(q, ldq, KvQ8{static_cast<const int8_t*>(k_cache.values), k_cache.scales},
+                        KvQ8{static_cast<const int8_t*>(v_cache.values), v_cache.scales}, batch, T, a, scratch, out,
+                        ldo, s);
+  attention_on(q, ldq, KvF16{static_cast<const __half*>(k_cache.values)},
+               KvF16{static_cast<const __half*>(v_cache.values)}, batch, T, a, scratch, out, ldo, s);
+}
+
+void store_kv_q8(const float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T, int kv_dim,
+                 int64_t ctx, KvLayer k_cache, KvLayer v_cache, cudaStream_t s) {
+  if (T == 0) return;
+  constexpr int kWarps = 8;
+  const dim3 grid(unsigned(ceil_div(2 * (kv_dim / 32), kWarps)), unsigned(T));
+  launch(store_kv_q8_kernel, grid, dim3(kWarps * 32), s, k, v, ldkv, batch, kv_dim, ctx,
+         static_cast<int8_t*>(k_cache.values), k_cache.scales, static_cast<int8_t*>(v_cache.values), v_cache.scales);
   DS4_CUDA_LAUNCHED();
 }
 

@@ -7,7 +7,7 @@
 //
 // Layouts: activations are rows of floats, one row per token, `ld` floats
 // apart (a multiple of 8, so rows are 16-byte aligned). The KV cache of one
-// layer is [slot][pos][kv_dim] halves, K and V in separate arrays.
+// layer is [slot][pos][kv_dim] values, K and V in separate arrays (KvLayer).
 
 #include "worker/backend.h"
 #include "worker/cuda/common.cuh"
@@ -39,6 +39,22 @@ struct RopeArgs {
 void rope_store(float* q, int64_t ldq, float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T,
                 const RopeArgs& a, __half* k_cache, __half* v_cache, cudaStream_t s);
 
+/// One layer's cached K or V, [slot][pos][kv_dim] values: f16 (`scales`
+/// null), or Q8_0 as int8 values in that order and, apart, one f16 scale per
+/// 32 of them (value e is scales[e / 32] * values[e]).
+struct KvLayer {
+  void* values = nullptr;
+  __half* scales = nullptr;
+  bool q8() const { return scales != nullptr; }
+};
+
+/// Stores k and v (T rows of kv_dim floats, ldkv apart; each token's RoPE
+/// already applied to k) at (slot, pos) of a Q8_0 layer: per 32 values
+/// d = max|x| / 127 rounded to f16, q = round-to-nearest-even(x * 127 / max|x|)
+/// (the CPU backend's store_kv_q8); a block below 1e-30 stores zeros.
+void store_kv_q8(const float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T, int kv_dim,
+                 int64_t ctx, KvLayer k_cache, KvLayer v_cache, cudaStream_t s);
+
 /// x[t][h] = rmsnorm(x[t][h]) * g for each of `heads` heads of n floats (the
 /// per-head Q/K norm), the sum of squares in double.
 void head_norm(float* x, int64_t ldx, int heads, int64_t n, const float* g, float eps, int T, cudaStream_t s);
@@ -63,8 +79,8 @@ int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
 /// to four heads of a group), and the last block of each (token, heads)
 /// merges the splits; prefill batches (more than kMaxGemvTokens tokens) take
 /// flash attention on the tensor cores, tiles of 64 tokens x 64 positions.
-void attention(const float* q, int64_t ldq, const __half* k_cache, const __half* v_cache, const BatchToken* batch,
-               int T, const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s);
+void attention(const float* q, int64_t ldq, KvLayer k_cache, KvLayer v_cache, const BatchToken* batch, int T,
+               const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s);
 
 /// g[t][i] = silu(g[t][i]) * u[t][i].
 void swiglu(float* g, const float* u, int64_t ld, int64_t n, int T, cudaStream_t s);
