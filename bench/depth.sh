@@ -8,7 +8,8 @@
 # Each round measures ds4 and then llama.cpp at every depth (one repetition:
 # llama-bench fills the depth again before each test); the summary is the
 # median of the rounds' ratios. A depth of 16384 takes minutes per round
-# on 2 threads. Environment: DS4_BIN, DS4_PEER, DS4_THREADS (2).
+# on 2 threads. Environment: DS4_BIN, DS4_PEER, DS4_THREADS (2), DS4_KV_CACHE
+# (f16; q8_0: ds4 --kv-cache q8_0 against llama-bench -fa 1 -ctk q8_0 -ctv q8_0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-build/models/207m-f16.gguf}
@@ -19,6 +20,10 @@ ng=${5:-32}
 bin=${DS4_BIN:-build/bin}
 peer=${DS4_PEER:-../shared/peers/llama.cpp/bin}
 threads=${DS4_THREADS:-2}
+kv=${DS4_KV_CACHE:-f16}
+ds4_kv=(--kv-cache "$kv")
+peer_kv=()
+[ "$kv" = f16 ] || peer_kv=(-fa 1 -ctk "$kv" -ctv "$kv")
 [ -f "$model" ] || { echo "bench: $model is missing (bench/cpu.sh makes build/models/207m-f16.gguf)" >&2; exit 1; }
 [ -x "$peer/llama-bench" ] || { echo "bench: $peer/llama-bench is missing (set DS4_PEER)" >&2; exit 1; }
 results=$(mktemp)
@@ -27,10 +32,10 @@ echo "load before: $(uptime)"
 echo "/dev/shm: $(findmnt -no OPTIONS /dev/shm 2>/dev/null); shmem_enabled: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null)"
 for r in $(seq 1 "$rounds"); do
   for d in $depths; do
-    ds4=$("$bin/ds4-worker" bench --model "$model" -p "$np" -n "$ng" -d "$d" -r 1 --threads "$threads")
+    ds4=$("$bin/ds4-worker" bench --model "$model" -p "$np" -n "$ng" -d "$d" -r 1 --threads "$threads" "${ds4_kv[@]}")
     [ "$r" = 1 ] && [ "$d" = "${depths%% *}" ] &&
       echo "ds4: $(python3 -c 'import json,sys; j = json.loads(sys.argv[1]); print(j["backend"] + ", %d of %d MiB of its segment in 2 MiB pages" % (j["huge_page_bytes"] >> 20, j["weights_bytes"] >> 20))' "$ds4")"
-    llama=$("$peer/llama-bench" -m "$model" -p "$np" -n "$ng" -d "$d" -r 1 -t "$threads" -o json 2>"$results.err") ||
+    llama=$("$peer/llama-bench" -m "$model" -p "$np" -n "$ng" -d "$d" -r 1 -t "$threads" "${peer_kv[@]}" -o json 2>"$results.err") ||
       { cat "$results.err" >&2; exit 1; }
     [ "$r" = 1 ] && [ "$d" = "${depths%% *}" ] && echo "llama.cpp: $(grep -o 'loaded CPU backend from [^ ]*' "$results.err" | head -1)"
     python3 - "$ds4" "$llama" "$d" "$r" >>"$results" <<'PY'

@@ -102,7 +102,10 @@ ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& s) {
     const ActShape a = act_shape(hp, s, Act(i));
     l.act[size_t(i)] = take(a.rows * a.ld);
   }
-  l.attn_floats = kCudaAttnCounters + (s.max_batch * hp.n_heads + 4 * kCudaPlanSms) * (hp.head_dim + 2);
+  // Splits of a decode step: up to kCudaAttnBlocksPerSm blocks a multiprocessor,
+  // a block taking up to 4 query heads (cuda::attention_splits).
+  l.attn_floats = kCudaAttnCounters +
+                  (s.max_batch * hp.n_heads + 4 * kCudaAttnBlocksPerSm * kCudaPlanSms) * (hp.head_dim + 2);
   l.attn = take(l.attn_floats);
   l.total = at;
   return l;

@@ -138,6 +138,8 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& shape, in
 /// parts), then the attention split scratch for any device of at most
 /// kCudaPlanSms multiprocessors.
 inline constexpr int kCudaPlanSms = 256;
+/// The most attention blocks a multiprocessor the split kernel is given (DS4_CUDA_ATTN_BLOCKS).
+inline constexpr int kCudaAttnBlocksPerSm = 8;
 ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& shape);
 
 /// Bytes of the CUDA backend's device scratch besides the KV cache: the

@@ -117,7 +117,9 @@ class CudaBackend final : public Backend, ForwardOps {
   cuda::RopeArgs rope_args(const RopeSpec& r, int64_t q_heads, int64_t kv_heads) const;
 
   int64_t logit_rows() const { return shape_.slots + 1; }
-  int attention_splits(int T) const { return cuda::attention_splits(T, int(hp_.n_heads), shape_.ctx, n_sm_); }
+  int attention_splits(int T) const {
+    return cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), shape_.ctx, n_sm_);
+  }
 
   /// The weight image `o` asks for (holder, copy or host-mapped); falls back to a copy, saying why.
   std::unique_ptr<cuda::WeightImage> make_image(const CudaWeightsOptions& o);
@@ -411,7 +413,7 @@ void CudaBackend::reserve(const EngineShape& s) {
                 " MiB of device memory free");
   const ScratchLayout l = cuda_scratch_layout(hp_, s);
   for (int T = 1; T <= int(s.max_batch); ++T) {
-    const int splits = cuda::attention_splits(T, int(hp_.n_heads), s.ctx, n_sm_);
+    const int splits = cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), s.ctx, n_sm_);
     if (cuda::attention_scratch_floats(T, int(hp_.n_heads), int(hp_.head_dim), splits) > l.attn_floats)
       throw Error("CUDA backend: the attention of " + std::to_string(T) + " tokens needs more scratch than the memory "
                   "plan gives (model/memory_plan.cpp must follow worker/cuda/kernels.cu)");

@@ -180,7 +180,7 @@ void attention_on(const std::vector<float>& q, cuda::KvLayer kc, cuda::KvLayer v
   int n_sm = 0;
   DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
   cuda::AttentionArgs a{n_heads, n_kv_heads, head_dim, ctx, 1.0f / std::sqrt(float(head_dim)),
-                        cuda::attention_splits(T, n_heads, ctx, n_sm)};
+                        cuda::attention_splits(T, n_heads, n_kv_heads, ctx, n_sm)};
   DeviceBuffer dq = to_device(q.data(), q.size(), "q"), db = to_device(batch.data(), batch.size(), "batch");
   DeviceBuffer scratch(size_t(cuda::attention_scratch_floats(T, n_heads, head_dim, a.splits)) * 4, "scratch");
   DS4_CUDA_CHECK(cudaMemset(scratch.as<void>(), 0, scratch.size()));  // zeroed, as the backend's scratch

@@ -230,10 +230,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_ke
   const BatchToken b = batch[t];
   const int64_t n_pos = int64_t(b.pos) + 1;
   // The token's positions (not the context's) shared by the splits, at least
-  // kAttnSplitPositions each: a token early in a long context still takes as
+  // a.split_positions (kAttnSplitPositions, 256) each: a token early in a long context still takes as
   // many blocks as its positions are worth. Splits past the end have nothing
   // to do; the others merge.
-  const int64_t chunk = max(kAttnSplitPositions, (n_pos + a.splits - 1) / a.splits);
+  const int64_t chunk = max(a.split_positions, (n_pos + a.splits - 1) / a.splits);
   const int64_t p0 = int64_t(split) * chunk, p1 = min(n_pos, p0 + chunk);
   const int active = int((n_pos + chunk - 1) / chunk);
   if (split >= active) return;
@@ -900,10 +900,37 @@ void add_bias(float* y, int64_t ldy, const float* b, int64_t n, int T, cudaStrea
   DS4_CUDA_LAUNCHED();
 }
 
-int attention_splits(int T, int n_heads, int64_t ctx, int n_sm) {
-  const int64_t blocks = int64_t(T) * n_heads;
-  const int64_t want = ceil_div(int64_t(n_sm) * 4, blocks);
-  const int64_t most = std::max<int64_t>(1, ceil_div(ctx, kAttnSplitPositions));
+namespace {
+// Query heads a block of the split kernel takes: as many of a group as
+// divide it, up to 4 (the merge's shared memory is 8 KiB a head).
+int heads_per_block(int n_heads, int n_kv_heads) {
+  const int group = n_heads / n_kv_heads;
+  return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+}
+
+int env_int(const char* name, int def, int lo, int hi) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::clamp(std::atoi(v), lo, hi) : def;
+}
+
+// The least positions a split takes.
+int64_t split_positions() {
+  static const int64_t positions = env_int("DS4_CUDA_ATTN_SPLIT", int(kAttnSplitPositions), 64, 4096);
+  return positions;
+}
+}  // namespace
+
+int attention_splits(int T, int n_heads, int n_kv_heads, int64_t ctx, int n_sm) {
+  // Two blocks a multiprocessor: as many as stay resident (the four-head
+  // kernel's registers allow two), so that the splits run in one wave. On
+  // the H200, a token 32768 deep in an 8B model: 153.9 tok/s with 2 a
+  // multiprocessor, 117.2 with 4 or 8 (two waves and more merging), 131
+  // with the splits counted by query head (17 of them).
+  static const int per_sm = env_int("DS4_CUDA_ATTN_BLOCKS", 2, 1, kCudaAttnBlocksPerSm);
+  const int64_t positions = split_positions();
+  const int64_t blocks = int64_t(T) * (n_heads / heads_per_block(n_heads, n_kv_heads));
+  const int64_t want = ceil_div(int64_t(std::min(n_sm, kCudaPlanSms)) * per_sm, blocks);
+  const int64_t most = std::max<int64_t>(1, ceil_div(ctx, positions));
   return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
 }
 
@@ -958,7 +985,8 @@ void launch_prefill(PrefillAttention kind, const float* q, int64_t ldq, Kv k_cac
 // attention() for one way of keeping the cache.
 template <class Kv>
 void attention_on(const float* q, int64_t ldq, Kv k_cache, Kv v_cache, const BatchToken* batch, int T,
-                  const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
+                  AttentionArgs a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
+  a.split_positions = split_positions();
   const PrefillAttention kind = prefill_attention();
   if (T > kMaxGemvTokens && kind != PrefillAttention::split &&
       (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
@@ -972,10 +1000,7 @@ void attention_on(const float* q, int64_t ldq, Kv k_cache, Kv v_cache, const Bat
   if (a.splits > 1 && int64_t(T) * a.n_heads > kAttnCounters)
     throw Error("CUDA attention: " + std::to_string(a.splits) + " splits for " + std::to_string(T) + " tokens x " +
                 std::to_string(a.n_heads) + " heads");
-  // Query heads a block: as many of a group as divide it, up to 4 (the
-  // merge's shared memory is 8 KiB a head).
-  const int group = a.n_heads / a.n_kv_heads;
-  const int qh = group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
+  const int qh = heads_per_block(a.n_heads, a.n_kv_heads);
   const dim3 grid(unsigned(a.n_heads / qh), unsigned(T), unsigned(a.splits));
   float* partial = scratch + kAttnCounters;
   switch (a.head_dim) {

@@ -67,9 +67,13 @@ struct AttentionArgs {
   int64_t ctx = 0;
   float scale = 1;
   int splits = 1;  // position ranges per (token, head), combined at the end
+  int64_t split_positions = 256;  // the least a split takes (set by attention() itself)
 };
-/// Splits worth using for T tokens: enough blocks to fill the GPU.
-int attention_splits(int T, int n_heads, int64_t ctx, int n_sm);
+/// Splits worth using for T tokens: enough blocks (of up to 4 query heads of
+/// a group, n_heads / n_kv_heads a group) to give each multiprocessor 2 of
+/// them (DS4_CUDA_ATTN_BLOCKS=1..8 for another count), splits of at least 256
+/// positions (DS4_CUDA_ATTN_SPLIT=64..4096), at most 64.
+int attention_splits(int T, int n_heads, int n_kv_heads, int64_t ctx, int n_sm);
 /// Floats of scratch attention() needs. The scratch must be zero when it is
 /// first used (it holds counters that every launch leaves at zero).
 int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
