@@ -114,7 +114,10 @@ struct GemvNorm {
 
 /// One 16-byte chunk of each of NR rows (Q8_0: with its block scale d) times
 /// the E activations at k of NT tokens, into acc; with NORM, x is scaled by g
-/// on the way and its squares summed (double) into ss.
+/// on the way and its squares summed (double) into ss. The tokens go in
+/// groups of at most 4 (their activations in registers, each group over every
+/// row): each (row, token) sum takes the same steps in the same order
+/// whatever the group, so a token's result is its result alone.
 template <GgmlType TY, int NT, int NR, bool NORM>
 __device__ __forceinline__ void gemv_chunk(const uint4 (&raw)[NR], const float (&d)[NR], const float* __restrict__ x,
                                            int64_t ldx, int64_t k, const GemvNorm& norm, double (&ss)[NT],
@@ -122,50 +125,60 @@ __device__ __forceinline__ void gemv_chunk(const uint4 (&raw)[NR], const float (
   using C = Chunk<TY>;
   constexpr int E = C::E;
   constexpr bool Q8 = TY == GgmlType::Q8_0;
-  float xf[NT][E];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const float4* xp = reinterpret_cast<const float4*>(x + t * ldx + k);
-#pragma unroll
-    for (int q = 0; q < E / 4; ++q) {
-      const float4 v = __ldg(xp + q);
-      xf[t][4 * q] = v.x; xf[t][4 * q + 1] = v.y; xf[t][4 * q + 2] = v.z; xf[t][4 * q + 3] = v.w;
-    }
-  }
+  constexpr int TG = NT < 4 ? NT : 4;
+  float gf[E];
   if (NORM) {
-    float gf[E];
     const float4* gp = reinterpret_cast<const float4*>(norm.g + k);
 #pragma unroll
     for (int q = 0; q < E / 4; ++q) {
       const float4 v = __ldg(gp + q);
       gf[4 * q] = v.x; gf[4 * q + 1] = v.y; gf[4 * q + 2] = v.z; gf[4 * q + 3] = v.w;
     }
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        ss[t] += double(xf[t][e] * xf[t][e]);
-        xf[t][e] *= gf[e];
-      }
   }
 #pragma unroll
-  for (int i = 0; i < NR; ++i) {
-    float wf[E];
-    C::to_float(raw[i], wf);
+  for (int t0 = 0; t0 < NT; t0 += TG) {
+    float xf[TG][E];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      float s = Q8 ? 0.0f : acc[i][t];
+    for (int j = 0; j < TG; ++j) {
+      if (t0 + j >= NT) break;
+      const float4* xp = reinterpret_cast<const float4*>(x + (t0 + j) * ldx + k);
 #pragma unroll
-      for (int e = 0; e < E; ++e) s = fmaf(wf[e], xf[t][e], s);
-      acc[i][t] = Q8 ? fmaf(s, d[i], acc[i][t]) : s;
+      for (int q = 0; q < E / 4; ++q) {
+        const float4 v = __ldg(xp + q);
+        xf[j][4 * q] = v.x; xf[j][4 * q + 1] = v.y; xf[j][4 * q + 2] = v.z; xf[j][4 * q + 3] = v.w;
+      }
+      if (NORM) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          ss[t0 + j] += double(xf[j][e] * xf[j][e]);
+          xf[j][e] *= gf[e];
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      float wf[E];
+      C::to_float(raw[i], wf);
+#pragma unroll
+      for (int j = 0; j < TG; ++j) {
+        if (t0 + j >= NT) break;
+        const int t = t0 + j;
+        float s = Q8 ? 0.0f : acc[i][t];
+#pragma unroll
+        for (int e = 0; e < E; ++e) s = fmaf(wf[e], xf[j][e], s);
+        acc[i][t] = Q8 ? fmaf(s, d[i], acc[i][t]) : s;
+      }
     }
   }
 }
 
-/// Rows per block for a batch of NT tokens: enough products per loaded x to
-/// keep the activations' reads well under the weights', few enough registers.
-template <int NT>
-__host__ __device__ constexpr int gemv_rows() { return NT <= 2 ? 4 : 2; }
+/// Rows per block for a batch of NT tokens (GLU: of each of gate and up):
+/// enough products per loaded x to keep the activations' reads near the
+/// weights', few enough registers. Eight tokens over two rows read 16 bytes of
+/// activations from L2 for each weight byte (an 8B model's decode step of 8
+/// tokens: 5x the time of one, H200); over eight rows, 4.
+template <int NT, bool GLU = false>
+__host__ __device__ constexpr int gemv_rows() { return NT <= 2 ? 4 : GLU ? 4 : 8; }
 
 /// Decode GEMV. The 128 threads of a block split K: thread i takes the
 /// 16-byte chunks i, i+128, ... of each of the block's rows, so a step of the
@@ -177,7 +190,7 @@ template <GgmlType TY, int NT, bool GLU, bool NORM>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvJobs jobs, int64_t K, const float* __restrict__ x,
                                                             int64_t ldx, GemvNorm norm) {
   using C = Chunk<TY>;
-  constexpr int E = C::E, R = gemv_rows<NT>(), NW = GLU ? 2 : 1, NR = NW * R;
+  constexpr int E = C::E, R = gemv_rows<NT, GLU>(), NW = GLU ? 2 : 1, NR = NW * R;
   constexpr int U = NR >= 8 ? 1 : 8 / NR;
   constexpr int64_t chunk_bytes = 16;
   int blk = int(blockIdx.x), j = 0;
@@ -549,7 +562,7 @@ template <GgmlType TY, bool GLU, bool NORM>
 void launch_gemv(GemvJobs jobs, int64_t K, const float* x, int64_t ldx, int T, const GemvNorm& norm,
                  cudaStream_t s) {
   if (launch_stream<TY, GLU, NORM>(jobs, K, x, ldx, T, norm, s)) return;
-  const int R = T <= 2 ? gemv_rows<1>() : gemv_rows<3>();
+  const int R = T <= 2 ? gemv_rows<1, GLU>() : gemv_rows<3, GLU>();
   int blocks = 0;
   for (int i = 0; i < (GLU ? 1 : jobs.n); ++i) {
     jobs.blocks[i] = int(ceil_div(jobs.rows[i], R));
