@@ -24,7 +24,7 @@ struct ModelWeights;
 /// How the KV cache stores a head's row of head_dim values: f16, or Q8_0
 /// blocks as ggml lays them out (per 32 values an f16 scale d and 32 int8 q,
 /// value = d * q; 34 bytes, 8.5 bits a value: the cache in 53% of f16's
-/// memory, for a rounding error of at most d/2 per value). The CPU keeps
+/// memory, each value within about half a step, max|x| / 254, of its own). The CPU keeps
 /// ggml's blocks; CUDA the same bytes as two arrays (the int8 values, then
 /// the scales), so that its loads stay aligned.
 enum class KvType : uint8_t { f16, q8_0 };

@@ -69,7 +69,7 @@ std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_
 /// workers.kv_cache as it applies: the types the model's heads can be kept
 /// in (q8_0 needs a head size that is a multiple of 32; such rungs are
 /// dropped, with `note`), for the native engine (an exec engine's cache is
-/// its command line's: {"f16"}, with `note`).
+/// its command line's: {"f16"}, with `note` when kv_cache asks for more).
 std::vector<std::string> kv_rungs(const ModelInfo& model, const WorkersConfig& w, std::string* note = nullptr);
 
 /// workers.moe_offload as it applies: the model is a mixture of experts and

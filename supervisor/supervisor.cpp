@@ -112,6 +112,9 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
     }
     s.exec_command = c.workers.exec_command;
     s.model_path = m.path;
+    std::string kv_note;
+    kv_rungs(m, c.workers, &kv_note);  // says that workers.kv_cache is the command line's here
+    if (!kv_note.empty()) log::info(kv_note, {{"DS4_KV_CACHE", "f16"}});
   } else {
     // A mixture of experts on a GPU: the expert rungs come before the
     // smaller contexts; each rung's plan counts the experts the worker
