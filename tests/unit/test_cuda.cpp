@@ -358,7 +358,7 @@ TEST_CASE("cuda: matrix products of every weight type match the CPU kernels") {
     for (Shape sh : {Shape{1024, 4096}, Shape{4096, 1024}, Shape{256, 2048}, Shape{64, 14336}}) {
       const auto w = random_weight(type, sh.N, sh.K, rng);
       const Weight W{type, w.data(), sh.K, sh.N};
-      for (int64_t T : {1, 2, 5, 8, 64}) {
+      for (int64_t T : {1, 2, 5, 8, 64, 100}) {
         const int64_t ldx = (sh.K + 7) / 8 * 8;
         std::vector<float> x(size_t(T * ldx), 0.f);
         for (int64_t t = 0; t < T; ++t)
@@ -373,8 +373,9 @@ TEST_CASE("cuda: matrix products of every weight type match the CPU kernels") {
         CAPTURE(sh.K);
         CAPTURE(T);
         const bool gemm = T > 8;
-        // GEMV keeps f32 throughout; cuBLAS takes 16-bit activations
-        // (bf16 for bf16 weights, f16 otherwise; f32 weights stay f32).
+        // GEMV keeps f32 throughout; cuBLAS and the tiled GEMM (Q8_0, up to
+        // 64 tokens) take 16-bit activations (bf16 for bf16 weights, f16
+        // otherwise; f32 weights stay f32).
         const double bound = !gemm || type == GgmlType::F32 ? 1e-5 : type == GgmlType::BF16 ? 1e-2 : 2e-3;
         CHECK(rel_err(got, want) < bound);
         if (T == 2) {  // the same product as the first of a fused Q/K/V launch
@@ -508,7 +509,7 @@ TEST_CASE("cuda: decode GEMV and prefill GEMM of every quantised type match the 
       const auto w = random_blocks(type, sh.N, sh.K, rng);
       const auto wf = ref_dequant(type, w, sh.N, sh.K);
       const Weight W{type, w.data(), sh.K, sh.N};
-      for (int64_t T : {1, 2, 3, 8, 20}) {
+      for (int64_t T : {1, 2, 3, 8, 20, 33, 64, 100}) {
         const int64_t ldx = sh.K + 8;
         const auto x = random_floats(size_t(T * ldx), rng);
         const auto want = ref_matmul(wf, sh.N, sh.K, x, ldx, T);
@@ -519,8 +520,9 @@ TEST_CASE("cuda: decode GEMV and prefill GEMM of every quantised type match the 
         CAPTURE(sh.K);
         CAPTURE(T);
         // Decode: int8 dot products (x quantised per 32 as llama.cpp's q8_1;
-        // DS4_CUDA_QGEMV=float: f32 throughout, within 1e-5); GEMM: weights
-        // and activations in f16.
+        // DS4_CUDA_QGEMV=float: f32 throughout, within 1e-5); GEMM (the tiled
+        // one up to 64 tokens: 1000 rows end inside a block, 64 x 14336 is
+        // split along its columns; cuBLAS at 100): weights and activations in f16.
         CHECK(rel_err(got, want) < (T <= 8 ? quant_gemv_bound(1.5e-2) : 3e-3));
         if (T == 8) {
           cuda_ops::matmul(W, x.data(), ldx, T, got.data(), sh.N, true);
@@ -1337,7 +1339,7 @@ TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give
   }
 }
 
-TEST_CASE("cuda: a MoE prefill's expert groups (one launch a matrix) give the per-expert products' logits") {
+TEST_CASE("cuda: a MoE prefill's expert tiles and groups (one launch a matrix) give the per-expert products' logits") {
   if (!have_gpu()) return;
   for (const ArchCase& c : {ArchCase{.name = "qwen3moe Q4_0", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true,
                                      .type = GgmlType::Q4_0, .experts = 8},
@@ -1350,16 +1352,17 @@ TEST_CASE("cuda: a MoE prefill's expert groups (one launch a matrix) give the pe
     auto cpu = make_cpu_backend(m->model, 2);
     const EngineShape shape{256, 2, 160};
     cpu->reserve(shape);
-    // 150 tokens: each expert's rows in groups of 8 and a shorter last one,
-    // over two slots' prompts in one batch.
+    // 150 tokens: each expert's rows in tiles of 64 (groups of 8) and a
+    // shorter last one, over two slots' prompts in one batch.
     std::vector<BatchToken> prefill;
     for (int i = 0; i < 150; ++i)
       prefill.push_back({int32_t((i * 41 + 7) % hp.n_vocab), i % 2, int32_t(i / 2), i >= 148 ? i - 148 : -1});
     cpu->forward(prefill);
-    // Each way: groups of up to 8 rows through the GEMV body (the default),
-    // and each expert's rows through its own cuBLAS GEMMs (as before).
+    // Each way: tiles of up to 64 rows through the tiled GEMM (the default),
+    // groups of up to 8 rows through the GEMV body, and each expert's rows
+    // through its own cuBLAS GEMMs (the two ways before).
     std::map<std::string, std::vector<std::vector<float>>> logits;
-    for (const char* how : {"groups", "each"}) {
+    for (const char* how : {"tiles", "groups", "each"}) {
       auto gpu = make_cuda_backend(m->model, 0);
       gpu->reserve(shape);
       setenv("DS4_CUDA_MOE_PREFILL", how, 1);
@@ -1373,14 +1376,18 @@ TEST_CASE("cuda: a MoE prefill's expert groups (one launch a matrix) give the pe
     for (int r = 0; r < 2; ++r) {
       CAPTURE(r);
       const float* want = cpu->logits(r).data();
-      const double groups = rel_err(logits["groups"][size_t(r)].data(), want, size_t(hp.n_vocab)),
+      const double tiles = rel_err(logits["tiles"][size_t(r)].data(), want, size_t(hp.n_vocab)),
+                   groups = rel_err(logits["groups"][size_t(r)].data(), want, size_t(hp.n_vocab)),
                    each = rel_err(logits["each"][size_t(r)].data(), want, size_t(hp.n_vocab));
-      MESSAGE(name << " row " << r << ": against the CPU, groups " << groups << ", each expert " << each);
-      // Each rounds activations its own way (int8 blocks, f16): the
-      // architecture cases' quantised tolerance against the CPU, and as close
-      // to the CPU as the way before, within a third.
+      MESSAGE(name << " row " << r << ": against the CPU, tiles " << tiles << ", groups " << groups
+                   << ", each expert " << each);
+      // Each rounds activations its own way (f16 for tiles and each, int8
+      // blocks for groups): the architecture cases' quantised tolerance
+      // against the CPU, and as close to the CPU as the ways before, within a third.
+      CHECK(tiles < 4e-2);
       CHECK(groups < 4e-2);
       CHECK(each < 4e-2);
+      CHECK(tiles < each * 1.33 + 1e-3);
       CHECK(groups < each * 1.33 + 1e-3);
     }
   }

@@ -535,25 +535,31 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
   const ExpertRoutes r = ExpertRoutes::in(routes_host_.as<void>(), T, K, E);
   for (int t = 0; t < T; ++t) route_token(scores + t * ldr, E, K, m.norm_weights, r.pair + t * K, r.weight + t * K);
   group_routes(r, T, K, E);
-  // Block-quantised experts with device tables: each expert's rows in groups
-  // of up to 8 through the decode GEMV's body (the weights read as they are
-  // stored, once a group), every group of every expert in one launch a
-  // matrix (the jobs after the routes' words). DS4_CUDA_MOE_PREFILL=each:
-  // each expert's rows through cuBLAS, one expert at a time (dequantised to
-  // f16), the way before (a comparison).
+  // Block-quantised experts with device tables, every job of every expert in
+  // one launch a matrix: by default tiles of up to 64 of an expert's rows
+  // through the tiled GEMM (tensor cores, the weights read once a tile);
+  // DS4_CUDA_MOE_PREFILL=groups: groups of up to 8 rows through the decode
+  // GEMV's body; =each: each expert's rows through cuBLAS, one expert at a
+  // time (dequantised to f16). The last two are the ways before (comparisons).
   const char* how = std::getenv("DS4_CUDA_MOE_PREFILL");
-  const bool grouped = m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0 && !(how && std::string(how) == "each") &&
-                       cuda::expert_groups_take(m.gate[0].type, m.gate[0].cols) &&
-                       cuda::expert_groups_take(m.up[0].type, m.up[0].cols) &&
-                       cuda::expert_groups_take(m.down[0].type, m.down[0].cols);
-  int jobs = 0;
+  const std::string way = how ? how : "";
+  const bool tabled = m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0 && way != "each";
+  auto all_take = [&](bool (*takes)(GgmlType, int64_t)) {
+    return takes(m.gate[0].type, m.gate[0].cols) && takes(m.up[0].type, m.up[0].cols) &&
+           takes(m.down[0].type, m.down[0].cols);
+  };
+  const bool tiled = tabled && way != "groups" && cuda::qgemm_max_tokens() > 0 && all_take(cuda::qgemm_takes);
+  const bool grouped = tiled || (tabled && all_take(cuda::expert_groups_take));
+  const int job_rows = tiled ? cuda::kQgemmTokens : 8;
+  int jobs = 0, max_rows = 0;
   if (grouped) {
     int32_t* job_host = static_cast<int32_t*>(routes_host_.as<void>()) + ExpertRoutes::words(T, K, E);
     for (int64_t e = 0; e < E; ++e)
-      for (int32_t at = r.start[e]; at < r.start[e + 1]; at += 8) {
+      for (int32_t at = r.start[e]; at < r.start[e + 1]; at += job_rows) {
         job_host[3 * jobs] = int32_t(e);
         job_host[3 * jobs + 1] = at;
-        job_host[3 * jobs + 2] = std::min<int32_t>(8, r.start[e + 1] - at);
+        job_host[3 * jobs + 2] = std::min<int32_t>(job_rows, r.start[e + 1] - at);
+        max_rows = std::max(max_rows, job_host[3 * jobs + 2]);
         ++jobs;
       }
   }
@@ -579,7 +585,8 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
       g.type = w.type;
       g.rows = w.rows;
       g.cols = w.cols;
-      cuda::expert_groups(g, stream_);
+      if (tiled) cuda::qgemm_experts(g, max_rows, stream_);
+      else cuda::expert_groups(g, stream_);
     };
     run(lt.gate, m.gate[0], gathered, ldm, hb, ldh);
     run(lt.up, m.up[0], gathered, ldm, hb2, ldh);

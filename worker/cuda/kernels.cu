@@ -8,6 +8,7 @@
 #include <string>
 
 #include "worker/cuda/kernels.cuh"
+#include "worker/cuda/mma.cuh"
 #include "worker/cuda/quant.cuh"
 
 namespace ds4::cuda {
@@ -705,28 +706,6 @@ __host__ __device__ constexpr int fa_ld() { return HD + 8; }  // halves a shared
 template <int HD>
 constexpr size_t fa_smem_bytes() {
   return size_t(kFaRows + 2 * kFaKeys) * fa_ld<HD>() * sizeof(__half);
-}
-
-__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// c += a (16x16, row-major f16) * b (16x8, column-major f16), f32 sums.
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 f16 matrices from shared memory, transposed (lane l gives the
-// address of row l % 8 of matrix l / 8).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 template <int HD, class Kv>

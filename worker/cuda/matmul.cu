@@ -700,6 +700,10 @@ void gemm(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmCont
   for (int i = 0; i < n; ++i) {
     const DeviceWeight& w = *ps[i].w;
     if (w.cols != K) throw Error("GEMM: products of one call must share their input width");
+    if (T <= qgemm_max_tokens() && qgemm_takes(w.type, K)) {  // small batches: the tiled GEMM, no f16 copy
+      qgemm(w, x, ldx, T, ps[i].y, ps[i].ldy, ps[i].accumulate, reinterpret_cast<float*>(g.deq), g.deq_bytes, s);
+      continue;
+    }
     const float alpha = 1.0f, beta = ps[i].accumulate ? 1.0f : 0.0f;
     const void* a = w.data;
     const void* b = x;

@@ -98,6 +98,25 @@ struct ExpertGroups {
 bool expert_groups_take(GgmlType type, int64_t cols);
 void expert_groups(const ExpertGroups& g, cudaStream_t s);
 
+/// The tiled GEMM (qgemm.cu): y[t] (+)= W . x[t] for a batch of tokens, the
+/// matrix (Q8_0 or block-quantised, columns a multiple of 64) unpacked to
+/// halves a tile at a time in shared memory and multiplied with the tokens'
+/// activations (rounded to halves) on the tensor cores, f32 sums: the inputs
+/// of the dequantise-then-cuBLAS way without its f16 copy of the matrix.
+/// Blocks of 128 rows x up to 64 tokens; when they are too few for the GPU
+/// the columns are split, each split's sums kept in `part` (T x rows floats
+/// a split, as many splits as part_bytes holds) and added in a fixed order.
+constexpr int kQgemmTokens = 64;
+/// Batches up to this many tokens take qgemm() (DS4_CUDA_QGEMM_TOKENS;
+/// DS4_CUDA_QGEMM=off: none, the way before, for comparison).
+int qgemm_max_tokens();
+bool qgemm_takes(GgmlType type, int64_t cols);
+void qgemm(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+           float* part, size_t part_bytes, cudaStream_t s);
+/// A mixture of experts' prefill on the same kernel: ExpertGroups' jobs, of
+/// up to `max_rows` (<= 64) rows each.
+void qgemm_experts(const ExpertGroups& g, int max_rows, cudaStream_t s);
+
 /// Decode GEMV: y[t*ldy + n] (+)= W[n] . x[t*ldx ...] for T <= kMaxGemvTokens
 /// tokens; x rows 16-byte aligned (ldx a multiple of 4). Each weight's
 /// quants are multiplied with x as small integers turned into floats, and the
