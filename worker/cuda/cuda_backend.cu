@@ -134,6 +134,10 @@ class CudaBackend final : public Backend, ForwardOps {
   /// stack's chosen experts in one launch (expert_gemv); no host round trip,
   /// so the step can be a CUDA graph.
   void moe_on_device(Act in, const MoeSpec& m, Act out, bool accumulate);
+  /// moe_ffn of a prefill chunk routed on the device: top-k and the grouping
+  /// by expert there (moe_group), each stack's rows through the tiled GEMM in
+  /// one launch; the GPU never waits on the host mid-step.
+  void moe_prefill_on_device(Act in, const MoeSpec& m, Act out, bool accumulate);
   /// Builds each layer's device tables of its experts' views, where every
   /// stack takes the expert GEMV; true when every layer on the device has them.
   bool make_expert_tables();
@@ -209,6 +213,7 @@ class CudaBackend final : public Backend, ForwardOps {
 
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
   bool use_graphs_ = true;
+  bool host_routes_ = std::getenv("DS4_CUDA_MOE_HOST_ROUTES") != nullptr;  // route every step on the host (comparison)
   // Steps of up to graph_tokens_ tokens are captured once per (tokens, logit
   // rows) and replayed: a step launched kernel by kernel keeps the thread
   // launching longer than a small model's GPU computes it. At most
@@ -262,7 +267,7 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
   // on the host: those steps are captured as graphs like a dense model's. A
   // step routed on the host synchronises mid-step: no graphs then.
   if (hp_.moe()) {
-    const bool device_routed = make_expert_tables() && host_layers_ == 0 && !std::getenv("DS4_CUDA_MOE_HOST_ROUTES");
+    const bool device_routed = make_expert_tables() && host_layers_ == 0 && !host_routes_;
     if (!device_routed) use_graphs_ = false;
     graph_tokens_ = std::min(graph_tokens_, cuda::kMaxGemvTokens);
   }
@@ -517,9 +522,19 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
     in = norm->out;
   }
   if (m.layer >= 0 && m.layer < host_layers_) return moe_on_host(in, m, out, accumulate);
-  if (m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0 && rows(in) <= cuda::kMaxGemvTokens &&
-      !std::getenv("DS4_CUDA_MOE_HOST_ROUTES"))
-    return moe_on_device(in, m, out, accumulate);
+  const char* how = std::getenv("DS4_CUDA_MOE_PREFILL");
+  const std::string way = how ? how : "";
+  const bool tabled = m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0;
+  auto all_take = [&](bool (*takes)(GgmlType, int64_t)) {
+    return takes(m.gate[0].type, m.gate[0].cols) && takes(m.up[0].type, m.up[0].cols) &&
+           takes(m.down[0].type, m.down[0].cols);
+  };
+  const bool tiles = tabled && (way.empty() || way == "tiles") && cuda::qgemm_max_tokens() > 0 &&
+                     all_take(cuda::qgemm_takes);
+  if (tabled && !host_routes_) {
+    if (rows(in) <= cuda::kMaxGemvTokens) return moe_on_device(in, m, out, accumulate);
+    if (tiles) return moe_prefill_on_device(in, m, out, accumulate);
+  }
   const int T = rows(in);
   const int64_t E = m.n_expert, K = m.n_used, ldr = ld(Act::router), ldm = ld(Act::moe_in), ldh = ld(Act::hb);
   const float* n = ptr(in);
@@ -535,21 +550,15 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
   const ExpertRoutes r = ExpertRoutes::in(routes_host_.as<void>(), T, K, E);
   for (int t = 0; t < T; ++t) route_token(scores + t * ldr, E, K, m.norm_weights, r.pair + t * K, r.weight + t * K);
   group_routes(r, T, K, E);
-  // Block-quantised experts with device tables, every job of every expert in
-  // one launch a matrix: by default tiles of up to 64 of an expert's rows
-  // through the tiled GEMM (tensor cores, the weights read once a tile);
-  // DS4_CUDA_MOE_PREFILL=groups: groups of up to 8 rows through the decode
-  // GEMV's body; =each: each expert's rows through cuBLAS, one expert at a
-  // time (dequantised to f16). The last two are the ways before (comparisons).
-  const char* how = std::getenv("DS4_CUDA_MOE_PREFILL");
-  const std::string way = how ? how : "";
-  const bool tabled = m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0 && way != "each";
-  auto all_take = [&](bool (*takes)(GgmlType, int64_t)) {
-    return takes(m.gate[0].type, m.gate[0].cols) && takes(m.up[0].type, m.up[0].cols) &&
-           takes(m.down[0].type, m.down[0].cols);
-  };
-  const bool tiled = tabled && way != "groups" && cuda::qgemm_max_tokens() > 0 && all_take(cuda::qgemm_takes);
-  const bool grouped = tiled || (tabled && all_take(cuda::expert_groups_take));
+  // Routed on the host (DS4_CUDA_MOE_HOST_ROUTES, or a way below): block-
+  // quantised experts with device tables, every job of every expert in one
+  // launch a matrix: tiles of up to 64 of an expert's rows through the tiled
+  // GEMM (tensor cores, the weights read once a tile); DS4_CUDA_MOE_PREFILL=
+  // groups: groups of up to 8 rows through the decode GEMV's body; =each:
+  // each expert's rows through cuBLAS, one expert at a time (dequantised to
+  // f16). The last two are the ways before (comparisons).
+  const bool tiled = tiles && T > cuda::kMaxGemvTokens;  // decode steps: the GEMV body, as moe_on_device's
+  const bool grouped = tiled || (tabled && way != "each" && all_take(cuda::expert_groups_take));
   const int job_rows = tiled ? cuda::kQgemmTokens : 8;
   int jobs = 0, max_rows = 0;
   if (grouped) {
@@ -667,6 +676,57 @@ void CudaBackend::moe_on_device(Act in, const MoeSpec& m, Act out, bool accumula
   run(lt.down, m.down[0], 1, hb, ldh, expert_out, ldm);
   combine_experts(m, {expert_out, ldm, pair, weight, int(K)}, in, ptr(Act::moe_in) /* free in this path */, out,
                   accumulate);
+}
+
+// A prefill chunk routed on the device: the router's scores become each
+// token's top k there (moe_topk), the (token, expert) pairs are grouped by
+// expert and cut into jobs of up to 64 rows (moe_group), the rows gathered,
+// and each stack's jobs run through the tiled GEMM in one launch (blocks past
+// the jobs' number, which only the device knows, return at once).
+void CudaBackend::moe_prefill_on_device(Act in, const MoeSpec& m, Act out, bool accumulate) {
+  const int T = rows(in);
+  const int64_t E = m.n_expert, K = m.n_used, P = T * K, ldr = ld(Act::router), ldm = ld(Act::moe_in),
+                ldh = ld(Act::hb);
+  const float* n = ptr(in);
+  const cuda::Product router{&dev(*m.router), ptr(Act::router), ldr, false};
+  cuda::matmul(&router, 1, n, ld(in), T, gemm_, stream_);
+  const ExpertRoutes rd = ExpertRoutes::in(routes_dev_.as<void>(), T, K, E);
+  int32_t* jobs = static_cast<int32_t*>(routes_dev_.as<void>()) + ExpertRoutes::words(T, K, E);
+  // The jobs' number goes in the last word of their space, which jobs of 64
+  // rows never reach (the space is counted for jobs of 8).
+  const int64_t job_words = ExpertRoutes::job_words(T, K, E), max_jobs = cuda::ceil_div(P, cuda::kQgemmTokens) + E;
+  if (3 * max_jobs >= job_words) throw Error("CUDA MoE prefill: no room for the jobs of " + std::to_string(T) + " tokens");
+  int32_t* n_jobs = jobs + job_words - 1;
+  cuda::moe_topk(ptr(Act::router), ldr, T, int(E), int(K), m.norm_weights, rd.pair, rd.weight, rd.token_of, stream_);
+  cuda::moe_group(rd.pair, rd.weight, int(P), int(K), int(E), cuda::kQgemmTokens, rd.start, rd.token_of, rd.weight_of,
+                  jobs, n_jobs, stream_);
+  float* gathered = ptr(Act::moe_in);
+  cuda::gather_rows(n, ld(in), rd.token_of, int(P), hp_.dim, gathered, ldm, stream_);
+  const LayerTables& lt = tables_[size_t(m.layer)];
+  const DeviceWeight* table = expert_tables_.as<DeviceWeight>();
+  float* hb = ptr(Act::hb);
+  float* hb2 = ptr(Act::hb2);
+  float* expert_out = ptr(Act::moe_out);
+  auto run = [&](int64_t at, const Weight& w, const float* x, int64_t ldx, float* y, int64_t ldy) {
+    cuda::ExpertGroups g;
+    g.table = table + at;
+    g.jobs = jobs;
+    g.n_jobs = int(max_jobs);
+    g.count = n_jobs;
+    g.x = x;
+    g.ldx = ldx;
+    g.y = y;
+    g.ldy = ldy;
+    g.type = w.type;
+    g.rows = w.rows;
+    g.cols = w.cols;
+    cuda::qgemm_experts(g, std::min(T, cuda::kQgemmTokens), stream_);  // an expert has at most T rows
+  };
+  run(lt.gate, m.gate[0], gathered, ldm, hb, ldh);
+  run(lt.up, m.up[0], gathered, ldm, hb2, ldh);
+  cuda::swiglu(hb, hb2, ldh, m.expert_ff, int(P), stream_);
+  run(lt.down, m.down[0], hb, ldh, expert_out, ldm);
+  combine_experts(m, {expert_out, ldm, rd.pair, rd.weight_of, int(K)}, in, gathered, out, accumulate);
 }
 
 // The expert rung: the normalised rows go to the host, the CPU backend's

@@ -127,6 +127,10 @@ double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool gl
   return cuda::gemv_bytes_per_second(type, N, K, T, glu, norm, launches);
 }
 
+double product_seconds(GgmlType type, int64_t N, int64_t K, int T, int way, int launches) {
+  return cuda::product_seconds(type, N, K, T, static_cast<cuda::ProductWay>(way), launches);
+}
+
 void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out) {
   DeviceBuffer dx = to_device(x, size_t(T * n), "x"), dg = to_device(g, size_t(n), "g");
   DeviceBuffer dout(size_t(T * n) * 4, "out");

@@ -36,6 +36,9 @@ void rmsnorm_matmul(const Weight& w, const Weight* up, const float* g, float eps
 
 /// Weight bytes per second of the decode GEMV (see cuda::gemv_bytes_per_second).
 double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches);
+/// Seconds of one product of T tokens (see cuda::product_seconds); way 0: the
+/// decode GEMV, 1: the tiled GEMM, 2: cuBLAS.
+double product_seconds(GgmlType type, int64_t N, int64_t K, int T, int way, int launches);
 
 /// out[t] = rmsnorm(x[t]) * g, rows of n floats, contiguous.
 void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out);

@@ -575,6 +575,46 @@ __global__ void gather_rows_kernel(const float* src, int64_t ld_src, const int32
 // One warp a token, as worker/moe_routes.h's route_token: the softmax in
 // place (exp(s - max), the sum in double), then K rounds of a warp's argmax
 // over the experts not taken (ties to the lower id), renormalised in k order.
+__global__ void __launch_bounds__(1024) moe_group_kernel(int32_t* ep, const float* weight, int P, int K, int E,
+                                                         int job_rows, int32_t* start, int32_t* token_of,
+                                                         float* weight_of, int32_t* jobs, int32_t* n_jobs) {
+  __shared__ int count[1024], first[1024], cursor[1024], job_at[1024];
+  pdl_wait();
+  pdl_trigger();
+  const int tid = int(threadIdx.x);
+  if (tid < E) count[tid] = cursor[tid] = 0;
+  __syncthreads();
+  for (int i = tid; i < P; i += blockDim.x) atomicAdd(&count[ep[i]], 1);
+  __syncthreads();
+  if (tid == 0) {  // each expert's first row and first job
+    int at = 0, j = 0;
+    for (int e = 0; e < E; ++e) {
+      first[e] = at;
+      job_at[e] = j;
+      at += count[e];
+      j += (count[e] + job_rows - 1) / job_rows;
+    }
+    start[E] = at;
+    *n_jobs = j;
+  }
+  __syncthreads();
+  if (tid < E) {
+    start[tid] = first[tid];
+    for (int r = 0, j = job_at[tid]; r < count[tid]; r += job_rows, ++j) {
+      jobs[3 * j] = tid;
+      jobs[3 * j + 1] = first[tid] + r;
+      jobs[3 * j + 2] = min(job_rows, count[tid] - r);
+    }
+  }
+  for (int i = tid; i < P; i += blockDim.x) {  // each pair read, then overwritten, by one thread
+    const int e = ep[i];
+    const int row = first[e] + atomicAdd(&cursor[e], 1);
+    token_of[row] = i / K;
+    weight_of[row] = weight[i];
+    ep[i] = row;
+  }
+}
+
 __global__ void moe_topk_kernel(float* scores, int64_t ld, int T, int E, int K, int norm, int32_t* expert,
                                 float* weight, int32_t* pair) {
   pdl_wait();
@@ -1068,6 +1108,14 @@ void gather_rows(const float* src, int64_t ld_src, const int32_t* rows, int coun
                  int64_t ld_dst, cudaStream_t s) {
   if (count == 0) return;
   launch(gather_rows_kernel, dim3(unsigned(count)), dim3(kThreads), s, src, ld_src, rows, n, dst, ld_dst);
+  DS4_CUDA_LAUNCHED();
+}
+
+void moe_group(int32_t* expert_pair, const float* weight, int P, int K, int E, int job_rows, int32_t* start,
+               int32_t* token_of, float* weight_of, int32_t* jobs, int32_t* n_jobs, cudaStream_t s) {
+  if (E > 1024 || job_rows < 1) throw Error("moe_group: " + std::to_string(E) + " experts");
+  launch(moe_group_kernel, dim3(1), dim3(1024), s, expert_pair, weight, P, K, E, job_rows, start, token_of, weight_of,
+         jobs, n_jobs);
   DS4_CUDA_LAUNCHED();
 }
 

@@ -107,6 +107,17 @@ void gather_rows(const float* src, int64_t ld_src, const int32_t* rows, int coun
 void moe_topk(float* scores, int64_t ld, int T, int E, int K, bool norm, int32_t* expert, float* weight, int32_t* pair,
               cudaStream_t s);
 
+/// A prefill's routes grouped by expert on the device (one block of 1024
+/// threads, at most 1024 experts): from moe_topk's expert_pair[i] and
+/// weight[i] (i = t * K + k, P of them), expert e's rows [start[e],
+/// start[e + 1]) with each row's token and weight (token_of, weight_of), each
+/// pair's row written over expert_pair (as worker/moe_routes.h's pair), and
+/// the jobs of up to job_rows rows (expert, first row, rows), their number at
+/// *n_jobs. Rows of one expert come in no fixed order: each row's products
+/// and the combine's sums do not depend on it.
+void moe_group(int32_t* expert_pair, const float* weight, int P, int K, int E, int job_rows, int32_t* start,
+               int32_t* token_of, float* weight_of, int32_t* jobs, int32_t* n_jobs, cudaStream_t s);
+
 /// A mixture of experts' sum, per token t of T: a = sum over k of
 /// weight_of[pair[t, k]] * y[pair[t, k]] (k in order), plus, when shared_y is
 /// set, shared_y[t] * sigmoid(shared_gate . n[t]); out[t] = a, or out[t] += a
@@ -141,6 +152,7 @@ struct GemmContext {
   size_t act_bytes = 0;
   __half* deq = nullptr;  // a Q8_0 weight dequantised to f16
   size_t deq_bytes = 0;
+  bool tiled = true;  // false: quantised products never take the tiled GEMM (timing cuBLAS)
 };
 
 /// Largest batch the GEMV (decode) kernels take; larger batches go to cuBLAS.
@@ -174,6 +186,15 @@ void matmul_swiglu(const DeviceWeight& gate, const DeviceWeight& up, const float
 /// launches captured in a graph and replayed, over copies of the weight that
 /// together exceed the L2 cache. For tuning; the weights are synthetic.
 double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches);
+
+/// The ways a product of T tokens can run: the decode GEMV (T <= 8), the
+/// tiled GEMM (qgemm, Q8_0 and block-quantised types) and cuBLAS (after an
+/// f16 copy of a quantised matrix).
+enum class ProductWay { gemv, tiled, cublas };
+/// Seconds one N x K product of `type` takes that way, for T tokens (a graph
+/// of `launches`, over copies of the weight that exceed the L2 cache). For
+/// tuning which batches take which way; the weights are synthetic.
+double product_seconds(GgmlType type, int64_t N, int64_t K, int T, ProductWay way, int launches);
 
 /// Q8_0 blocks (GGUF layout, device memory) to the split layout of DeviceWeight.
 void repack_q8_0(const void* blocks, int64_t n_blocks, int8_t* qs, __half* scales, cudaStream_t s);

@@ -700,7 +700,7 @@ void gemm(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmCont
   for (int i = 0; i < n; ++i) {
     const DeviceWeight& w = *ps[i].w;
     if (w.cols != K) throw Error("GEMM: products of one call must share their input width");
-    if (T <= qgemm_max_tokens() && qgemm_takes(w.type, K)) {  // small batches: the tiled GEMM, no f16 copy
+    if (g.tiled && T <= qgemm_max_tokens() && qgemm_takes(w.type, K)) {  // small batches: the tiled GEMM, no f16 copy
       qgemm(w, x, ldx, T, ps[i].y, ps[i].ldy, ps[i].accumulate, reinterpret_cast<float*>(g.deq), g.deq_bytes, s);
       continue;
     }
@@ -755,9 +755,34 @@ __global__ void repack_q8_kernel(const uint8_t* blocks, int64_t n_blocks, int8_t
 
 }  // namespace
 
+namespace {
+
+/// Whether a decode batch's products take the tiled GEMM instead of the GEMV:
+/// from 3 tokens for Q8_0 and 6 for block-quantised types, where it reads the
+/// weights faster than the GEMV's passes (H200, 8B shapes: 36 against 72 us
+/// for a Q8_0 14336 x 4096 matrix at 8 tokens; the GEMV wins below). Its
+/// activations are halves, so a token batched with others may round apart
+/// from the same token alone, as beyond 8 tokens. DS4_CUDA_QGEMM_MIN=N sets
+/// the least batch for every type (9: never, the GEMV throughout).
+bool small_batch_tiled(const Product* ps, int n, int T, const GemmContext& g) {
+  static const int from_env = [] {
+    const char* env = std::getenv("DS4_CUDA_QGEMM_MIN");
+    return env ? std::max(1, std::atoi(env)) : 0;
+  }();
+  if (!g.tiled || T > kMaxGemvTokens || T > qgemm_max_tokens()) return false;
+  for (int i = 0; i < n; ++i) {
+    const GgmlType t = ps[i].w->type;
+    if (!qgemm_takes(t, ps[i].w->cols) || T < (from_env ? from_env : t == GgmlType::Q8_0 ? 3 : 6)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void matmul(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmContext& g, cudaStream_t s,
             bool force_gemm, const RmsNorm* norm) {
   if (n <= 0 || T <= 0) return;
+  force_gemm = force_gemm || small_batch_tiled(ps, n, T, g);
   if (norm_folds(ps, n, x, ldx, T, force_gemm, norm)) return gemv(ps, n, x, ldx, T, false, {norm->g, norm->eps}, s);
   if (norm) {
     rmsnorm(x, ldx, norm->g, ps[0].w->cols, norm->eps, norm->out, ldx, T, s);
@@ -770,6 +795,7 @@ void matmul(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmCo
 void matmul_swiglu(const DeviceWeight& gate, const DeviceWeight& up, const float* x, int64_t ldx, int T, float* h,
                    float* h_up, int64_t ldh, GemmContext& g, cudaStream_t s, bool force_gemm, const RmsNorm* norm) {
   const Product ps[2] = {{&gate, h, ldh}, {&up, h_up, ldh}};
+  force_gemm = force_gemm || small_batch_tiled(ps, 2, T, g);
   const bool fusable = gate.rows == up.rows && gemv_vectorised(ps, 2, x, ldx);
   if (T <= kMaxGemvTokens && !force_gemm && fusable) {
     if (norm_folds(ps, 2, x, ldx, T, force_gemm, norm)) return gemv(ps, 2, x, ldx, T, true, {norm->g, norm->eps}, s);
@@ -805,40 +831,55 @@ __global__ void fill_kernel(uint32_t* p, int64_t n, uint32_t mask) {
 
 }  // namespace
 
-double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches) {
-  const Weight host{type, nullptr, K, N};
-  const uint64_t wbytes = (device_weight_bytes(host) + 255) / 256 * 256;
-  const int nw = glu ? 2 : 1;
-  int dev = 0, l2 = 0;
-  DS4_CUDA_CHECK(cudaGetDevice(&dev));
-  DS4_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const int copies = int(std::max<uint64_t>(2, ceil_div(int64_t(4) * l2, int64_t(wbytes) * nw)));
-  DeviceBuffer weights(wbytes * nw * copies, "timed weights");
-  const uint32_t mask = type == GgmlType::F32 ? 0x3f7fffffu : type == GgmlType::BF16 ? 0x3f7f3f7fu : 0x3bff3bffu;
-  fill_kernel<<<1024, 256>>>(weights.as<uint32_t>(), int64_t(weights.size() / 4), mask);
-  DS4_CUDA_LAUNCHED();
-  const int64_t ld = (K + 7) / 8 * 8;
-  DeviceBuffer x(size_t(T * ld) * 4, "x"), g(size_t(K) * 4, "g"), y(size_t(T * N) * 4 * 2, "y");
-  fill_kernel<<<64, 256>>>(x.as<uint32_t>(), int64_t(x.size() / 4), 0x3f7fffffu);
-  fill_kernel<<<64, 256>>>(g.as<uint32_t>(), int64_t(g.size() / 4), 0x3f7fffffu);
-  DS4_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<DeviceWeight> ws(size_t(copies * nw));
-  for (size_t i = 0; i < ws.size(); ++i) {
-    ws[i] = {type, weights.as<uint8_t>() + i * wbytes, nullptr, K, N};
-    if (is_block_quant(type)) ws[i] = quant_view(type, weights.as<uint8_t>() + i * wbytes, N, K);
-    if (type == GgmlType::Q8_0) ws[i].scales = reinterpret_cast<const __half*>(weights.as<uint8_t>() + i * wbytes + N * K);
+namespace {
+
+/// Copies of an N x K weight of `type` (nw matrices a copy: a gate/up pair)
+/// that together exceed 4x the L2 cache, so that timed launches read memory,
+/// filled with finite synthetic values (timing must not run on zeros).
+struct TimedWeights {
+  DeviceBuffer buf;
+  std::vector<DeviceWeight> ws;
+  int copies = 0;
+  TimedWeights(GgmlType type, int64_t N, int64_t K, int nw) {
+    const Weight host{type, nullptr, K, N};
+    const uint64_t wbytes = (device_weight_bytes(host) + 255) / 256 * 256;
+    int dev = 0, l2 = 0;
+    DS4_CUDA_CHECK(cudaGetDevice(&dev));
+    DS4_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    copies = int(std::max<uint64_t>(2, ceil_div(int64_t(4) * l2, int64_t(wbytes) * nw)));
+    buf = DeviceBuffer(wbytes * nw * copies, "timed weights");
+    const uint32_t mask = type == GgmlType::F32 ? 0x3f7fffffu : type == GgmlType::BF16 ? 0x3f7f3f7fu : 0x3bff3bffu;
+    fill_kernel<<<1024, 256>>>(buf.as<uint32_t>(), int64_t(buf.size() / 4), mask);
+    DS4_CUDA_LAUNCHED();
+    ws.resize(size_t(copies * nw));
+    for (size_t i = 0; i < ws.size(); ++i) {
+      uint8_t* at = buf.as<uint8_t>() + i * wbytes;
+      ws[i] = {type, at, nullptr, K, N};
+      if (is_block_quant(type)) ws[i] = quant_view(type, at, N, K);
+      if (type == GgmlType::Q8_0) ws[i].scales = reinterpret_cast<const __half*>(at + N * K);
+    }
   }
+};
+
+/// Floats with the hash's values below one.
+DeviceBuffer timed_floats(int64_t n, const char* what) {
+  DeviceBuffer b(size_t(n) * 4, what);
+  fill_kernel<<<64, 256>>>(b.as<uint32_t>(), n, 0x3f7fffffu);
+  DS4_CUDA_LAUNCHED();
+  return b;
+}
+
+/// Median milliseconds of five replays of `launches` calls of one(i, s),
+/// captured in one graph.
+template <typename F>
+double graph_ms(F&& one, int launches) {
+  DS4_CUDA_CHECK(cudaDeviceSynchronize());
   cudaStream_t s = nullptr;
   DS4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const GemvNorm gn{norm ? g.as<float>() : nullptr, 1e-5f};
-  auto one = [&](int i) {
-    const Product ps[2] = {{&ws[size_t(i * nw)], y.as<float>(), N}, {&ws[size_t(i * nw + nw - 1)], y.as<float>() + T * N, N}};
-    gemv(ps, nw, x.as<float>(), ld, T, glu, gn, s);
-  };
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   DS4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < launches; ++i) one(i % copies);
+  for (int i = 0; i < launches; ++i) one(i, s);
   DS4_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
   DS4_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   cudaEvent_t e0, e1;
@@ -860,8 +901,56 @@ double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool gl
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
   std::sort(ms.begin(), ms.end());
-  const double bytes = double(device_weight_bytes(host)) * nw * launches;
-  return bytes / (double(ms[ms.size() / 2]) * 1e-3);
+  return double(ms[ms.size() / 2]);
+}
+
+}  // namespace
+
+double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool glu, bool norm, int launches) {
+  const int nw = glu ? 2 : 1;
+  const TimedWeights tw(type, N, K, nw);
+  const int64_t ld = (K + 7) / 8 * 8;
+  DeviceBuffer x = timed_floats(T * ld, "x"), g = timed_floats(K, "g"), y(size_t(T * N) * 4 * 2, "y");
+  const GemvNorm gn{norm ? g.as<float>() : nullptr, 1e-5f};
+  const double ms = graph_ms(
+      [&](int i, cudaStream_t s) {
+        const int c = i % tw.copies;
+        const Product ps[2] = {{&tw.ws[size_t(c * nw)], y.as<float>(), N},
+                               {&tw.ws[size_t(c * nw + nw - 1)], y.as<float>() + T * N, N}};
+        gemv(ps, nw, x.as<float>(), ld, T, glu, gn, s);
+      },
+      launches);
+  const double bytes = double(device_weight_bytes({type, nullptr, K, N})) * nw * launches;
+  return bytes / (ms * 1e-3);
+}
+
+double product_seconds(GgmlType type, int64_t N, int64_t K, int T, ProductWay way, int launches) {
+  const TimedWeights tw(type, N, K, 1);
+  DeviceBuffer x = timed_floats(int64_t(T) * K, "x"), y(size_t(T * N) * 4, "y");
+  DeviceBuffer act(size_t(T * K) * 2, "act"), deq(size_t(N * K) * 2, "deq"), ws(size_t(32) << 20, "cuBLAS workspace");
+  cublasHandle_t blas = nullptr;
+  if (way == ProductWay::cublas) {
+    DS4_BLAS_CHECK(blas::create(&blas));
+    DS4_BLAS_CHECK(blas::set_workspace(blas, ws.as<void>(), ws.size()));
+  }
+  GemmContext g{blas, act.as<void>(), act.size(), deq.as<__half>(), deq.size(), way != ProductWay::cublas};
+  double ms = 0;
+  try {
+    ms = graph_ms(
+        [&](int i, cudaStream_t s) {
+          const DeviceWeight& w = tw.ws[size_t(i % tw.copies)];
+          const Product p{&w, y.as<float>(), N, false};
+          if (way == ProductWay::gemv) gemv(&p, 1, x.as<float>(), K, T, false, {}, s);
+          else if (way == ProductWay::tiled) qgemm(w, x.as<float>(), K, T, y.as<float>(), N, false, reinterpret_cast<float*>(deq.as<void>()), deq.size(), s);
+          else gemm(&p, 1, x.as<float>(), K, T, g, s);
+        },
+        launches);
+  } catch (...) {
+    if (blas) blas::destroy(blas);
+    throw;
+  }
+  if (blas) blas::destroy(blas);
+  return ms * 1e-3 / launches;
 }
 
 }  // namespace ds4::cuda

@@ -78,6 +78,7 @@ struct QgemmArgs {
   DeviceWeight w;                      // the matrix, without a table
   const DeviceWeight* table = nullptr;  // experts: job j's matrix is table[jobs[3j]]
   const int32_t* jobs = nullptr;        // (matrix, first row, rows); none: job y is tokens [16 MT y, ...) of T
+  const int32_t* n_jobs = nullptr;      // device: jobs past this number are none
   const float* x = nullptr;
   int64_t ldx = 0;
   float* y = nullptr;
@@ -97,6 +98,7 @@ __global__ void __launch_bounds__(kQgThreads, 2) qgemm_kernel(QgemmArgs a) {
   DeviceWeight w;
   int first = 0, count = 0;
   if (a.jobs) {
+    if (a.n_jobs && int(blockIdx.y) >= *a.n_jobs) return;
     const int32_t* j = a.jobs + 3 * blockIdx.y;
     w = a.table[j[0]];
     first = j[1];
@@ -263,9 +265,17 @@ void qgemm(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, 
   const int mt = tiles_for(T);
   const int64_t row_blocks = ceil_div(w.rows, kQgRows), token_blocks = ceil_div(T, 16 * mt);
   // Few blocks (small batches, narrow matrices): split the columns so that
-  // two blocks a multiprocessor run, each split at least 4 steps, its sums
-  // kept apart and added in order (the same result at every launch).
-  const int64_t blocks = row_blocks * token_blocks, want = 2 * int64_t(sm_count());
+  // two blocks a multiprocessor run (four from 32 tokens), each split at
+  // least 4 steps, its sums kept apart and added in order (the same result
+  // at every launch). H200, 8B shapes at 32 tokens: a Q8_0 4096 x 14336
+  // matrix 64.5 us with two, 45.5 with four; at 16 tokens two are better
+  // (14336 x 4096: 37.7 against 44.2 us). DS4_CUDA_QGEMM_BLOCKS sets it.
+  static const int per_sm_env = [] {
+    const char* env = std::getenv("DS4_CUDA_QGEMM_BLOCKS");
+    return env ? std::clamp(std::atoi(env), 1, 16) : 0;
+  }();
+  const int per_sm = per_sm_env ? per_sm_env : T >= 32 ? 4 : 2;
+  const int64_t blocks = row_blocks * token_blocks, want = per_sm * int64_t(sm_count());
   int64_t splits = blocks < want ? ceil_div(want, blocks) : 1;
   splits = std::min({splits, int64_t(16), w.cols / kQgK / 4,
                      int64_t(part_bytes / (size_t(T) * size_t(w.rows) * sizeof(float)))});
@@ -291,6 +301,7 @@ void qgemm_experts(const ExpertGroups& g, int max_rows, cudaStream_t s) {
   QgemmArgs a;
   a.table = g.table;
   a.jobs = g.jobs;
+  a.n_jobs = g.count;
   a.x = g.x;
   a.ldx = g.ldx;
   a.y = g.y;

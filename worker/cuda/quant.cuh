@@ -87,6 +87,7 @@ struct ExpertGroups {
   const DeviceWeight* table = nullptr;
   const int32_t* jobs = nullptr;
   int n_jobs = 0;
+  const int32_t* count = nullptr;  // qgemm_experts: device memory, the jobs' number (at most n_jobs), or none
   const float* x = nullptr;
   int64_t ldx = 0;
   float* y = nullptr;
