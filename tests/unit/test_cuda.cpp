@@ -1421,6 +1421,51 @@ TEST_CASE("cuda: a MoE prefill's expert tiles and groups (one launch a matrix) g
   }
 }
 
+TEST_CASE("cuda: a batch mixing one slot's prompt with other slots' decode tokens gives the CPU backend's logits") {
+  if (!have_gpu()) return;
+  auto m = arch_model(ArchCase{.name = "llama Q8_0 mixed", .type = GgmlType::Q8_0});
+  const HParams& hp = m->model.hp();
+  const EngineShape shape{256, 6, 64};
+  auto cpu = make_cpu_backend(m->model, 2);
+  cpu->reserve(shape);
+  setenv("DS4_CUDA_MIXED_ATTN", "0", 1);  // the whole batch through the prefill kernel (the way before)
+  auto one_launch = make_cuda_backend(m->model, 0);
+  unsetenv("DS4_CUDA_MIXED_ATTN");
+  auto gpu = make_cuda_backend(m->model, 0);
+  one_launch->reserve(shape);
+  gpu->reserve(shape);
+  // Slots 0-5 each get a prompt of their own length first.
+  for (int sl = 0; sl < 6; ++sl) {
+    std::vector<BatchToken> prompt;
+    for (int i = 0; i < 10 + 7 * sl; ++i) prompt.push_back({int32_t((i * 13 + sl * 5) % hp.n_vocab), sl, i, -1});
+    for (Backend* b : {cpu.get(), one_launch.get(), gpu.get()}) b->forward(prompt);
+  }
+  // Then one step: two decode tokens, 20 more tokens of slot 0's prompt (the
+  // prefill kernel), two decode tokens and a short run of slot 5 (the decode
+  // kernel); the logits of each slot's last token read.
+  std::vector<BatchToken> mixed;
+  int row = 0;
+  mixed.push_back({7, 1, 17, row++});
+  mixed.push_back({9, 2, 24, row++});
+  for (int i = 0; i < 20; ++i) mixed.push_back({int32_t((i * 11 + 3) % hp.n_vocab), 0, 10 + i, i == 19 ? row++ : -1});
+  mixed.push_back({5, 3, 31, row++});
+  mixed.push_back({6, 4, 38, row++});
+  for (int i = 0; i < 3; ++i) mixed.push_back({int32_t(i + 1), 5, 45 + i, i == 2 ? row++ : -1});
+  for (Backend* b : {cpu.get(), one_launch.get(), gpu.get()}) b->forward(mixed);
+  for (int r = 0; r < row; ++r) {
+    CAPTURE(r);
+    const auto want = cpu->logits(r);
+    const std::vector<float> w(want.begin(), want.end());
+    const auto a = gpu->logits(r);
+    const double split = rel_err(std::vector<float>(a.begin(), a.end()), w);
+    const auto b = one_launch->logits(r);
+    const double one = rel_err(std::vector<float>(b.begin(), b.end()), w);
+    // The architecture cases' tolerance for quantised weights on the device.
+    CHECK(split < 4e-2);
+    CHECK(one < 4e-2);
+  }
+}
+
 TEST_CASE("cuda: a head size the attention kernels do not take is named, so device auto runs it on the CPU") {
   ArchCase c{.name = "qwen3 head 48", .arch = "qwen3", .head_dim = 48, .qk_norm = true};
   auto m = arch_model(c);

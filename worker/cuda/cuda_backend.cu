@@ -214,6 +214,8 @@ class CudaBackend final : public Backend, ForwardOps {
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
   bool use_graphs_ = true;
   bool host_routes_ = std::getenv("DS4_CUDA_MOE_HOST_ROUTES") != nullptr;  // route every step on the host (comparison)
+  // DS4_CUDA_MIXED_ATTN=0: a mixed batch's attention in one prefill launch (the way before, for comparison).
+  int mixed_attention_ = std::getenv("DS4_CUDA_MIXED_ATTN") ? std::atoi(std::getenv("DS4_CUDA_MIXED_ATTN")) : 1;
   // Steps of up to graph_tokens_ tokens are captured once per (tokens, logit
   // rows) and replayed: a step launched kernel by kernel keeps the thread
   // launching longer than a small model's GPU computes it. At most
@@ -802,11 +804,40 @@ void CudaBackend::rope_kv_store(int layer, Act q, int64_t q_heads, Act k, int64_
                    half_cache(k_cache(layer)), half_cache(v_cache(layer)), stream_);
 }
 
+// A batch of more than 8 tokens mixes prompts (runs of one slot's tokens)
+// with other slots' decode tokens. The prefill kernel takes 64 tokens a block
+// and walks each slot among them in turn, so it is kept for runs of at least
+// kPrefillRun tokens of one slot; the tokens between them (each its slot's
+// own, or short runs) take the decode kernel, every token its own blocks, as
+// a step of them alone would. Decode steps (8 tokens or fewer) are one launch.
 void CudaBackend::attention(int layer, Act q, Act out, const AttentionSpec& a) {
-  const cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale,
-                               attention_splits(rows(q))};
-  cuda::attention(ptr(q), ld(q), k_cache(layer), v_cache(layer), batch_dev(), rows(q), aa, f(sc_.attn), ptr(out),
-                  ld(out), stream_);
+  constexpr int kPrefillRun = 16;
+  const int T = rows(q);
+  auto launch = [&](int t0, int n, bool decode) {
+    const cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale,
+                                 attention_splits(n)};
+    cuda::attention(ptr(q) + t0 * ld(q), ld(q), k_cache(layer), v_cache(layer), batch_dev() + t0, n, aa, f(sc_.attn),
+                    ptr(out) + t0 * ld(out), ld(out), stream_, decode);
+  };
+  if (T <= cuda::kMaxGemvTokens || mixed_attention_ == 0) return launch(0, T, false);
+  const BatchToken* b = tokens_host_.as<BatchToken>();
+  auto run_end = [&](int t) {
+    int e = t + 1;
+    while (e < T && b[e].slot == b[t].slot) ++e;
+    return e;
+  };
+  for (int t = 0; t < T;) {
+    const int e = run_end(t);
+    if (e - t >= kPrefillRun) {
+      launch(t, e - t, false);
+      t = e;
+      continue;
+    }
+    int end = e;  // short runs up to the next long one
+    while (end < T && run_end(end) - end < kPrefillRun) end = run_end(end);
+    launch(t, end - t, true);
+    t = end;
+  }
 }
 
 void CudaBackend::add(Act x, Act o) { cuda::add(ptr(x), ptr(o), ld(x), hp_.dim, rows(x), stream_); }

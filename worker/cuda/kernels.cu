@@ -1004,10 +1004,10 @@ void launch_prefill(PrefillAttention kind, const float* q, int64_t ldq, Kv k_cac
 // attention() for one way of keeping the cache.
 template <class Kv>
 void attention_on(const float* q, int64_t ldq, Kv k_cache, Kv v_cache, const BatchToken* batch, int T,
-                  AttentionArgs a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
+                  AttentionArgs a, float* scratch, float* out, int64_t ldo, cudaStream_t s, bool decode) {
   a.split_positions = split_positions();
   const PrefillAttention kind = prefill_attention();
-  if (T > kMaxGemvTokens && kind != PrefillAttention::split &&
+  if (T > kMaxGemvTokens && !decode && kind != PrefillAttention::split &&
       (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
     switch (a.head_dim) {
       case 64: launch_prefill<64>(kind, q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
@@ -1075,13 +1075,13 @@ __global__ void store_kv_q8_kernel(const float* k, const float* v, int64_t ldkv,
 }  // namespace
 
 void attention(const float* q, int64_t ldq, KvLayer k_cache, KvLayer v_cache, const BatchToken* batch, int T,
-               const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s) {
+               const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s, bool decode) {
   if (k_cache.q8())
     return attention_on(q, ldq, KvQ8{static_cast<const int8_t*>(k_cache.values), k_cache.scales},
                         KvQ8{static_cast<const int8_t*>(v_cache.values), v_cache.scales}, batch, T, a, scratch, out,
-                        ldo, s);
+                        ldo, s, decode);
   attention_on(q, ldq, KvF16{static_cast<const __half*>(k_cache.values)},
-               KvF16{static_cast<const __half*>(v_cache.values)}, batch, T, a, scratch, out, ldo, s);
+               KvF16{static_cast<const __half*>(v_cache.values)}, batch, T, a, scratch, out, ldo, s, decode);
 }
 
 void store_kv_q8(const float* k, const float* v, int64_t ldkv, const BatchToken* batch, int T, int kv_dim,

@@ -82,9 +82,10 @@ int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
 /// Decode batches split each token's positions over blocks (a block takes up
 /// to four heads of a group), and the last block of each (token, heads)
 /// merges the splits; prefill batches (more than kMaxGemvTokens tokens) take
-/// flash attention on the tensor cores, tiles of 64 tokens x 64 positions.
+/// flash attention on the tensor cores, tiles of 64 tokens x 64 positions,
+/// unless `decode` (the decode kernel for any batch: tokens of many slots).
 void attention(const float* q, int64_t ldq, KvLayer k_cache, KvLayer v_cache, const BatchToken* batch, int T,
-               const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s);
+               const AttentionArgs& a, float* scratch, float* out, int64_t ldo, cudaStream_t s, bool decode = false);
 
 /// g[t][i] = silu(g[t][i]) * u[t][i].
 void swiglu(float* g, const float* u, int64_t ld, int64_t n, int T, cudaStream_t s);
