@@ -38,6 +38,16 @@ DeviceBuffer::~DeviceBuffer() {
   if (ptr_) cudaFree(ptr_);
 }
 
+int multiprocessor_count() {
+  static const int n = [] {
+    int dev = 0, n_sm = 0;
+    DS4_CUDA_CHECK(cudaGetDevice(&dev));
+    DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    return n_sm;
+  }();
+  return n;
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     const char* env = std::getenv("DS4_CUDA_PDL");

@@ -108,6 +108,9 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+/// Multiprocessors of the current device (asked once a process: one GPU each).
+int multiprocessor_count();
+
 /// Whether kernels are launched with programmatic stream serialisation:
 /// compute capability 9.0 or newer and DS4_CUDA_PDL unset or not "0".
 bool pdl_enabled();

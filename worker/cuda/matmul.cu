@@ -507,16 +507,6 @@ int gemv_variant(GgmlType type) {
   return type == GgmlType::Q8_0 ? 13 : 2;
 }
 
-int multiprocessors() {
-  static const int n = [] {
-    int dev = 0, n_sm = 0;
-    DS4_CUDA_CHECK(cudaGetDevice(&dev));
-    DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    return n_sm;
-  }();
-  return n;
-}
-
 template <GgmlType TY, int NT, bool GLU, bool NORM, int THREADS, int R, int U, int MINB, int PF_KB>
 void launch_stream(GemvJobs jobs, int64_t K, const float* x, int64_t ldx, const GemvNorm& norm, cudaStream_t s) {
   int groups = 0;
@@ -525,7 +515,7 @@ void launch_stream(GemvJobs jobs, int64_t K, const float* x, int64_t ldx, const 
     groups += jobs.blocks[i];
   }
   // As many groups for every block (the last blocks finish with the rest).
-  const int cap = multiprocessors() * MINB;
+  const int cap = multiprocessor_count() * MINB;
   const int per_block = int(ceil_div(groups, cap));
   const int grid = int(ceil_div(groups, per_block));
   launch(gemv_stream_kernel<TY, NT, GLU, NORM, THREADS, R, U, MINB, PF_KB>, dim3(unsigned(grid)),

@@ -218,16 +218,6 @@ void launch_qgemm(const QgemmArgs& a, int mt, dim3 grid, cudaStream_t s) {
   }
 }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, n_sm = 0;
-    DS4_CUDA_CHECK(cudaGetDevice(&dev));
-    DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    return n_sm;
-  }();
-  return n;
-}
-
 void check_x(const float* x, int64_t ldx, const char* who) {
   if ((ldx % 4) != 0 || (reinterpret_cast<uintptr_t>(x) & 15) != 0)
     throw Error(std::string(who) + ": activation rows must be 16-byte aligned");
@@ -275,7 +265,7 @@ void qgemm(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, 
     return env ? std::clamp(std::atoi(env), 1, 16) : 0;
   }();
   const int per_sm = per_sm_env ? per_sm_env : T >= 32 ? 4 : 2;
-  const int64_t blocks = row_blocks * token_blocks, want = per_sm * int64_t(sm_count());
+  const int64_t blocks = row_blocks * token_blocks, want = per_sm * int64_t(multiprocessor_count());
   int64_t splits = blocks < want ? ceil_div(want, blocks) : 1;
   splits = std::min({splits, int64_t(16), w.cols / kQgK / 4,
                      int64_t(part_bytes / (size_t(T) * size_t(w.rows) * sizeof(float)))});

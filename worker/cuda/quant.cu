@@ -584,16 +584,6 @@ bool dp4a_enabled() {
   return on;
 }
 
-int multiprocessor_count() {
-  static const int n = [] {
-    int dev = 0, n_sm = 0;
-    DS4_CUDA_CHECK(cudaGetDevice(&dev));
-    DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    return n_sm;
-  }();
-  return n;
-}
-
 template <GgmlType TY, int NT, int R, int U>
 void launch_warp(const DeviceWeight& w, const float* x, int64_t ldx, float* y, int64_t ldy, bool accumulate,
                  cudaStream_t s) {
