@@ -214,6 +214,20 @@ class CudaBackend final : public Backend, ForwardOps {
   std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
   bool use_graphs_ = true;
   bool host_routes_ = std::getenv("DS4_CUDA_MOE_HOST_ROUTES") != nullptr;  // route every step on the host (comparison)
+  // How a prefill's experts run (DS4_CUDA_MOE_PREFILL): tiles (the tiled GEMM, default), groups (groups of 8
+  // rows through the decode GEMV's body) or each (one expert at a time through cuBLAS): the last two for comparison.
+  enum class MoePrefill { tiles, groups, each };
+  MoePrefill moe_prefill_ = [] {
+    const char* how = std::getenv("DS4_CUDA_MOE_PREFILL");
+    if (how && std::strcmp(how, "groups") == 0) return MoePrefill::groups;
+    if (how && std::strcmp(how, "each") == 0) return MoePrefill::each;
+    return MoePrefill::tiles;
+  }();
+  // The view of layer expert table entry `at` (a stack's first expert) for an expert launch.
+  cuda::ExpertProduct expert_product(int64_t at, const Weight& w, const float* x, int64_t ldx, float* y,
+                                     int64_t ldy) const {
+    return {expert_tables_.as<DeviceWeight>() + at, x, ldx, y, ldy, w.type, w.rows, w.cols};
+  }
   // DS4_CUDA_MIXED_ATTN=0: a mixed batch's attention in one prefill launch (the way before, for comparison).
   int mixed_attention_ = std::getenv("DS4_CUDA_MIXED_ATTN") ? std::atoi(std::getenv("DS4_CUDA_MIXED_ATTN")) : 1;
   // Steps of up to graph_tokens_ tokens are captured once per (tokens, logit
@@ -524,14 +538,12 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
     in = norm->out;
   }
   if (m.layer >= 0 && m.layer < host_layers_) return moe_on_host(in, m, out, accumulate);
-  const char* how = std::getenv("DS4_CUDA_MOE_PREFILL");
-  const std::string way = how ? how : "";
   const bool tabled = m.layer >= 0 && tables_[size_t(m.layer)].gate >= 0;
   auto all_take = [&](bool (*takes)(GgmlType, int64_t)) {
     return takes(m.gate[0].type, m.gate[0].cols) && takes(m.up[0].type, m.up[0].cols) &&
            takes(m.down[0].type, m.down[0].cols);
   };
-  const bool tiles = tabled && (way.empty() || way == "tiles") && cuda::qgemm_max_tokens() > 0 &&
+  const bool tiles = tabled && moe_prefill_ == MoePrefill::tiles && cuda::qgemm_max_tokens() > 0 &&
                      all_take(cuda::qgemm_takes);
   if (tabled && !host_routes_) {
     if (rows(in) <= cuda::kMaxGemvTokens) return moe_on_device(in, m, out, accumulate);
@@ -560,7 +572,7 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
   // each expert's rows through cuBLAS, one expert at a time (dequantised to
   // f16). The last two are the ways before (comparisons).
   const bool tiled = tiles && T > cuda::kMaxGemvTokens;  // decode steps: the GEMV body, as moe_on_device's
-  const bool grouped = tiled || (tabled && way != "each" && all_take(cuda::expert_groups_take));
+  const bool grouped = tiled || (tabled && moe_prefill_ != MoePrefill::each && all_take(cuda::expert_groups_take));
   const int job_rows = tiled ? cuda::kQgemmTokens : 8;
   int jobs = 0, max_rows = 0;
   if (grouped) {
@@ -582,20 +594,9 @@ void CudaBackend::moe_ffn(Act in, const NormSpec* norm, const MoeSpec& m, Act ou
   cuda::gather_rows(n, ld(in), rd.token_of, int(T * K), hp_.dim, gathered, ldm, stream_);
   if (grouped) {
     const LayerTables& lt = tables_[size_t(m.layer)];
-    const DeviceWeight* table = expert_tables_.as<DeviceWeight>();
     const int32_t* job_dev = static_cast<const int32_t*>(routes_dev_.as<void>()) + ExpertRoutes::words(T, K, E);
     auto run = [&](int64_t at, const Weight& w, const float* x, int64_t ldx, float* y, int64_t ldy) {
-      cuda::ExpertGroups g;
-      g.table = table + at;
-      g.jobs = job_dev;
-      g.n_jobs = jobs;
-      g.x = x;
-      g.ldx = ldx;
-      g.y = y;
-      g.ldy = ldy;
-      g.type = w.type;
-      g.rows = w.rows;
-      g.cols = w.cols;
+      const cuda::ExpertGroups g{expert_product(at, w, x, ldx, y, ldy), job_dev, jobs};
       if (tiled) cuda::qgemm_experts(g, max_rows, stream_);
       else cuda::expert_groups(g, stream_);
     };
@@ -653,24 +654,11 @@ void CudaBackend::moe_on_device(Act in, const MoeSpec& m, Act out, bool accumula
   int32_t* pair = expert + 2 * B;
   cuda::moe_topk(ptr(Act::router), ldr, T, int(E), int(K), m.norm_weights, expert, weight, pair, stream_);
   const LayerTables& lt = tables_[size_t(m.layer)];
-  const DeviceWeight* table = expert_tables_.as<DeviceWeight>();
   float* hb = ptr(Act::hb);
   float* hb2 = ptr(Act::hb2);
   float* expert_out = ptr(Act::moe_out);
   auto run = [&](int64_t at, const Weight& w, int x_div, const float* x, int64_t ldx, float* y, int64_t ldy) {
-    cuda::ExpertGemv g;
-    g.table = table + at;
-    g.expert_of = expert;
-    g.pairs = int(P);
-    g.x_div = x_div;
-    g.x = x;
-    g.ldx = ldx;
-    g.y = y;
-    g.ldy = ldy;
-    g.type = w.type;
-    g.rows = w.rows;
-    g.cols = w.cols;
-    cuda::expert_gemv(g, stream_);
+    cuda::expert_gemv({expert_product(at, w, x, ldx, y, ldy), expert, int(P), x_div}, stream_);
   };
   run(lt.gate, m.gate[0], int(K), n, ld(in), hb, ldh);
   run(lt.up, m.up[0], int(K), n, ld(in), hb2, ldh);
@@ -705,23 +693,11 @@ void CudaBackend::moe_prefill_on_device(Act in, const MoeSpec& m, Act out, bool 
   float* gathered = ptr(Act::moe_in);
   cuda::gather_rows(n, ld(in), rd.token_of, int(P), hp_.dim, gathered, ldm, stream_);
   const LayerTables& lt = tables_[size_t(m.layer)];
-  const DeviceWeight* table = expert_tables_.as<DeviceWeight>();
   float* hb = ptr(Act::hb);
   float* hb2 = ptr(Act::hb2);
   float* expert_out = ptr(Act::moe_out);
   auto run = [&](int64_t at, const Weight& w, const float* x, int64_t ldx, float* y, int64_t ldy) {
-    cuda::ExpertGroups g;
-    g.table = table + at;
-    g.jobs = jobs;
-    g.n_jobs = int(max_jobs);
-    g.count = n_jobs;
-    g.x = x;
-    g.ldx = ldx;
-    g.y = y;
-    g.ldy = ldy;
-    g.type = w.type;
-    g.rows = w.rows;
-    g.cols = w.cols;
+    const cuda::ExpertGroups g{expert_product(at, w, x, ldx, y, ldy), jobs, int(max_jobs), n_jobs};
     cuda::qgemm_experts(g, std::min(T, cuda::kQgemmTokens), stream_);  // an expert has at most T rows
   };
   run(lt.gate, m.gate[0], gathered, ldm, hb, ldh);

@@ -56,21 +56,27 @@ void dequant_quant_f16(const DeviceWeight& w, __half* out, cudaStream_t s);
 /// The whole matrix as f32, bit-exact with llama.cpp's dequantize_row_*.
 void dequant_quant_f32(const DeviceWeight& w, float* out, cudaStream_t s);
 
-/// A mixture of experts' products for a step's (token, expert) pairs in one
-/// launch: y[p] = table[expert_of[p]] . x[p / x_div] for p < pairs (rows of
-/// ldx and ldy floats). Every matrix of the table has `type`, `rows` and
-/// `cols`; the table, the expert ids and x are device memory.
-struct ExpertGemv {
+/// One stack of a layer's expert matrices (a table of DeviceWeight views,
+/// each `type`, `rows` x `cols`) applied to rows of x (ldx floats apart) into
+/// rows of y: what the expert launches below have in common.
+struct ExpertProduct {
   const DeviceWeight* table = nullptr;
-  const int32_t* expert_of = nullptr;
-  int pairs = 0;
-  int x_div = 1;
   const float* x = nullptr;
   int64_t ldx = 0;
   float* y = nullptr;
   int64_t ldy = 0;
   GgmlType type = GgmlType::F32;
   int64_t rows = 0, cols = 0;
+};
+
+/// A mixture of experts' products for a step's (token, expert) pairs in one
+/// launch: y[p] = table[expert_of[p]] . x[p / x_div] for p < pairs (rows of
+/// ldx and ldy floats). Every matrix of the table has `type`, `rows` and
+/// `cols`; the table, the expert ids and x are device memory.
+struct ExpertGemv : ExpertProduct {
+  const int32_t* expert_of = nullptr;
+  int pairs = 0;
+  int x_div = 1;
 };
 /// Whether expert_gemv() takes matrices of `type` and `cols` (block-quantised
 /// types whose row fits the dp4a kernel's shared memory).
@@ -83,17 +89,10 @@ void expert_gemv(const ExpertGemv& g, cudaStream_t s);
 /// GEMV's body, so an expert's weights are read once a group of 8 rows. Every
 /// matrix of the table has `type`, `rows` and `cols`; table, jobs and x are
 /// device memory; rows 16-byte aligned.
-struct ExpertGroups {
-  const DeviceWeight* table = nullptr;
+struct ExpertGroups : ExpertProduct {
   const int32_t* jobs = nullptr;
   int n_jobs = 0;
   const int32_t* count = nullptr;  // qgemm_experts: device memory, the jobs' number (at most n_jobs), or none
-  const float* x = nullptr;
-  int64_t ldx = 0;
-  float* y = nullptr;
-  int64_t ldy = 0;
-  GgmlType type = GgmlType::F32;
-  int64_t rows = 0, cols = 0;
 };
 /// Whether expert_groups() takes matrices of `type` and `cols`.
 bool expert_groups_take(GgmlType type, int64_t cols);
