@@ -102,10 +102,14 @@ ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& s) {
     const ActShape a = act_shape(hp, s, Act(i));
     l.act[size_t(i)] = take(a.rows * a.ld);
   }
-  // Splits of a decode step: up to kCudaAttnBlocksPerSm blocks a multiprocessor,
-  // a block taking up to 4 query heads (cuda::attention_splits).
-  l.attn_floats = kCudaAttnCounters +
-                  (s.max_batch * hp.n_heads + 4 * kCudaAttnBlocksPerSm * kCudaPlanSms) * (hp.head_dim + 2);
+  // Partial results of split attention, rows of head_dim + 2 floats: a decode
+  // step's, up to kCudaAttnBlocksPerSm blocks a multiprocessor, a block taking
+  // up to 4 query heads (cuda::attention_splits); a prefill's, one wave of
+  // kCudaFaBlocksPerSm blocks of kCudaFaRows rows a multiprocessor, when the
+  // context is deep enough to split (cuda::prefill_splits).
+  const int64_t decode_rows = 4 * kCudaAttnBlocksPerSm * kCudaPlanSms;
+  const int64_t prefill_rows = s.ctx >= 2 * kCudaFaSplitPositions ? kCudaFaRows * kCudaFaBlocksPerSm * kCudaPlanSms : 0;
+  l.attn_floats = kCudaAttnCounters + (s.max_batch * hp.n_heads + std::max(decode_rows, prefill_rows)) * (hp.head_dim + 2);
   l.attn = take(l.attn_floats);
   l.total = at;
   return l;

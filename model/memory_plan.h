@@ -140,6 +140,13 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& shape, in
 inline constexpr int kCudaPlanSms = 256;
 /// The most attention blocks a multiprocessor the split kernel is given (DS4_CUDA_ATTN_BLOCKS).
 inline constexpr int kCudaAttnBlocksPerSm = 8;
+/// The prefill attention (flash attention on the tensor cores) takes kCudaFaRows
+/// tokens of one head a block; deep in a context, when those blocks are too few
+/// for kCudaFaBlocksPerSm a multiprocessor, each also splits its positions, in
+/// ranges of at least kCudaFaSplitPositions, whose partial results are merged.
+inline constexpr int kCudaFaRows = 64;
+inline constexpr int kCudaFaBlocksPerSm = 4;
+inline constexpr int64_t kCudaFaSplitPositions = 1024;
 ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& shape);
 
 /// Bytes of the CUDA backend's device scratch besides the KV cache: the

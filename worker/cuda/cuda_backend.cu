@@ -434,7 +434,8 @@ void CudaBackend::reserve(const EngineShape& s) {
                 " MiB of device memory free");
   const ScratchLayout l = cuda_scratch_layout(hp_, s);
   for (int T = 1; T <= int(s.max_batch); ++T) {
-    const int splits = cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), s.ctx, n_sm_);
+    const int splits = std::max(cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), s.ctx, n_sm_),
+                                cuda::prefill_splits(T, int(hp_.n_heads), int(hp_.head_dim), s.ctx, n_sm_));
     if (cuda::attention_scratch_floats(T, int(hp_.n_heads), int(hp_.head_dim), splits) > l.attn_floats)
       throw Error("CUDA backend: the attention of " + std::to_string(T) + " tokens needs more scratch than the memory "
                   "plan gives (model/memory_plan.cpp must follow worker/cuda/kernels.cu)");
@@ -789,14 +790,16 @@ void CudaBackend::rope_kv_store(int layer, Act q, int64_t q_heads, Act k, int64_
 void CudaBackend::attention(int layer, Act q, Act out, const AttentionSpec& a) {
   constexpr int kPrefillRun = 16;
   const int T = rows(q);
+  const BatchToken* b = tokens_host_.as<BatchToken>();  // this step's tokens (a prefill's are not a graph's)
   auto launch = [&](int t0, int n, bool decode) {
-    const cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale,
-                                 attention_splits(n)};
+    cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale,
+                           attention_splits(n)};
+    if (n > cuda::kMaxGemvTokens)
+      for (int t = t0; t < t0 + n; ++t) aa.positions = std::max<int64_t>(aa.positions, b[t].pos + 1);
     cuda::attention(ptr(q) + t0 * ld(q), ld(q), k_cache(layer), v_cache(layer), batch_dev() + t0, n, aa, f(sc_.attn),
                     ptr(out) + t0 * ld(out), ld(out), stream_, decode);
   };
   if (T <= cuda::kMaxGemvTokens || mixed_attention_ == 0) return launch(0, T, false);
-  const BatchToken* b = tokens_host_.as<BatchToken>();
   auto run_end = [&](int t) {
     int e = t + 1;
     while (e < T && b[e].slot == b[t].slot) ++e;

@@ -72,6 +72,10 @@ void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache
                const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim, int64_t slots,
                int64_t ctx, std::vector<float>& out);
 
+/// The ranges attention() splits a prefill batch's positions into on this
+/// GPU (cuda::prefill_splits; 1: none).
+int prefill_splits(const std::vector<BatchToken>& batch, int n_heads, int head_dim);
+
 /// A Q8_0 cache as the CUDA backend keeps it (slots x ctx x n_kv*hd int8
 /// values; one f16 scale, as bits, per 32 of them).
 struct Q8Cache {

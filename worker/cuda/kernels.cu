@@ -164,10 +164,14 @@ __device__ void load8(const __half* p, float (&f)[8]) {
 
 // A layer's cached K or V as the attention kernels read it: load8(e, f)
 // gives values e..e+7 (e a multiple of 8) as f32, half8(e) as f16.
+// stage8(dst, e, valid) puts values e..e+7 as f16 in shared memory at dst
+// (zeros when !valid): by cp.async for f16 (visible after cp_async_wait_all()
+// and a barrier), by the thread itself for q8_0 (after a barrier).
 struct KvF16 {
   const __half* p;
   __device__ void load8(int64_t e, float (&f)[8]) const { ::ds4::cuda::load8(p + e, f); }
   __device__ uint4 half8(int64_t e) const { return *reinterpret_cast<const uint4*>(p + e); }
+  __device__ void stage8(__half* dst, int64_t e, bool valid) const { cp_async16(dst, p + (valid ? e : 0), valid); }
 };
 struct KvQ8 {
   const int8_t* q;
@@ -187,6 +191,9 @@ struct KvQ8 {
 #pragma unroll
     for (int j = 0; j < 4; ++j) h[j] = __floats2half2_rn(f[2 * j], f[2 * j + 1]);
     return r;
+  }
+  __device__ void stage8(__half* dst, int64_t e, bool valid) const {
+    *reinterpret_cast<uint4*>(dst) = valid ? half8(e) : make_uint4(0, 0, 0, 0);
   }
 };
 
@@ -735,10 +742,15 @@ namespace {
 // keys with mma.sync m16n8k16 (f32 sums), keeps the online softmax of its rows
 // in registers (a row's maximum and sum shared by the four lanes that hold
 // it), and multiplies the weights (f16, straight from the score registers)
-// by the values into its f32 outputs. The tokens' slots are taken one at a
-// time, in increasing order, as in attention_tiled_kernel; a token attends
-// only to its own slot's positions up to its own.
-constexpr int kFaRows = 64, kFaKeys = 64, kFaThreads = 128;
+// by the values into its f32 outputs. The copies overlap the products: a
+// tile's V arrives (cp.async) while its scores are computed, the next tile's K
+// while the values are weighed. The tokens' slots are taken one at a time, in
+// increasing order, as in attention_tiled_kernel; a token attends only to its
+// own slot's positions up to its own. Deep in a context the blocks split a
+// slot's tiles (gridDim.z ranges, blockIdx.z this block's): each range's
+// unnormalised outputs, maximum and sum go to `partial` (as the decode
+// kernel's splits), and attention_combine_kernel merges them.
+constexpr int kFaRows = kCudaFaRows, kFaKeys = 64, kFaThreads = 128;
 
 template <int HD>
 __host__ __device__ constexpr int fa_ld() { return HD + 8; }  // halves a shared row: 16-byte rows, no bank conflicts
@@ -748,13 +760,20 @@ constexpr size_t fa_smem_bytes() {
   return size_t(kFaRows + 2 * kFaKeys) * fa_ld<HD>() * sizeof(__half);
 }
 
+// Blocks a multiprocessor keeps: 4 (kCudaFaBlocksPerSm) up to 128 dimensions
+// (52 KiB of shared memory, 128 registers a thread), 2 at 256 (the outputs
+// alone take 128 registers).
+template <int HD>
+__host__ __device__ constexpr int fa_blocks_per_sm() { return HD <= 128 ? kCudaFaBlocksPerSm : 2; }
+
 template <int HD, class Kv>
-__global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* q, int64_t ldq, Kv kc,
-                                                                   Kv vc, const BatchToken* batch, int T,
-                                                                   AttentionArgs a, float* out, int64_t ldo) {
+__global__ void __launch_bounds__(kFaThreads, fa_blocks_per_sm<HD>())
+    attention_mma_kernel(const float* q, int64_t ldq, Kv kc, Kv vc, const BatchToken* batch, int T,
+                         AttentionArgs a, float* partial, float* out, int64_t ldo) {
   constexpr int LD = fa_ld<HD>();
   constexpr int NT = kFaKeys / 8;  // score tiles of 8 positions a warp
   constexpr int OT = HD / 8;       // output tiles of 8 dimensions a warp
+  constexpr float kLn2 = 0.6931471805599453f;
   extern __shared__ float4 fa_smem[];
   __half* sq = reinterpret_cast<__half*>(fa_smem);
   __half* sk = sq + kFaRows * LD;
@@ -763,6 +782,7 @@ __global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* 
   pdl_wait();
   pdl_trigger();
   const int h = blockIdx.x, t0 = int(blockIdx.y) * kFaRows, tid = threadIdx.x;
+  const int split = blockIdx.z, splits = gridDim.z;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
   const int kvh = h / (a.n_heads / a.n_kv_heads);
   const int64_t kvd = int64_t(a.n_kv_heads) * HD;
@@ -800,20 +820,32 @@ __global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* 
     int last = -1;
     for (int r = 0; r < kFaRows; ++r)
       if (s_slot[r] == slot) last = max(last, s_pos[r]);
+    // This block's range of the slot's tiles.
+    const int tiles = last / kFaKeys + 1;
+    const int tile_begin = int(int64_t(tiles) * split / splits), tile_end = int(int64_t(tiles) * (split + 1) / splits);
+    if (tile_begin == tile_end) continue;
+    // A tile below every row of the warp needs no mask: all 16 rows in this
+    // slot, its last position at most the shallowest row's.
+    const bool in_slot = my_slot[0] == slot && my_slot[1] == slot;
+    const bool warp_in_slot = __all_sync(0xffffffffu, in_slot);
+    const int warp_lowest = __reduce_min_sync(0xffffffffu, in_slot ? min(my_pos[0], my_pos[1]) : -1);
     const int64_t kvbase = int64_t(slot) * a.ctx * kvd + int64_t(kvh) * HD;
-    for (int p0 = 0; p0 <= last; p0 += kFaKeys) {
-      __syncthreads();  // the last tile's readers are done
+    // One tile of K or V (positions from p0) into shared memory; past `last`,
+    // zeros (weight 0 times a zero, never garbage).
+    auto stage = [&](__half* dst, const Kv& c, int p0) {
       for (int i = tid; i < kFaKeys * HD / 8; i += kFaThreads) {
-        const int j = i / (HD / 8), c = i % (HD / 8), p = p0 + j;
-        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-        if (p <= last) {  // past it: zeros (weight 0 times a zero, never garbage)
-          kv = kc.half8(kvbase + int64_t(p) * kvd + c * 8);
-          vv = vc.half8(kvbase + int64_t(p) * kvd + c * 8);
-        }
-        *reinterpret_cast<uint4*>(sk + j * LD + c * 8) = kv;
-        *reinterpret_cast<uint4*>(sv + j * LD + c * 8) = vv;
+        const int j = i / (HD / 8), cc = i % (HD / 8), p = p0 + j;
+        c.stage8(dst + j * LD + cc * 8, kvbase + int64_t(p) * kvd + cc * 8, p <= last);
       }
-      __syncthreads();
+      cp_async_commit();
+    };
+    __syncthreads();  // the previous slot's readers of sk and sv are done
+    stage(sk, kc, tile_begin * kFaKeys);
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+      const int p0 = tile * kFaKeys;
+      cp_async_wait_all();
+      __syncthreads();  // this tile's K is in place; the last tile's values are read
+      stage(sv, vc, p0);
       // Scores: 16 rows x kFaKeys positions a warp.
       float sc[NT][4];
 #pragma unroll
@@ -831,6 +863,7 @@ __global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* 
           mma_16816(sc[n], qa, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
         }
       }
+      const bool masked = !warp_in_slot || p0 + kFaKeys - 1 > warp_lowest;
       // The online softmax of rows r0 (sums 0, 1) and r1 (sums 2, 3).
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
@@ -841,7 +874,7 @@ __global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* 
           for (int e = 0; e < 2; ++e) {
             const int p = p0 + n * 8 + 2 * tq + e;
             float& x = sc[n][2 * r + e];
-            x = my_slot[r] == slot && p <= my_pos[r] ? x * scale : -INFINITY;
+            x = !masked || (my_slot[r] == slot && p <= my_pos[r]) ? x * scale : -INFINITY;
             tile_max = fmaxf(tile_max, x);
           }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -870,17 +903,20 @@ __global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* 
           o[n][2 * r + 1] *= corr;
         }
       }
+      cp_async_wait_all();
+      __syncthreads();  // this tile's V is in place; every warp's scores are done with K
+      if (tile + 1 < tile_end) stage(sk, kc, p0 + kFaKeys);
       // Outputs: the weights of 16 positions at a time as the A operand, the
       // values (transposed by ldmatrix) as B, two output tiles a load.
 #pragma unroll
-      for (int kc = 0; kc < kFaKeys / 16; ++kc) {
+      for (int kk = 0; kk < kFaKeys / 16; ++kk) {
         uint32_t pa[4];
-        pa[0] = pack_half2(sc[2 * kc][0], sc[2 * kc][1]);
-        pa[1] = pack_half2(sc[2 * kc][2], sc[2 * kc][3]);
-        pa[2] = pack_half2(sc[2 * kc + 1][0], sc[2 * kc + 1][1]);
-        pa[3] = pack_half2(sc[2 * kc + 1][2], sc[2 * kc + 1][3]);
+        pa[0] = pack_half2(sc[2 * kk][0], sc[2 * kk][1]);
+        pa[1] = pack_half2(sc[2 * kk][2], sc[2 * kk][3]);
+        pa[2] = pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        pa[3] = pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
         const int mi = lane / 8, rr = lane % 8;
-        const __half* vrow = sv + (kc * 16 + (mi & 1) * 8 + rr) * LD + (mi >> 1) * 8;
+        const __half* vrow = sv + (kk * 16 + (mi & 1) * 8 + rr) * LD + (mi >> 1) * 8;
 #pragma unroll
         for (int n = 0; n < OT; n += 2) {
           uint32_t vb4[4];
@@ -898,12 +934,33 @@ __global__ void __launch_bounds__(kFaThreads) attention_mma_kernel(const float* 
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int t = t0 + (r == 0 ? r0 : r1);
     if (t >= T) continue;
+    if (splits > 1) {  // this range's share: unnormalised sums, maximum (natural units), sum of weights
+      float* part = partial + ((int64_t(t) * a.n_heads + h) * splits + split) * (HD + 2);
+#pragma unroll
+      for (int n = 0; n < OT; ++n)
+        *reinterpret_cast<float2*>(part + n * 8 + 2 * tq) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+      if (tq == 0) {
+        part[HD] = m[r] * kLn2;
+        part[HD + 1] = sum;
+      }
+      continue;
+    }
     const float inv = 1.0f / sum;
     float* orow = out + int64_t(t) * ldo + int64_t(h) * HD + 2 * tq;
 #pragma unroll
     for (int n = 0; n < OT; ++n)
       *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
   }
+}
+
+// out[t][h] = the merge of the prefill kernel's splits of (t, h): a block each.
+__global__ void attention_combine_kernel(const float* partial, int hd, int splits, int n_heads, float* out,
+                                         int64_t ldo) {
+  pdl_wait();
+  pdl_trigger();
+  const int h = blockIdx.x, t = blockIdx.y;
+  combine_splits(partial + (int64_t(t) * n_heads + h) * splits * (hd + 2), hd, splits,
+                 out + int64_t(t) * ldo + int64_t(h) * hd);
 }
 
 }  // namespace
@@ -953,6 +1010,15 @@ int attention_splits(int T, int n_heads, int n_kv_heads, int64_t ctx, int n_sm) 
   return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
 }
 
+int prefill_splits(int T, int n_heads, int head_dim, int64_t positions, int n_sm) {
+  // DS4_CUDA_FA_SPLITS=1: never split (comparison).
+  static const int most = env_int("DS4_CUDA_FA_SPLITS", 32, 1, 32);
+  const int64_t blocks = ceil_div(T, kFaRows) * n_heads;
+  const int per_sm = head_dim <= 128 ? fa_blocks_per_sm<128>() : fa_blocks_per_sm<256>();
+  const int64_t wave = int64_t(std::min(n_sm, kCudaPlanSms)) * per_sm / blocks;
+  return int(std::clamp<int64_t>(std::min(wave, positions / kCudaFaSplitPositions), 1, most));
+}
+
 int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits) {
   return kAttnCounters + int64_t(T) * n_heads * splits * (head_dim + 2);
 }
@@ -975,30 +1041,35 @@ PrefillAttention prefill_attention() {
   return kind;
 }
 
-// One prefill kernel over blocks of `rows` tokens of one head, its dynamic
-// shared memory opted in on first use.
-template <auto kKernel, class Kv>
-void launch_prefill(size_t smem, int rows, int threads, const float* q, int64_t ldq, Kv k_cache, Kv v_cache,
-                    const BatchToken* batch, int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
+// A prefill kernel over blocks of `rows` tokens of one head (x `splits`
+// ranges of positions), its dynamic shared memory opted in on first use.
+template <auto kKernel, class... Args>
+void launch_prefill(size_t smem, int rows, int threads, int T, int n_heads, int splits, cudaStream_t s,
+                    Args... args) {
   static const bool opted = [smem] {
     DS4_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)opted;
-  launch_smem(kKernel, dim3(unsigned(a.n_heads), unsigned(ceil_div(T, rows))), dim3(threads), smem, s, q, ldq,
-              k_cache, v_cache, batch, T, a, out, ldo);
+  launch_smem(kKernel, dim3(unsigned(n_heads), unsigned(ceil_div(T, rows)), unsigned(splits)), dim3(threads), smem,
+              s, args...);
 }
 
-// The tensor cores' kernel or the f32 tiled one, for head size HD.
+// The tensor cores' kernel (its splits merged after it) or the f32 tiled
+// one, for head size HD.
 template <int HD, class Kv>
 void launch_prefill(PrefillAttention kind, const float* q, int64_t ldq, Kv k_cache, Kv v_cache,
-                    const BatchToken* batch, int T, const AttentionArgs& a, float* out, int64_t ldo, cudaStream_t s) {
-  if (kind == PrefillAttention::mma)
-    launch_prefill<attention_mma_kernel<HD, Kv>>(fa_smem_bytes<HD>(), kFaRows, kFaThreads, q, ldq, k_cache, v_cache,
-                                                 batch, T, a, out, ldo, s);
-  else
-    launch_prefill<attention_tiled_kernel<HD, Kv>>(tiled_smem_bytes<HD>(), kTileQ, kTileThreads, q, ldq, k_cache,
-                                                   v_cache, batch, T, a, out, ldo, s);
+                    const BatchToken* batch, int T, const AttentionArgs& a, float* partial, float* out, int64_t ldo,
+                    cudaStream_t s) {
+  if (kind == PrefillAttention::tiled)
+    return launch_prefill<attention_tiled_kernel<HD, Kv>>(tiled_smem_bytes<HD>(), kTileQ, kTileThreads, T, a.n_heads,
+                                                          1, s, q, ldq, k_cache, v_cache, batch, T, a, out, ldo);
+  const int splits = prefill_splits(T, a.n_heads, HD, a.positions > 0 ? a.positions : a.ctx, multiprocessor_count());
+  launch_prefill<attention_mma_kernel<HD, Kv>>(fa_smem_bytes<HD>(), kFaRows, kFaThreads, T, a.n_heads, splits, s, q,
+                                               ldq, k_cache, v_cache, batch, T, a, partial, out, ldo);
+  if (splits > 1)
+    launch(attention_combine_kernel, dim3(unsigned(a.n_heads), unsigned(T)), dim3(std::min(HD, 128)), s,
+           static_cast<const float*>(partial), HD, splits, a.n_heads, out, ldo);
 }
 
 // attention() for one way of keeping the cache.
@@ -1007,13 +1078,15 @@ void attention_on(const float* q, int64_t ldq, Kv k_cache, Kv v_cache, const Bat
                   AttentionArgs a, float* scratch, float* out, int64_t ldo, cudaStream_t s, bool decode) {
   a.split_positions = split_positions();
   const PrefillAttention kind = prefill_attention();
+  float* partial = scratch + kAttnCounters;
   if (T > kMaxGemvTokens && !decode && kind != PrefillAttention::split &&
       (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256)) {
     switch (a.head_dim) {
-      case 64: launch_prefill<64>(kind, q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
-      case 128: launch_prefill<128>(kind, q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
-      default: launch_prefill<256>(kind, q, ldq, k_cache, v_cache, batch, T, a, out, ldo, s); break;
+      case 64: launch_prefill<64>(kind, q, ldq, k_cache, v_cache, batch, T, a, partial, out, ldo, s); break;
+      case 128: launch_prefill<128>(kind, q, ldq, k_cache, v_cache, batch, T, a, partial, out, ldo, s); break;
+      default: launch_prefill<256>(kind, q, ldq, k_cache, v_cache, batch, T, a, partial, out, ldo, s); break;
     }
+    DS4_CUDA_LAUNCHED();
     return;
   }
   if (a.splits > 1 && int64_t(T) * a.n_heads > kAttnCounters)
@@ -1021,7 +1094,6 @@ void attention_on(const float* q, int64_t ldq, Kv k_cache, Kv v_cache, const Bat
                 std::to_string(a.n_heads) + " heads");
   const int qh = heads_per_block(a.n_heads, a.n_kv_heads);
   const dim3 grid(unsigned(a.n_heads / qh), unsigned(T), unsigned(a.splits));
-  float* partial = scratch + kAttnCounters;
   switch (a.head_dim) {
 #define DS4_ATTN_CASE(HD)                                                                                         \
   case HD:                                                                                                        \

@@ -68,13 +68,20 @@ struct AttentionArgs {
   float scale = 1;
   int splits = 1;  // position ranges per (token, head), combined at the end
   int64_t split_positions = 256;  // the least a split takes (set by attention() itself)
+  int64_t positions = 0;  // the deepest token's position + 1 (0: ctx), for the prefill kernel's splits
 };
 /// Splits worth using for T tokens: enough blocks (of up to 4 query heads of
 /// a group, n_heads / n_kv_heads a group) to give each multiprocessor 2 of
 /// them (DS4_CUDA_ATTN_BLOCKS=1..8 for another count), splits of at least 256
 /// positions (DS4_CUDA_ATTN_SPLIT=64..4096), at most 64.
 int attention_splits(int T, int n_heads, int n_kv_heads, int64_t ctx, int n_sm);
-/// Floats of scratch attention() needs. The scratch must be zero when it is
+/// Splits of a prefill batch's positions (the tensor cores' kernel, tokens no
+/// deeper than `positions`): as many as keep kCudaFaBlocksPerSm blocks a
+/// multiprocessor in one wave, ranges of at least kCudaFaSplitPositions
+/// (model/memory_plan.h); 1 = none. DS4_CUDA_FA_SPLITS caps them.
+int prefill_splits(int T, int n_heads, int head_dim, int64_t positions, int n_sm);
+/// Floats of scratch attention() needs (splits: the larger of the two kinds'
+/// for a batch that may take either). The scratch must be zero when it is
 /// first used (it holds counters that every launch leaves at zero).
 int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
 /// out[t][h] = softmax(scale * q[t][h] . K[0..pos]) V over the token's own slot,

@@ -1,7 +1,9 @@
 #pragma once
 /// Tensor-core building blocks (sm_80+): the f16 m16n8k16 product with f32
-/// sums and ldmatrix's loads of its fragments from shared memory. Used by the
-/// prefill attention (kernels.cu) and the tiled quantised GEMM (qgemm.cu).
+/// sums, ldmatrix's loads of its fragments from shared memory, and cp.async's
+/// copies from global to shared memory that run while the block computes.
+/// Used by the prefill attention (kernels.cu) and the tiled quantised GEMM
+/// (qgemm.cu).
 /// Included only by worker/cuda/*.cu.
 
 #include <cuda_fp16.h>
@@ -40,5 +42,18 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+
+// 16 bytes from global to shared memory, asynchronously (through L2 only);
+// zeros when !valid (`src` is then not read, but must still be an address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// Closes the group of copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits for every committed group of this thread (a __syncthreads() then
+// makes all threads' copies visible to the block).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace ds4::cuda
