@@ -103,11 +103,10 @@ ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& s) {
     l.act[size_t(i)] = take(a.rows * a.ld);
   }
   // Partial results of split attention, rows of head_dim + 2 floats: a decode
-  // step's, up to kCudaAttnBlocksPerSm blocks a multiprocessor, a block taking
-  // up to 4 query heads (cuda::attention_splits); a prefill's, one wave of
+  // step's, kCudaAttnRows (cuda::attention_splits); a prefill's, one wave of
   // kCudaFaBlocksPerSm blocks of kCudaFaRows rows a multiprocessor, when the
   // context is deep enough to split (cuda::prefill_splits).
-  const int64_t decode_rows = 4 * kCudaAttnBlocksPerSm * kCudaPlanSms;
+  const int64_t decode_rows = kCudaAttnRows;
   const int64_t prefill_rows = s.ctx >= 2 * kCudaFaSplitPositions ? kCudaFaRows * kCudaFaBlocksPerSm * kCudaPlanSms : 0;
   l.attn_floats = kCudaAttnCounters + (s.max_batch * hp.n_heads + std::max(decode_rows, prefill_rows)) * (hp.head_dim + 2);
   l.attn = take(l.attn_floats);

@@ -140,6 +140,9 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& shape, in
 inline constexpr int kCudaPlanSms = 256;
 /// The most attention blocks a multiprocessor the split kernel is given (DS4_CUDA_ATTN_BLOCKS).
 inline constexpr int kCudaAttnBlocksPerSm = 8;
+/// Partial result rows a decode step's splits may take beyond one a (token,
+/// head) (cuda::attention_splits keeps within them).
+inline constexpr int64_t kCudaAttnRows = 4 * kCudaAttnBlocksPerSm * kCudaPlanSms;
 /// The prefill attention (flash attention on the tensor cores) takes kCudaFaRows
 /// tokens of one head a block; deep in a context, when those blocks are too few
 /// for kCudaFaBlocksPerSm a multiprocessor, each also splits its positions, in

@@ -763,17 +763,20 @@ TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel")
   std::mt19937 rng(12);
   struct Heads { int h, kv, hd; };
   for (Heads hs : {Heads{32, 8, 128}, Heads{32, 4, 64}, Heads{8, 4, 8}, Heads{16, 16, 256}}) {
-    // 1 and 3 tokens: the decode kernel; 70: the prefill kernel with tokens of
-    // two slots at scattered positions; 200: a prompt chunk deep in one slot
-    // (consecutive positions 3800..3999), as a long prompt's prefill takes it.
-    // Both are deep enough for the prefill kernel to split the positions of
-    // its blocks (cuda::prefill_splits: 2 or more ranges of 1024 on a GPU of
-    // 132 multiprocessors), two slots' ranges in the first.
-    for (int64_t T : {1, 3, 70, 200}) {
-      const int64_t slots = 2, ctx = 4096, qd = int64_t(hs.h) * hs.hd, kvd = int64_t(hs.kv) * hs.hd;
+    // 1 and 3 tokens: the decode (warp) kernel; 2: two decode tokens deep
+    // enough for the tensor cores' decode kernel (positions 12287 and 9000);
+    // 70: the prefill kernel with tokens of two slots at scattered positions;
+    // 200: a prompt chunk deep in one slot (consecutive positions
+    // 3800..3999), as a long prompt's prefill takes it. Both are deep enough
+    // for the prefill kernel to split the positions of its blocks
+    // (cuda::prefill_splits: 2 or more ranges of 1024 on a GPU of 132
+    // multiprocessors), two slots' ranges in the first.
+    for (int64_t T : {1, 2, 3, 70, 200}) {
+      const int64_t slots = 2, ctx = T == 2 ? 12288 : 4096, qd = int64_t(hs.h) * hs.hd, kvd = int64_t(hs.kv) * hs.hd;
       std::vector<BatchToken> batch;
       for (int64_t t = 0; t < T; ++t)
         batch.push_back(T == 200 ? BatchToken{0, 1, int32_t(3800 + t), -1}
+                        : T == 2 ? BatchToken{0, int32_t(t), int32_t(t == 0 ? ctx - 1 : 9000), -1}
                                  : BatchToken{0, int32_t(t % 2), int32_t(t == 0 ? 0 : t == 1 ? ctx - 1 : (rng() % ctx)), -1});
       const auto q = random_floats(size_t(T * qd), rng);
       const auto kc = random_halves(size_t(slots * ctx * kvd), rng), vc = random_halves(kc.size(), rng);
@@ -791,12 +794,17 @@ TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel")
       cuda_ops::attention(q, kc, vc, batch, hs.h, hs.kv, hs.hd, slots, ctx, got);
       CAPTURE(hs.hd);
       CAPTURE(T);
-      // Prefill batches of head sizes 64-256 go through the tensor cores:
-      // queries and softmax weights in f16 (as llama.cpp's flash attention),
-      // sums in f32. Everything else is f32 throughout.
-      const bool mma = T > 8 && (hs.hd == 64 || hs.hd == 128 || hs.hd == 256);
+      // Prefill batches of head sizes 64-256 go through the tensor cores, and
+      // so do decode batches of grouped-query heads (2-16 a KV head): queries
+      // and softmax weights in f16 (as llama.cpp's flash attention), sums in
+      // f32. Everything else is f32 throughout.
+      const bool tensor_hd = hs.hd == 64 || hs.hd == 128 || hs.hd == 256;
+      const int group = hs.h / hs.kv;
+      const bool deep_decode = T == 2 && tensor_hd && group >= 2 && group <= 16;
+      CHECK(cuda_ops::decode_mma(batch, hs.h, hs.kv, hs.hd) == deep_decode);
+      const bool mma = tensor_hd && (T > 8 || deep_decode);
       CHECK(rel_err(got, want) < (mma ? 2e-3 : 1e-5));
-      if (mma) CHECK(cuda_ops::prefill_splits(batch, hs.h, hs.hd) > 1);
+      if (tensor_hd && T > 8) CHECK(cuda_ops::prefill_splits(batch, hs.h, hs.hd) > 1);
     }
   }
 }

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -117,8 +118,9 @@ class CudaBackend final : public Backend, ForwardOps {
   cuda::RopeArgs rope_args(const RopeSpec& r, int64_t q_heads, int64_t kv_heads) const;
 
   int64_t logit_rows() const { return shape_.slots + 1; }
-  int attention_splits(int T) const {
-    return cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), shape_.ctx, n_sm_);
+  int attention_splits(int T, int64_t positions) const {
+    return cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim),
+                                  shape_.kv == KvType::q8_0, positions, shape_.ctx, n_sm_);
   }
 
   /// The weight image `o` asks for (holder, copy or host-mapped); falls back to a copy, saying why.
@@ -211,7 +213,8 @@ class CudaBackend final : public Backend, ForwardOps {
   ScratchLayout sc_{};
   cuda::GemmContext gemm_{};
 
-  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, logit rows) -> decode step
+  // (tokens, logit rows, whether the attention is the deep decode kernel) -> decode step
+  std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs_;
   bool use_graphs_ = true;
   bool host_routes_ = std::getenv("DS4_CUDA_MOE_HOST_ROUTES") != nullptr;  // route every step on the host (comparison)
   // How a prefill's experts run (DS4_CUDA_MOE_PREFILL): tiles (the tiled GEMM, default), groups (groups of 8
@@ -434,8 +437,10 @@ void CudaBackend::reserve(const EngineShape& s) {
                 " MiB of device memory free");
   const ScratchLayout l = cuda_scratch_layout(hp_, s);
   for (int T = 1; T <= int(s.max_batch); ++T) {
-    const int splits = std::max(cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), s.ctx, n_sm_),
-                                cuda::prefill_splits(T, int(hp_.n_heads), int(hp_.head_dim), s.ctx, n_sm_));
+    int splits = cuda::prefill_splits(T, int(hp_.n_heads), int(hp_.head_dim), s.ctx, n_sm_);
+    for (const int64_t positions : {int64_t(1), s.ctx})  // either decode kernel
+      splits = std::max(splits, cuda::attention_splits(T, int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim),
+                                                       s.kv == KvType::q8_0, positions, s.ctx, n_sm_));
     if (cuda::attention_scratch_floats(T, int(hp_.n_heads), int(hp_.head_dim), splits) > l.attn_floats)
       throw Error("CUDA backend: the attention of " + std::to_string(T) + " tokens needs more scratch than the memory "
                   "plan gives (model/memory_plan.cpp must follow worker/cuda/kernels.cu)");
@@ -792,10 +797,9 @@ void CudaBackend::attention(int layer, Act q, Act out, const AttentionSpec& a) {
   const int T = rows(q);
   const BatchToken* b = tokens_host_.as<BatchToken>();  // this step's tokens (a prefill's are not a graph's)
   auto launch = [&](int t0, int n, bool decode) {
-    cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale,
-                           attention_splits(n)};
-    if (n > cuda::kMaxGemvTokens)
-      for (int t = t0; t < t0 + n; ++t) aa.positions = std::max<int64_t>(aa.positions, b[t].pos + 1);
+    cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale};
+    for (int t = t0; t < t0 + n; ++t) aa.positions = std::max<int64_t>(aa.positions, b[t].pos + 1);
+    aa.splits = attention_splits(n, aa.positions);
     cuda::attention(ptr(q) + t0 * ld(q), ld(q), k_cache(layer), v_cache(layer), batch_dev() + t0, n, aa, f(sc_.attn),
                     ptr(out) + t0 * ld(out), ld(out), stream_, decode);
   };
@@ -859,10 +863,18 @@ std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
 }
 
 bool CudaBackend::launch_graph(int T, int rows) {
-  auto it = graphs_.find({T, rows});
+  // The attention kernel a step takes depends on its tokens' depth (the host
+  // chooses it): a graph is captured for each.
+  int64_t positions = 0;
+  const BatchToken* b = tokens_host_.as<BatchToken>();
+  for (int t = 0; t < T; ++t) positions = std::max<int64_t>(positions, b[t].pos + 1);
+  const std::tuple<int, int, bool> key{T, rows,
+                                       cuda::decode_mma_takes(int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim),
+                                                              shape_.kv == KvType::q8_0, positions)};
+  auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (graphs_.size() >= kMaxGraphs || graphs_full_) return false;  // a new shape: launched
-    it = graphs_.emplace(std::make_pair(T, rows), nullptr).first;
+    it = graphs_.emplace(key, nullptr).first;
   }
   cudaGraphExec_t& exec = it->second;
   if (!exec) {
@@ -873,14 +885,14 @@ bool CudaBackend::launch_graph(int T, int rows) {
     } catch (...) {
       cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
-      graphs_.erase({T, rows});
+      graphs_.erase(key);
       throw;
     }
     DS4_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
-      graphs_.erase({T, rows});
+      graphs_.erase(key);
       if (e != cudaErrorMemoryAllocation) DS4_CUDA_CHECK(e);
       cudaGetLastError();  // not sticky: the device is fine, only full
       no_room_for_graphs(T, rows);
@@ -891,7 +903,7 @@ bool CudaBackend::launch_graph(int T, int rows) {
   if (e == cudaErrorMemoryAllocation) {  // its first launch uploads it
     cudaGetLastError();
     cudaGraphExecDestroy(exec);
-    graphs_.erase({T, rows});
+    graphs_.erase(key);
     no_room_for_graphs(T, rows);
     return false;
   }

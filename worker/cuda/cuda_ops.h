@@ -76,6 +76,10 @@ void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache
 /// GPU (cuda::prefill_splits; 1: none).
 int prefill_splits(const std::vector<BatchToken>& batch, int n_heads, int head_dim);
 
+/// Whether attention() takes a decode batch (f16 cache) to the tensor cores'
+/// kernel (cuda::decode_mma_takes: deep enough, grouped-query heads).
+bool decode_mma(const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim);
+
 /// A Q8_0 cache as the CUDA backend keeps it (slots x ctx x n_kv*hd int8
 /// values; one f16 scale, as bits, per 32 of them).
 struct Q8Cache {

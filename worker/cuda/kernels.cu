@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "worker/cuda/kernels.cuh"
 #include "worker/cuda/mma.cuh"
@@ -197,23 +198,44 @@ struct KvQ8 {
   }
 };
 
-/// out[0..hd) = the merge of `splits` partial results (hd sums, max, sum of
-/// weights each), by the calling block's threads. Reads through L2: other
-/// blocks wrote the partials.
-__device__ void combine_splits(const float* p, int hd, int splits, float* out) {
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(p + s * (hd + 2) + hd));
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float* ps = p + s * (hd + 2);
-      const float m = __ldcg(ps + hd);
-      if (m == -INFINITY) continue;
-      const float w = expf(m - M);
-      L += __ldcg(ps + hd + 1) * w;
-      A += __ldcg(ps + d) * w;
+/// out[h * hd + d] for h < heads: the merge of `count` partial results of
+/// each head (hd sums, max, sum of weights; hd + 2 floats apart), head h's at
+/// p + h * head_stride, by the calling block's threads; `scratch`: 2 x heads
+/// x count floats of shared memory. Every load is issued before its sum needs
+/// it (the splits' maxima and sums first, all at once, then the values), so
+/// the merge costs a few trips to L2, not one per split and head. Reads
+/// through L2: other blocks wrote the partials.
+__device__ void combine_heads(const float* p, int64_t head_stride, int hd, int count, int heads, float* out,
+                              float* scratch) {
+  float* sw = scratch;                  // [head][split]: the split's maximum, then its share of the weights
+  float* sl = scratch + heads * count;  // [head][split]: the split's sum of weights
+  for (int i = threadIdx.x; i < heads * count; i += blockDim.x) {
+    const float* ps = p + (i / count) * head_stride + (i % count) * (hd + 2);
+    sw[i] = __ldcg(ps + hd);
+    sl[i] = __ldcg(ps + hd + 1);
+  }
+  __syncthreads();
+  for (int h = threadIdx.x; h < heads; h += blockDim.x) {
+    float* w = sw + h * count;
+    float M = -INFINITY;
+    for (int s = 0; s < count; ++s) M = fmaxf(M, w[s]);
+    float L = 0.f;
+    for (int s = 0; s < count; ++s) {
+      w[s] = w[s] == -INFINITY ? 0.f : expf(w[s] - M);
+      L += sl[h * count + s] * w[s];
     }
-    out[d] = A / L;
+    const float inv = 1.0f / L;
+    for (int s = 0; s < count; ++s) w[s] *= inv;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < heads * hd; e += blockDim.x) {
+    const int h = e / hd, d = e % hd;
+    const float* ph = p + h * head_stride + d;
+    const float* w = sw + h * count;
+    float A = 0.f;
+#pragma unroll 8
+    for (int s = 0; s < count; ++s) A = fmaf(__ldcg(ph + s * (hd + 2)), w[s], A);
+    out[h * hd + d] = A;
   }
 }
 
@@ -360,9 +382,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_ke
   if (!s_last) return;
   if (threadIdx.x == 0) *count = 0;
   __threadfence();
-  for (int qh = 0; qh < QH; ++qh)
-    combine_splits(partial + (int64_t(t) * a.n_heads + h0 + qh) * a.splits * (HD + 2), HD, active,
-                   out + int64_t(t) * ldo + int64_t(h0 + qh) * HD);
+  combine_heads(partial + (int64_t(t) * a.n_heads + h0) * a.splits * (HD + 2), int64_t(a.splits) * (HD + 2), HD,
+                active, QH, out + int64_t(t) * ldo + int64_t(h0) * HD, &s_acc[0][0][0]);  // s_acc is free by now
 }
 
 
@@ -750,7 +771,7 @@ namespace {
 // slot's tiles (gridDim.z ranges, blockIdx.z this block's): each range's
 // unnormalised outputs, maximum and sum go to `partial` (as the decode
 // kernel's splits), and attention_combine_kernel merges them.
-constexpr int kFaRows = kCudaFaRows, kFaKeys = 64, kFaThreads = 128;
+constexpr int kFaRows = kCudaFaRows, kFaKeys = 64, kFaThreads = 128, kMaxPrefillSplits = 32;
 
 template <int HD>
 __host__ __device__ constexpr int fa_ld() { return HD + 8; }  // halves a shared row: 16-byte rows, no bank conflicts
@@ -953,14 +974,228 @@ __global__ void __launch_bounds__(kFaThreads, fa_blocks_per_sm<HD>())
   }
 }
 
+// Decode attention on the tensor cores, for grouped-query heads with an f16
+// cache: a block takes one KV head of one token and one range of its
+// positions (the warp kernel's splits, merged the same way); the group's
+// query heads (2 to 16) are the rows of one m16n8k16 tile, queries and
+// weights f16 as in the prefill kernel. K and V stream into shared memory by
+// cp.async, dec_stages<HD>() tiles of kDecKeys positions on their way at
+// once, so a block keeps the memory busy while it computes (the warp kernel
+// waited for each lane's loads before using them); each warp takes 16
+// positions of a tile with its own online softmax, and the warps' results
+// merge at the end.
+constexpr int kDecKeys = 64, kDecThreads = 128, kDecWarps = kDecThreads / 32;
+
+template <int HD>
+__host__ __device__ constexpr int dec_stages() { return HD <= 128 ? 3 : 2; }
+
+template <int HD>
+constexpr size_t dec_smem_bytes() {
+  return size_t(16 + 2 * dec_stages<HD>() * kDecKeys) * fa_ld<HD>() * sizeof(__half);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kDecThreads) attention_decode_mma_kernel(const float* q, int64_t ldq, KvF16 kc,
+                                                                          KvF16 vc, const BatchToken* batch,
+                                                                          AttentionArgs a, float* partial, float* out,
+                                                                          int64_t ldo) {
+  constexpr int LD = fa_ld<HD>(), OT = HD / 8, S = dec_stages<HD>();
+  constexpr float kLn2 = 0.6931471805599453f;
+  static_assert(size_t(kDecWarps) * 16 * (HD + 2) * 4 <= size_t(2 * S * kDecKeys) * LD * 2, "merge area");
+  extern __shared__ float4 dec_smem[];
+  __half* sq = reinterpret_cast<__half*>(dec_smem);
+  __half* sk = sq + 16 * LD;
+  __half* sv = sk + S * kDecKeys * LD;
+  pdl_wait();
+  pdl_trigger();
+  const int kvh = blockIdx.x, t = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, tq = lane % 4;
+  const int G = a.n_heads / a.n_kv_heads, h0 = kvh * G;
+  const BatchToken b = batch[t];
+  const int64_t n_pos = int64_t(b.pos) + 1;
+  // The token's positions shared by the splits, as attention_kernel's.
+  const int64_t chunk = max(a.split_positions, (n_pos + a.splits - 1) / a.splits);
+  const int64_t p0 = int64_t(split) * chunk, p1 = min(n_pos, p0 + chunk);
+  const int active = int((n_pos + chunk - 1) / chunk);
+  if (split >= active) return;
+  const int64_t kvd = int64_t(a.n_kv_heads) * HD;
+  const int64_t kvbase = int64_t(b.slot) * a.ctx * kvd + int64_t(kvh) * HD;
+  const int tiles = int((p1 - p0 + kDecKeys - 1) / kDecKeys);
+  // Tile i of the range into stage i % S (positions past p1: zeros). Every
+  // thread commits a group per call, empty past the last tile, so that
+  // "all but S - 2 groups done" always means "tile i is here".
+  auto stage = [&](int i) {
+    if (i < tiles) {
+      __half* dk = sk + (i % S) * kDecKeys * LD;
+      __half* dv = sv + (i % S) * kDecKeys * LD;
+      for (int e = tid; e < kDecKeys * HD / 8; e += kDecThreads) {
+        const int j = e / (HD / 8), c = e % (HD / 8);
+        const int64_t p = p0 + int64_t(i) * kDecKeys + j, at = kvbase + p * kvd + c * 8;
+        kc.stage8(dk + j * LD + c * 8, at, p < p1);
+        vc.stage8(dv + j * LD + c * 8, at, p < p1);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int i = 0; i < S - 1; ++i) stage(i);
+  for (int i = tid; i < 16 * HD / 4; i += kDecThreads) {
+    const int r = i / (HD / 4), c = i % (HD / 4);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < G) v = *reinterpret_cast<const float4*>(q + t * ldq + int64_t(h0 + r) * HD + c * 4);
+    uint2 packed;
+    packed.x = pack_half2(v.x, v.y);
+    packed.y = pack_half2(v.z, v.w);
+    *reinterpret_cast<uint2*>(sq + r * LD + c * 4) = packed;
+  }
+  const float scale = a.scale * 1.4426950408889634f;  // log2 units: exp2f
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[OT][4];
+#pragma unroll
+  for (int n = 0; n < OT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int i = 0; i < tiles; ++i) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // tile i is in place for all; tile i - 1's stage is read (refilled next)
+    stage(i + S - 1);
+    const __half* kt = sk + (i % S) * kDecKeys * LD + warp * 16 * LD;
+    const __half* vt = sv + (i % S) * kDecKeys * LD + warp * 16 * LD;
+    float sc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int k0 = 0; k0 < HD; k0 += 16) {
+      uint32_t qa[4];
+      qa[0] = *reinterpret_cast<const uint32_t*>(sq + g * LD + k0 + 2 * tq);
+      qa[1] = *reinterpret_cast<const uint32_t*>(sq + (g + 8) * LD + k0 + 2 * tq);
+      qa[2] = *reinterpret_cast<const uint32_t*>(sq + g * LD + k0 + 8 + 2 * tq);
+      qa[3] = *reinterpret_cast<const uint32_t*>(sq + (g + 8) * LD + k0 + 8 + 2 * tq);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const __half* kr = kt + (n * 8 + g) * LD + k0 + 2 * tq;
+        mma_16816(sc[n], qa, *reinterpret_cast<const uint32_t*>(kr), *reinterpret_cast<const uint32_t*>(kr + 8));
+      }
+    }
+    const int64_t pw = p0 + int64_t(i) * kDecKeys + warp * 16;  // this warp's first position
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[n][2 * r + e];
+          x = pw + n * 8 + 2 * tq + e < p1 ? x * scale : -INFINITY;
+          tile_max = fmaxf(tile_max, x);
+        }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(m[r], tile_max);
+      float corr = 1.f, sum = 0.f;
+      if (m_new != -INFINITY) {
+        corr = exp2f(m[r] - m_new);
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& x = sc[n][2 * r + e];
+            x = exp2f(x - m_new);
+            sum += x;
+          }
+      } else {
+        sc[0][2 * r] = sc[0][2 * r + 1] = sc[1][2 * r] = sc[1][2 * r + 1] = 0.f;
+      }
+      l[r] = l[r] * corr + sum;
+      m[r] = m_new;
+#pragma unroll
+      for (int n = 0; n < OT; ++n) {
+        o[n][2 * r] *= corr;
+        o[n][2 * r + 1] *= corr;
+      }
+    }
+    uint32_t pa[4];
+    pa[0] = pack_half2(sc[0][0], sc[0][1]);
+    pa[1] = pack_half2(sc[0][2], sc[0][3]);
+    pa[2] = pack_half2(sc[1][0], sc[1][1]);
+    pa[3] = pack_half2(sc[1][2], sc[1][3]);
+    const int mi = lane / 8, rr = lane % 8;
+    const __half* vrow = vt + ((mi & 1) * 8 + rr) * LD + (mi >> 1) * 8;
+#pragma unroll
+    for (int n = 0; n < OT; n += 2) {
+      uint32_t vb4[4];
+      ldmatrix_x4_trans(vb4, vrow + n * 8);
+      mma_16816(o[n], pa, vb4[0], vb4[1]);
+      mma_16816(o[n + 1], pa, vb4[2], vb4[3]);
+    }
+  }
+  // The warps' results meet in the stages' memory: unnormalised outputs,
+  // maximum and sum of each of the 16 rows.
+  cp_async_wait_all();
+  __syncthreads();
+  float* so = reinterpret_cast<float*>(sk);
+  float* sm = so + kDecWarps * 16 * HD;
+  float* sl = sm + kDecWarps * 16;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp * 16 + g + 8 * r;
+    float sum = l[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (tq == 0) {
+      sm[row] = m[r];
+      sl[row] = sum;
+    }
+#pragma unroll
+    for (int n = 0; n < OT; ++n)
+      *reinterpret_cast<float2*>(so + row * HD + n * 8 + 2 * tq) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+  }
+  __syncthreads();
+  for (int e = tid; e < G * HD; e += kDecThreads) {
+    const int r = e / HD, d = e % HD;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, sm[w * 16 + r]);
+    float L = 0.f, A = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) {
+      const float mw = sm[w * 16 + r];
+      if (mw == -INFINITY) continue;  // a warp with no position of the range
+      const float wt = exp2f(mw - M);
+      L += sl[w * 16 + r] * wt;
+      A += so[(w * 16 + r) * HD + d] * wt;
+    }
+    if (active == 1) {
+      out[int64_t(t) * ldo + int64_t(h0 + r) * HD + d] = A / L;
+      continue;
+    }
+    float* part = partial + ((int64_t(t) * a.n_heads + h0 + r) * a.splits + split) * (HD + 2);
+    part[d] = A;
+    if (d == 0) {
+      part[HD] = M * kLn2;
+      part[HD + 1] = L;
+    }
+  }
+  if (active == 1) return;
+  // The last split block of (token, KV head) to finish merges the splits,
+  // as attention_kernel's.
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * a.n_heads + h0;
+  if (tid == 0) s_last = atomicAdd(count, 1u) == unsigned(active - 1);
+  __syncthreads();
+  if (!s_last) return;
+  if (tid == 0) *count = 0;
+  __threadfence();
+  combine_heads(partial + (int64_t(t) * a.n_heads + h0) * a.splits * (HD + 2), int64_t(a.splits) * (HD + 2), HD,
+                active, G, out + int64_t(t) * ldo + int64_t(h0) * HD, so);  // the stages are free by now
+}
+
 // out[t][h] = the merge of the prefill kernel's splits of (t, h): a block each.
 __global__ void attention_combine_kernel(const float* partial, int hd, int splits, int n_heads, float* out,
                                          int64_t ldo) {
+  __shared__ float scratch[2 * kMaxPrefillSplits];
   pdl_wait();
   pdl_trigger();
   const int h = blockIdx.x, t = blockIdx.y;
-  combine_splits(partial + (int64_t(t) * n_heads + h) * splits * (hd + 2), hd, splits,
-                 out + int64_t(t) * ldo + int64_t(h) * hd);
+  combine_heads(partial + (int64_t(t) * n_heads + h) * splits * (hd + 2), 0, hd, splits, 1,
+                out + int64_t(t) * ldo + int64_t(h) * hd, scratch);
 }
 
 }  // namespace
@@ -984,6 +1219,21 @@ int heads_per_block(int n_heads, int n_kv_heads) {
   return group % 4 == 0 ? 4 : group % 2 == 0 ? 2 : 1;
 }
 
+}  // namespace
+
+bool decode_mma_takes(int n_heads, int n_kv_heads, int head_dim, bool q8, int64_t positions) {
+  // DS4_CUDA_ATTN_DECODE=warp or mma: one kernel at any depth (comparisons).
+  static const int forced = [] {
+    const char* e = std::getenv("DS4_CUDA_ATTN_DECODE");
+    return e && std::strcmp(e, "warp") == 0 ? 0 : e && std::strcmp(e, "mma") == 0 ? 1 : -1;
+  }();
+  const int group = n_heads / n_kv_heads;
+  const bool takes = !q8 && group >= 2 && group <= 16 && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+  return takes && (forced == 1 || (forced == -1 && positions >= kDecodeMmaPositions));
+}
+
+namespace {
+
 int env_int(const char* name, int def, int lo, int hi) {
   const char* v = std::getenv(name);
   return v && *v ? std::clamp(std::atoi(v), lo, hi) : def;
@@ -996,23 +1246,28 @@ int64_t split_positions() {
 }
 }  // namespace
 
-int attention_splits(int T, int n_heads, int n_kv_heads, int64_t ctx, int n_sm) {
+int attention_splits(int T, int n_heads, int n_kv_heads, int head_dim, bool q8, int64_t positions, int64_t ctx,
+                     int n_sm) {
   // Two blocks a multiprocessor: as many as stay resident (the four-head
-  // kernel's registers allow two), so that the splits run in one wave. On
-  // the H200, a token 32768 deep in an 8B model: 153.9 tok/s with 2 a
-  // multiprocessor, 117.2 with 4 or 8 (two waves and more merging), 131
-  // with the splits counted by query head (17 of them).
+  // kernel's registers and the tensor cores' kernel's shared memory allow
+  // two), so that the splits run in one wave. On the H200, a token 32768
+  // deep in an 8B model: 202 / 182 tok/s (tensor cores / warp kernel) with
+  // 2 a multiprocessor, 196 / 140 with 1, 183 / 169 with 4.
   static const int per_sm = env_int("DS4_CUDA_ATTN_BLOCKS", 2, 1, kCudaAttnBlocksPerSm);
-  const int64_t positions = split_positions();
-  const int64_t blocks = int64_t(T) * (n_heads / heads_per_block(n_heads, n_kv_heads));
+  const int64_t least = split_positions();
+  const int64_t blocks = int64_t(T) * (decode_mma_takes(n_heads, n_kv_heads, head_dim, q8, positions)
+                                           ? n_kv_heads
+                                           : n_heads / heads_per_block(n_heads, n_kv_heads));
   const int64_t want = ceil_div(int64_t(std::min(n_sm, kCudaPlanSms)) * per_sm, blocks);
-  const int64_t most = std::max<int64_t>(1, ceil_div(ctx, positions));
-  return int(std::clamp<int64_t>(want, 1, std::min<int64_t>(most, 64)));
+  const int64_t most = std::max<int64_t>(1, ceil_div(ctx, least));
+  // The memory plan's partial rows: T x n_heads a split, kCudaAttnRows more than T x n_heads in all.
+  const int64_t room = 1 + kCudaAttnRows / (int64_t(T) * n_heads);
+  return int(std::clamp<int64_t>(want, 1, std::min<int64_t>({most, room, 64})));
 }
 
 int prefill_splits(int T, int n_heads, int head_dim, int64_t positions, int n_sm) {
   // DS4_CUDA_FA_SPLITS=1: never split (comparison).
-  static const int most = env_int("DS4_CUDA_FA_SPLITS", 32, 1, 32);
+  static const int most = env_int("DS4_CUDA_FA_SPLITS", kMaxPrefillSplits, 1, kMaxPrefillSplits);
   const int64_t blocks = ceil_div(T, kFaRows) * n_heads;
   const int per_sm = head_dim <= 128 ? fa_blocks_per_sm<128>() : fa_blocks_per_sm<256>();
   const int64_t wave = int64_t(std::min(n_sm, kCudaPlanSms)) * per_sm / blocks;
@@ -1041,18 +1296,24 @@ PrefillAttention prefill_attention() {
   return kind;
 }
 
-// A prefill kernel over blocks of `rows` tokens of one head (x `splits`
-// ranges of positions), its dynamic shared memory opted in on first use.
+// A kernel with `smem` bytes of dynamic shared memory, opted in on first use.
 template <auto kKernel, class... Args>
-void launch_prefill(size_t smem, int rows, int threads, int T, int n_heads, int splits, cudaStream_t s,
-                    Args... args) {
+void launch_opted(size_t smem, dim3 grid, int threads, cudaStream_t s, Args... args) {
   static const bool opted = [smem] {
     DS4_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     return true;
   }();
   (void)opted;
-  launch_smem(kKernel, dim3(unsigned(n_heads), unsigned(ceil_div(T, rows)), unsigned(splits)), dim3(threads), smem,
-              s, args...);
+  launch_smem(kKernel, grid, dim3(threads), smem, s, args...);
+}
+
+// A prefill kernel over blocks of `rows` tokens of one head (x `splits`
+// ranges of positions).
+template <auto kKernel, class... Args>
+void launch_prefill(size_t smem, int rows, int threads, int T, int n_heads, int splits, cudaStream_t s,
+                    Args... args) {
+  launch_opted<kKernel>(smem, dim3(unsigned(n_heads), unsigned(ceil_div(T, rows)), unsigned(splits)), threads, s,
+                        args...);
 }
 
 // The tensor cores' kernel (its splits merged after it) or the f32 tiled
@@ -1092,6 +1353,22 @@ void attention_on(const float* q, int64_t ldq, Kv k_cache, Kv v_cache, const Bat
   if (a.splits > 1 && int64_t(T) * a.n_heads > kAttnCounters)
     throw Error("CUDA attention: " + std::to_string(a.splits) + " splits for " + std::to_string(T) + " tokens x " +
                 std::to_string(a.n_heads) + " heads");
+  if (decode_mma_takes(a.n_heads, a.n_kv_heads, a.head_dim, std::is_same_v<Kv, KvQ8>,
+                       a.positions > 0 ? a.positions : a.ctx)) {
+    if constexpr (std::is_same_v<Kv, KvF16>) {
+      const dim3 grid(unsigned(a.n_kv_heads), unsigned(T), unsigned(a.splits));
+      switch (a.head_dim) {
+        case 64: launch_opted<attention_decode_mma_kernel<64>>(dec_smem_bytes<64>(), grid, kDecThreads, s, q, ldq,
+                                                               k_cache, v_cache, batch, a, partial, out, ldo); break;
+        case 128: launch_opted<attention_decode_mma_kernel<128>>(dec_smem_bytes<128>(), grid, kDecThreads, s, q, ldq,
+                                                                 k_cache, v_cache, batch, a, partial, out, ldo); break;
+        default: launch_opted<attention_decode_mma_kernel<256>>(dec_smem_bytes<256>(), grid, kDecThreads, s, q, ldq,
+                                                                k_cache, v_cache, batch, a, partial, out, ldo); break;
+      }
+      DS4_CUDA_LAUNCHED();
+      return;
+    }
+  }
   const int qh = heads_per_block(a.n_heads, a.n_kv_heads);
   const dim3 grid(unsigned(a.n_heads / qh), unsigned(T), unsigned(a.splits));
   switch (a.head_dim) {

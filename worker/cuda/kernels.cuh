@@ -70,11 +70,21 @@ struct AttentionArgs {
   int64_t split_positions = 256;  // the least a split takes (set by attention() itself)
   int64_t positions = 0;  // the deepest token's position + 1 (0: ctx), for the prefill kernel's splits
 };
-/// Splits worth using for T tokens: enough blocks (of up to 4 query heads of
-/// a group, n_heads / n_kv_heads a group) to give each multiprocessor 2 of
-/// them (DS4_CUDA_ATTN_BLOCKS=1..8 for another count), splits of at least 256
-/// positions (DS4_CUDA_ATTN_SPLIT=64..4096), at most 64.
-int attention_splits(int T, int n_heads, int n_kv_heads, int64_t ctx, int n_sm);
+/// Splits worth using for a decode batch of T tokens: enough blocks (a KV
+/// head's group of query heads on the tensor cores, else up to 4 of them) to
+/// give each multiprocessor 2 of them (DS4_CUDA_ATTN_BLOCKS=1..8 for another
+/// count), splits of at least 256 positions (DS4_CUDA_ATTN_SPLIT=64..4096),
+/// at most 64 and as many as the memory plan's partial rows hold.
+int attention_splits(int T, int n_heads, int n_kv_heads, int head_dim, bool q8, int64_t positions, int64_t ctx,
+                     int n_sm);
+/// Decode batches whose deepest token has at least this many positions take
+/// the tensor cores' kernel (an f16 cache, 2 to 16 query heads a KV head,
+/// head size 64, 128 or 256): it streams the cache faster, but shallower its
+/// start costs more than the warp kernel's (H200, 8B: tg 287 against 315
+/// tok/s on an empty cache, 202 against 182 after 32768 tokens).
+inline constexpr int64_t kDecodeMmaPositions = 8192;
+/// Whether a decode batch (deepest token `positions`) takes that kernel.
+bool decode_mma_takes(int n_heads, int n_kv_heads, int head_dim, bool q8, int64_t positions);
 /// Splits of a prefill batch's positions (the tensor cores' kernel, tokens no
 /// deeper than `positions`): as many as keep kCudaFaBlocksPerSm blocks a
 /// multiprocessor in one wave, ranges of at least kCudaFaSplitPositions
@@ -86,8 +96,9 @@ int prefill_splits(int T, int n_heads, int head_dim, int64_t positions, int n_sm
 int64_t attention_scratch_floats(int T, int n_heads, int head_dim, int splits);
 /// out[t][h] = softmax(scale * q[t][h] . K[0..pos]) V over the token's own slot,
 /// positions 0..batch[t].pos (grouped-query: head h reads KV head h / group).
-/// Decode batches split each token's positions over blocks (a block takes up
-/// to four heads of a group), and the last block of each (token, heads)
+/// Decode batches split each token's positions over blocks (a block takes a
+/// KV head's group of query heads on the tensor cores with an f16 cache, else
+/// up to four of them in f32), and the last block of each (token, heads)
 /// merges the splits; prefill batches (more than kMaxGemvTokens tokens) take
 /// flash attention on the tensor cores, tiles of 64 tokens x 64 positions,
 /// unless `decode` (the decode kernel for any batch: tokens of many slots).

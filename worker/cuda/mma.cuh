@@ -52,8 +52,12 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
 }
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits for every committed group of this thread (a __syncthreads() then
-// makes all threads' copies visible to the block).
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in
+// flight (a __syncthreads() then makes all threads' copies visible).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 }  // namespace ds4::cuda
