@@ -764,7 +764,7 @@ TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel")
   struct Heads { int h, kv, hd; };
   for (Heads hs : {Heads{32, 8, 128}, Heads{32, 4, 64}, Heads{8, 4, 8}, Heads{16, 16, 256}}) {
     // 1 and 3 tokens: the decode (warp) kernel; 2: two decode tokens deep
-    // enough for the tensor cores' decode kernel (positions 12287 and 9000);
+    // enough for the tensor cores' decode kernel (positions 20479 and 17000);
     // 70: the prefill kernel with tokens of two slots at scattered positions;
     // 200: a prompt chunk deep in one slot (consecutive positions
     // 3800..3999), as a long prompt's prefill takes it. Both are deep enough
@@ -772,11 +772,11 @@ TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel")
     // (cuda::prefill_splits: 2 or more ranges of 1024 on a GPU of 132
     // multiprocessors), two slots' ranges in the first.
     for (int64_t T : {1, 2, 3, 70, 200}) {
-      const int64_t slots = 2, ctx = T == 2 ? 12288 : 4096, qd = int64_t(hs.h) * hs.hd, kvd = int64_t(hs.kv) * hs.hd;
+      const int64_t slots = 2, ctx = T == 2 ? 20480 : 4096, qd = int64_t(hs.h) * hs.hd, kvd = int64_t(hs.kv) * hs.hd;
       std::vector<BatchToken> batch;
       for (int64_t t = 0; t < T; ++t)
         batch.push_back(T == 200 ? BatchToken{0, 1, int32_t(3800 + t), -1}
-                        : T == 2 ? BatchToken{0, int32_t(t), int32_t(t == 0 ? ctx - 1 : 9000), -1}
+                        : T == 2 ? BatchToken{0, int32_t(t), int32_t(t == 0 ? ctx - 1 : 17000), -1}
                                  : BatchToken{0, int32_t(t % 2), int32_t(t == 0 ? 0 : t == 1 ? ctx - 1 : (rng() % ctx)), -1});
       const auto q = random_floats(size_t(T * qd), rng);
       const auto kc = random_halves(size_t(slots * ctx * kvd), rng), vc = random_halves(kc.size(), rng);

@@ -67,22 +67,23 @@ struct AttentionArgs {
   int64_t ctx = 0;
   float scale = 1;
   int splits = 1;  // position ranges per (token, head), combined at the end
-  int64_t split_positions = 256;  // the least a split takes (set by attention() itself)
+  int64_t split_positions = 128;  // the least a split takes (set by attention() itself)
   int64_t positions = 0;  // the deepest token's position + 1 (0: ctx), for the prefill kernel's splits
 };
 /// Splits worth using for a decode batch of T tokens: enough blocks (a KV
 /// head's group of query heads on the tensor cores, else up to 4 of them) to
 /// give each multiprocessor 2 of them (DS4_CUDA_ATTN_BLOCKS=1..8 for another
-/// count), splits of at least 256 positions (DS4_CUDA_ATTN_SPLIT=64..4096),
+/// count), splits of at least 128 positions (DS4_CUDA_ATTN_SPLIT=64..4096),
 /// at most 64 and as many as the memory plan's partial rows hold.
 int attention_splits(int T, int n_heads, int n_kv_heads, int head_dim, bool q8, int64_t positions, int64_t ctx,
                      int n_sm);
 /// Decode batches whose deepest token has at least this many positions take
 /// the tensor cores' kernel (an f16 cache, 2 to 16 query heads a KV head,
 /// head size 64, 128 or 256): it streams the cache faster, but shallower its
-/// start costs more than the warp kernel's (H200, 8B: tg 287 against 315
-/// tok/s on an empty cache, 202 against 182 after 32768 tokens).
-inline constexpr int64_t kDecodeMmaPositions = 8192;
+/// start costs more than the warp kernel's. H200, 8B, tg tok/s tensor cores
+/// / warp kernel: 287 / 315 on an empty cache, 247 / 270 after 4096 tokens,
+/// 241 / 251 after 8192, 226 / 225 after 16384, 202 / 182 after 32768.
+inline constexpr int64_t kDecodeMmaPositions = 16384;
 /// Whether a decode batch (deepest token `positions`) takes that kernel.
 bool decode_mma_takes(int n_heads, int n_kv_heads, int head_dim, bool q8, int64_t positions);
 /// Splits of a prefill batch's positions (the tensor cores' kernel, tokens no
