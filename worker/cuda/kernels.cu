@@ -165,14 +165,13 @@ __device__ void load8(const __half* p, float (&f)[8]) {
 }
 
 // A layer's cached K or V as the attention kernels read it: load8(e, f)
-// gives values e..e+7 (e a multiple of 8) as f32, half8(e) as f16.
-// stage8(dst, e, valid) puts values e..e+7 as f16 in shared memory at dst
-// (zeros when !valid): by cp.async for f16 (visible after cp_async_wait_all()
-// and a barrier), by the thread itself for q8_0 (after a barrier).
+// gives values e..e+7 (e a multiple of 8) as f32; stage8(dst, e, valid)
+// puts them as f16 in shared memory at dst (zeros when !valid): by cp.async
+// for f16 (visible after cp_async_wait_all() and a barrier), by the thread
+// itself for q8_0 (after a barrier).
 struct KvF16 {
   const __half* p;
   __device__ void load8(int64_t e, float (&f)[8]) const { ::ds4::cuda::load8(p + e, f); }
-  __device__ uint4 half8(int64_t e) const { return *reinterpret_cast<const uint4*>(p + e); }
   __device__ void stage8(__half* dst, int64_t e, bool valid) const { cp_async16(dst, p + (valid ? e : 0), valid); }
 };
 struct KvQ8 {
