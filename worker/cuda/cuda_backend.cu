@@ -798,7 +798,7 @@ void CudaBackend::attention(int layer, Act q, Act out, const AttentionSpec& a) {
   const BatchToken* b = tokens_host_.as<BatchToken>();  // this step's tokens (a prefill's are not a graph's)
   auto launch = [&](int t0, int n, bool decode) {
     cuda::AttentionArgs aa{int(a.n_heads), int(a.n_kv_heads), int(a.head_dim), shape_.ctx, a.scale};
-    for (int t = t0; t < t0 + n; ++t) aa.positions = std::max<int64_t>(aa.positions, b[t].pos + 1);
+    aa.positions = cuda::deepest_positions(b + t0, n);
     aa.splits = attention_splits(n, aa.positions);
     cuda::attention(ptr(q) + t0 * ld(q), ld(q), k_cache(layer), v_cache(layer), batch_dev() + t0, n, aa, f(sc_.attn),
                     ptr(out) + t0 * ld(out), ld(out), stream_, decode);
@@ -865,9 +865,7 @@ std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
 bool CudaBackend::launch_graph(int T, int rows) {
   // The attention kernel a step takes depends on its tokens' depth (the host
   // chooses it): a graph is captured for each.
-  int64_t positions = 0;
-  const BatchToken* b = tokens_host_.as<BatchToken>();
-  for (int t = 0; t < T; ++t) positions = std::max<int64_t>(positions, b[t].pos + 1);
+  const int64_t positions = cuda::deepest_positions(tokens_host_.as<BatchToken>(), T);
   const std::tuple<int, int, bool> key{T, rows,
                                        cuda::decode_mma_takes(int(hp_.n_heads), int(hp_.n_kv_heads), int(hp_.head_dim),
                                                               shape_.kv == KvType::q8_0, positions)};

@@ -184,7 +184,7 @@ void attention_on(const std::vector<float>& q, cuda::KvLayer kc, cuda::KvLayer v
   int n_sm = 0;
   DS4_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
   cuda::AttentionArgs a{n_heads, n_kv_heads, head_dim, ctx, 1.0f / std::sqrt(float(head_dim))};
-  for (const BatchToken& b : batch) a.positions = std::max<int64_t>(a.positions, b.pos + 1);
+  a.positions = cuda::deepest_positions(batch.data(), T);
   a.splits = cuda::attention_splits(T, n_heads, n_kv_heads, head_dim, kc.q8(), a.positions, ctx, n_sm);
   const int splits = std::max(a.splits, cuda::prefill_splits(T, n_heads, head_dim, a.positions, n_sm));
   DeviceBuffer dq = to_device(q.data(), q.size(), "q"), db = to_device(batch.data(), batch.size(), "batch");
@@ -199,15 +199,13 @@ void attention_on(const std::vector<float>& q, cuda::KvLayer kc, cuda::KvLayer v
 }  // namespace
 
 int prefill_splits(const std::vector<BatchToken>& batch, int n_heads, int head_dim) {
-  int64_t positions = 0;
-  for (const BatchToken& b : batch) positions = std::max<int64_t>(positions, b.pos + 1);
-  return cuda::prefill_splits(int(batch.size()), n_heads, head_dim, positions, cuda::multiprocessor_count());
+  return cuda::prefill_splits(int(batch.size()), n_heads, head_dim, cuda::deepest_positions(batch.data(), int(batch.size())),
+                              cuda::multiprocessor_count());
 }
 
 bool decode_mma(const std::vector<BatchToken>& batch, int n_heads, int n_kv_heads, int head_dim) {
-  int64_t positions = 0;
-  for (const BatchToken& b : batch) positions = std::max<int64_t>(positions, b.pos + 1);
-  return cuda::decode_mma_takes(n_heads, n_kv_heads, head_dim, false, positions);
+  return cuda::decode_mma_takes(n_heads, n_kv_heads, head_dim, false,
+                                cuda::deepest_positions(batch.data(), int(batch.size())));
 }
 
 void attention(const std::vector<float>& q, const std::vector<uint16_t>& k_cache, const std::vector<uint16_t>& v_cache,

@@ -9,6 +9,8 @@
 // apart (a multiple of 8, so rows are 16-byte aligned). The KV cache of one
 // layer is [slot][pos][kv_dim] values, K and V in separate arrays (KvLayer).
 
+#include <algorithm>
+
 #include "worker/backend.h"
 #include "worker/cuda/common.cuh"
 
@@ -68,8 +70,14 @@ struct AttentionArgs {
   float scale = 1;
   int splits = 1;  // position ranges per (token, head), combined at the end
   int64_t split_positions = 128;  // the least a split takes (set by attention() itself)
-  int64_t positions = 0;  // the deepest token's position + 1 (0: ctx), for the prefill kernel's splits
+  int64_t positions = 0;  // deepest_positions() of the batch (0: ctx): the decode kernel, the prefill splits
 };
+/// The deepest token's position + 1: the positions a batch's attention reads.
+inline int64_t deepest_positions(const BatchToken* batch, int T) {
+  int64_t p = 0;
+  for (int t = 0; t < T; ++t) p = std::max<int64_t>(p, int64_t(batch[t].pos) + 1);
+  return p;
+}
 /// Splits worth using for a decode batch of T tokens: enough blocks (a KV
 /// head's group of query heads on the tensor cores, else up to 4 of them) to
 /// give each multiprocessor 2 of them (DS4_CUDA_ATTN_BLOCKS=1..8 for another
