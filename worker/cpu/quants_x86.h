@@ -244,65 +244,211 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
 }
 
 #ifdef __AVX512F__
-// Prefill: two weight rows of Q4_K / Q5_K blocks times four tokens, sharing
-// the activations' loads between the rows and the unpacked weights between
-// the tokens (20 of the AVX-512 table's 32 vector registers). Each row's
-// integer totals and float steps are dot_q45k_x86's, so are its results.
-template <bool Q5>
-void dot_q45k_2x4(const void* w0row, const void* w1row, const BlockQ8K* const x[4], int64_t nb, float out[2][4]) {
+// ---- K-quants in 512-bit registers (the AVX-512 tables) --------------------
+//
+// One register holds two sub-blocks of 32 weights side by side, each against
+// its own 32 activation bytes: a byte multiply-add and a pair multiply-add
+// by the two sub-blocks' scales take 64 weights of one row and one token
+// (four 256-bit operations in dot_q45k_x86). R rows share each token's
+// loads, C tokens each row's unpacked weights. The integer totals (exact in
+// any grouping) and the float steps are dot_q45k_x86's / dot_q6k_x86's, so
+// are the results, bit for bit. On Zen 5 (full-width AVX-512) 1B Q4_K_M
+// prefill went 126 -> see NOTES.md.
+
+inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
+
+// acc + the int16 pair products of a and b, in int32 lanes (vpdpwssd with VNNI).
+inline __m512i madd_acc512(__m512i acc, __m512i a, __m512i b) {
+#ifdef __AVX512VNNI__
+  return _mm512_dpwssd_epi32(acc, a, b);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// The 256-bit register of v's two halves added (an exact integer total's
+// partial sums, in the lanes totals8_i32 and pair_totals take).
+inline __m256i fold512(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// Integer totals of R rows x C tokens of one block (S: the scaled products,
+// M: the min / offset products), then the float steps of the generic row.
+template <int R, int C>
+inline void kquant_block_totals(const __m512i sum[R][C], const __m256i mprod[R][C], int32_t S[R][C], int32_t M[R][C]) {
+  for (int r = 0; r < R; ++r) {
+    __m256i s[C];
+    for (int c = 0; c < C; ++c) s[c] = fold512(sum[r][c]);
+    if constexpr (C <= 4) {
+      pair_totals<C>(s, mprod[r], S[r], M[r]);
+    } else {
+      for (int c0 = 0; c0 < C; c0 += 4) pair_totals<4>(s + c0, mprod[r] + c0, S[r] + c0, M[r] + c0);
+    }
+  }
+}
+
+// R weight rows (rb bytes apart) of nb Q4_K / Q5_K blocks times C tokens.
+template <bool Q5, int R, int C>
+void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int64_t nb, float out[R][C]) {
   using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
-  const Block* w[2] = {static_cast<const Block*>(w0row), static_cast<const Block*>(w1row)};
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  float acc[2][4] = {};
+  const Block* w[R];
+  for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const Block*>(w0 + r * rb);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // Word lanes 0-15 take sub-block 2j's scale, 16-31 sub-block 2j+1's.
+  const __m512i pick = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
+  float acc[R][C] = {};
+  __m256 acc8 = _mm256_setzero_ps();  // R * C == 8: the outputs in lanes
   for (int64_t i = 0; i < nb; ++i) {
-    alignas(16) uint8_t sc[2][8], mn[2][8];
-    __m256i mv[2], hbits[2], sum[2][4];
-    for (int r = 0; r < 2; ++r) {
+    __m512i sc[R], sum[R][C];
+    __m256i mv[R], hbits[R];
+    for (int r = 0; r < R; ++r) {
       prefetch_block(w[r] + i + kPrefetchBlocks);
-      scales_mins_k4(w[r][i].scales, sc[r], mn[r]);
-      const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn[r])));
-      mv[r] = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
-      hbits[r] = _mm256_setzero_si256();
+      alignas(16) uint8_t s8[8], m8[8];
+      scales_mins_k4(w[r][i].scales, s8, m8);
+      sc[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s8))));
+      const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m8)));
+      mv[r] = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
       if constexpr (Q5) hbits[r] = load256(w[r][i].qh);
-      for (int c = 0; c < 4; ++c) sum[r][c] = _mm256_setzero_si256();
+      for (int c = 0; c < C; ++c) sum[r][c] = _mm512_setzero_si512();
     }
+#pragma GCC unroll 1
     for (int j = 0; j < 4; ++j) {
-      __m256i lo[2], hi[2], s_lo[2], s_hi[2];
-      for (int r = 0; r < 2; ++r) {
-        const __m256i q = load256(w[r][i].qs + 32 * j);
-        lo[r] = _mm256_and_si256(q, m4);
-        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m512i idx = _mm512_add_epi16(pick, _mm512_set1_epi16(int16_t(2 * j)));
+      __m512i q[R], sv[R];
+      for (int r = 0; r < R; ++r) {
+        // [low nibbles | high nibbles] of the 32 bytes: sub-blocks 2j, 2j+1.
+        const __m512i b2 = _mm512_broadcast_i64x4(load256(w[r][i].qs + 32 * j));
+        q[r] = _mm512_and_si512(_mm512_mask_srli_epi16(b2, __mmask32(0xFFFF0000u), b2, 4), m4);
         if constexpr (Q5) {
-          const __m256i one = _mm256_set1_epi8(1);
-          lo[r] = _mm256_or_si256(lo[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], 2 * j), one), 4));
-          hi[r] = _mm256_or_si256(hi[r],
-                                  _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits[r], 2 * j + 1), one), 4));
+          const __m512i h2 = _mm512_broadcast_i64x4(hbits[r]);
+          const __m512i bit = _mm512_srlv_epi16(h2, idx);  // bit 2j (2j+1) of each byte at bit 0
+          q[r] = _mm512_or_si512(q[r], _mm512_and_si512(_mm512_slli_epi16(bit, 4), _mm512_set1_epi8(0x10)));
         }
-        s_lo[r] = _mm256_set1_epi16(sc[r][2 * j]);
-        s_hi[r] = _mm256_set1_epi16(sc[r][2 * j + 1]);
+        sv[r] = _mm512_permutexvar_epi16(idx, sc[r]);
       }
-      for (int c = 0; c < 4; ++c) {
-        const __m256i x0 = load256(x[c][i].qs + 64 * j), x1 = load256(x[c][i].qs + 64 * j + 32);
-        for (int r = 0; r < 2; ++r) {
-          sum[r][c] = madd_acc(sum[r][c], _mm256_maddubs_epi16(lo[r], x0), s_lo[r]);
-          sum[r][c] = madd_acc(sum[r][c], _mm256_maddubs_epi16(hi[r], x1), s_hi[r]);
-        }
+      for (int c = 0; c < C; ++c) {
+        const __m512i xv = load512(x[c][i].qs + 64 * j);
+        for (int r = 0; r < R; ++r) sum[r][c] = madd_acc512(sum[r][c], _mm512_maddubs_epi16(q[r], xv), sv[r]);
       }
     }
-    for (int r = 0; r < 2; ++r) {
-      __m256i mprod[4];
-      for (int c = 0; c < 4; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv[r]);
-      int32_t S[4], M[4];
-      pair_totals<4>(sum[r], mprod, S, M);
-      const float d = _cvtsh_ss(w[r][i].d), dmin = _cvtsh_ss(w[r][i].dmin);
-      for (int c = 0; c < 4; ++c) {
-        acc[r][c] = std::fma(float(S[c]), d * x[c][i].d, acc[r][c]);
-        acc[r][c] = std::fma(-float(M[c]), dmin * x[c][i].d, acc[r][c]);
+    __m256i mprod[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) mprod[r][c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv[r]);
+    if constexpr (R * C == 8) {
+      // Lane r * C + c: row r, token c; each lane takes the scalar steps below.
+      __m256i sv[8], mvv[8];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) sv[r * C + c] = fold512(sum[r][c]), mvv[r * C + c] = mprod[r][c];
+      const __m256 S = _mm256_cvtepi32_ps(totals8_i32(sv)), M = _mm256_cvtepi32_ps(totals8_i32(mvv));
+      alignas(32) float d[8], dmin[8], dx[8];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) {
+          d[r * C + c] = _cvtsh_ss(w[r][i].d);
+          dmin[r * C + c] = _cvtsh_ss(w[r][i].dmin);
+          dx[r * C + c] = x[c][i].d;
+        }
+      const __m256 dxv = _mm256_load_ps(dx);
+      acc8 = _mm256_fmadd_ps(S, _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8);
+      acc8 = _mm256_fnmadd_ps(M, _mm256_mul_ps(_mm256_load_ps(dmin), dxv), acc8);
+    } else {
+      int32_t S[R][C], M[R][C];
+      kquant_block_totals<R, C>(sum, mprod, S, M);
+      for (int r = 0; r < R; ++r) {
+        const float d = _cvtsh_ss(w[r][i].d), dmin = _cvtsh_ss(w[r][i].dmin);
+        for (int c = 0; c < C; ++c) {  // the generic row's float steps
+          acc[r][c] = std::fma(float(S[r][c]), d * x[c][i].d, acc[r][c]);
+          acc[r][c] = std::fma(-float(M[r][c]), dmin * x[c][i].d, acc[r][c]);
+        }
       }
     }
   }
-  for (int r = 0; r < 2; ++r)
-    for (int c = 0; c < 4; ++c) out[r][c] = acc[r][c];
+  if constexpr (R * C == 8) _mm256_storeu_ps(&acc[0][0], acc8);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+}
+
+// R weight rows of nb Q6_K blocks times C tokens. A register holds two of
+// q[0..3] of dot_q6k_x86 ([q0 | q1] or [q2 | q3]), each 128-bit lane one
+// 16-value group with its own scale.
+template <int R, int C>
+void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int64_t nb, float out[R][C]) {
+  const BlockQ6K* w[R];
+  for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const BlockQ6K*>(w0 + r * rb);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+  // High-bit shifts of [q0 | q1] and [q2 | q3]; word k's group is k / 8.
+  const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(4));
+  const __m512i group = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
+                                         0, 0, 0, 0, 0, 0, 0);
+  float acc[R][C] = {};
+  __m256 acc8 = _mm256_setzero_ps();  // R * C == 8: the outputs in lanes
+  for (int64_t i = 0; i < nb; ++i) {
+    __m512i sc[R], sum[R][C];
+    __m256i sc16[R];
+    for (int r = 0; r < R; ++r) {
+      prefetch_block(w[r] + i + kPrefetchBlocks);
+      sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r][i].scales)));
+      sc[r] = _mm512_castsi256_si512(sc16[r]);
+      for (int c = 0; c < C; ++c) sum[r][c] = _mm512_setzero_si512();
+    }
+    for (int n = 0; n < 2; ++n) {
+      __m512i q[R][2], sv[R][2];
+      for (int r = 0; r < R; ++r) {
+        const __m512i l = load512(w[r][i].ql + 64 * n);
+        const __m512i h = _mm512_broadcast_i64x4(load256(w[r][i].qh + 32 * n));
+        q[r][0] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                  _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh01), m3), 4));
+        q[r][1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                  _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh23), m3), 4));
+        const __m512i g = _mm512_add_epi16(group, _mm512_set1_epi16(int16_t(8 * n)));
+        sv[r][0] = _mm512_permutexvar_epi16(g, sc[r]);
+        sv[r][1] = _mm512_permutexvar_epi16(_mm512_add_epi16(g, _mm512_set1_epi16(4)), sc[r]);
+      }
+      for (int k = 0; k < 2; ++k)
+        for (int c = 0; c < C; ++c) {
+          const __m512i xv = load512(x[c][i].qs + 128 * n + 64 * k);
+          for (int r = 0; r < R; ++r) sum[r][c] = madd_acc512(sum[r][c], _mm512_maddubs_epi16(q[r][k], xv), sv[r][k]);
+        }
+    }
+    __m256i offs[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) offs[r][c] = _mm256_madd_epi16(load256(x[c][i].bsums), sc16[r]);
+    if constexpr (R * C == 8) {
+      // Lane r * C + c: row r, token c; each lane takes the scalar step below.
+      __m256i tv[8], ov[8];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) tv[r * C + c] = fold512(sum[r][c]), ov[r * C + c] = offs[r][c];
+      const __m256i q = _mm256_sub_epi32(totals8_i32(tv), _mm256_slli_epi32(totals8_i32(ov), 5));
+      alignas(32) float d[8], dx[8];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) d[r * C + c] = _cvtsh_ss(w[r][i].d), dx[r * C + c] = x[c][i].d;
+      acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(_mm256_load_ps(d), _mm256_load_ps(dx)), acc8);
+    } else {
+      int32_t T[R][C], O[R][C];
+      kquant_block_totals<R, C>(sum, offs, T, O);
+      for (int r = 0; r < R; ++r) {
+        const float d = _cvtsh_ss(w[r][i].d);
+        for (int c = 0; c < C; ++c)  // q - 32: subtract 32 * sum_j sc_j * bsum_j
+          acc[r][c] = std::fma(float(T[r][c] - 32 * O[r][c]), d * x[c][i].d, acc[r][c]);
+      }
+    }
+  }
+  if constexpr (R * C == 8) _mm256_storeu_ps(&acc[0][0], acc8);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+}
+
+template <int R, int C>
+using KDot512 = void (*)(const uint8_t*, int64_t, const BlockQ8K* const[C], int64_t, float[R][C]);
+
+template <int R, int C>
+KDot512<R, C> kquant_dot512(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return dot_q45k_512<false, R, C>;
+    case GgmlType::Q5_K: return dot_q45k_512<true, R, C>;
+    case GgmlType::Q6_K: return dot_q6k_512<R, C>;
+    default: return nullptr;
+  }
 }
 #endif
 
@@ -425,36 +571,50 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   };
   int64_t n = n0;
 #ifdef __AVX512F__
-  // Prefill of Q4_K / Q5_K: two rows times four tokens per pass.
-  if ((a.type == GgmlType::Q4_K || a.type == GgmlType::Q5_K) && a.T >= 4) {
-    // In panels of row pairs, as the loop below (why: there).
-    const auto d2x4 = a.type == GgmlType::Q4_K ? dot_q45k_2x4<false> : dot_q45k_2x4<true>;
+  // Q4_K, Q5_K, Q6_K in 512-bit registers: prefill two rows times four
+  // tokens per pass, in panels of row pairs as the loop below (why: there);
+  // the batch's last 1-3 tokens (all of a decode step) row by row.
+  if (const KDot512<2, 4> d2x4 = kquant_dot512<2, 4>(a.type)) {
+    const KDot512<1, 1> e1 = kquant_dot512<1, 1>(a.type);
+    const KDot512<1, 2> e2 = kquant_dot512<1, 2>(a.type);
+    const KDot512<1, 3> e3 = kquant_dot512<1, 3>(a.type);
+    const auto* wb = static_cast<const uint8_t*>(a.w);
     const int64_t panel = std::clamp<int64_t>((128 << 10) / std::max<int64_t>(rb, 1), 2, 64) / 2 * 2;
-    for (; n + 2 <= n1; n += panel) {
-      const int64_t pe = n + std::min(panel, (n1 - n) / 2 * 2);
-      for (int64_t t = 0; t + 4 <= a.T; t += 4) {
+    const int64_t t4 = a.T / 4 * 4;
+    for (int64_t p0 = n0; p0 < n1; p0 += panel) {
+      const int64_t pe = std::min(n1, p0 + panel), pairs_end = p0 + (pe - p0) / 2 * 2;
+      for (int64_t t = 0; t < t4; t += 4) {
         const BlockQ8K* x[4] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk,
                                 a.xk + (t + 3) * a.ldxk};
-        for (int64_t r0 = n; r0 < pe; r0 += 2) {
-          const uint8_t* w0 = static_cast<const uint8_t*>(a.w) + r0 * rb;
+        int64_t r = p0;
+        for (; r < pairs_end; r += 2) {
           float o[2][4];
-          d2x4(w0, w0 + rb, x, nb, o);
-          for (int r = 0; r < 2; ++r)
-            for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + r0 + r] = o[r][c];
+          d2x4(wb + r * rb, rb, x, nb, o);
+          for (int i = 0; i < 2; ++i)
+            for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + r + i] = o[i][c];
         }
+        for (; r < pe; ++r)
+          for (int c = 0; c < 4; ++c) {
+            const BlockQ8K* x1[1] = {x[c]};
+            float o[1][1];
+            e1(wb + r * rb, rb, x1, nb, o);
+            a.y[(t + c) * a.ldy + r] = o[0][0];
+          }
       }
-      for (int64_t t = a.T / 4 * 4; t < a.T; ++t)
-        for (int64_t r = n; r < pe; ++r) {
-          const BlockQ8K* x[1] = {a.xk + t * a.ldxk};
-          float o[1];
-          d1(static_cast<const uint8_t*>(a.w) + r * rb, x, nb, o);
-          a.y[t * a.ldy + r] = o[0];
-        }
-      if (pe - n < panel) {
-        n = pe;
-        break;
+      if (t4 == a.T) continue;
+      const BlockQ8K* x[3] = {a.xk + t4 * a.ldxk, a.xk + (t4 + 1) * a.ldxk, a.xk + (t4 + 2) * a.ldxk};
+      const auto last = [&]<int C>(KDot512<1, C> f, int64_t r) {
+        float o[1][C];
+        f(wb + r * rb, rb, x, nb, o);
+        for (int c = 0; c < C; ++c) a.y[(t4 + c) * a.ldy + r] = o[0][c];
+      };
+      for (int64_t r = p0; r < pe; ++r) {
+        if (a.T - t4 == 3) last(e3, r);
+        else if (a.T - t4 == 2) last(e2, r);
+        else last(e1, r);
       }
     }
+    return;
   }
 #endif
   // Prefill in panels of rows whose weights stay in L2 (~128 KiB), each
