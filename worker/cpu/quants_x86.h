@@ -297,7 +297,8 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
   // Word lanes 0-15 take sub-block 2j's scale, 16-31 sub-block 2j+1's.
   const __m512i pick = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
   float acc[R][C] = {};
-  __m256 acc8 = _mm256_setzero_ps();  // R * C == 8: the outputs in lanes
+  __m256 acc8[R * C / 8 + 1];  // R * C a multiple of 8: the outputs in lanes
+  for (__m256& v : acc8) v = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i sc[R], sum[R][C];
     __m256i mv[R], hbits[R];
@@ -311,8 +312,7 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
       if constexpr (Q5) hbits[r] = load256(w[r][i].qh);
       for (int c = 0; c < C; ++c) sum[r][c] = _mm512_setzero_si512();
     }
-#pragma GCC unroll 1
-    for (int j = 0; j < 4; ++j) {
+    const auto sub_blocks = [&](int j) __attribute__((always_inline)) {
       const __m512i idx = _mm512_add_epi16(pick, _mm512_set1_epi16(int16_t(2 * j)));
       __m512i q[R], sv[R];
       for (int r = 0; r < R; ++r) {
@@ -330,26 +330,37 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
         const __m512i xv = load512(x[c][i].qs + 64 * j);
         for (int r = 0; r < R; ++r) sum[r][c] = madd_acc512(sum[r][c], _mm512_maddubs_epi16(q[r], xv), sv[r]);
       }
+    };
+    if constexpr (R * C >= 4) {
+      // Not unrolled: GCC would compute every product of the block before
+      // adding any (as dot_q45k_x86's four tokens).
+#pragma GCC unroll 1
+      for (int j = 0; j < 4; ++j) sub_blocks(j);
+    } else {
+      for (int j = 0; j < 4; ++j) sub_blocks(j);
     }
     __m256i mprod[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) mprod[r][c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv[r]);
-    if constexpr (R * C == 8) {
-      // Lane r * C + c: row r, token c; each lane takes the scalar steps below.
-      __m256i sv[8], mvv[8];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) sv[r * C + c] = fold512(sum[r][c]), mvv[r * C + c] = mprod[r][c];
-      const __m256 S = _mm256_cvtepi32_ps(totals8_i32(sv)), M = _mm256_cvtepi32_ps(totals8_i32(mvv));
-      alignas(32) float d[8], dmin[8], dx[8];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) {
-          d[r * C + c] = _cvtsh_ss(w[r][i].d);
-          dmin[r * C + c] = _cvtsh_ss(w[r][i].dmin);
-          dx[r * C + c] = x[c][i].d;
+    if constexpr (R * C % 8 == 0) {
+      // Lane p of group g: row (8g + p) / C, token (8g + p) % C; each lane
+      // takes the scalar steps below.
+      for (int g = 0; g < R * C / 8; ++g) {
+        __m256i sv[8], mvv[8];
+        alignas(32) float d[8], dmin[8], dx[8];
+        for (int p = 0; p < 8; ++p) {
+          const int r = (8 * g + p) / C, c = (8 * g + p) % C;
+          sv[p] = fold512(sum[r][c]);
+          mvv[p] = mprod[r][c];
+          d[p] = _cvtsh_ss(w[r][i].d);
+          dmin[p] = _cvtsh_ss(w[r][i].dmin);
+          dx[p] = x[c][i].d;
         }
-      const __m256 dxv = _mm256_load_ps(dx);
-      acc8 = _mm256_fmadd_ps(S, _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8);
-      acc8 = _mm256_fnmadd_ps(M, _mm256_mul_ps(_mm256_load_ps(dmin), dxv), acc8);
+        const __m256 S = _mm256_cvtepi32_ps(totals8_i32(sv)), M = _mm256_cvtepi32_ps(totals8_i32(mvv));
+        const __m256 dxv = _mm256_load_ps(dx);
+        acc8[g] = _mm256_fmadd_ps(S, _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8[g]);
+        acc8[g] = _mm256_fnmadd_ps(M, _mm256_mul_ps(_mm256_load_ps(dmin), dxv), acc8[g]);
+      }
     } else {
       int32_t S[R][C], M[R][C];
       kquant_block_totals<R, C>(sum, mprod, S, M);
@@ -362,7 +373,8 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
       }
     }
   }
-  if constexpr (R * C == 8) _mm256_storeu_ps(&acc[0][0], acc8);
+  if constexpr (R * C % 8 == 0)
+    for (int g = 0; g < R * C / 8; ++g) _mm256_storeu_ps(&acc[0][0] + 8 * g, acc8[g]);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
 }
@@ -381,7 +393,8 @@ void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
   const __m512i group = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
                                          0, 0, 0, 0, 0, 0, 0);
   float acc[R][C] = {};
-  __m256 acc8 = _mm256_setzero_ps();  // R * C == 8: the outputs in lanes
+  __m256 acc8[R * C / 8 + 1];  // R * C a multiple of 8: the outputs in lanes
+  for (__m256& v : acc8) v = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i sc[R], sum[R][C];
     __m256i sc16[R];
@@ -413,16 +426,22 @@ void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
     __m256i offs[R][C];
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) offs[r][c] = _mm256_madd_epi16(load256(x[c][i].bsums), sc16[r]);
-    if constexpr (R * C == 8) {
-      // Lane r * C + c: row r, token c; each lane takes the scalar step below.
-      __m256i tv[8], ov[8];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) tv[r * C + c] = fold512(sum[r][c]), ov[r * C + c] = offs[r][c];
-      const __m256i q = _mm256_sub_epi32(totals8_i32(tv), _mm256_slli_epi32(totals8_i32(ov), 5));
-      alignas(32) float d[8], dx[8];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) d[r * C + c] = _cvtsh_ss(w[r][i].d), dx[r * C + c] = x[c][i].d;
-      acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(_mm256_load_ps(d), _mm256_load_ps(dx)), acc8);
+    if constexpr (R * C % 8 == 0) {
+      // Lane p of group g: row (8g + p) / C, token (8g + p) % C; each lane
+      // takes the scalar step below.
+      for (int g = 0; g < R * C / 8; ++g) {
+        __m256i tv[8], ov[8];
+        alignas(32) float d[8], dx[8];
+        for (int p = 0; p < 8; ++p) {
+          const int r = (8 * g + p) / C, c = (8 * g + p) % C;
+          tv[p] = fold512(sum[r][c]);
+          ov[p] = offs[r][c];
+          d[p] = _cvtsh_ss(w[r][i].d);
+          dx[p] = x[c][i].d;
+        }
+        const __m256i q = _mm256_sub_epi32(totals8_i32(tv), _mm256_slli_epi32(totals8_i32(ov), 5));
+        acc8[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(_mm256_load_ps(d), _mm256_load_ps(dx)), acc8[g]);
+      }
     } else {
       int32_t T[R][C], O[R][C];
       kquant_block_totals<R, C>(sum, offs, T, O);
@@ -433,7 +452,8 @@ void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
       }
     }
   }
-  if constexpr (R * C == 8) _mm256_storeu_ps(&acc[0][0], acc8);
+  if constexpr (R * C % 8 == 0)
+    for (int g = 0; g < R * C / 8; ++g) _mm256_storeu_ps(&acc[0][0] + 8 * g, acc8[g]);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
 }
@@ -544,6 +564,48 @@ KDot<C> kquant_dot(GgmlType t) {
   }
 }
 
+#ifdef __AVX512F__
+// Rows [n0, n1) of a Q4_K / Q5_K / Q6_K product in 512-bit registers: in
+// panels of rows (~128 KiB of weights, in L2, as the loop of
+// matmul_rows_kquant_x86, why: there), kPrefillRows rows times kPrefillTokens
+// tokens a pass, then groups of four, and the batch's last 1-3 tokens (all of
+// a decode step) row by row.
+constexpr int kPrefillRows = 2, kPrefillTokens = 4;
+
+void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, int64_t nb, int64_t rb) {
+  const auto* wb = static_cast<const uint8_t*>(a.w);
+  // Rows r..r+R times tokens t..t+C.
+  const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
+    const BlockQ8K* x[C];
+    for (int c = 0; c < C; ++c) x[c] = a.xk + (t + c) * a.ldxk;
+    float o[R][C];
+    kquant_dot512<R, C>(a.type)(wb + r * rb, rb, x, nb, o);
+    for (int i = 0; i < R; ++i)
+      for (int c = 0; c < C; ++c) a.y[(t + c) * a.ldy + r + i] = o[i][c];
+  };
+  // Rows [r0, r1) times tokens t..t+C, R rows a pass and the rest one by one.
+  const auto rows = [&]<int R, int C>(int64_t r0, int64_t r1, int64_t t) {
+    int64_t r = r0;
+    for (; r + R <= r1; r += R) tile.template operator()<R, C>(r, t);
+    for (; r < r1; ++r) tile.template operator()<1, C>(r, t);
+  };
+  const int64_t panel = std::clamp<int64_t>((128 << 10) / std::max<int64_t>(rb, 1), 2, 64) / 2 * 2;
+  for (int64_t p0 = n0; p0 < n1; p0 += panel) {
+    const int64_t pe = std::min(n1, p0 + panel);
+    int64_t t = 0;
+    for (; t + kPrefillTokens <= a.T; t += kPrefillTokens)
+      rows.template operator()<kPrefillRows, kPrefillTokens>(p0, pe, t);
+    for (; t + 4 <= a.T; t += 4) rows.template operator()<kPrefillRows, 4>(p0, pe, t);
+    switch (a.T - t) {
+      case 3: rows.template operator()<1, 3>(p0, pe, t); break;
+      case 2: rows.template operator()<1, 2>(p0, pe, t); break;
+      case 1: rows.template operator()<1, 1>(p0, pe, t); break;
+      default: break;
+    }
+  }
+}
+#endif
+
 // Rows [n0, n1) of a K-quant product: each weight row against four tokens at a time.
 void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const QuantType& q = *quant_type(a.type);
@@ -571,51 +633,8 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   };
   int64_t n = n0;
 #ifdef __AVX512F__
-  // Q4_K, Q5_K, Q6_K in 512-bit registers: prefill two rows times four
-  // tokens per pass, in panels of row pairs as the loop below (why: there);
-  // the batch's last 1-3 tokens (all of a decode step) row by row.
-  if (const KDot512<2, 4> d2x4 = kquant_dot512<2, 4>(a.type)) {
-    const KDot512<1, 1> e1 = kquant_dot512<1, 1>(a.type);
-    const KDot512<1, 2> e2 = kquant_dot512<1, 2>(a.type);
-    const KDot512<1, 3> e3 = kquant_dot512<1, 3>(a.type);
-    const auto* wb = static_cast<const uint8_t*>(a.w);
-    const int64_t panel = std::clamp<int64_t>((128 << 10) / std::max<int64_t>(rb, 1), 2, 64) / 2 * 2;
-    const int64_t t4 = a.T / 4 * 4;
-    for (int64_t p0 = n0; p0 < n1; p0 += panel) {
-      const int64_t pe = std::min(n1, p0 + panel), pairs_end = p0 + (pe - p0) / 2 * 2;
-      for (int64_t t = 0; t < t4; t += 4) {
-        const BlockQ8K* x[4] = {a.xk + t * a.ldxk, a.xk + (t + 1) * a.ldxk, a.xk + (t + 2) * a.ldxk,
-                                a.xk + (t + 3) * a.ldxk};
-        int64_t r = p0;
-        for (; r < pairs_end; r += 2) {
-          float o[2][4];
-          d2x4(wb + r * rb, rb, x, nb, o);
-          for (int i = 0; i < 2; ++i)
-            for (int c = 0; c < 4; ++c) a.y[(t + c) * a.ldy + r + i] = o[i][c];
-        }
-        for (; r < pe; ++r)
-          for (int c = 0; c < 4; ++c) {
-            const BlockQ8K* x1[1] = {x[c]};
-            float o[1][1];
-            e1(wb + r * rb, rb, x1, nb, o);
-            a.y[(t + c) * a.ldy + r] = o[0][0];
-          }
-      }
-      if (t4 == a.T) continue;
-      const BlockQ8K* x[3] = {a.xk + t4 * a.ldxk, a.xk + (t4 + 1) * a.ldxk, a.xk + (t4 + 2) * a.ldxk};
-      const auto last = [&]<int C>(KDot512<1, C> f, int64_t r) {
-        float o[1][C];
-        f(wb + r * rb, rb, x, nb, o);
-        for (int c = 0; c < C; ++c) a.y[(t4 + c) * a.ldy + r] = o[0][c];
-      };
-      for (int64_t r = p0; r < pe; ++r) {
-        if (a.T - t4 == 3) last(e3, r);
-        else if (a.T - t4 == 2) last(e2, r);
-        else last(e1, r);
-      }
-    }
-    return;
-  }
+  // Q4_K, Q5_K, Q6_K in 512-bit registers (kquant_rows512).
+  if (kquant_dot512<1, 1>(a.type)) return kquant_rows512(a, n0, n1, nb, rb);
 #endif
   // Prefill in panels of rows whose weights stay in L2 (~128 KiB), each
   // four tokens' activations taken by every row of the panel in turn: row by
