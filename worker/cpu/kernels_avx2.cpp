@@ -57,8 +57,8 @@ void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratc
   if (a.quantized()) return matmul_rows_quantized_x86(a, n0, n1, scratch);
   if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T > kRowPathMaxT) return gemm_rows(a, n0, n1, scratch);
-  if (a.T >= 4) return gemv_rows_tokens<4>(a, n0, n1);
-  gemv_rows_tokens<1>(a, n0, n1);
+  if (a.T >= 4) return gemv_rows_tokens<4>(a, n0, n1, kRowsAhead);
+  gemv_rows_tokens<2>(a, n0, n1, kRowsAhead);
 }
 
 }  // namespace

@@ -54,19 +54,22 @@ inline __m256 load_q8(const int8_t* q, __m256 d) {
 // --- matrix-vector path: weights converted on the fly (T <= 3) -------------
 //
 // Decode reads every weight once, straight from memory, and the hardware
-// prefetchers stop at each 4 KiB page: the tiles below ask for the rows of the
-// next tile, at the columns they are reading now (2-thread decode of the 207M
-// synthetic llama on a Xeon: Q8_0 1.5x, F16 1.1x-1.2x tokens/s).
+// prefetchers stop at each 4 KiB page: the tiles below ask for their rows'
+// lines kRowsAhead bytes on (gemv_rows_tokens says what that is worth).
 
 // Rows r0..r0+R of a 16-bit or f32 row-major matrix, C tokens.
+// With `ahead` > 0 each row also asks for its cache line `ahead` bytes on.
 template <int R, int C, typename Load, typename Elem>
 void gemv_tile(const Elem* w, int64_t K, int64_t r0, const float* x, int64_t ldx, float* y,
-               int64_t ldy, Load load) {
+               int64_t ldy, Load load, int64_t ahead = 0) {
   __m256 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const int64_t kmain = K / 8 * 8;
+  constexpr int64_t line = 64 / sizeof(Elem);  // elements a cache line
   for (int64_t k = 0; k < kmain; k += 8) {
+    if (ahead && k % line == 0)
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (r0 + r) * K + k) + ahead, _MM_HINT_T0);
     __m256 xv[C];
     for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + k);
     for (int r = 0; r < R; ++r) {
@@ -110,21 +113,22 @@ void gemv_tile_q8(const BlockQ8_0* w, int64_t K, int64_t r0, const float* x, int
     for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum(acc[r][c]);
 }
 
-// Rows r0..r0+R of the product for C tokens, weights converted on the fly.
+// Rows r0..r0+R of the product for C tokens, weights converted on the fly
+// (16- and 32-bit weights prefetched `ahead` bytes on when it is not 0).
 template <int R, int C>
-void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y) {
+void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y, int64_t ahead = 0) {
   switch (a.type) {
     case GgmlType::F32:
       gemv_tile<R, C>(static_cast<const float*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const float* p) { return load_f32(p); });
+                      [](const float* p) { return load_f32(p); }, ahead);
       break;
     case GgmlType::F16:
       gemv_tile<R, C>(static_cast<const uint16_t*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const uint16_t* p) { return load_f16(p); });
+                      [](const uint16_t* p) { return load_f16(p); }, ahead);
       break;
     case GgmlType::BF16:
       gemv_tile<R, C>(static_cast<const uint16_t*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const uint16_t* p) { return load_bf16(p); });
+                      [](const uint16_t* p) { return load_bf16(p); }, ahead);
       break;
     case GgmlType::Q8_0:
       gemv_tile_q8<R, C>(static_cast<const BlockQ8_0*>(a.w), a.K, r0, x, a.ldx, y, a.ldy);
@@ -137,26 +141,35 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y) {
 // A batch of a few tokens: R rows at a time, taken by every group of up to
 // four tokens (in L1 after the first group), weights converted on the fly and
 // read from memory once.
-// - Decode (T <= 3) takes R = 1: a single sequential stream is what the
-//   hardware prefetcher follows best. On Zen 4, 4 rows side by side (4
-//   streams 2 KB apart) read 8 GB/s a core, one row 13-14 GB/s.
+// - Decode (T <= 3) takes R = 2: a row is one chain of dependent
+//   multiply-adds (the contract's 8 lanes), which alone caps a core at 8
+//   weights every 4 cycles (~20 GB/s of f16 on Zen 5); two rows are two
+//   chains. Side by side, two rows are two streams, which the hardware
+//   prefetcher follows badly here (one row 21 GB/s a core, two 13), so each
+//   row also asks for its line kRowsAhead bytes on: two rows then read 30
+//   GB/s a core (f16, K 1024, Zen 5; 25 at K 2816). 207M F16, 2 threads,
+//   Zen 5: tg 79 -> 101-104 tok/s.
 // - Several slots' decode steps (T >= 4) take R = 4: bound by arithmetic and
 //   loads rather than the stream, and R rows share each token's loads (207M
 //   F16, Zen 4, 2 threads, an 8-token batch: 95-130 tok/s one row at a time,
-//   181-189 four). Each table says up to how many tokens this beats its
-//   panel tiles.
+//   181-189 four), prefetched likewise (Zen 5: T = 8 241-271 -> 284-335
+//   tok/s, T = 16 324-350 -> 359-382). Each table says up to how many tokens
+//   this beats its panel tiles.
+// - `ahead` > 0: the rows' weights are also prefetched that many bytes on.
+constexpr int64_t kRowsAhead = 8192;
+
 template <int R>
-void gemv_rows_tokens(const MatmulArgs& a, int64_t n0, int64_t n1) {
+void gemv_rows_tokens(const MatmulArgs& a, int64_t n0, int64_t n1, int64_t ahead = 0) {
   const int64_t groups = (a.T + 3) / 4;  // of balanced sizes: a group of one would be one chain
   auto rows = [&]<int RR>(int64_t n) {
     for (int64_t g = 0, t = 0; g < groups; ++g) {
       const int64_t c = (a.T - t) / (groups - g);
       const float* x = a.x + t * a.ldx;
       float* y = a.y + t * a.ldy;
-      if (c == 4) gemv_block<RR, 4>(a, n, x, y);
-      else if (c == 3) gemv_block<RR, 3>(a, n, x, y);
-      else if (c == 2) gemv_block<RR, 2>(a, n, x, y);
-      else gemv_block<RR, 1>(a, n, x, y);
+      if (c == 4) gemv_block<RR, 4>(a, n, x, y, ahead);
+      else if (c == 3) gemv_block<RR, 3>(a, n, x, y, ahead);
+      else if (c == 2) gemv_block<RR, 2>(a, n, x, y, ahead);
+      else gemv_block<RR, 1>(a, n, x, y, ahead);
       t += c;
     }
   };
