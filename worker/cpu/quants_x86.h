@@ -165,7 +165,8 @@ inline __m128 kquant_steps4(__m256i t, float d, float dmin, const BlockQ8K* cons
 // How far ahead in a row the K-quant products prefetch, in blocks. A row
 // streams from memory, and an out-of-order window holds only ~4 blocks of a
 // K-quant product's work: without it 1B Q4_K_M decoded 29-33 tok/s on two
-// Zen 4 cores, with it 38-41 (4 and 16 blocks ahead: 35-38).
+// Zen 4 cores, with it 38-41 (4 and 16 blocks ahead: 35-38). On Zen 5 (the
+// 512-bit kernels) 16-32 blocks gave 2-6% more than 8, within its noise.
 constexpr int64_t kPrefetchBlocks = 8;
 
 // Asks for every cache line of the block at p (a prefetch never faults,
