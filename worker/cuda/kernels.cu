@@ -239,6 +239,26 @@ __device__ void combine_heads(const float* p, int64_t head_stride, int hd, int c
   }
 }
 
+/// The end of a split block of the decode kernels: the last of the `active`
+/// split blocks of (token t, heads h0..h0 + heads) to finish merges their
+/// partial results into out (combine_heads, `scratch` as its), and sets the
+/// arrival counter (head h0's) back to zero for the next launch. Every thread
+/// of the block calls it, after writing its partial result.
+__device__ void merge_if_last(float* partial, int t, int n_heads, int h0, int splits, int hd, int active, int heads,
+                              float* out, float* scratch) {
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * n_heads + h0;
+  if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == unsigned(active - 1);
+  __syncthreads();
+  if (!s_last) return;
+  if (threadIdx.x == 0) *count = 0;
+  __threadfence();
+  combine_heads(partial + (int64_t(t) * n_heads + h0) * splits * (hd + 2), int64_t(splits) * (hd + 2), hd, active,
+                heads, out, scratch);
+}
+
 // QH query heads of one grouped-query group a block (they read the same KV
 // head): each position's K and V are loaded once for all of them. Decode
 // deep in a context reads the cache at memory speed, and one block per query
@@ -370,20 +390,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32, QH >= 4 ? 2 : 1) attention_ke
     }
   }
   if (active == 1) return;
-  // The last split block of (token, head group) to finish merges the splits,
-  // and sets the counter (the group's first head's) back to zero for the
-  // next launch.
-  __shared__ bool s_last;
-  __threadfence();
-  __syncthreads();
-  unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * a.n_heads + h0;
-  if (threadIdx.x == 0) s_last = atomicAdd(count, 1u) == unsigned(active - 1);
-  __syncthreads();
-  if (!s_last) return;
-  if (threadIdx.x == 0) *count = 0;
-  __threadfence();
-  combine_heads(partial + (int64_t(t) * a.n_heads + h0) * a.splits * (HD + 2), int64_t(a.splits) * (HD + 2), HD,
-                active, QH, out + int64_t(t) * ldo + int64_t(h0) * HD, &s_acc[0][0][0]);  // s_acc is free by now
+  merge_if_last(partial, t, a.n_heads, h0, a.splits, HD, active, QH, out + int64_t(t) * ldo + int64_t(h0) * HD,
+                &s_acc[0][0][0]);  // s_acc is free by now
 }
 
 
@@ -1172,19 +1180,8 @@ __global__ void __launch_bounds__(kDecThreads) attention_decode_mma_kernel(const
     }
   }
   if (active == 1) return;
-  // The last split block of (token, KV head) to finish merges the splits,
-  // as attention_kernel's.
-  __shared__ bool s_last;
-  __threadfence();
-  __syncthreads();
-  unsigned* count = reinterpret_cast<unsigned*>(partial - kAttnCounters) + int64_t(t) * a.n_heads + h0;
-  if (tid == 0) s_last = atomicAdd(count, 1u) == unsigned(active - 1);
-  __syncthreads();
-  if (!s_last) return;
-  if (tid == 0) *count = 0;
-  __threadfence();
-  combine_heads(partial + (int64_t(t) * a.n_heads + h0) * a.splits * (HD + 2), int64_t(a.splits) * (HD + 2), HD,
-                active, G, out + int64_t(t) * ldo + int64_t(h0) * HD, so);  // the stages are free by now
+  merge_if_last(partial, t, a.n_heads, h0, a.splits, HD, active, G, out + int64_t(t) * ldo + int64_t(h0) * HD,
+                so);  // the stages are free by now
 }
 
 // out[t][h] = the merge of the prefill kernel's splits of (t, h): a block each.
