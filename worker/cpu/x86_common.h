@@ -250,7 +250,8 @@ inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpr
 
 // Decode (T <= 3): one row at a time (a single sequential stream is what
 // the hardware prefetcher follows: on Zen 4 one row reads 12-14 GB/s a core,
-// eight rows side by side 7-9), eight of its blocks at a time: their totals
+// eight rows side by side 7-9; a row's integer sums need no chain of float
+// multiply-adds, unlike gemv_tile's), eight of its blocks at a time: their totals
 // come out of one transposing sum, then the float steps go block by block
 // in order, as the generic row's.
 // Each group asks for its lines kQ8RowAhead bytes on (207M Q8_0, 2 threads,
