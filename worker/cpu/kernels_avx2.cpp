@@ -43,7 +43,7 @@ void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   const int64_t kp = (a.K + 7) / 8 * 8;
   for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
     const int64_t rows = std::min(kPanelRows, n1 - p0);
-    for (int64_t r = 0; r < rows; ++r) pack_row(a, p0 + r, kp, scratch + r * kp);
+    for (int64_t r = 0; r < rows; ++r) pack_row(a, p0 + r, kp, scratch + r * kp, 2 * kPanelRows);  // as kernels_avx512.cpp's kPackAhead
     for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
       const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
       int64_t r = 0;

@@ -19,10 +19,16 @@ constexpr int64_t kTokenBlock = 48;  // tokens per pass over a panel
 // 301-308; T=32 286-300 -> 299-312 and T=64 328-352 -> 303-346 are even).
 constexpr int64_t kRowPathMaxT = 24;
 
+// Packing a row asks for the row this many rows on: the panel after next,
+// which is what a thread takes next while two threads alternate 16-row
+// chunks (207M F16, Zen 5, 2 threads, pp128: 0 651-686 tok/s, 16 rows
+// 671-677, 32 693-706, 48 668-675, 64 691-700).
+constexpr int64_t kPackAhead = 4 * kPanelPairs;
+
 // Interleaves rows 2p and 2p+1 chunk by chunk: [row0 k0..7][row1 k0..7][row0 k8..15]...
 void pack_pairs(const MatmulArgs& a, int64_t n0, int64_t rows, int64_t kp, float* rowbuf, float* panel) {
   for (int64_t r = 0; r < (rows + 1) / 2 * 2; ++r) {
-    if (r < rows) pack_row(a, n0 + r, kp, rowbuf);
+    if (r < rows) pack_row(a, n0 + r, kp, rowbuf, kPackAhead);
     else std::fill(rowbuf, rowbuf + kp, 0.0f);  // odd count: a zero partner row
     float* dst = panel + (r / 2) * 2 * kp + (r % 2) * 8;
     for (int64_t k = 0; k < kp; k += 8) std::memcpy(dst + 2 * k, rowbuf + k, 8 * sizeof(float));

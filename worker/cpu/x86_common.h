@@ -444,8 +444,10 @@ void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch
 
 // --- matrix-matrix path: a panel of rows converted once, then f32 tiles -----
 
-// Converts row n (K elements) to f32 with zeros up to kp.
-void pack_row(const MatmulArgs& a, int64_t n, int64_t kp, float* out) {
+// Converts row n (K elements) to f32 with zeros up to kp. With `ahead` > 0
+// (rows), a 16-bit row also asks for row n + ahead's lines (L2): the next
+// panel arrives while this one's products run.
+void pack_row(const MatmulArgs& a, int64_t n, int64_t kp, float* out, int64_t ahead = 0) {
   const int64_t kmain = a.K / 8 * 8;
   switch (a.type) {
     case GgmlType::F32: {
@@ -455,6 +457,8 @@ void pack_row(const MatmulArgs& a, int64_t n, int64_t kp, float* out) {
     }
     case GgmlType::F16: {
       const uint16_t* w = static_cast<const uint16_t*>(a.w) + n * a.K;
+      if (ahead && n + ahead < a.N)
+        for (int64_t k = 0; k < a.K; k += 32) _mm_prefetch(reinterpret_cast<const char*>(w + ahead * a.K + k), _MM_HINT_T1);
       for (int64_t k = 0; k < kmain; k += 8) _mm256_storeu_ps(out + k, load_f16(w + k));
       for (int64_t k = kmain; k < a.K; ++k) out[k] = fp16_to_fp32(w[k]);
       break;
