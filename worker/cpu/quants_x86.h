@@ -165,8 +165,8 @@ inline __m128 kquant_steps4(__m256i t, float d, float dmin, const BlockQ8K* cons
 // How far ahead in a row the K-quant products prefetch, in blocks. A row
 // streams from memory, and an out-of-order window holds only ~4 blocks of a
 // K-quant product's work: without it 1B Q4_K_M decoded 29-33 tok/s on two
-// Zen 4 cores, with it 38-41 (4 and 16 blocks ahead: 35-38). On Zen 5 (the
-// 512-bit kernels) 16-32 blocks gave 2-6% more than 8, within its noise.
+// Zen 4 cores, with it 38-41 (4 and 16 blocks ahead: 35-38). The 512-bit
+// kernels below prefetch kKquantAhead bytes on instead.
 constexpr int64_t kPrefetchBlocks = 8;
 
 // Asks for every cache line of the block at p (a prefetch never faults,
@@ -289,14 +289,11 @@ inline __m256i fold512(__m512i v) {
 // M: the min / offset products), then the float steps of the generic row.
 template <int R, int C>
 inline void kquant_block_totals(const __m512i sum[R][C], const __m256i mprod[R][C], int32_t S[R][C], int32_t M[R][C]) {
+  static_assert(C <= 4);
   for (int r = 0; r < R; ++r) {
     __m256i s[C];
     for (int c = 0; c < C; ++c) s[c] = fold512(sum[r][c]);
-    if constexpr (C <= 4) {
-      pair_totals<C>(s, mprod[r], S[r], M[r]);
-    } else {
-      for (int c0 = 0; c0 < C; c0 += 4) pair_totals<4>(s + c0, mprod[r] + c0, S[r] + c0, M[r] + c0);
-    }
+    pair_totals<C>(s, mprod[r], S[r], M[r]);
   }
 }
 
