@@ -270,8 +270,8 @@ inline __m512i load512(const void* p) { return _mm512_loadu_si512(p); }
 // 57-58, 4096 59-60, 8192 58-60; two rows side by side did no better.
 constexpr int64_t kKquantAhead = 4096;
 
-// acc + the int16 pair products of a and b, in int32 lanes (vpdpwssd with VNNI).
-inline __m512i madd_acc512(__m512i acc, __m512i a, __m512i b) {
+// madd_acc (x86_common.h) in 512-bit registers.
+inline __m512i madd_acc(__m512i acc, __m512i a, __m512i b) {
 #ifdef __AVX512VNNI__
   return _mm512_dpwssd_epi32(acc, a, b);
 #else
@@ -338,7 +338,7 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
       }
       for (int c = 0; c < C; ++c) {
         const __m512i xv = load512(x[c][i].qs + 64 * j);
-        for (int r = 0; r < R; ++r) sum[r][c] = madd_acc512(sum[r][c], _mm512_maddubs_epi16(q[r], xv), sv[r]);
+        for (int r = 0; r < R; ++r) sum[r][c] = madd_acc(sum[r][c], _mm512_maddubs_epi16(q[r], xv), sv[r]);
       }
     };
     if constexpr (R * C >= 4) {
@@ -430,7 +430,7 @@ void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
       for (int k = 0; k < 2; ++k)
         for (int c = 0; c < C; ++c) {
           const __m512i xv = load512(x[c][i].qs + 128 * n + 64 * k);
-          for (int r = 0; r < R; ++r) sum[r][c] = madd_acc512(sum[r][c], _mm512_maddubs_epi16(q[r][k], xv), sv[r][k]);
+          for (int r = 0; r < R; ++r) sum[r][c] = madd_acc(sum[r][c], _mm512_maddubs_epi16(q[r][k], xv), sv[r][k]);
         }
     }
     __m256i offs[R][C];
