@@ -9,8 +9,10 @@
 //   through the Q8_0 kernels of x86_common.h.
 // - Q4_K, Q5_K, Q6_K, IQ4_XS take their super-block's sums with byte
 //   multiply-adds, scales applied by the pair multiply-add, for up to four
-//   tokens per pass over a weight row.
-// - Other types use the generic row (matmul_rows_quantized_generic).
+//   tokens per pass over a weight row; in the AVX-512 tables Q2_K..Q6_K do
+//   so two sub-blocks a 512-bit register (kquant_rows512).
+// - Other types use the generic row (matmul_rows_quantized_generic): Q4_1,
+//   Q5_1, and Q2_K / Q3_K in the AVX2 table.
 
 namespace ds4::cpu {
 namespace {
@@ -389,17 +391,106 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
     for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
 }
 
-// R weight rows of nb Q6_K blocks times C tokens. A register holds two of
-// q[0..3] of dot_q6k_x86 ([q0 | q1] or [q2 | q3]), each 128-bit lane one
-// 16-value group with its own scale.
-template <int R, int C>
-void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int64_t nb, float out[R][C]) {
-  const BlockQ6K* w[R];
-  for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const BlockQ6K*>(w0 + r * rb);
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
-  // High-bit shifts of [q0 | q1] and [q2 | q3]; word k's group is k / 8.
+// The K-quants of sixteen 16-value groups (Q2_K, Q3_K, Q6_K), by type: the
+// block's values as unsigned bytes (quarters 128n..128n+63 and
+// 128n+64..128n+127 of the block for half n, each register's 128-bit lane one
+// group), the groups' scales and the words that multiply the activations'
+// 16-sums, as 16 int16, and how S and M make the float steps:
+// - kMin: S = sum sc_j (q . x)_j, M = sum m_j bsum_j; acc = fma(S, d dx),
+//   fma(-M, dmin dx) (Q2_K);
+// - otherwise the values are stored as q + kOffset: S = sum sc_j (q . x)_j -
+//   kOffset * sum sc_j bsum_j; acc = fma(S, d dx) (Q3_K, Q6_K).
+// Exact integer sums, the generic row's float steps: its results bit for bit.
+// 1B Llama-3-shaped, Zen 5, 2 threads, against llama.cpp: Q2_K pp128 189 /
+// 100 tok/s, tg64 69 / 56; Q3_K_M 178 / 80, 58-62 / 41-42 (the generic row
+// before: 8 tok/s both).
+struct Q6KGroups {
+  using Block = BlockQ6K;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 5;  // 32
+  static __m256i scales(const Block& b) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+  }
+  static __m256i offsets(const Block& b) { return scales(b); }
+  // [q0 | q1] and [q2 | q3] of dot_q6k_x86: low nibbles of ql, two bits of qh each.
+  static void values(const Block& b, int n, __m512i q[2]) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(4));
+    const __m512i l = load512(b.ql + 64 * n);
+    const __m512i h = _mm512_broadcast_i64x4(load256(b.qh + 32 * n));
+    q[0] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh01), m3), 4));
+    q[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh23), m3), 4));
+  }
+  static float d(const Block& b) { return _cvtsh_ss(b.d); }
+  static float dmin(const Block&) { return 0; }
+};
+
+// Two bits of qs a value, quarters s = 0..3 of half n at bits 2s.
+inline void two_bit_values(const uint8_t* qs32, __m512i q[2]) {
+  const __m512i m3 = _mm512_set1_epi8(3);
   const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
   const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(4));
+  const __m512i b = _mm512_broadcast_i64x4(load256(qs32));
+  q[0] = _mm512_and_si512(_mm512_srlv_epi16(b, sh01), m3);
+  q[1] = _mm512_and_si512(_mm512_srlv_epi16(b, sh23), m3);
+}
+
+struct Q2KGroups {
+  using Block = BlockQ2K;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = 0;
+  static __m256i nibbles(const Block& b, int shift) {
+    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+    return _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, shift), _mm_set1_epi8(0x0F)));
+  }
+  static __m256i scales(const Block& b) { return nibbles(b, 0); }
+  static __m256i offsets(const Block& b) { return nibbles(b, 4); }  // the mins
+  static void values(const Block& b, int n, __m512i q[2]) { two_bit_values(b.qs + 32 * n, q); }
+  static float d(const Block& b) { return _cvtsh_ss(b.d); }
+  static float dmin(const Block& b) { return _cvtsh_ss(b.dmin); }
+};
+
+struct Q3KGroups {
+  using Block = BlockQ3K;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 2;  // q + 4: two bits, and 4 where hmask's bit is set
+  // q3k_scales: the 6-bit scales (low four bits in the first 8 bytes' nibbles,
+  // the top two in the last 4 bytes' bit pairs) minus 32, as int16.
+  static __m256i scales(const Block& b) {
+    uint32_t a0, a1, a2;
+    std::memcpy(&a0, b.scales, 4);
+    std::memcpy(&a1, b.scales + 4, 4);
+    std::memcpy(&a2, b.scales + 8, 4);
+    constexpr uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const __m128i v = _mm_setr_epi32(int((a0 & m4) | ((a2 & m2) << 4)), int((a1 & m4) | (((a2 >> 2) & m2) << 4)),
+                                     int(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
+                                     int(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)));
+    return _mm256_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)));
+  }
+  static __m256i offsets(const Block& b) { return scales(b); }
+  static void values(const Block& b, int n, __m512i q[2]) {
+    two_bit_values(b.qs + 32 * n, q);
+    // hmask bit 4n + s of byte l: quarter s's high bit.
+    const __m512i h = _mm512_broadcast_i64x4(load256(b.hmask));
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(int16_t(4 * n)), _mm256_set1_epi16(int16_t(4 * n + 1)), 1);
+    const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(2));
+    const __m512i one = _mm512_set1_epi8(1);
+    q[0] = _mm512_or_si512(q[0], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh01), one), 2));
+    q[1] = _mm512_or_si512(q[1], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh23), one), 2));
+  }
+  static float d(const Block& b) { return _cvtsh_ss(b.d); }
+  static float dmin(const Block&) { return 0; }
+};
+
+// R weight rows of nb blocks of a 16-value-group type (Ty above) times C tokens.
+template <typename Ty, int R, int C>
+void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int64_t nb, float out[R][C]) {
+  using Block = typename Ty::Block;
+  const Block* w[R];
+  for (int r = 0; r < R; ++r) w[r] = reinterpret_cast<const Block*>(w0 + r * rb);
+  // Word k of a register is in group k / 8 of its four.
   const __m512i group = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
                                          0, 0, 0, 0, 0, 0, 0);
   float acc[R][C] = {};
@@ -407,22 +498,17 @@ void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
   for (__m256& v : acc8) v = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i sc[R], sum[R][C];
-    __m256i sc16[R];
+    __m256i offw[R];
     for (int r = 0; r < R; ++r) {
-      prefetch_block(reinterpret_cast<const char*>(w[r] + i) + kKquantAhead, sizeof(BlockQ6K));
-      sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r][i].scales)));
-      sc[r] = _mm512_castsi256_si512(sc16[r]);
+      prefetch_block(reinterpret_cast<const char*>(w[r] + i) + kKquantAhead, sizeof(Block));
+      sc[r] = _mm512_castsi256_si512(Ty::scales(w[r][i]));
+      offw[r] = Ty::offsets(w[r][i]);
       for (int c = 0; c < C; ++c) sum[r][c] = _mm512_setzero_si512();
     }
     for (int n = 0; n < 2; ++n) {
       __m512i q[R][2], sv[R][2];
       for (int r = 0; r < R; ++r) {
-        const __m512i l = load512(w[r][i].ql + 64 * n);
-        const __m512i h = _mm512_broadcast_i64x4(load256(w[r][i].qh + 32 * n));
-        q[r][0] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                  _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh01), m3), 4));
-        q[r][1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                  _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh23), m3), 4));
+        Ty::values(w[r][i], n, q[r]);
         const __m512i g = _mm512_add_epi16(group, _mm512_set1_epi16(int16_t(8 * n)));
         sv[r][0] = _mm512_permutexvar_epi16(g, sc[r]);
         sv[r][1] = _mm512_permutexvar_epi16(_mm512_add_epi16(g, _mm512_set1_epi16(4)), sc[r]);
@@ -435,30 +521,43 @@ void dot_q6k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
     }
     __m256i offs[R][C];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) offs[r][c] = _mm256_madd_epi16(load256(x[c][i].bsums), sc16[r]);
+      for (int c = 0; c < C; ++c) offs[r][c] = _mm256_madd_epi16(load256(x[c][i].bsums), offw[r]);
     if constexpr (R * C % 8 == 0) {
       // Lane p of group g: row (8g + p) / C, token (8g + p) % C; each lane
-      // takes the scalar step below.
+      // takes the scalar steps below.
       for (int g = 0; g < R * C / 8; ++g) {
         __m256i tv[8], ov[8];
-        alignas(32) float d[8], dx[8];
+        alignas(32) float d[8], dmin[8], dx[8];
         for (int p = 0; p < 8; ++p) {
           const int r = (8 * g + p) / C, c = (8 * g + p) % C;
           tv[p] = fold512(sum[r][c]);
           ov[p] = offs[r][c];
-          d[p] = _cvtsh_ss(w[r][i].d);
+          d[p] = Ty::d(w[r][i]);
+          dmin[p] = Ty::dmin(w[r][i]);
           dx[p] = x[c][i].d;
         }
-        const __m256i q = _mm256_sub_epi32(totals8_i32(tv), _mm256_slli_epi32(totals8_i32(ov), 5));
-        acc8[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(_mm256_load_ps(d), _mm256_load_ps(dx)), acc8[g]);
+        const __m256 dxv = _mm256_load_ps(dx);
+        if constexpr (Ty::kMin) {
+          acc8[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(tv)), _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8[g]);
+          acc8[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(ov)), _mm256_mul_ps(_mm256_load_ps(dmin), dxv), acc8[g]);
+        } else {
+          const __m256i q = _mm256_sub_epi32(totals8_i32(tv), _mm256_slli_epi32(totals8_i32(ov), Ty::kOffsetShift));
+          acc8[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8[g]);
+        }
       }
     } else {
       int32_t T[R][C], O[R][C];
       kquant_block_totals<R, C>(sum, offs, T, O);
       for (int r = 0; r < R; ++r) {
-        const float d = _cvtsh_ss(w[r][i].d);
-        for (int c = 0; c < C; ++c)  // q - 32: subtract 32 * sum_j sc_j * bsum_j
-          acc[r][c] = std::fma(float(T[r][c] - 32 * O[r][c]), d * x[c][i].d, acc[r][c]);
+        const float d = Ty::d(w[r][i]);
+        for (int c = 0; c < C; ++c) {  // the generic row's float steps
+          if constexpr (Ty::kMin) {
+            acc[r][c] = std::fma(float(T[r][c]), d * x[c][i].d, acc[r][c]);
+            acc[r][c] = std::fma(-float(O[r][c]), Ty::dmin(w[r][i]) * x[c][i].d, acc[r][c]);
+          } else {
+            acc[r][c] = std::fma(float(T[r][c] - (O[r][c] << Ty::kOffsetShift)), d * x[c][i].d, acc[r][c]);
+          }
+        }
       }
     }
   }
@@ -476,7 +575,9 @@ KDot512<R, C> kquant_dot512(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_K: return dot_q45k_512<false, R, C>;
     case GgmlType::Q5_K: return dot_q45k_512<true, R, C>;
-    case GgmlType::Q6_K: return dot_q6k_512<R, C>;
+    case GgmlType::Q6_K: return dot_k16_512<Q6KGroups, R, C>;
+    case GgmlType::Q2_K: return dot_k16_512<Q2KGroups, R, C>;
+    case GgmlType::Q3_K: return dot_k16_512<Q3KGroups, R, C>;
     default: return nullptr;
   }
 }
@@ -575,14 +676,15 @@ KDot<C> kquant_dot(GgmlType t) {
 }
 
 #ifdef __AVX512F__
-// Rows [n0, n1) of a Q4_K / Q5_K / Q6_K product in 512-bit registers: in
+// Rows [n0, n1) of a Q2_K..Q6_K product in 512-bit registers: in
 // panels of rows (~128 KiB of weights, in L2, as the loop of
 // matmul_rows_kquant_x86, why: there), kPrefillRows rows times kPrefillTokens
 // tokens a pass, then groups of four, and the batch's last 1-3 tokens (all of
 // a decode step) row by row.
 constexpr int kPrefillRows = 2, kPrefillTokens = 4;
 
-void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, int64_t nb, int64_t rb) {
+void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
+  const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
@@ -642,10 +744,6 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
     for (int64_t c = 0; c < a.T - t; ++c) a.y[(t + c) * a.ldy + r] = o[c];
   };
   int64_t n = n0;
-#ifdef __AVX512F__
-  // Q4_K, Q5_K, Q6_K in 512-bit registers (kquant_rows512).
-  if (kquant_dot512<1, 1>(a.type)) return kquant_rows512(a, n0, n1, nb, rb);
-#endif
   // Prefill in panels of rows whose weights stay in L2 (~128 KiB), each
   // four tokens' activations taken by every row of the panel in turn: row by
   // row, every row read all T tokens' activations again (a 128-token prompt's
@@ -682,6 +780,9 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
 // The quantized products of a table: rows [n0, n1) with a.quantized().
 void matmul_rows_quantized_x86(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   if (a.type == GgmlType::Q8_0 || q8_convertible(a.type)) return matmul_rows_q8x(a, n0, n1, scratch);
+#ifdef __AVX512F__
+  if (kquant_dot512<1, 1>(a.type)) return kquant_rows512(a, n0, n1);
+#endif
   if (kquant_dot<1>(a.type)) return matmul_rows_kquant_x86(a, n0, n1);
   matmul_rows_quantized_generic(a, n0, n1);
 }
