@@ -11,8 +11,10 @@
 //   multiply-adds, scales applied by the pair multiply-add, for up to four
 //   tokens per pass over a weight row; in the AVX-512 tables Q2_K..Q6_K do
 //   so two sub-blocks a 512-bit register (kquant_rows512).
-// - Other types use the generic row (matmul_rows_quantized_generic): Q4_1,
-//   Q5_1, and Q2_K / Q3_K in the AVX2 table.
+// - Q4_1, Q5_1 are d * q + m: their q become Q8_0 blocks as above, each
+//   block's m kept beside them for the second float step.
+// - Other types use the generic row (matmul_rows_quantized_generic): Q2_K /
+//   Q3_K in the AVX2 table.
 
 namespace ds4::cpu {
 namespace {
@@ -74,10 +76,32 @@ inline void store_q8_block(BlockQ8_0& o, uint16_t d, __m256i q) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), q);
 }
 
-// Rows [r0, r0 + rows) of a weight matrix as Q8_0 blocks, row by row.
-void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out) {
+bool offset_type(GgmlType t) { return t == GgmlType::Q4_1 || t == GgmlType::Q5_1; }
+
+// Rows [r0, r0 + rows) of a weight matrix as Q8_0 blocks, row by row (and
+// the offset types' m to mh).
+void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out, uint16_t* mh) {
   const int64_t nb = a.K / 32, n = rows * nb;
   switch (a.type) {
+    case GgmlType::Q4_1: {
+      const auto* w = static_cast<const BlockQ4_1*>(a.w) + r0 * nb;
+      for (int64_t i = 0; i < n; ++i) {
+        store_q8_block(out[i], w[i].d, nibbles32(w[i].qs));
+        mh[i] = w[i].m;
+      }
+      break;
+    }
+    case GgmlType::Q5_1: {
+      const auto* w = static_cast<const BlockQ5_1*>(a.w) + r0 * nb;
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t qh;
+        std::memcpy(&qh, w[i].qh, 4);
+        const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        store_q8_block(out[i], w[i].d, _mm256_or_si256(nibbles32(w[i].qs), hi));
+        mh[i] = w[i].m;
+      }
+      break;
+    }
     case GgmlType::Q4_0: {
       const auto* w = static_cast<const BlockQ4_0*>(a.w) + r0 * nb;
       for (int64_t i = 0; i < n; ++i)
@@ -105,7 +129,9 @@ void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out)
   }
 }
 
-bool q8_convertible(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::IQ4_NL; }
+bool q8_convertible(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::IQ4_NL || offset_type(t);
+}
 
 // ---- K-quants ----------------------------------------------------------------
 

@@ -258,9 +258,15 @@ inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpr
 // Zen 5: 544 bytes 129-133 tok/s, 2048 144-157, 4096 147-164, 8192 141-153).
 constexpr int64_t kQ8RowAhead = 4096;
 
-void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a) {
+// Offset types (Q4_1, Q5_1: mw, the blocks' m as f16, and ux, each token's
+// block sums of its activations) add the second float step of quant_types.h
+// after each block's first.
+template <bool Offset>
+void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a, const uint16_t* mw = nullptr,
+             const float* ux = nullptr) {
   for (int64_t t = 0; t < a.T; ++t) {
     const BlockQ8Act* x = a.xq + t * a.ldxq;
+    const float* u = ux + t * nb;
     float acc = 0;
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
@@ -276,17 +282,27 @@ void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a) {
         dh[i] = w[b + i].d;
         dx[i] = x[b + i].d;
       }
-      alignas(32) float s[8], d[8];
+      alignas(32) float s[8], d[8], m[8];
       _mm256_store_ps(s, _mm256_cvtepi32_ps(totals8_i32(v)));
       _mm256_store_ps(d, _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
                                        _mm256_load_ps(dx)));
-      for (int i = 0; i < 8; ++i) acc = std::fma(s[i], d[i], acc);
+      if constexpr (Offset) {
+        _mm256_store_ps(m, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mw + b))),
+                                         _mm256_load_ps(dx)));
+        for (int i = 0; i < 8; ++i) {
+          acc = std::fma(s[i], d[i], acc);
+          acc = std::fma(u[b + i], m[i], acc);
+        }
+      } else {
+        for (int i = 0; i < 8; ++i) acc = std::fma(s[i], d[i], acc);
+      }
     }
     for (; b < nb; ++b) {
       const BlockQ8_0& blk = w[b];
       const __m256i wv = load_i8x32(blk.qs);
       const int32_t s = total_i32(block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b].qs)));
       acc = std::fma(float(s), _cvtsh_ss(blk.d) * x[b].d, acc);
+      if constexpr (Offset) acc = std::fma(u[b], _cvtsh_ss(mw[b]) * x[b].d, acc);
     }
     a.y[t * a.ldy + r] = acc;
   }
@@ -302,6 +318,7 @@ constexpr int64_t kQ8PanelRows = 16, kQ8TileRows = 4;
 
 struct Q8Group {  // eight tokens' block b, transposed
   float d[8];
+  float u[8];        // the sum of each token's 32 values (offset types)
   int8_t qs[8][32];  // qs[j]: positions 4j..4j+3 of tokens 0..7
 };
 
@@ -311,6 +328,7 @@ struct Q8Prefill {
   const float* dw;     // (rows, nb): d_w
   const Q8Group* g;    // (nb): the token group
   int64_t nb;
+  const float* mw = nullptr;  // (rows, nb): m_w of an offset type (Q4_1, Q5_1)
 };
 
 inline __m256i broadcast_i32(const int8_t* p) {
@@ -320,7 +338,7 @@ inline __m256i broadcast_i32(const int8_t* p) {
 }
 
 // Rows r..r+R of the panel times the token group: acc[i] lane t = y[t][r + i].
-template <int R>
+template <int R, bool Offset>
 void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
   const int64_t nb = p.nb;
   for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
@@ -342,9 +360,13 @@ void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
       }
     }
     const __m256 dx = _mm256_loadu_ps(g.d);
-    for (int i = 0; i < R; ++i)
+    for (int i = 0; i < R; ++i) {
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
                                _mm256_mul_ps(_mm256_broadcast_ss(p.dw + (r + i) * nb + b), dx), acc[i]);
+      if constexpr (Offset)
+        acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(g.u),
+                                 _mm256_mul_ps(_mm256_broadcast_ss(p.mw + (r + i) * nb + b), dx), acc[i]);
+    }
   }
 }
 
@@ -357,6 +379,8 @@ void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb
       const BlockQ8Act& xb = a.xq[(t0 + (real ? t : 0)) * a.ldxq + b];
       v[t] = real ? load_i8x32(xb.qs) : _mm256_setzero_si256();
       g[b].d[t] = real ? xb.d : 0.0f;
+      g[b].u[t] = float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v[t]),
+                                                    _mm256_set1_epi16(1))));
     }
     __m256i u[8];
     for (int h = 0; h < 2; ++h) {  // tokens 4h..4h+3
@@ -377,45 +401,63 @@ void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb
 }
 
 // Bytes of scratch the prefill path uses for K: the token groups, the
-// panel's scales and |w|, and the panel as Q8_0 blocks (weights of another type).
+// panel's scales (and offsets) and |w|, the panel as Q8_0 blocks (weights of
+// another type) and their offsets as f16. Decode takes less: one row's
+// blocks and offsets, and three tokens' block sums.
 constexpr int64_t q8x_scratch_bytes(int64_t K) {
-  return kQ8PanelRows * (K / 32) * (32 + 4 + 34) + (K / 32) * int64_t(sizeof(Q8Group)) + 64;
+  return kQ8PanelRows * (K / 32) * (32 + 8 + 34 + 2) + (K / 32) * int64_t(sizeof(Q8Group)) + 64;
 }
 
-// Rows [r0, r0 + rows) of a type whose weights are d * int8 as Q8_0 blocks (quants_x86.h).
-void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out);
+// Rows [r0, r0 + rows) of a type whose weights are d * q as Q8_0 blocks
+// (quants_x86.h), q an int8; an offset type (Q4_1, Q5_1) writes each block's
+// m to mh as well.
+void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out, uint16_t* mh);
+bool offset_type(GgmlType t);
 
 // Rows [n0, n1) for any number of tokens. Weights of another type than Q8_0
-// (Q4_0, Q5_0, IQ4_NL) are converted to Q8_0 blocks in scratch first, eight
-// rows (decode) or one panel (prefill) at a time.
-void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+// (Q4_0, Q5_0, IQ4_NL; Q4_1, Q5_1 with their offsets) are converted to Q8_0
+// blocks in scratch first, one row (decode) or one panel (prefill) at a time.
+template <bool Offset>
+void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   assert(q8x_scratch_bytes(a.K) <= matmul_scratch_floats(a.K) * 4);
   const bool direct = a.type == GgmlType::Q8_0;
   const auto* w = static_cast<const BlockQ8_0*>(a.w);
   const int64_t nb = a.K / 32;
   auto* base = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) / 64 * 64);
-  auto rows_at = [&](int64_t r0, int64_t rows, BlockQ8_0* buf) -> const BlockQ8_0* {
+  auto rows_at = [&](int64_t r0, int64_t rows, BlockQ8_0* buf, uint16_t* mh) -> const BlockQ8_0* {
     if (direct) return w + r0 * nb;
-    to_q8_0_rows(a, r0, rows, buf);
+    to_q8_0_rows(a, r0, rows, buf, mh);
     return buf;
   };
   if (a.T <= 3) {
     auto* buf = reinterpret_cast<BlockQ8_0*>(base);
-    for (int64_t r = n0; r < n1; ++r) q8x_row(rows_at(r, 1, buf), nb, r, a);
+    auto* ux = reinterpret_cast<float*>(base + (nb * int64_t(sizeof(BlockQ8_0)) + 63) / 64 * 64);
+    auto* mh = reinterpret_cast<uint16_t*>(ux + 3 * nb);
+    if constexpr (Offset)
+      for (int64_t t = 0; t < a.T; ++t)
+        for (int64_t b = 0; b < nb; ++b) {
+          const __m256i v = load_i8x32(a.xq[t * a.ldxq + b].qs);
+          ux[t * nb + b] = float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v),
+                                                             _mm256_set1_epi16(1))));
+        }
+    for (int64_t r = n0; r < n1; ++r) q8x_row<Offset>(rows_at(r, 1, buf, mh), nb, r, a, mh, ux);
     return;
   }
   auto* g = reinterpret_cast<Q8Group*>(base);
   auto* dw = reinterpret_cast<float*>(base + nb * int64_t(sizeof(Q8Group)));
-  int8_t* wabs = reinterpret_cast<int8_t*>(dw + kQ8PanelRows * nb);
+  float* mw = dw + kQ8PanelRows * nb;
+  int8_t* wabs = reinterpret_cast<int8_t*>(mw + kQ8PanelRows * nb);
   auto* conv = reinterpret_cast<BlockQ8_0*>(wabs + kQ8PanelRows * nb * 32);
+  auto* mh = reinterpret_cast<uint16_t*>(conv + kQ8PanelRows * nb);
   for (int64_t p0 = n0; p0 < n1; p0 += kQ8PanelRows) {
     const int64_t rows = std::min(kQ8PanelRows, n1 - p0);
-    const Q8Prefill p{rows_at(p0, rows, conv), wabs, dw, g, nb};
+    const Q8Prefill p{rows_at(p0, rows, conv, mh), wabs, dw, g, nb, mw};
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t b = 0; b < nb; ++b) {
         const __m256i wv = load_i8x32(p.w[r * nb + b].qs);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(wabs + (r * nb + b) * 32), _mm256_sign_epi8(wv, wv));
         dw[r * nb + b] = _cvtsh_ss(p.w[r * nb + b].d);
+        if constexpr (Offset) mw[r * nb + b] = _cvtsh_ss(mh[r * nb + b]);
       }
     for (int64_t t0 = 0; t0 < a.T; t0 += 8) {
       const int64_t n = std::min<int64_t>(8, a.T - t0);
@@ -430,16 +472,21 @@ void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch
       int64_t r = 0;
       for (; r + kQ8TileRows <= rows; r += kQ8TileRows) {
         __m256 acc[kQ8TileRows];
-        q8x_prefill_tile<kQ8TileRows>(p, r, acc);
+        q8x_prefill_tile<kQ8TileRows, Offset>(p, r, acc);
         store(r, acc, kQ8TileRows);
       }
       for (; r < rows; ++r) {
         __m256 acc[1];
-        q8x_prefill_tile<1>(p, r, acc);
+        q8x_prefill_tile<1, Offset>(p, r, acc);
         store(r, acc, 1);
       }
     }
   }
+}
+
+void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  if (offset_type(a.type)) return matmul_rows_q8x_as<true>(a, n0, n1, scratch);
+  matmul_rows_q8x_as<false>(a, n0, n1, scratch);
 }
 
 // --- matrix-matrix path: a panel of rows converted once, then f32 tiles -----
