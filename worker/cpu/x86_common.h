@@ -371,6 +371,8 @@ void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
 }
 
 // Tokens t0..t0+n (n <= 8) transposed into groups, missing tokens as zeros.
+// With Offset, also each token's block sums (u).
+template <bool Offset>
 void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb, Q8Group* g) {
   for (int64_t b = 0; b < nb; ++b) {
     __m256i v[8];
@@ -379,8 +381,9 @@ void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb
       const BlockQ8Act& xb = a.xq[(t0 + (real ? t : 0)) * a.ldxq + b];
       v[t] = real ? load_i8x32(xb.qs) : _mm256_setzero_si256();
       g[b].d[t] = real ? xb.d : 0.0f;
-      g[b].u[t] = float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v[t]),
-                                                    _mm256_set1_epi16(1))));
+      if constexpr (Offset)
+        g[b].u[t] = float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v[t]),
+                                                      _mm256_set1_epi16(1))));
     }
     __m256i u[8];
     for (int h = 0; h < 2; ++h) {  // tokens 4h..4h+3
@@ -461,7 +464,7 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
       }
     for (int64_t t0 = 0; t0 < a.T; t0 += 8) {
       const int64_t n = std::min<int64_t>(8, a.T - t0);
-      q8x_transpose_tokens(a, t0, n, nb, g);
+      q8x_transpose_tokens<Offset>(a, t0, n, nb, g);
       auto store = [&](int64_t r, const __m256* acc, int R) {
         for (int i = 0; i < R; ++i) {
           alignas(32) float lanes[8];
