@@ -257,54 +257,60 @@ inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpr
 // Each group asks for its lines kQ8RowAhead bytes on (207M Q8_0, 2 threads,
 // Zen 5: 544 bytes 129-133 tok/s, 2048 144-157, 4096 147-164, 8192 141-153).
 constexpr int64_t kQ8RowAhead = 4096;
+constexpr int64_t kQ8DecodeRows = 4;  // rows side by side in a converted type's decode
 
 // Offset types (Q4_1, Q5_1: mw, the blocks' m as f16, and ux, each token's
 // block sums of its activations) add the second float step of quant_types.h
-// after each block's first.
-template <bool Offset>
-void q8x_row(const BlockQ8_0* w, int64_t nb, int64_t r, const MatmulArgs& a, const uint16_t* mw = nullptr,
-             const float* ux = nullptr) {
+// after each block's first. R rows (nb blocks apart, converted weights in
+// scratch) go side by side: a row's float steps are one chain of dependent
+// multiply-adds (two a block with an offset), R rows R chains.
+template <int R, bool Offset>
+void q8x_rows(const BlockQ8_0* w, int64_t nb, int64_t r0, const MatmulArgs& a, const uint16_t* mw = nullptr,
+              const float* ux = nullptr) {
   for (int64_t t = 0; t < a.T; ++t) {
     const BlockQ8Act* x = a.xq + t * a.ldxq;
     const float* u = ux + t * nb;
-    float acc = 0;
+    float acc[R] = {};
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-      // The out-of-order window alone holds too little of the stream.
-      const char* ahead = reinterpret_cast<const char*>(w + b) + kQ8RowAhead;
-      for (int l = 0; l < 5; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
-      __m256i v[8];
-      alignas(16) uint16_t dh[8];
+      alignas(32) float s[R][8], d[R][8], m[R][8];
       alignas(32) float dx[8];
-      for (int i = 0; i < 8; ++i) {
-        const __m256i wv = load_i8x32(w[b + i].qs);
-        v[i] = block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b + i].qs));
-        dh[i] = w[b + i].d;
-        dx[i] = x[b + i].d;
-      }
-      alignas(32) float s[8], d[8], m[8];
-      _mm256_store_ps(s, _mm256_cvtepi32_ps(totals8_i32(v)));
-      _mm256_store_ps(d, _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
-                                       _mm256_load_ps(dx)));
-      if constexpr (Offset) {
-        _mm256_store_ps(m, _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mw + b))),
-                                         _mm256_load_ps(dx)));
+      for (int i = 0; i < 8; ++i) dx[i] = x[b + i].d;
+      for (int r = 0; r < R; ++r) {
+        const BlockQ8_0* wr = w + r * nb;
+        // The out-of-order window alone holds too little of the stream.
+        const char* ahead = reinterpret_cast<const char*>(wr + b) + kQ8RowAhead;
+        for (int l = 0; l < 5; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+        __m256i v[8];
+        alignas(16) uint16_t dh[8];
         for (int i = 0; i < 8; ++i) {
-          acc = std::fma(s[i], d[i], acc);
-          acc = std::fma(u[b + i], m[i], acc);
+          const __m256i wv = load_i8x32(wr[b + i].qs);
+          v[i] = block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b + i].qs));
+          dh[i] = wr[b + i].d;
         }
-      } else {
-        for (int i = 0; i < 8; ++i) acc = std::fma(s[i], d[i], acc);
+        _mm256_store_ps(s[r], _mm256_cvtepi32_ps(totals8_i32(v)));
+        _mm256_store_ps(d[r], _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
+                                            _mm256_load_ps(dx)));
+        if constexpr (Offset)
+          _mm256_store_ps(m[r], _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(
+                                                  reinterpret_cast<const __m128i*>(mw + r * nb + b))),
+                                              _mm256_load_ps(dx)));
       }
+      for (int i = 0; i < 8; ++i)
+        for (int r = 0; r < R; ++r) {
+          acc[r] = std::fma(s[r][i], d[r][i], acc[r]);
+          if constexpr (Offset) acc[r] = std::fma(u[b + i], m[r][i], acc[r]);
+        }
     }
-    for (; b < nb; ++b) {
-      const BlockQ8_0& blk = w[b];
-      const __m256i wv = load_i8x32(blk.qs);
-      const int32_t s = total_i32(block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b].qs)));
-      acc = std::fma(float(s), _cvtsh_ss(blk.d) * x[b].d, acc);
-      if constexpr (Offset) acc = std::fma(u[b], _cvtsh_ss(mw[b]) * x[b].d, acc);
-    }
-    a.y[t * a.ldy + r] = acc;
+    for (; b < nb; ++b)
+      for (int r = 0; r < R; ++r) {
+        const BlockQ8_0& blk = w[r * nb + b];
+        const __m256i wv = load_i8x32(blk.qs);
+        const int32_t s = total_i32(block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b].qs)));
+        acc[r] = std::fma(float(s), _cvtsh_ss(blk.d) * x[b].d, acc[r]);
+        if constexpr (Offset) acc[r] = std::fma(u[b], _cvtsh_ss(mw[r * nb + b]) * x[b].d, acc[r]);
+      }
+    for (int r = 0; r < R; ++r) a.y[t * a.ldy + r0 + r] = acc[r];
   }
 }
 
@@ -405,8 +411,8 @@ void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb
 
 // Bytes of scratch the prefill path uses for K: the token groups, the
 // panel's scales (and offsets) and |w|, the panel as Q8_0 blocks (weights of
-// another type) and their offsets as f16. Decode takes less: one row's
-// blocks and offsets, and three tokens' block sums.
+// another type) and their offsets as f16. Decode takes less: kQ8DecodeRows
+// rows' blocks and offsets, and three tokens' block sums.
 constexpr int64_t q8x_scratch_bytes(int64_t K) {
   return kQ8PanelRows * (K / 32) * (32 + 8 + 34 + 2) + (K / 32) * int64_t(sizeof(Q8Group)) + 64;
 }
@@ -433,8 +439,11 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
     return buf;
   };
   if (a.T <= 3) {
+    // Q8_0 a row at a time from the weights (one stream); converted types
+    // kQ8DecodeRows rows at a time from scratch (a stream read once, chains
+    // side by side).
     auto* buf = reinterpret_cast<BlockQ8_0*>(base);
-    auto* ux = reinterpret_cast<float*>(base + (nb * int64_t(sizeof(BlockQ8_0)) + 63) / 64 * 64);
+    auto* ux = reinterpret_cast<float*>(base + (kQ8DecodeRows * nb * int64_t(sizeof(BlockQ8_0)) + 63) / 64 * 64);
     auto* mh = reinterpret_cast<uint16_t*>(ux + 3 * nb);
     if constexpr (Offset)
       for (int64_t t = 0; t < a.T; ++t)
@@ -443,7 +452,11 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
           ux[t * nb + b] = float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v),
                                                              _mm256_set1_epi16(1))));
         }
-    for (int64_t r = n0; r < n1; ++r) q8x_row<Offset>(rows_at(r, 1, buf, mh), nb, r, a, mh, ux);
+    int64_t r = n0;
+    if (!direct)
+      for (; r + kQ8DecodeRows <= n1; r += kQ8DecodeRows)
+        q8x_rows<kQ8DecodeRows, Offset>(rows_at(r, kQ8DecodeRows, buf, mh), nb, r, a, mh, ux);
+    for (; r < n1; ++r) q8x_rows<1, Offset>(rows_at(r, 1, buf, mh), nb, r, a, mh, ux);
     return;
   }
   auto* g = reinterpret_cast<Q8Group*>(base);
