@@ -248,6 +248,11 @@ inline int32_t total_i32(__m256i v) {
 
 inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// The sum of an activation block's 32 values (exact: |sum| < 2^12), as float.
+inline float block_sum(__m256i q) {
+  return float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1))));
+}
+
 // Decode (T <= 3): one row at a time (a single sequential stream is what
 // the hardware prefetcher follows: on Zen 4 one row reads 12-14 GB/s a core,
 // eight rows side by side 7-9; a row's integer sums need no chain of float
@@ -387,9 +392,7 @@ void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb
       const BlockQ8Act& xb = a.xq[(t0 + (real ? t : 0)) * a.ldxq + b];
       v[t] = real ? load_i8x32(xb.qs) : _mm256_setzero_si256();
       g[b].d[t] = real ? xb.d : 0.0f;
-      if constexpr (Offset)
-        g[b].u[t] = float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v[t]),
-                                                      _mm256_set1_epi16(1))));
+      if constexpr (Offset) g[b].u[t] = block_sum(v[t]);
     }
     __m256i u[8];
     for (int h = 0; h < 2; ++h) {  // tokens 4h..4h+3
@@ -425,7 +428,8 @@ bool offset_type(GgmlType t);
 
 // Rows [n0, n1) for any number of tokens. Weights of another type than Q8_0
 // (Q4_0, Q5_0, IQ4_NL; Q4_1, Q5_1 with their offsets) are converted to Q8_0
-// blocks in scratch first, one row (decode) or one panel (prefill) at a time.
+// blocks in scratch first, kQ8DecodeRows rows (decode) or one panel (prefill)
+// at a time.
 template <bool Offset>
 void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   assert(q8x_scratch_bytes(a.K) <= matmul_scratch_floats(a.K) * 4);
@@ -448,9 +452,7 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
     if constexpr (Offset)
       for (int64_t t = 0; t < a.T; ++t)
         for (int64_t b = 0; b < nb; ++b) {
-          const __m256i v = load_i8x32(a.xq[t * a.ldxq + b].qs);
-          ux[t * nb + b] = float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v),
-                                                             _mm256_set1_epi16(1))));
+          ux[t * nb + b] = block_sum(load_i8x32(a.xq[t * a.ldxq + b].qs));
         }
     int64_t r = n0;
     if (!direct)
