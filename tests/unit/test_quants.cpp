@@ -140,8 +140,10 @@ TEST_CASE("quants: every table's products equal the generic row bit for bit, alo
   std::normal_distribution<float> nd(0.f, 1.f);
   for (GgmlType type : kQuantTypes) {
     const QuantType& q = *quant_type(type);
-    for (int64_t K : {256, 768, 2048}) {
-      // 2048 columns: more rows than one prefill panel of the K-quant kernels holds.
+    for (int64_t K : {256, 768, 2048, 352}) {
+      // 2048 columns: more rows than one prefill panel of the K-quant kernels holds;
+      // 352: eleven 32-blocks, a row's last blocks past its groups of eight.
+      if (K % q.block_elems != 0) continue;
       const int64_t N = K == 2048 ? 150 : 21, ldx = K;
       const auto w = random_rows(type, N, K, rng);
       for (int64_t T : {1, 2, 3, 4, 5, 9, 12, 19}) {

@@ -136,6 +136,20 @@ const KernelTable* avx512vnni_kernels();  // the same with VNNI; nullptr when no
 /// The best table this CPU runs (env DS4_CPU_KERNELS=generic|avx2|avx512|avx512vnni forces one).
 const KernelTable& cpu_kernels();
 
+/// How the x86 tables' decode (T <= 3) walks 16/32-bit weight rows: `rows`
+/// side by side (1 or 2: one multiply-add chain each) and how many bytes on
+/// each row asks for its lines. Which is faster depends on the core, not the
+/// ISA (207M F16, 2 threads: Zen 5 tg 79 -> 101-104 tok/s with two rows; Zen
+/// 4 one row 71, two 45), so it is chosen once from the CPU: two rows on AMD
+/// family 26 (Zen 5) and later, one elsewhere; DS4_CPU_DECODE_ROWS=1|2
+/// overrides. The results are the same bits either way (a row's chain is its
+/// own).
+struct DecodeWalk {
+  int rows;
+  int64_t ahead;
+};
+const DecodeWalk& decode_walk();
+
 /// Row `row` of a weight matrix with K columns, converted exactly to f32.
 void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float* out);
 /// Bytes of one row of K elements.

@@ -58,7 +58,9 @@ void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratc
   if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T > kRowPathMaxT) return gemm_rows(a, n0, n1, scratch);
   if (a.T >= 4) return gemv_rows_tokens<4>(a, n0, n1, kRowsAhead);
-  gemv_rows_tokens<2>(a, n0, n1, kRowsAhead);
+  const DecodeWalk& walk = decode_walk();
+  if (walk.rows == 2) return gemv_rows_tokens<2>(a, n0, n1, walk.ahead);
+  gemv_rows_tokens<1>(a, n0, n1, walk.ahead);
 }
 
 }  // namespace

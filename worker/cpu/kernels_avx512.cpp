@@ -86,7 +86,9 @@ void matmul_rows_avx512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
   if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
   if (a.T > kRowPathMaxT) return gemm_rows512(a, n0, n1, scratch);
   if (a.T >= 4) return gemv_rows_tokens<4>(a, n0, n1, kRowsAhead);
-  gemv_rows_tokens<2>(a, n0, n1, kRowsAhead);
+  const DecodeWalk& walk = decode_walk();
+  if (walk.rows == 2) return gemv_rows_tokens<2>(a, n0, n1, walk.ahead);
+  gemv_rows_tokens<1>(a, n0, n1, walk.ahead);
 }
 
 }  // namespace

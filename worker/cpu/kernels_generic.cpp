@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "worker/cpu/kernels.h"
 
@@ -164,6 +168,30 @@ const KernelTable& generic_kernels() {
                                  quantize_q8_generic, quantize_q8k_generic,
                                  silu_mul_generic};
   return table;
+}
+
+const DecodeWalk& decode_walk() {
+  static const DecodeWalk walk = [] {
+    int rows = 1;
+#if defined(__x86_64__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    char vendor[13] = {};
+    if (__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
+      std::memcpy(vendor, &ebx, 4);
+      std::memcpy(vendor + 4, &edx, 4);
+      std::memcpy(vendor + 8, &ecx, 4);
+    }
+    if (std::string_view(vendor) == "AuthenticAMD" && __get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
+      const unsigned base = (eax >> 8) & 0xF, family = base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
+      if (family >= 0x1A) rows = 2;
+    }
+#endif
+    if (const char* v = std::getenv("DS4_CPU_DECODE_ROWS"); v && (std::string_view(v) == "1" || std::string_view(v) == "2"))
+      rows = v[0] - '0';
+    // Two streams side by side need their lines asked for further on.
+    return DecodeWalk{rows, rows == 2 ? 8192 : 4096};
+  }();
+  return walk;
 }
 
 const KernelTable& cpu_kernels() {

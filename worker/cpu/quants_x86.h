@@ -5,14 +5,15 @@
 // the float steps of quant_types.h, so the results equal the generic row's
 // bit for bit:
 // - Q4_0, Q5_0, IQ4_NL weights are d * int8, exactly Q8_0 blocks once their
-//   values are unpacked: rows are converted to Q8_0 blocks in scratch and go
-//   through the Q8_0 kernels of x86_common.h.
+//   values are unpacked: decode unpacks each block in registers (Q4_0Src ..
+//   for x86_common.h's q8x_rows), prefill converts a panel of rows to Q8_0
+//   blocks in scratch; both then take the Q8_0 kernels' steps.
 // - Q4_K, Q5_K, Q6_K, IQ4_XS take their super-block's sums with byte
 //   multiply-adds, scales applied by the pair multiply-add, for up to four
 //   tokens per pass over a weight row; in the AVX-512 tables Q2_K..Q6_K do
 //   so two sub-blocks a 512-bit register (kquant_rows512).
-// - Q4_1, Q5_1 are d * q + m: their q become Q8_0 blocks as above, each
-//   block's m kept beside them for the second float step.
+// - Q4_1, Q5_1 are d * q + m: their q read as Q8_0 blocks as above, each
+//   block's m beside them for the second float step.
 // - Other types use the generic row (matmul_rows_quantized_generic): Q2_K /
 //   Q3_K in the AVX2 table.
 
@@ -133,6 +134,62 @@ void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out,
     }
     default:
       std::abort();
+  }
+}
+
+// The same types read in registers, for decode (x86_common.h's Q8Src).
+inline __m256i q5_values(const uint8_t* qs, const uint8_t* qh_bytes) {  // 0..31
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  return _mm256_or_si256(nibbles32(qs), _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+}
+// Lower half: the low nibbles; upper half: the high nibbles in place (Q8Src's kSplit).
+inline __m256i split_nibbles(const uint8_t* qs) {
+  const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(q, _mm256_set_m128i(_mm_set1_epi8(char(0xF0)), _mm_set1_epi8(0x0F)));
+}
+struct Q4_0Src {
+  using Block = BlockQ4_0;
+  static constexpr bool kUnsigned = true, kOffset = false, kSplit = kVnni;
+  static constexpr int kBias = 8;
+  static __m256i q(const Block& b) { return kSplit ? split_nibbles(b.qs) : nibbles32(b.qs); }
+};
+struct Q5_0Src {
+  using Block = BlockQ5_0;
+  static constexpr bool kUnsigned = true, kOffset = false, kSplit = false;
+  static constexpr int kBias = 16;
+  static __m256i q(const Block& b) { return q5_values(b.qs, b.qh); }
+};
+struct Q4_1Src {
+  using Block = BlockQ4_1;
+  static constexpr bool kUnsigned = true, kOffset = true, kSplit = kVnni;
+  static constexpr int kBias = 0;
+  static __m256i q(const Block& b) { return kSplit ? split_nibbles(b.qs) : nibbles32(b.qs); }
+};
+struct Q5_1Src {
+  using Block = BlockQ5_1;
+  static constexpr bool kUnsigned = true, kOffset = true, kSplit = false;
+  static constexpr int kBias = 0;
+  static __m256i q(const Block& b) { return q5_values(b.qs, b.qh); }
+};
+struct IQ4NLSrc {
+  using Block = BlockIQ4NL;
+  static constexpr bool kUnsigned = false, kOffset = false, kSplit = false;
+  static constexpr int kBias = 0;
+  static __m256i q(const Block& b) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
+    return _mm256_shuffle_epi8(table, nibbles32(b.qs));
+  }
+};
+
+void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux) {
+  switch (a.type) {
+    case GgmlType::Q4_0: return q8x_decode<Q4_0Src, kQ8DecodeRows>(a, n0, n1, ux);
+    case GgmlType::Q5_0: return q8x_decode<Q5_0Src, kQ8DecodeRows>(a, n0, n1, ux);
+    case GgmlType::Q4_1: return q8x_decode<Q4_1Src, kQ8DecodeRows>(a, n0, n1, ux);
+    case GgmlType::Q5_1: return q8x_decode<Q5_1Src, kQ8DecodeRows>(a, n0, n1, ux);
+    case GgmlType::IQ4_NL: return q8x_decode<IQ4NLSrc, kQ8DecodeRows>(a, n0, n1, ux);
+    default: std::abort();
   }
 }
 

@@ -141,14 +141,16 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y, int64
 // A batch of a few tokens: R rows at a time, taken by every group of up to
 // four tokens (in L1 after the first group), weights converted on the fly and
 // read from memory once.
-// - Decode (T <= 3) takes R = 2: a row is one chain of dependent
-//   multiply-adds (the contract's 8 lanes), which alone caps a core at 8
-//   weights every 4 cycles (~20 GB/s of f16 on Zen 5); two rows are two
-//   chains. Side by side, two rows are two streams, which the hardware
-//   prefetcher follows badly here (one row 21 GB/s a core, two 13), so each
-//   row also asks for its line kRowsAhead bytes on: two rows then read 30
-//   GB/s a core (f16, K 1024, Zen 5; 25 at K 2816). 207M F16, 2 threads,
-//   Zen 5: tg 79 -> 101-104 tok/s.
+// - Decode (T <= 3) takes R = decode_walk().rows (kernels.h): a row is one
+//   chain of dependent multiply-adds (the contract's 8 lanes), which alone
+//   caps a core at 8 weights every 4 cycles (~20 GB/s of f16 on Zen 5); two
+//   rows are two chains. Side by side, two rows are two streams, which the
+//   hardware prefetcher follows badly (Zen 5: one row 21 GB/s a core, two
+//   13), so each row also asks for its line `ahead` bytes on: on Zen 5 two
+//   rows then read 30 GB/s a core (f16, K 1024; 25 at K 2816; 207M F16, 2
+//   threads: tg 79 -> 101-104 tok/s). On Zen 4 two rows stay slow with any
+//   distance (207M F16, 2 threads: 42-48 tok/s), one row reads 64 tok/s, 71
+//   asking 4 KiB on.
 // - Several slots' decode steps (T >= 4) take R = 4: bound by arithmetic and
 //   loads rather than the stream, and R rows share each token's loads (207M
 //   F16, Zen 4, 2 threads, an 8-token batch: 95-130 tok/s one row at a time,
@@ -229,14 +231,27 @@ inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
 #endif
 }
 
-// Lane i of the result: the total of v[i]'s eight lanes.
+// Shifts of split_lanes: none for lanes 0-3, Shift for lanes 4-7.
+template <int Shift>
+inline __m256i shift_upper_half(__m256i v) {
+  if constexpr (Shift == 0) return v;
+  return _mm256_srav_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, Shift, Shift, Shift, Shift));
+}
+
+// Lane i of the result: the total of v[i]'s eight lanes. With HiShift, the
+// part of lanes 4-7 is shifted right by HiShift before it joins lanes 0-3's
+// (exact where those lanes hold multiples of 2^HiShift: split nibbles,
+// quants_x86.h). The sums stay in their 128-bit halves up to the last step.
+template <int HiShift = 0>
 inline __m256i totals8_i32(const __m256i v[8]) {
   __m256i s[4];
   for (int j = 0; j < 4; ++j)
     s[j] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * j], v[2 * j + 1]),
                             _mm256_unpackhi_epi32(v[2 * j], v[2 * j + 1]));
-  const __m256i lo = _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1]));
-  const __m256i hi = _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3]));
+  const __m256i lo = shift_upper_half<HiShift>(
+      _mm256_add_epi32(_mm256_unpacklo_epi64(s[0], s[1]), _mm256_unpackhi_epi64(s[0], s[1])));
+  const __m256i hi = shift_upper_half<HiShift>(
+      _mm256_add_epi32(_mm256_unpacklo_epi64(s[2], s[3]), _mm256_unpackhi_epi64(s[2], s[3])));
   return _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
 }
 
@@ -253,25 +268,65 @@ inline float block_sum(__m256i q) {
   return float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1))));
 }
 
-// Decode (T <= 3): one row at a time (a single sequential stream is what
-// the hardware prefetcher follows: on Zen 4 one row reads 12-14 GB/s a core,
-// eight rows side by side 7-9; a row's integer sums need no chain of float
-// multiply-adds, unlike gemv_tile's), eight of its blocks at a time: their totals
-// come out of one transposing sum, then the float steps go block by block
-// in order, as the generic row's.
+// Decode (T <= 3): a row's blocks read straight from the weights, eight at a
+// time: their integer totals come out of one transposing sum, then the float
+// steps go block by block in order, as the generic row's. Q8_0 goes one row
+// at a time (a single sequential stream is what the hardware prefetcher
+// follows: on Zen 4 one row read 12-14 GB/s a core, eight side by side 7-9;
+// its float steps are one multiply-add a block). The types whose blocks are
+// smaller (Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1: 18-24 bytes) go kQ8DecodeRows rows
+// side by side: a row's float steps are one chain of dependent multiply-adds
+// (two a block with an offset), and one chain is slower than their stream.
 // Each group asks for its lines kQ8RowAhead bytes on (207M Q8_0, 2 threads,
 // Zen 5: 544 bytes 129-133 tok/s, 2048 144-157, 4096 147-164, 8192 141-153).
 constexpr int64_t kQ8RowAhead = 4096;
-constexpr int64_t kQ8DecodeRows = 4;  // rows side by side in a converted type's decode
+constexpr int64_t kQ8DecodeRows = 4;
 
-// Offset types (Q4_1, Q5_1: mw, the blocks' m as f16, and ux, each token's
-// block sums of its activations) add the second float step of quant_types.h
-// after each block's first. R rows (nb blocks apart, converted weights in
-// scratch) go side by side: a row's float steps are one chain of dependent
-// multiply-adds (two a block with an offset), R rows R chains.
-template <int R, bool Offset>
-void q8x_rows(const BlockQ8_0* w, int64_t nb, int64_t r0, const MatmulArgs& a, const uint16_t* mw = nullptr,
-              const float* ux = nullptr) {
+// The int32 lanes of sum u * x over a block, u unsigned bytes (< 32 here, so
+// maddubs's pair sums stay within int16), x signed.
+inline __m256i block_udot_i32(__m256i u, __m256i x) {
+#ifdef __AVX512VNNI__
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+#endif
+}
+
+#ifdef __AVX512VNNI__
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+// How a weight type's block reads as a Q8_0 block in registers: q(block) is
+// its 32 values as bytes, signed (kBias 0, kUnsigned false: the sign trick of
+// block_dot_i32) or unsigned with q - kBias the value (the block's sum is then
+// sum u * x - kBias * sum x, exact in integers). kOffset: the block has an m
+// (d * q + m). kSplit (with VNNI only: the products exceed maddubs's int16
+// pairs): the 16 packed bytes are read once into both halves, the low nibbles
+// kept in the lower and the high nibbles, in place (16 x their value), in the
+// upper, and the upper half's sums are divided by 16 (shift_upper_half).
+// Q8_0 is here, the others with their unpacking in quants_x86.h.
+struct Q8Src {
+  using Block = BlockQ8_0;
+  static constexpr bool kUnsigned = false, kOffset = false, kSplit = false;
+  static constexpr int kBias = 0;
+  static __m256i q(const Block& b) { return load_i8x32(b.qs); }
+};
+
+template <class Src>
+inline __m256i src_block_dot(const typename Src::Block& w, __m256i x) {
+  const __m256i q = Src::q(w);
+  if constexpr (Src::kUnsigned) return block_udot_i32(q, x);
+  return block_dot_i32(q, _mm256_sign_epi8(q, q), x);
+}
+
+// R rows (nb blocks apart, from row r0 on) times each token; ux: each token's
+// block sums of its activations (for kBias and kOffset types). An offset
+// type adds the second float step of quant_types.h after each block's first.
+template <int R, class Src>
+void q8x_rows(const typename Src::Block* w, int64_t nb, int64_t r0, const MatmulArgs& a, const float* ux) {
+  constexpr int kLines = (8 * int(sizeof(typename Src::Block)) + 63) / 64 + 1;
   for (int64_t t = 0; t < a.T; ++t) {
     const BlockQ8Act* x = a.xq + t * a.ldxq;
     const float* u = ux + t * nb;
@@ -282,41 +337,54 @@ void q8x_rows(const BlockQ8_0* w, int64_t nb, int64_t r0, const MatmulArgs& a, c
       alignas(32) float dx[8];
       for (int i = 0; i < 8; ++i) dx[i] = x[b + i].d;
       for (int r = 0; r < R; ++r) {
-        const BlockQ8_0* wr = w + r * nb;
+        const typename Src::Block* wr = w + r * nb;
         // The out-of-order window alone holds too little of the stream.
         const char* ahead = reinterpret_cast<const char*>(wr + b) + kQ8RowAhead;
-        for (int l = 0; l < 5; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+        for (int l = 0; l < kLines; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
         __m256i v[8];
-        alignas(16) uint16_t dh[8];
+        alignas(16) uint16_t dh[8], mh[8];
         for (int i = 0; i < 8; ++i) {
-          const __m256i wv = load_i8x32(wr[b + i].qs);
-          v[i] = block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b + i].qs));
+          v[i] = src_block_dot<Src>(wr[b + i], load_i8x32(x[b + i].qs));
           dh[i] = wr[b + i].d;
+          if constexpr (Src::kOffset) mh[i] = wr[b + i].m;
         }
-        _mm256_store_ps(s[r], _mm256_cvtepi32_ps(totals8_i32(v)));
+        __m256 sf = _mm256_cvtepi32_ps(totals8_i32<Src::kSplit ? 4 : 0>(v));
+        if constexpr (Src::kBias != 0)
+          sf = _mm256_fnmadd_ps(_mm256_set1_ps(float(Src::kBias)), _mm256_loadu_ps(u + b), sf);  // exact
+        _mm256_store_ps(s[r], sf);
         _mm256_store_ps(d[r], _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
                                             _mm256_load_ps(dx)));
-        if constexpr (Offset)
-          _mm256_store_ps(m[r], _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(
-                                                  reinterpret_cast<const __m128i*>(mw + r * nb + b))),
+        if constexpr (Src::kOffset)
+          _mm256_store_ps(m[r], _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh))),
                                               _mm256_load_ps(dx)));
       }
       for (int i = 0; i < 8; ++i)
         for (int r = 0; r < R; ++r) {
           acc[r] = std::fma(s[r][i], d[r][i], acc[r]);
-          if constexpr (Offset) acc[r] = std::fma(u[b + i], m[r][i], acc[r]);
+          if constexpr (Src::kOffset) acc[r] = std::fma(u[b + i], m[r][i], acc[r]);
         }
     }
     for (; b < nb; ++b)
       for (int r = 0; r < R; ++r) {
-        const BlockQ8_0& blk = w[r * nb + b];
-        const __m256i wv = load_i8x32(blk.qs);
-        const int32_t s = total_i32(block_dot_i32(wv, _mm256_sign_epi8(wv, wv), load_i8x32(x[b].qs)));
-        acc[r] = std::fma(float(s), _cvtsh_ss(blk.d) * x[b].d, acc[r]);
-        if constexpr (Offset) acc[r] = std::fma(u[b], _cvtsh_ss(mw[r * nb + b]) * x[b].d, acc[r]);
+        const typename Src::Block& blk = w[r * nb + b];
+        const int32_t s = total_i32(shift_upper_half<Src::kSplit ? 4 : 0>(src_block_dot<Src>(blk, load_i8x32(x[b].qs))));
+        const float sf = float(s) - float(Src::kBias) * (Src::kBias != 0 ? u[b] : 0.0f);
+        acc[r] = std::fma(sf, _cvtsh_ss(blk.d) * x[b].d, acc[r]);
+        if constexpr (Src::kOffset) acc[r] = std::fma(u[b], _cvtsh_ss(blk.m) * x[b].d, acc[r]);
       }
     for (int r = 0; r < R; ++r) a.y[t * a.ldy + r0 + r] = acc[r];
   }
+}
+
+// Decode rows [n0, n1) of a type read through Src, R rows side by side.
+template <class Src, int R>
+void q8x_decode(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux) {
+  const auto* w = static_cast<const typename Src::Block*>(a.w);
+  const int64_t nb = a.K / 32;
+  int64_t r = n0;
+  if constexpr (R > 1)
+    for (; r + R <= n1; r += R) q8x_rows<R, Src>(w + r * nb, nb, r, a, ux);
+  for (; r < n1; ++r) q8x_rows<1, Src>(w + r * nb, nb, r, a, ux);
 }
 
 // Prefill (T >= 4): eight tokens at a time, one lane each. Their blocks are
@@ -414,8 +482,8 @@ void q8x_transpose_tokens(const MatmulArgs& a, int64_t t0, int64_t n, int64_t nb
 
 // Bytes of scratch the prefill path uses for K: the token groups, the
 // panel's scales (and offsets) and |w|, the panel as Q8_0 blocks (weights of
-// another type) and their offsets as f16. Decode takes less: kQ8DecodeRows
-// rows' blocks and offsets, and three tokens' block sums.
+// another type) and their offsets as f16. Decode takes less: three tokens'
+// block sums.
 constexpr int64_t q8x_scratch_bytes(int64_t K) {
   return kQ8PanelRows * (K / 32) * (32 + 8 + 34 + 2) + (K / 32) * int64_t(sizeof(Q8Group)) + 64;
 }
@@ -425,10 +493,12 @@ constexpr int64_t q8x_scratch_bytes(int64_t K) {
 // m to mh as well.
 void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out, uint16_t* mh);
 bool offset_type(GgmlType t);
+// Decode (T <= 3) of those types straight from their blocks (quants_x86.h).
+void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux);
 
-// Rows [n0, n1) for any number of tokens. Weights of another type than Q8_0
-// (Q4_0, Q5_0, IQ4_NL; Q4_1, Q5_1 with their offsets) are converted to Q8_0
-// blocks in scratch first, kQ8DecodeRows rows (decode) or one panel (prefill)
+// Rows [n0, n1) for any number of tokens. Decode reads every type's blocks
+// directly; prefill converts weights of another type than Q8_0 (Q4_0, Q5_0,
+// IQ4_NL; Q4_1, Q5_1 with their offsets) to Q8_0 blocks in scratch, one panel
 // at a time.
 template <bool Offset>
 void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
@@ -443,23 +513,13 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
     return buf;
   };
   if (a.T <= 3) {
-    // Q8_0 a row at a time from the weights (one stream); converted types
-    // kQ8DecodeRows rows at a time from scratch (a stream read once, chains
-    // side by side).
-    auto* buf = reinterpret_cast<BlockQ8_0*>(base);
-    auto* ux = reinterpret_cast<float*>(base + (kQ8DecodeRows * nb * int64_t(sizeof(BlockQ8_0)) + 63) / 64 * 64);
-    auto* mh = reinterpret_cast<uint16_t*>(ux + 3 * nb);
-    if constexpr (Offset)
-      for (int64_t t = 0; t < a.T; ++t)
-        for (int64_t b = 0; b < nb; ++b) {
-          ux[t * nb + b] = block_sum(load_i8x32(a.xq[t * a.ldxq + b].qs));
-        }
-    int64_t r = n0;
+    // Each token's block sums first (the bias and offset types' second term).
+    auto* ux = reinterpret_cast<float*>(base);
     if (!direct)
-      for (; r + kQ8DecodeRows <= n1; r += kQ8DecodeRows)
-        q8x_rows<kQ8DecodeRows, Offset>(rows_at(r, kQ8DecodeRows, buf, mh), nb, r, a, mh, ux);
-    for (; r < n1; ++r) q8x_rows<1, Offset>(rows_at(r, 1, buf, mh), nb, r, a, mh, ux);
-    return;
+      for (int64_t t = 0; t < a.T; ++t)
+        for (int64_t b = 0; b < nb; ++b) ux[t * nb + b] = block_sum(load_i8x32(a.xq[t * a.ldxq + b].qs));
+    if (direct) return q8x_decode<Q8Src, 1>(a, n0, n1, ux);
+    return q8x_decode_other(a, n0, n1, ux);
   }
   auto* g = reinterpret_cast<Q8Group*>(base);
   auto* dw = reinterpret_cast<float*>(base + nb * int64_t(sizeof(Q8Group)));
