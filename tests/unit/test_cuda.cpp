@@ -1341,7 +1341,8 @@ TEST_CASE("cuda: every architecture's variations give the CPU backend's logits a
   }
 }
 
-TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give the host-routed steps' logits") {
+TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give the host-routed steps' logits, "
+          "and two expert launches a step give four launches' bits") {
   if (!have_gpu()) return;
   for (const ArchCase& c : {ArchCase{.name = "qwen3moe Q4_0", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true,
                                      .type = GgmlType::Q4_0, .experts = 8},
@@ -1355,13 +1356,18 @@ TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give
     setenv("DS4_CUDA_MOE_HOST_ROUTES", "1", 1);  // the step that brings the scores to the host
     auto host = make_cuda_backend(m->model, 0);
     unsetenv("DS4_CUDA_MOE_HOST_ROUTES");
+    setenv("DS4_CUDA_MOE_FUSE", "0", 1);  // gate, up, SwiGLU and down each a launch
+    auto unfused = make_cuda_backend(m->model, 0);
+    unsetenv("DS4_CUDA_MOE_FUSE");
     const EngineShape shape{256, 4, 64};
     device->reserve(shape);
     host->reserve(shape);
+    unfused->reserve(shape);
     std::vector<BatchToken> prefill;
     for (int i = 0; i < 19; ++i) prefill.push_back({int32_t((i * 29 + 3) % hp.n_vocab), 3, int32_t(i), i == 18 ? 0 : -1});
     device->forward(prefill);
     host->forward(prefill);
+    unfused->forward(prefill);
     CHECK(rel_err(device->logits(0).data(), host->logits(0).data(), size_t(hp.n_vocab)) < 1e-4);
     for (int i = 0; i < 6; ++i) {  // 1, 2 and 4 tokens a step: graphs of each shape, replayed
       std::vector<BatchToken> step;
@@ -1369,11 +1375,15 @@ TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give
       for (int sl = 0; sl < n; ++sl) step.push_back({int32_t((i * 7 + sl * 13) % hp.n_vocab), sl, int32_t(19 + i), sl});
       device->forward(step);
       host->forward(step);
+      unfused->forward(step);
       for (int r = 0; r < n; ++r) {
         CAPTURE(i);
         CAPTURE(r);
         CHECK(rel_err(device->logits(r).data(), host->logits(r).data(), size_t(hp.n_vocab)) < 1e-4);
         CHECK(device->greedy(r)->token == host->greedy(r)->token);
+        // The same SwiGLU expression (silu_mul) before the same quantisation: the same bits.
+        const auto fused_logits = device->logits(r), unfused_logits = unfused->logits(r);
+        CHECK(std::memcmp(fused_logits.data(), unfused_logits.data(), size_t(hp.n_vocab) * 4) == 0);
       }
     }
   }

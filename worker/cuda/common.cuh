@@ -108,6 +108,11 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+/// SwiGLU of one value: silu(g) * u, the one expression every kernel uses
+/// (the swiglu kernel and the expert GEMV that takes it while quantising its
+/// input), so both ways give the same bits.
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 /// Multiprocessors of the current device (asked once a process: one GPU each).
 int multiprocessor_count();
 

@@ -231,6 +231,9 @@ class CudaBackend final : public Backend, ForwardOps {
                                      int64_t ldy) const {
     return {expert_tables_.as<DeviceWeight>() + at, x, ldx, y, ldy, w.type, w.rows, w.cols};
   }
+  // DS4_CUDA_MOE_FUSE=0: a decode step's experts as four launches (gate, up,
+  // SwiGLU, down: the way before, for comparison) instead of two.
+  bool moe_fuse_ = !(std::getenv("DS4_CUDA_MOE_FUSE") && std::strcmp(std::getenv("DS4_CUDA_MOE_FUSE"), "0") == 0);
   // DS4_CUDA_MIXED_ATTN=0: a mixed batch's attention in one prefill launch (the way before, for comparison).
   int mixed_attention_ = std::getenv("DS4_CUDA_MIXED_ATTN") ? std::atoi(std::getenv("DS4_CUDA_MIXED_ATTN")) : 1;
   // Steps of up to graph_tokens_ tokens are captured once per (tokens, logit
@@ -666,10 +669,21 @@ void CudaBackend::moe_on_device(Act in, const MoeSpec& m, Act out, bool accumula
   auto run = [&](int64_t at, const Weight& w, int x_div, const float* x, int64_t ldx, float* y, int64_t ldy) {
     cuda::expert_gemv({expert_product(at, w, x, ldx, y, ldy), expert, int(P), x_div}, stream_);
   };
-  run(lt.gate, m.gate[0], int(K), n, ld(in), hb, ldh);
-  run(lt.up, m.up[0], int(K), n, ld(in), hb2, ldh);
-  cuda::swiglu(hb, hb2, ldh, m.expert_ff, int(P), stream_);
-  run(lt.down, m.down[0], 1, hb, ldh, expert_out, ldm);
+  if (moe_fuse_) {
+    // Gate and up in one launch, SwiGLU taken by down as it quantises its input.
+    cuda::ExpertGemv gate_up{expert_product(lt.gate, m.gate[0], n, ld(in), hb, ldh), expert, int(P), int(K)};
+    gate_up.second = expert_tables_.as<DeviceWeight>() + lt.up;
+    gate_up.y2 = hb2;
+    cuda::expert_gemv(gate_up, stream_);
+    cuda::ExpertGemv down{expert_product(lt.down, m.down[0], hb, ldh, expert_out, ldm), expert, int(P), 1};
+    down.x_up = hb2;
+    cuda::expert_gemv(down, stream_);
+  } else {
+    run(lt.gate, m.gate[0], int(K), n, ld(in), hb, ldh);
+    run(lt.up, m.up[0], int(K), n, ld(in), hb2, ldh);
+    cuda::swiglu(hb, hb2, ldh, m.expert_ff, int(P), stream_);
+    run(lt.down, m.down[0], 1, hb, ldh, expert_out, ldm);
+  }
   combine_experts(m, {expert_out, ldm, pair, weight, int(K)}, in, ptr(Act::moe_in) /* free in this path */, out,
                   accumulate);
 }

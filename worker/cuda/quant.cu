@@ -347,8 +347,9 @@ constexpr int kWarpGemvWarps = kWarpGemvThreads / 32;
 
 /// x's NT rows quantised for dp4a into shared memory (XQ), once per block:
 /// four threads a group of 32, eight values each.
-template <int NT>
-__device__ __forceinline__ void quantise_x(const XQ& xq, const float* __restrict__ x, int64_t ldx, int64_t K) {
+template <int NT, bool GLU = false>
+__device__ __forceinline__ void quantise_x(const XQ& xq, const float* __restrict__ x, int64_t ldx, int64_t K,
+                                           const float* __restrict__ x_up = nullptr) {
   const int64_t G = K / 32, items = int64_t(NT) * G * 4;
   for (int64_t base = 0; base < items; base += kWarpGemvThreads) {
     const int64_t it = base + threadIdx.x;
@@ -362,6 +363,13 @@ __device__ __forceinline__ void quantise_x(const XQ& xq, const float* __restrict
       const float4 f0 = __ldg(p), f1 = __ldg(p + 1);
       v[0] = f0.x; v[1] = f0.y; v[2] = f0.z; v[3] = f0.w;
       v[4] = f1.x; v[5] = f1.y; v[6] = f1.z; v[7] = f1.w;
+      if constexpr (GLU) {
+        const float4* pu = reinterpret_cast<const float4*>(x_up + t * ldx + g * 32 + part * 8);
+        const float4 u0 = __ldg(pu), u1 = __ldg(pu + 1);
+        const float u[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = silu_mul(v[e], u[e]);
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] = 0.0f;
@@ -431,9 +439,10 @@ __device__ __forceinline__ void load_chunk(const DeviceWeight& w, int64_t rg, in
 /// for the rest of the block. Per group and token: the quants (unsigned bytes)
 /// times x's (signed) by dp4a, minus OFF times the sum of x's quants, scaled
 /// by a * dx, plus b times the exact sum of x.
-template <GgmlType TY, int NT, int R, int U>
+template <GgmlType TY, int NT, int R, int U, bool GLU = false>
 __device__ __forceinline__ void gemv_warp_body(const DeviceWeight& w, const float* __restrict__ x, int64_t ldx, float* y,
-                                               int64_t ldy, int accumulate, int64_t block, int64_t blocks) {
+                                               int64_t ldy, int accumulate, int64_t block, int64_t blocks,
+                                               const float* __restrict__ x_up = nullptr) {
   using Q = QT<TY>;
   extern __shared__ int4 smem[];
   const int64_t K = w.cols, G = K / 32;
@@ -448,7 +457,7 @@ __device__ __forceinline__ void gemv_warp_body(const DeviceWeight& w, const floa
   if (rg < n_rg) load_chunk<TY, R, U>(w, rg, lane, cur);
   pdl_wait();
   pdl_trigger();
-  quantise_x<NT>(xq, x, ldx, K);
+  quantise_x<NT, GLU>(xq, x, ldx, K, x_up);
   __syncthreads();
 
   for (; rg < n_rg; rg += stride) {
@@ -536,16 +545,24 @@ __global__ void __launch_bounds__(kWarpGemvThreads, 2)
 }
 
 /// The experts of a mixture, all pairs of a step in one launch: pair p
-/// (blockIdx.y) is y[p] = table[expert_of[p]] . x[p / x_div], each pair's
-/// rows over blockIdx.x as gemv_warp_kernel's. Launched without programmatic
-/// serialisation: the expert ids are the previous kernel's output.
-template <GgmlType TY, int R, int U>
+/// (blockIdx.y) is y[p] = table[expert_of[p]] . x[p / x_div] (blockIdx.z 1:
+/// second's matrices into y2), each pair's rows over blockIdx.x as
+/// gemv_warp_kernel's; with GLU the input is SwiGLU(x, x_up). Launched
+/// without programmatic serialisation: the expert ids are an earlier kernel's
+/// output, read before anything else (with it, the decode steps captured as
+/// graphs went wrong on the H200, 2026-12-04: an illegal address in a bench,
+/// logits far from the host-routed steps'; right with DS4_CUDA_PDL=0).
+template <GgmlType TY, int R, int U, bool GLU>
 __global__ void __launch_bounds__(kWarpGemvThreads, 2)
-    expert_gemv_kernel(const DeviceWeight* __restrict__ table, const int32_t* __restrict__ expert_of, int x_div,
-                       const float* __restrict__ x, int64_t ldx, float* y, int64_t ldy) {
+    expert_gemv_kernel(const DeviceWeight* __restrict__ table, const DeviceWeight* __restrict__ second,
+                       const int32_t* __restrict__ expert_of, int x_div, const float* __restrict__ x,
+                       const float* __restrict__ x_up, int64_t ldx, float* y, float* y2, int64_t ldy) {
   const int64_t p = blockIdx.y;
-  const DeviceWeight w = table[expert_of[p]];
-  gemv_warp_body<TY, 1, R, U>(w, x + (p / x_div) * ldx, ldx, y + p * ldy, ldy, 0, blockIdx.x, gridDim.x);
+  const bool two = blockIdx.z != 0;
+  const DeviceWeight w = (two ? second : table)[expert_of[p]];
+  const int64_t xr = (p / x_div) * ldx;
+  gemv_warp_body<TY, 1, R, U, GLU>(w, x + xr, ldx, (two ? y2 : y) + p * ldy, ldy, 0, blockIdx.x, gridDim.x,
+                                   GLU ? x_up + xr : nullptr);
 }
 
 /// A prefill's expert groups (ExpertGroups): group blockIdx.y's rows through
@@ -601,22 +618,22 @@ void launch_warp(const DeviceWeight& w, const float* x, int64_t ldx, float* y, i
               ldy, int(accumulate));
 }
 
-template <GgmlType TY, int R, int U>
+template <GgmlType TY, int R, int U, bool GLU>
 void launch_expert(const ExpertGemv& g, cudaStream_t s) {
   static const bool opted = [] {
-    DS4_CUDA_CHECK(cudaFuncSetAttribute(expert_gemv_kernel<TY, R, U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(kDp4aSmem)));
+    DS4_CUDA_CHECK(cudaFuncSetAttribute(expert_gemv_kernel<TY, R, U, GLU>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDp4aSmem)));
     return true;
   }();
   (void)opted;
   const int64_t smem = xq_bytes(1, g.cols);
-  // Enough blocks for the whole GPU over all pairs, each pair's rows split
-  // among a few: 2 blocks a multiprocessor in all.
-  const int64_t warps = ceil_div(g.rows, R);
-  const int64_t per_pair = std::max<int64_t>(1, ceil_div(int64_t(multiprocessor_count()) * 2, g.pairs));
+  // Enough blocks for the whole GPU over all pairs (of both tables), each
+  // pair's rows split among a few: 2 blocks a multiprocessor in all.
+  const int64_t warps = ceil_div(g.rows, R), tables = g.second ? 2 : 1;
+  const int64_t per_pair = std::max<int64_t>(1, ceil_div(int64_t(multiprocessor_count()) * 2, g.pairs * tables));
   const unsigned gx = unsigned(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), per_pair));
-  expert_gemv_kernel<TY, R, U><<<dim3(gx, unsigned(g.pairs)), kWarpGemvThreads, size_t(smem), s>>>(
-      g.table, g.expert_of, g.x_div, g.x, g.ldx, g.y, g.ldy);
+  expert_gemv_kernel<TY, R, U, GLU><<<dim3(gx, unsigned(g.pairs), unsigned(tables)), kWarpGemvThreads, size_t(smem), s>>>(
+      g.table, g.second ? g.second : g.table, g.expert_of, g.x_div, g.x, g.x_up, g.ldx, g.y, g.y2 ? g.y2 : g.y, g.ldy);
   DS4_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -746,9 +763,13 @@ void expert_gemv(const ExpertGemv& g, cudaStream_t s) {
   if ((g.ldx % 4) != 0 || (reinterpret_cast<uintptr_t>(g.x) & 15) != 0)
     throw Error("expert GEMV: activation rows must be 16-byte aligned");
   if (g.pairs <= 0) return;
+  if (g.x_up && ((reinterpret_cast<uintptr_t>(g.x_up) & 15) != 0 || g.second))
+    throw Error("expert GEMV: a SwiGLU input needs 16-byte aligned rows and one table");
   dispatch(g.type, [&](auto tag) {
     constexpr GgmlType TY = decltype(tag)::value;
-    launch_expert<TY, 2, QT<TY>::H ? 2 : 4>(g, s);
+    constexpr int U = QT<TY>::H ? 2 : 4;
+    if (g.x_up) launch_expert<TY, 2, U, true>(g, s);
+    else launch_expert<TY, 2, U, false>(g, s);
     return 0;
   });
 }

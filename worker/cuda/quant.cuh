@@ -77,6 +77,13 @@ struct ExpertGemv : ExpertProduct {
   const int32_t* expert_of = nullptr;
   int pairs = 0;
   int x_div = 1;
+  /// A second table of like matrices over the same x, into y2, in the same
+  /// launch (a mixture's gate and up).
+  const DeviceWeight* second = nullptr;
+  float* y2 = nullptr;
+  /// When set, the input is SwiGLU(x, x_up) (silu_mul, rows of ldx floats),
+  /// taken as x is quantised: no SwiGLU launch before a mixture's down.
+  const float* x_up = nullptr;
 };
 /// Whether expert_gemv() takes matrices of `type` and `cols` (block-quantised
 /// types whose row fits the dp4a kernel's shared memory).
