@@ -11,7 +11,7 @@
 # each). A shared machine's neighbours slow whole stretches of a run, so
 # every round prints its own ratios and the summary takes the median of the
 # rounds' ratios: one slow stretch moves it by one round at most. The first
-# lines say which kernel table ds4 ran and which CPU variant llama.cpp loaded,
+# lines say which kernel table and decode walk ds4 ran and which CPU variant llama.cpp loaded,
 # and the machine's load (uptime) before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."

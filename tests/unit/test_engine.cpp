@@ -239,6 +239,17 @@ TEST_CASE("engine: per-layer hidden states match an independent double-precision
     }
 }
 
+TEST_CASE("engine: the CPU backend names its kernel table, its threads and its decode walk") {
+  Fixture& f = fixture();
+  const std::string name = make_cpu_backend(f.model, 2)->name();
+  CAPTURE(name);
+  CHECK(name.rfind("cpu(", 0) == 0);
+  CHECK(name.find(", 2 threads") != std::string::npos);
+  // The x86 tables walk one or two rows a pass in decode, as the core wants.
+  if (name.find("generic") == std::string::npos)
+    CHECK((name.find(", 1-row decode)") != std::string::npos || name.find(", 2-row decode)") != std::string::npos));
+}
+
 TEST_CASE("engine: greedy tokens match llama.cpp on stories260K") {
   Fixture& f = fixture();
   Rig rig({512, 1, 64});

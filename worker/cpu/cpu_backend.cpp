@@ -28,7 +28,13 @@ class CpuBackend final : public Backend, private ForwardOps {
       : m_(model), hp_(model.hp()), k_(cpu::cpu_kernels()),
         pool_(threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()))) {}
 
-  std::string name() const override { return "cpu(" + std::string(k_.name) + ", " + std::to_string(pool_.size()) + " threads)"; }
+  /// The kernel table, the threads and, for the x86 tables, the decode walk
+  /// (kernels.h): "cpu(avx512vnni, 2 threads, 1-row decode)".
+  std::string name() const override {
+    std::string n = "cpu(" + std::string(k_.name) + ", " + std::to_string(pool_.size()) + " threads";
+    if (k_.name != "generic") n += ", " + std::to_string(cpu::decode_walk().rows) + "-row decode";
+    return n + ")";
+  }
 
   MemoryPlan plan(const EngineShape& s) const override {
     return plan_memory(hp_, s, WeightsSummary::of(m_.w()), {BackendKind::cpu, int(pool_.size())});
