@@ -231,7 +231,7 @@ inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
 #endif
 }
 
-// Shifts of split_lanes: none for lanes 0-3, Shift for lanes 4-7.
+// v with lanes 4-7 shifted right by Shift (arithmetic), lanes 0-3 as they are.
 template <int Shift>
 inline __m256i shift_upper_half(__m256i v) {
   if constexpr (Shift == 0) return v;

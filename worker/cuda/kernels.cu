@@ -1485,7 +1485,10 @@ void moe_topk(float* scores, int64_t ld, int T, int E, int K, bool norm, int32_t
 
 void moe_combine(const MoeCombine& c, float* out, int64_t ldo, bool accumulate, int64_t n, int T, cudaStream_t s) {
   if (c.K > kMaxCombine) throw Error("MoE combine: " + std::to_string(c.K) + " experts a token (at most 64)");
-  launch(moe_combine_kernel, rows_grid(n, T), dim3(kThreads), s, c, out, ldo, accumulate, n);
+  // Every block takes the shared expert's gate over all of c.n: where out is
+  // c.n itself, one block a token (it reads n before it writes).
+  const dim3 grid = c.shared_y && c.n == out ? dim3(1, unsigned(T)) : rows_grid(n, T);
+  launch(moe_combine_kernel, grid, dim3(kThreads), s, c, out, ldo, accumulate, n);
   DS4_CUDA_LAUNCHED();
 }
 
