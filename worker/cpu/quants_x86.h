@@ -79,13 +79,19 @@ inline void store_q8_block(BlockQ8_0& o, uint16_t d, __m256i q) {
 
 bool offset_type(GgmlType t) { return t == GgmlType::Q4_1 || t == GgmlType::Q5_1; }
 
+// Q5_0's / Q5_1's 32 values, 0..31: the nibbles and each high bit as 16.
+inline __m256i q5_values(const uint8_t* qs, const uint8_t* qh_bytes) {  // 0..31
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  return _mm256_or_si256(nibbles32(qs), _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+}
+
 // Rows [r0, r0 + rows) of a weight matrix as Q8_0 blocks, row by row (and
 // the offset types' m to mh).
 void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out, uint16_t* mh) {
   const int64_t nb = a.K / 32, n = rows * nb;
-  // The rows stream from memory: each block asks for the line kQ8RowAhead
-  // bytes on (1B Q4_0 decode, Zen 5: without it half the time went to
-  // waiting on the weights here).
+  // The rows stream from memory (a prefill panel): each block asks for the
+  // line kQ8RowAhead bytes on.
   const auto ahead = [](const void* p) { _mm_prefetch(static_cast<const char*>(p) + kQ8RowAhead, _MM_HINT_T0); };
   switch (a.type) {
     case GgmlType::Q4_1: {
@@ -101,10 +107,7 @@ void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out,
       const auto* w = static_cast<const BlockQ5_1*>(a.w) + r0 * nb;
       for (int64_t i = 0; i < n; ++i) {
         ahead(w + i);
-        uint32_t qh;
-        std::memcpy(&qh, w[i].qh, 4);
-        const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        store_q8_block(out[i], w[i].d, _mm256_or_si256(nibbles32(w[i].qs), hi));
+        store_q8_block(out[i], w[i].d, q5_values(w[i].qs, w[i].qh));
         mh[i] = w[i].m;
       }
       break;
@@ -119,10 +122,7 @@ void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out,
       const auto* w = static_cast<const BlockQ5_0*>(a.w) + r0 * nb;
       for (int64_t i = 0; i < n; ++i) {
         ahead(w + i);
-        uint32_t qh;
-        std::memcpy(&qh, w[i].qh, 4);
-        const __m256i hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
-        store_q8_block(out[i], w[i].d, _mm256_sub_epi8(_mm256_or_si256(nibbles32(w[i].qs), hi), _mm256_set1_epi8(16)));
+        store_q8_block(out[i], w[i].d, _mm256_sub_epi8(q5_values(w[i].qs, w[i].qh), _mm256_set1_epi8(16)));
       }
       break;
     }
@@ -138,11 +138,6 @@ void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out,
 }
 
 // The same types read in registers, for decode (x86_common.h's Q8Src).
-inline __m256i q5_values(const uint8_t* qs, const uint8_t* qh_bytes) {  // 0..31
-  uint32_t qh;
-  std::memcpy(&qh, qh_bytes, 4);
-  return _mm256_or_si256(nibbles32(qs), _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
-}
 // Lower half: the low nibbles; upper half: the high nibbles in place (Q8Src's kSplit).
 inline __m256i split_nibbles(const uint8_t* qs) {
   const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));

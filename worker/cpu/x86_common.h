@@ -507,11 +507,6 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
   const auto* w = static_cast<const BlockQ8_0*>(a.w);
   const int64_t nb = a.K / 32;
   auto* base = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) / 64 * 64);
-  auto rows_at = [&](int64_t r0, int64_t rows, BlockQ8_0* buf, uint16_t* mh) -> const BlockQ8_0* {
-    if (direct) return w + r0 * nb;
-    to_q8_0_rows(a, r0, rows, buf, mh);
-    return buf;
-  };
   if (a.T <= 3) {
     // Each token's block sums first (the bias and offset types' second term).
     auto* ux = reinterpret_cast<float*>(base);
@@ -529,7 +524,8 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
   auto* mh = reinterpret_cast<uint16_t*>(conv + kQ8PanelRows * nb);
   for (int64_t p0 = n0; p0 < n1; p0 += kQ8PanelRows) {
     const int64_t rows = std::min(kQ8PanelRows, n1 - p0);
-    const Q8Prefill p{rows_at(p0, rows, conv, mh), wabs, dw, g, nb, mw};
+    if (!direct) to_q8_0_rows(a, p0, rows, conv, mh);
+    const Q8Prefill p{direct ? w + p0 * nb : conv, wabs, dw, g, nb, mw};
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t b = 0; b < nb; ++b) {
         const __m256i wv = load_i8x32(p.w[r * nb + b].qs);
