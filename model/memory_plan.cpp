@@ -8,6 +8,7 @@ namespace ds4 {
 namespace {
 
 int64_t pad8(int64_t n) { return (n + 7) / 8 * 8; }
+int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 
 // The CUDA attention's counters and its largest batch of the split kernel
@@ -83,7 +84,7 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   l.xk_floats = q_rows * (max_k / 256) * 73;
   l.xk = take(l.xk_floats);
   l.moe = take(hp.moe() ? 4 * B * hp.n_expert_used + hp.n_expert + 1 : 0);  // worker/moe_routes.h's words
-  l.matmul_per_thread = 17 * pad8(max_k) + 64;
+  l.matmul_per_thread = 17 * pad16(max_k) + 64;
   l.per_thread = l.matmul_per_thread + kAttendQueriesPerThread * kAttendScoresPerQuery + pad8(hp.head_dim);
   l.threads = take(int64_t(std::max(threads, 1)) * l.per_thread);
   l.total = at;

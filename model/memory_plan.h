@@ -129,7 +129,7 @@ struct ScratchLayout {
 };
 
 /// The CPU layout (`opt.threads` pool threads). The products' per-thread
-/// scratch is 17 * pad8(K) + 64 floats for the largest K (kernels.h's
+/// scratch is 17 * pad16(K) + 64 floats for the largest K (kernels.h's
 /// matmul_scratch_floats: the backend refuses to start when it needs more),
 /// the quantized input 9 floats (a BlockQ8Act) per 32 values of a row.
 ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& shape, int threads);

@@ -99,7 +99,7 @@ std::vector<const KernelTable*> tables() {
 TEST_CASE("kernels: matrix products match a double-precision sum and the generic table bit for bit") {
   std::mt19937 rng(1);
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
-    for (int64_t K : {32, 96, 172, 1024}) {
+    for (int64_t K : {32, 40, 96, 172, 1000, 1024}) {  // 40, 172, 1000: a tail past the last 16 lanes
       if (type == GgmlType::Q8_0 && K % 32) continue;
       const int64_t N = 37, ldx = (K + 7) / 8 * 8;
       const Matrix m = random_matrix(type, N, K, rng);

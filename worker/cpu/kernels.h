@@ -5,10 +5,14 @@
 /// Numerical contract, relied on for "greedy output is the same alone or
 /// batched": every weight type converts exactly to f32 (F16, BF16, and Q8_0's
 /// d*q all fit f32 without rounding), and each output y[t][n] = sum_k W[n][k] *
-/// x[t][k] is accumulated in 8 lanes (lane l takes k = l, l+8, ... in order,
-/// one fused multiply-add each), then reduced as ((l0+l4)+(l2+l6)) +
-/// ((l1+l5)+(l3+l7)). That order does not depend on how many tokens are in the
-/// batch, on threads, or on the tiling, so results are bit-identical.
+/// x[t][k] is accumulated in 16 lanes (lane l takes k = l, l+16, ... in order,
+/// one fused multiply-add each, K padded with zeros to a multiple of 16), then
+/// reduced as reduce16 does: m_i = l_i + l_(i+8), then ((m0+m4)+(m2+m6)) +
+/// ((m1+m5)+(m3+m7)). That order does not depend on how many tokens are in the
+/// batch, on threads, or on the tiling, so results are bit-identical. Sixteen
+/// lanes are one 512-bit register or two 256-bit chains: a decoded row is not
+/// bound by one chain's latency (8 lanes were: a row read ~15 GB/s a core on
+/// Zen 4, less than its share of the memory).
 ///
 /// Q8_0 weights with quantized activations (MatmulArgs::xq, what the engine
 /// uses, as llama.cpp does): each x row is first rounded per 32-block by
@@ -58,7 +62,7 @@ struct BlockQ8Act {
 };
 
 /// y[t*ldy + n] = dot(W row n, x[t*ldx ...]) for n in [n0, n1), t in [0, T).
-/// x rows hold K floats followed by zeros up to a multiple of 8 (ldx >= that).
+/// x rows hold K floats (ldx >= K; nothing past K is read).
 /// For a quantized weight type, the activation blocks its row names
 /// (quant_type(type)->act) hold the same rows quantized: `xq` (quantize_q8,
 /// row t at xq + t * ldxq) for act Q8_0, `xk` (quantize_q8k, row t at
@@ -138,12 +142,14 @@ const KernelTable& cpu_kernels();
 
 /// How the x86 tables' decode (T <= 3) walks 16/32-bit weight rows: `rows`
 /// side by side (1 or 2: one multiply-add chain each) and how many bytes on
-/// each row asks for its lines. Which is faster depends on the core, not the
-/// ISA (207M F16, 2 threads: Zen 5 tg 79 -> 101-104 tok/s with two rows; Zen
-/// 4 one row 71, two 45), so it is chosen once from the CPU: two rows on AMD
-/// family 26 (Zen 5) and later, one elsewhere; DS4_CPU_DECODE_ROWS=1|2
-/// overrides. The results are the same bits either way (a row's chain is its
-/// own).
+/// each row asks for its lines (0: none). Which is faster depends on the
+/// core, not the ISA (207M F16, 2 threads, 8-lane chains: Zen 5 tg 79 ->
+/// 101-104 tok/s with two rows; Zen 4 one row 71, two 45; 16-lane chains on
+/// Zen 4: one row 45 tok/s a thread without a prefetch, 31 asking 4 KiB on,
+/// two rows 18-22), so it is chosen once from the CPU: two rows 8 KiB on for
+/// AMD family 26 (Zen 5) and later, one row without a prefetch elsewhere;
+/// DS4_CPU_DECODE_ROWS=1|2 and DS4_CPU_DECODE_AHEAD=bytes override. The
+/// results are the same bits either way (a row's chain is its own).
 struct DecodeWalk {
   int rows;
   int64_t ahead;
@@ -160,8 +166,13 @@ int64_t row_bytes(GgmlType type, int64_t K);
 void matmul_rows_quantized_generic(const MatmulArgs& a, int64_t n0, int64_t n1);
 
 /// The reduction order of the contract, for scalar code.
-inline float reduce8(const float l[8]) {
-  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+inline float reduce16(const float l[16]) {
+  float m[8];
+  for (int i = 0; i < 8; ++i) m[i] = l[i] + l[i + 8];
+  return ((m[0] + m[4]) + (m[2] + m[6])) + ((m[1] + m[5]) + (m[3] + m[7]));
 }
+
+/// n rounded up to the contract's 16 lanes.
+inline constexpr int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 
 }  // namespace ds4::cpu

@@ -1,17 +1,15 @@
 // AVX-512 kernels (F, BW, VL, DQ). Same numerical contract as the other tables
-// (kernels.h): a 512-bit register holds the 8 lanes of two weight rows side by
-// side, so every output still sums k in the same 8 lanes and order, and the
-// results are bit-identical to the AVX2 and generic tables. Matrix-vector
-// products (decode, memory-bound) use the shared AVX2-width code; the
-// matrix-matrix path packs weight rows in interleaved pairs and runs 8-row x
-// 4-token tiles in 32 registers.
+// (kernels.h): a 512-bit register holds one output's 16 lanes, so the results
+// are bit-identical to the AVX2 and generic tables. Matrix-vector products
+// (decode, memory-bound) take x86_common.h's rows; the matrix-matrix path
+// converts a panel of rows to f32 once and runs tiles of rows x tokens over it.
 #include "worker/cpu/x86_common.h"
 #include "worker/cpu/quants_x86.h"
 
 namespace ds4::cpu {
 namespace {
 
-constexpr int64_t kPanelPairs = 8;   // 16 rows converted to f32 at once
+constexpr int64_t kPanelRows = 16;  // rows converted to f32 at once
 constexpr int64_t kTokenBlock = 48;  // tokens per pass over a panel
 // Batches up to this many tokens take gemv_rows_tokens<4> (207M F16, Zen 4, 2
 // threads, a forward of T tokens in tok/s, panels -> rows: T=4 75-82 ->
@@ -23,60 +21,55 @@ constexpr int64_t kRowPathMaxT = 24;
 // which is what a thread takes next while two threads alternate 16-row
 // chunks (207M F16, Zen 5, 2 threads, pp128: 0 651-686 tok/s, 16 rows
 // 671-677, 32 693-706, 48 668-675, 64 691-700).
-constexpr int64_t kPackAhead = 4 * kPanelPairs;
+constexpr int64_t kPackAhead = 2 * kPanelRows;
 
-// Interleaves rows 2p and 2p+1 chunk by chunk: [row0 k0..7][row1 k0..7][row0 k8..15]...
-void pack_pairs(const MatmulArgs& a, int64_t n0, int64_t rows, int64_t kp, float* rowbuf, float* panel) {
-  for (int64_t r = 0; r < (rows + 1) / 2 * 2; ++r) {
-    if (r < rows) pack_row(a, n0 + r, kp, rowbuf, kPackAhead);
-    else std::fill(rowbuf, rowbuf + kp, 0.0f);  // odd count: a zero partner row
-    float* dst = panel + (r / 2) * 2 * kp + (r % 2) * 8;
-    for (int64_t k = 0; k < kp; k += 8) std::memcpy(dst + 2 * k, rowbuf + k, 8 * sizeof(float));
-  }
-}
-
-template <int P, int C>
-void tile512(const float* panel, int64_t kp, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows_left) {
-  __m512 acc[P][C];
-  for (int p = 0; p < P; ++p)
-    for (int c = 0; c < C; ++c) acc[p][c] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < kp; k += 8) {
+// R panel rows x C tokens, one register of the contract's 16 lanes each.
+template <int R, int C>
+void tile512(const float* panel, int64_t kp, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  auto step = [&](int64_t k, auto load_x) {
     __m512 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + c * ldx + k));
-    for (int p = 0; p < P; ++p) {
-      const __m512 wv = _mm512_loadu_ps(panel + p * 2 * kp + 2 * k);
-      for (int c = 0; c < C; ++c) acc[p][c] = _mm512_fmadd_ps(wv, xv[c], acc[p][c]);
+    for (int c = 0; c < C; ++c) xv[c] = load_x(x + c * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = _mm512_loadu_ps(panel + r * kp + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
     }
+  };
+  const int64_t kmain = K / 16 * 16;
+  for (int64_t k = 0; k < kmain; k += 16) step(k, [](const float* p) { return _mm512_loadu_ps(p); });
+  if (kmain < K) {  // the panel holds zeros past K; x is not read there
+    const __mmask16 m = __mmask16((1u << (K - kmain)) - 1);
+    step(kmain, [m](const float* p) { return _mm512_maskz_loadu_ps(m, p); });
   }
-  for (int p = 0; p < P; ++p)
-    for (int c = 0; c < C; ++c) {
-      y[c * ldy + 2 * p] = hsum(_mm512_castps512_ps256(acc[p][c]));
-      if (2 * p + 1 < rows_left) y[c * ldy + 2 * p + 1] = hsum(_mm512_extractf32x8_ps(acc[p][c], 1));
-    }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = hsum16({acc[r][c]});
 }
 
-template <int P>
-void tokens512(const float* panel, int64_t kp, const MatmulArgs& a, int64_t t0, int64_t t1, int64_t n,
-               int64_t rows_left) {
+// Tiles of 4 rows x 4 tokens (16 registers; 207M F16, Zen 4, 2 threads,
+// pp256 alternated: 4 x 4 396-428 tok/s, 4 x 5 380-394, 4 x 6 359-404,
+// 6 x 4 328-350, 8 x 3 337-357, 3 x 8 336-347, 5 x 5 349-388).
+constexpr int kTileRows = 4, kTileTokens = 4;
+
+template <int R>
+void tokens512(const float* panel, int64_t kp, const MatmulArgs& a, int64_t t0, int64_t t1, int64_t n) {
   int64_t t = t0;
-  for (; t + 4 <= t1; t += 4) tile512<P, 4>(panel, kp, a.x + t * a.ldx, a.ldx, a.y + t * a.ldy + n, a.ldy, rows_left);
-  for (; t < t1; ++t) tile512<P, 1>(panel, kp, a.x + t * a.ldx, a.ldx, a.y + t * a.ldy + n, a.ldy, rows_left);
+  for (; t + kTileTokens <= t1; t += kTileTokens)
+    tile512<R, kTileTokens>(panel, kp, a.K, a.x + t * a.ldx, a.ldx, a.y + t * a.ldy + n, a.ldy);
+  for (; t < t1; ++t) tile512<R, 1>(panel, kp, a.K, a.x + t * a.ldx, a.ldx, a.y + t * a.ldy + n, a.ldy);
 }
 
 void gemm_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  const int64_t kp = (a.K + 7) / 8 * 8;
-  float* rowbuf = scratch;
-  float* panel = scratch + kp;
-  for (int64_t r0 = n0; r0 < n1; r0 += 2 * kPanelPairs) {
-    const int64_t rows = std::min(2 * kPanelPairs, n1 - r0);
-    const int64_t pairs = (rows + 1) / 2;
-    pack_pairs(a, r0, rows, kp, rowbuf, panel);
+  const int64_t kp = pad16(a.K);
+  for (int64_t r0 = n0; r0 < n1; r0 += kPanelRows) {
+    const int64_t rows = std::min(kPanelRows, n1 - r0);
+    for (int64_t r = 0; r < rows; ++r) pack_row(a, r0 + r, kp, scratch + r * kp, kPackAhead);
     for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
       const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
-      int64_t p = 0;
-      for (; p + 4 <= pairs; p += 4)
-        tokens512<4>(panel + p * 2 * kp, kp, a, t0, t1, r0 + 2 * p, rows - 2 * p);
-      for (; p < pairs; ++p) tokens512<1>(panel + p * 2 * kp, kp, a, t0, t1, r0 + 2 * p, rows - 2 * p);
+      int64_t r = 0;
+      for (; r + kTileRows <= rows; r += kTileRows) tokens512<kTileRows>(scratch + r * kp, kp, a, t0, t1, r0 + r);
+      for (; r < rows; ++r) tokens512<1>(scratch + r * kp, kp, a, t0, t1, r0 + r);
     }
   }
 }

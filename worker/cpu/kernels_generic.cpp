@@ -49,24 +49,24 @@ void matmul_rows_quantized_generic(const MatmulArgs& a, int64_t n0, int64_t n1) 
 // tokens + one 2x5 tile's products, per 32-block rounded up to 8 blocks
 // (x86_common.h, q8x_scratch_floats).
 int64_t matmul_scratch_floats(int64_t K) {
-  return 17 * ((K + 7) / 8 * 8) + 64;
+  return 17 * pad16(K) + 64;
 }
 
 namespace {
 
 void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   if (a.quantized()) return matmul_rows_quantized_generic(a, n0, n1);
-  const int64_t kp = (a.K + 7) / 8 * 8;
+  const int64_t kp = pad16(a.K);
   float* wrow = scratch;
   for (int64_t n = n0; n < n1; ++n) {
     dequantize_row(a.type, a.w, a.K, n, wrow);
     for (int64_t k = a.K; k < kp; ++k) wrow[k] = 0;
     for (int64_t t = 0; t < a.T; ++t) {
       const float* x = a.x + t * a.ldx;
-      float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int64_t k = 0; k < kp; k += 8)
-        for (int l = 0; l < 8; ++l) lanes[l] = std::fma(wrow[k + l], x[k + l], lanes[l]);
-      a.y[t * a.ldy + n] = reduce8(lanes);
+      float lanes[16] = {};
+      for (int64_t k = 0; k < kp; k += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] = std::fma(wrow[k + l], k + l < a.K ? x[k + l] : 0.0f, lanes[l]);
+      a.y[t * a.ldy + n] = reduce16(lanes);
     }
   }
 }
@@ -188,8 +188,11 @@ const DecodeWalk& decode_walk() {
 #endif
     if (const char* v = std::getenv("DS4_CPU_DECODE_ROWS"); v && (std::string_view(v) == "1" || std::string_view(v) == "2"))
       rows = v[0] - '0';
-    // Two streams side by side need their lines asked for further on.
-    return DecodeWalk{rows, rows == 2 ? 8192 : 4096};
+    // Two streams side by side need their lines asked for further on; one
+    // row of 16-lane steps is best left to the hardware (Zen 4).
+    int64_t ahead = rows == 2 ? 8192 : 0;
+    if (const char* v = std::getenv("DS4_CPU_DECODE_AHEAD")) ahead = std::max<int64_t>(0, std::atoll(v));
+    return DecodeWalk{rows, ahead};
   }();
   return walk;
 }

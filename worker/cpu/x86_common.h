@@ -51,6 +51,57 @@ inline __m256 load_q8(const int8_t* q, __m256 d) {
   return _mm256_mul_ps(_mm256_cvtepi32_ps(w), d);
 }
 
+// --- the contract's 16 lanes (kernels.h) -----------------------------------
+//
+// One output's 16 lanes: one 512-bit register in the AVX-512 tables, two
+// 256-bit ones (lanes 0-7 and 8-15) in the AVX2 table. Either way lane l
+// takes k = l, l + 16, ... by fused multiply-adds, and hsum16 adds lanes l
+// and l + 8 before hsum's order: reduce16's.
+#ifdef __AVX512F__
+struct Lanes16 {
+  __m512 v;
+};
+inline Lanes16 zero16() { return {_mm512_setzero_ps()}; }
+inline Lanes16 fma16(Lanes16 w, Lanes16 x, Lanes16 acc) { return {_mm512_fmadd_ps(w.v, x.v, acc.v)}; }
+inline float hsum16(Lanes16 a) {
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1)));
+}
+inline Lanes16 load16_f32(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline Lanes16 load16_f16(const uint16_t* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline Lanes16 load16_bf16(const uint16_t* p) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+}
+inline Lanes16 load16_q8(const int8_t* q, __m256 d) {
+  const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  return {_mm512_mul_ps(_mm512_cvtepi32_ps(w), _mm512_broadcast_f32x8(d))};
+}
+// The first n (< 16) floats at p, zeros after them; reads nothing past p + n.
+inline Lanes16 load16_part(const float* p, int64_t n) {
+  return {_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p)};
+}
+#else
+struct Lanes16 {
+  __m256 lo, hi;
+};
+inline Lanes16 zero16() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline Lanes16 fma16(Lanes16 w, Lanes16 x, Lanes16 acc) {
+  return {_mm256_fmadd_ps(w.lo, x.lo, acc.lo), _mm256_fmadd_ps(w.hi, x.hi, acc.hi)};
+}
+inline float hsum16(Lanes16 a) { return hsum(_mm256_add_ps(a.lo, a.hi)); }
+inline Lanes16 load16_f32(const float* p) { return {load_f32(p), load_f32(p + 8)}; }
+inline Lanes16 load16_f16(const uint16_t* p) { return {load_f16(p), load_f16(p + 8)}; }
+inline Lanes16 load16_bf16(const uint16_t* p) { return {load_bf16(p), load_bf16(p + 8)}; }
+inline Lanes16 load16_q8(const int8_t* q, __m256 d) { return {load_q8(q, d), load_q8(q + 8, d)}; }
+inline Lanes16 load16_part(const float* p, int64_t n) {
+  alignas(32) float b[16] = {};
+  std::memcpy(b, p, size_t(n) * 4);
+  return load16_f32(b);
+}
+#endif
+
 // --- matrix-vector path: weights converted on the fly (T <= 3) -------------
 //
 // Decode reads every weight once, straight from memory, and the hardware
@@ -62,55 +113,55 @@ inline __m256 load_q8(const int8_t* q, __m256 d) {
 template <int R, int C, typename Load, typename Elem>
 void gemv_tile(const Elem* w, int64_t K, int64_t r0, const float* x, int64_t ldx, float* y,
                int64_t ldy, Load load, int64_t ahead = 0) {
-  __m256 acc[R][C];
+  Lanes16 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  const int64_t kmain = K / 8 * 8;
-  constexpr int64_t line = 64 / sizeof(Elem);  // elements a cache line
-  for (int64_t k = 0; k < kmain; k += 8) {
+    for (int c = 0; c < C; ++c) acc[r][c] = zero16();
+  const int64_t kmain = K / 16 * 16;
+  constexpr int64_t line = 64 / sizeof(Elem);  // elements a cache line (a multiple of 16)
+  for (int64_t k = 0; k < kmain; k += 16) {
     if (ahead && k % line == 0)
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (r0 + r) * K + k) + ahead, _MM_HINT_T0);
-    __m256 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + k);
+    Lanes16 xv[C];
+    for (int c = 0; c < C; ++c) xv[c] = load16_f32(x + c * ldx + k);
     for (int r = 0; r < R; ++r) {
-      const __m256 wv = load(w + (r0 + r) * K + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+      const Lanes16 wv = load(w + (r0 + r) * K + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = fma16(wv, xv[c], acc[r][c]);
     }
   }
-  if (kmain < K) {  // tail: weights past K are zero, as x is
-    __m256 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + kmain);
+  if (kmain < K) {  // tail: weights and x past K are zero
+    Lanes16 xv[C];
+    for (int c = 0; c < C; ++c) xv[c] = load16_part(x + c * ldx + kmain, K - kmain);
     for (int r = 0; r < R; ++r) {
-      alignas(32) Elem tail[8] = {};
+      alignas(64) Elem tail[16] = {};
       std::memcpy(tail, w + (r0 + r) * K + kmain, size_t(K - kmain) * sizeof(Elem));
-      const __m256 wv = load(tail);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+      const Lanes16 wv = load(tail);
+      for (int c = 0; c < C; ++c) acc[r][c] = fma16(wv, xv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum16(acc[r][c]);
 }
 
 template <int R, int C>
 void gemv_tile_q8(const BlockQ8_0* w, int64_t K, int64_t r0, const float* x, int64_t ldx, float* y,
                   int64_t ldy) {
   const int64_t nb = K / 32;
-  __m256 acc[R][C];
+  Lanes16 acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < C; ++c) acc[r][c] = zero16();
   for (int64_t b = 0; b < nb; ++b) {
-    for (int j = 0; j < 4; ++j) {
-      __m256 xv[C];
-      for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(x + c * ldx + b * 32 + j * 8);
+    for (int j = 0; j < 2; ++j) {
+      Lanes16 xv[C];
+      for (int c = 0; c < C; ++c) xv[c] = load16_f32(x + c * ldx + b * 32 + j * 16);
       for (int r = 0; r < R; ++r) {
         const BlockQ8_0& blk = w[(r0 + r) * nb + b];
-        const __m256 wv = load_q8(blk.qs + j * 8, _mm256_set1_ps(_cvtsh_ss(blk.d)));
-        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+        const Lanes16 wv = load16_q8(blk.qs + j * 16, _mm256_set1_ps(_cvtsh_ss(blk.d)));
+        for (int c = 0; c < C; ++c) acc[r][c] = fma16(wv, xv[c], acc[r][c]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum(acc[r][c]);
+    for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum16(acc[r][c]);
 }
 
 // Rows r0..r0+R of the product for C tokens, weights converted on the fly
@@ -120,15 +171,15 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y, int64
   switch (a.type) {
     case GgmlType::F32:
       gemv_tile<R, C>(static_cast<const float*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const float* p) { return load_f32(p); }, ahead);
+                      [](const float* p) { return load16_f32(p); }, ahead);
       break;
     case GgmlType::F16:
       gemv_tile<R, C>(static_cast<const uint16_t*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const uint16_t* p) { return load_f16(p); }, ahead);
+                      [](const uint16_t* p) { return load16_f16(p); }, ahead);
       break;
     case GgmlType::BF16:
       gemv_tile<R, C>(static_cast<const uint16_t*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const uint16_t* p) { return load_bf16(p); }, ahead);
+                      [](const uint16_t* p) { return load16_bf16(p); }, ahead);
       break;
     case GgmlType::Q8_0:
       gemv_tile_q8<R, C>(static_cast<const BlockQ8_0*>(a.w), a.K, r0, x, a.ldx, y, a.ldy);
@@ -139,19 +190,20 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y, int64
 }
 
 // A batch of a few tokens: R rows at a time, taken by every group of up to
-// four tokens (in L1 after the first group), weights converted on the fly and
+// G tokens (in L1 after the first group), weights converted on the fly and
 // read from memory once.
 // - Decode (T <= 3) takes R = decode_walk().rows (kernels.h): a row is one
-//   chain of dependent multiply-adds (the contract's 8 lanes), which alone
-//   caps a core at 8 weights every 4 cycles (~20 GB/s of f16 on Zen 5); two
-//   rows are two chains. Side by side, two rows are two streams, which the
+//   chain of dependent multiply-adds, the contract's 16 lanes (8 lanes, as
+//   before, capped a core at 8 weights every 4 cycles: ~15 GB/s of f16 on Zen
+//   4, ~20 on Zen 5). Side by side, two rows are two streams, which the
 //   hardware prefetcher follows badly (Zen 5: one row 21 GB/s a core, two
 //   13), so each row also asks for its line `ahead` bytes on: on Zen 5 two
-//   rows then read 30 GB/s a core (f16, K 1024; 25 at K 2816; 207M F16, 2
-//   threads: tg 79 -> 101-104 tok/s). On Zen 4 two rows stay slow with any
-//   distance (207M F16, 2 threads: 42-48 tok/s), one row reads 64 tok/s, 71
-//   asking 4 KiB on.
-// - Several slots' decode steps (T >= 4) take R = 4: bound by arithmetic and
+//   8-lane rows then read 30 GB/s a core (f16, K 1024; 207M F16, 2 threads:
+//   tg 79 -> 101-104 tok/s). On Zen 4 two rows stay slow with any distance
+//   (16 lanes, 1 thread: 18-22 tok/s); one 16-lane row reads 41-46 tok/s a
+//   thread without a prefetch (34 with 8 lanes), 31-32 asking 4 KiB on.
+// - Several slots' decode steps (T >= 4) take R = 4 (the AVX2 table 2 rows
+//   of 3 tokens: an output is two of its registers): bound by arithmetic and
 //   loads rather than the stream, and R rows share each token's loads (207M
 //   F16, Zen 4, 2 threads, an 8-token batch: 95-130 tok/s one row at a time,
 //   181-189 four), prefetched likewise (Zen 5: T = 8 241-271 -> 284-335
@@ -160,16 +212,22 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y, int64
 // - `ahead` > 0: the rows' weights are also prefetched that many bytes on.
 constexpr int64_t kRowsAhead = 8192;
 
-template <int R>
+template <int R, int G = 4>
 void gemv_rows_tokens(const MatmulArgs& a, int64_t n0, int64_t n1, int64_t ahead = 0) {
-  const int64_t groups = (a.T + 3) / 4;  // of balanced sizes: a group of one would be one chain
+  static_assert(G >= 3 && G <= 4);
+  const int64_t groups = (a.T + G - 1) / G;  // of balanced sizes: a group of one would be one chain
   auto rows = [&]<int RR>(int64_t n) {
     for (int64_t g = 0, t = 0; g < groups; ++g) {
       const int64_t c = (a.T - t) / (groups - g);
       const float* x = a.x + t * a.ldx;
       float* y = a.y + t * a.ldy;
-      if (c == 4) gemv_block<RR, 4>(a, n, x, y, ahead);
-      else if (c == 3) gemv_block<RR, 3>(a, n, x, y, ahead);
+      if constexpr (G == 4)
+        if (c == 4) {
+          gemv_block<RR, 4>(a, n, x, y, ahead);
+          t += c;
+          continue;
+        }
+      if (c == 3) gemv_block<RR, 3>(a, n, x, y, ahead);
       else if (c == 2) gemv_block<RR, 2>(a, n, x, y, ahead);
       else gemv_block<RR, 1>(a, n, x, y, ahead);
       t += c;
