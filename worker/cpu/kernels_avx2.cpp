@@ -7,31 +7,62 @@
 namespace ds4::cpu {
 namespace {
 
-// R panel rows x C tokens, each output's 16 lanes in two registers.
+// R panel rows x C tokens. An output's 16 lanes are two registers; the tile
+// takes lanes 0-7 of every output over all of K, then lanes 8-15, so that
+// R x C registers hold all it sums at once. The panel holds each row's lanes
+// 0-7 of every 16 columns first, then its lanes 8-15 (pack_halves), so each
+// pass reads one stretch of it. Zen 4's avx2 table, 207M F16, 2 threads,
+// pp128 alternated: 2 x 3 tiles holding both halves 254-291 tok/s, two passes
+// over the rows as stored 281-313, over the halves' stretches 354-355, the
+// same in chunks of 256 columns (both halves' sums kept in memory between
+// chunks) 311-314; 8 lanes (before) 389-430.
 template <int R, int C>
 void gemm_tile(const float* wp, int64_t kp, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy) {
-  Lanes16 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = zero16();
-  auto step = [&](int64_t k, const Lanes16* xv) {
-    for (int r = 0; r < R; ++r) {
-      const Lanes16 wv = load16_f32(wp + r * kp + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = fma16(wv, xv[c], acc[r][c]);
-    }
-  };
+  __m256 lo[R][C];
   const int64_t kmain = K / 16 * 16;
-  for (int64_t k = 0; k < kmain; k += 16) {
-    Lanes16 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = load16_f32(x + c * ldx + k);
-    step(k, xv);
+  alignas(32) float xt[C][16] = {};
+  if (kmain < K)
+    for (int c = 0; c < C; ++c) std::memcpy(xt[c], x + c * ldx + kmain, size_t(K - kmain) * 4);
+  for (int h = 0; h < 2; ++h) {
+    const float* wh = wp + h * (kp / 2);
+    __m256 acc[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+    // Columns k + 8h.. k + 8h + 7: the panel's, and each token's from xr[c].
+    const auto step = [&](int64_t k, const float* const xr[C]) __attribute__((always_inline)) {
+      __m256 xv[C];
+      for (int c = 0; c < C; ++c) xv[c] = _mm256_loadu_ps(xr[c] + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        const __m256 wv = _mm256_loadu_ps(wh + r * kp + k / 2);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+      }
+    };
+    for (int64_t k = 0; k < kmain; k += 16) {
+      const float* xr[C];
+      for (int c = 0; c < C; ++c) xr[c] = x + c * ldx + k;
+      step(k, xr);
+    }
+    if (kmain < K) {  // the panel holds zeros past K; x is not read there
+      const float* xr[C];
+      for (int c = 0; c < C; ++c) xr[c] = xt[c];
+      step(kmain, xr);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        if (h == 0) lo[r][c] = acc[r][c];
+        else y[c * ldy + r] = hsum(_mm256_add_ps(lo[r][c], acc[r][c]));
+      }
   }
-  if (kmain < K) {  // the panel holds zeros past K; x is not read there
-    Lanes16 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = load16_part(x + c * ldx + kmain, K - kmain);
-    step(kmain, xv);
+}
+
+// Row n converted to f32 (rowbuf), then stored in `out` as gemm_tile reads
+// it: lanes 0-7 of each 16 columns, then lanes 8-15.
+void pack_halves(const MatmulArgs& a, int64_t n, int64_t kp, float* rowbuf, float* out, int64_t ahead) {
+  pack_row(a, n, kp, rowbuf, ahead);
+  for (int64_t k = 0; k < kp; k += 16) {
+    _mm256_storeu_ps(out + k / 2, _mm256_loadu_ps(rowbuf + k));
+    _mm256_storeu_ps(out + kp / 2 + k / 2, _mm256_loadu_ps(rowbuf + k + 8));
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ldy + r] = hsum16(acc[r][c]);
 }
 
 template <int R>
@@ -53,11 +84,13 @@ void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   const int64_t kp = pad16(a.K);
   for (int64_t p0 = n0; p0 < n1; p0 += kPanelRows) {
     const int64_t rows = std::min(kPanelRows, n1 - p0);
-    for (int64_t r = 0; r < rows; ++r) pack_row(a, p0 + r, kp, scratch + r * kp, 2 * kPanelRows);  // as kernels_avx512.cpp's kPackAhead
+    float* rowbuf = scratch + kPanelRows * kp;
+    for (int64_t r = 0; r < rows; ++r)
+      pack_halves(a, p0 + r, kp, rowbuf, scratch + r * kp, 2 * kPanelRows);  // as kernels_avx512.cpp's kPackAhead
     for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
       const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
       int64_t r = 0;
-      for (; r + 2 <= rows; r += 2) gemm_panel_rows<2>(scratch + r * kp, kp, a, t0, t1, p0 + r);
+      for (; r + 4 <= rows; r += 4) gemm_panel_rows<4>(scratch + r * kp, kp, a, t0, t1, p0 + r);
       for (; r < rows; ++r) gemm_panel_rows<1>(scratch + r * kp, kp, a, t0, t1, p0 + r);
     }
   }

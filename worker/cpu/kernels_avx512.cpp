@@ -44,7 +44,7 @@ void tile512(const float* panel, int64_t kp, int64_t K, const float* x, int64_t 
     step(kmain, [m](const float* p) { return _mm512_maskz_loadu_ps(m, p); });
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[c * ldy + r] = hsum16({acc[r][c]});
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = hsum16(&acc[r][c]);
 }
 
 // Tiles of 4 rows x 4 tokens (16 registers; 207M F16, Zen 4, 2 threads,

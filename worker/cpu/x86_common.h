@@ -53,53 +53,40 @@ inline __m256 load_q8(const int8_t* q, __m256 d) {
 
 // --- the contract's 16 lanes (kernels.h) -----------------------------------
 //
-// One output's 16 lanes: one 512-bit register in the AVX-512 tables, two
-// 256-bit ones (lanes 0-7 and 8-15) in the AVX2 table. Either way lane l
-// takes k = l, l + 16, ... by fused multiply-adds, and hsum16 adds lanes l
-// and l + 8 before hsum's order: reduce16's.
+// One output's 16 lanes are kRegs registers of kRegLanes floats: one 512-bit
+// register in the AVX-512 tables, two 256-bit ones (lanes 0-7 and 8-15) in
+// the AVX2 table. Either way lane l takes k = l, l + 16, ... by fused
+// multiply-adds, and hsum16 adds lanes l and l + 8 before hsum's order:
+// reduce16's. Tiles keep plain arrays of Vec (GCC keeps an array of structs
+// of registers in memory, storing it back every step).
 #ifdef __AVX512F__
-struct Lanes16 {
-  __m512 v;
-};
-inline Lanes16 zero16() { return {_mm512_setzero_ps()}; }
-inline Lanes16 fma16(Lanes16 w, Lanes16 x, Lanes16 acc) { return {_mm512_fmadd_ps(w.v, x.v, acc.v)}; }
-inline float hsum16(Lanes16 a) {
-  return hsum(_mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1)));
-}
-inline Lanes16 load16_f32(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline Lanes16 load16_f16(const uint16_t* p) {
-  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
-}
-inline Lanes16 load16_bf16(const uint16_t* p) {
+using Vec = __m512;
+constexpr int kRegs = 1, kRegLanes = 16;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vfma(Vec w, Vec x, Vec acc) { return _mm512_fmadd_ps(w, x, acc); }
+inline Vec vload_f32(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline Vec vload_bf16(const uint16_t* p) {
   const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
 }
-inline Lanes16 load16_q8(const int8_t* q, __m256 d) {
+inline Vec vload_q8(const int8_t* q, __m256 d) {
   const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-  return {_mm512_mul_ps(_mm512_cvtepi32_ps(w), _mm512_broadcast_f32x8(d))};
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(w), _mm512_broadcast_f32x8(d));
 }
-// The first n (< 16) floats at p, zeros after them; reads nothing past p + n.
-inline Lanes16 load16_part(const float* p, int64_t n) {
-  return {_mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), p)};
+inline float hsum16(const Vec v[kRegs]) {
+  return hsum(_mm256_add_ps(_mm512_castps512_ps256(v[0]), _mm512_extractf32x8_ps(v[0], 1)));
 }
 #else
-struct Lanes16 {
-  __m256 lo, hi;
-};
-inline Lanes16 zero16() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-inline Lanes16 fma16(Lanes16 w, Lanes16 x, Lanes16 acc) {
-  return {_mm256_fmadd_ps(w.lo, x.lo, acc.lo), _mm256_fmadd_ps(w.hi, x.hi, acc.hi)};
-}
-inline float hsum16(Lanes16 a) { return hsum(_mm256_add_ps(a.lo, a.hi)); }
-inline Lanes16 load16_f32(const float* p) { return {load_f32(p), load_f32(p + 8)}; }
-inline Lanes16 load16_f16(const uint16_t* p) { return {load_f16(p), load_f16(p + 8)}; }
-inline Lanes16 load16_bf16(const uint16_t* p) { return {load_bf16(p), load_bf16(p + 8)}; }
-inline Lanes16 load16_q8(const int8_t* q, __m256 d) { return {load_q8(q, d), load_q8(q + 8, d)}; }
-inline Lanes16 load16_part(const float* p, int64_t n) {
-  alignas(32) float b[16] = {};
-  std::memcpy(b, p, size_t(n) * 4);
-  return load16_f32(b);
-}
+using Vec = __m256;
+constexpr int kRegs = 2, kRegLanes = 8;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vfma(Vec w, Vec x, Vec acc) { return _mm256_fmadd_ps(w, x, acc); }
+inline Vec vload_f32(const float* p) { return load_f32(p); }
+inline Vec vload_f16(const uint16_t* p) { return load_f16(p); }
+inline Vec vload_bf16(const uint16_t* p) { return load_bf16(p); }
+inline Vec vload_q8(const int8_t* q, __m256 d) { return load_q8(q, d); }
+inline float hsum16(const Vec v[kRegs]) { return hsum(_mm256_add_ps(v[0], v[1])); }
 #endif
 
 // --- matrix-vector path: weights converted on the fly (T <= 3) -------------
@@ -113,30 +100,46 @@ inline Lanes16 load16_part(const float* p, int64_t n) {
 template <int R, int C, typename Load, typename Elem>
 void gemv_tile(const Elem* w, int64_t K, int64_t r0, const float* x, int64_t ldx, float* y,
                int64_t ldy, Load load, int64_t ahead = 0) {
-  Lanes16 acc[R][C];
+  Vec acc[R][C][kRegs];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = zero16();
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < kRegs; ++h) acc[r][c][h] = vzero();
+  // 16 weights of each row from wr[r], 16 values of each token from xr[c].
+  const auto step = [&](const Elem* const wr[R], const float* const xr[C]) __attribute__((always_inline)) {
+    for (int h = 0; h < kRegs; ++h) {
+      Vec xv[C];
+      for (int c = 0; c < C; ++c) xv[c] = vload_f32(xr[c] + h * kRegLanes);
+      for (int r = 0; r < R; ++r) {
+        const Vec wv = load(wr[r] + h * kRegLanes);
+        for (int c = 0; c < C; ++c) acc[r][c][h] = vfma(wv, xv[c], acc[r][c][h]);
+      }
+    }
+  };
   const int64_t kmain = K / 16 * 16;
   constexpr int64_t line = 64 / sizeof(Elem);  // elements a cache line (a multiple of 16)
   for (int64_t k = 0; k < kmain; k += 16) {
     if (ahead && k % line == 0)
       for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + (r0 + r) * K + k) + ahead, _MM_HINT_T0);
-    Lanes16 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = load16_f32(x + c * ldx + k);
-    for (int r = 0; r < R; ++r) {
-      const Lanes16 wv = load(w + (r0 + r) * K + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = fma16(wv, xv[c], acc[r][c]);
-    }
+    const Elem* wr[R];
+    const float* xr[C];
+    for (int r = 0; r < R; ++r) wr[r] = w + (r0 + r) * K + k;
+    for (int c = 0; c < C; ++c) xr[c] = x + c * ldx + k;
+    step(wr, xr);
   }
-  if (kmain < K) {  // tail: weights and x past K are zero
-    Lanes16 xv[C];
-    for (int c = 0; c < C; ++c) xv[c] = load16_part(x + c * ldx + kmain, K - kmain);
+  if (kmain < K) {  // tail: weights and x past K are zero (x is not read there)
+    alignas(64) Elem wt[R][16] = {};
+    alignas(64) float xt[C][16] = {};
+    const Elem* wr[R];
+    const float* xr[C];
     for (int r = 0; r < R; ++r) {
-      alignas(64) Elem tail[16] = {};
-      std::memcpy(tail, w + (r0 + r) * K + kmain, size_t(K - kmain) * sizeof(Elem));
-      const Lanes16 wv = load(tail);
-      for (int c = 0; c < C; ++c) acc[r][c] = fma16(wv, xv[c], acc[r][c]);
+      std::memcpy(wt[r], w + (r0 + r) * K + kmain, size_t(K - kmain) * sizeof(Elem));
+      wr[r] = wt[r];
     }
+    for (int c = 0; c < C; ++c) {
+      std::memcpy(xt[c], x + c * ldx + kmain, size_t(K - kmain) * 4);
+      xr[c] = xt[c];
+    }
+    step(wr, xr);
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[c * ldy + r0 + r] = hsum16(acc[r][c]);
@@ -146,17 +149,19 @@ template <int R, int C>
 void gemv_tile_q8(const BlockQ8_0* w, int64_t K, int64_t r0, const float* x, int64_t ldx, float* y,
                   int64_t ldy) {
   const int64_t nb = K / 32;
-  Lanes16 acc[R][C];
+  Vec acc[R][C][kRegs];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = zero16();
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < kRegs; ++h) acc[r][c][h] = vzero();
   for (int64_t b = 0; b < nb; ++b) {
-    for (int j = 0; j < 2; ++j) {
-      Lanes16 xv[C];
-      for (int c = 0; c < C; ++c) xv[c] = load16_f32(x + c * ldx + b * 32 + j * 16);
+    for (int j = 0; j < 32 / kRegLanes; ++j) {
+      const int h = j % kRegs;  // 16-lane half j / kRegs, register h of it
+      Vec xv[C];
+      for (int c = 0; c < C; ++c) xv[c] = vload_f32(x + c * ldx + b * 32 + j * kRegLanes);
       for (int r = 0; r < R; ++r) {
         const BlockQ8_0& blk = w[(r0 + r) * nb + b];
-        const Lanes16 wv = load16_q8(blk.qs + j * 16, _mm256_set1_ps(_cvtsh_ss(blk.d)));
-        for (int c = 0; c < C; ++c) acc[r][c] = fma16(wv, xv[c], acc[r][c]);
+        const Vec wv = vload_q8(blk.qs + j * kRegLanes, _mm256_set1_ps(_cvtsh_ss(blk.d)));
+        for (int c = 0; c < C; ++c) acc[r][c][h] = vfma(wv, xv[c], acc[r][c][h]);
       }
     }
   }
@@ -171,15 +176,15 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y, int64
   switch (a.type) {
     case GgmlType::F32:
       gemv_tile<R, C>(static_cast<const float*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const float* p) { return load16_f32(p); }, ahead);
+                      [](const float* p) { return vload_f32(p); }, ahead);
       break;
     case GgmlType::F16:
       gemv_tile<R, C>(static_cast<const uint16_t*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const uint16_t* p) { return load16_f16(p); }, ahead);
+                      [](const uint16_t* p) { return vload_f16(p); }, ahead);
       break;
     case GgmlType::BF16:
       gemv_tile<R, C>(static_cast<const uint16_t*>(a.w), a.K, r0, x, a.ldx, y, a.ldy,
-                      [](const uint16_t* p) { return load16_bf16(p); }, ahead);
+                      [](const uint16_t* p) { return vload_bf16(p); }, ahead);
       break;
     case GgmlType::Q8_0:
       gemv_tile_q8<R, C>(static_cast<const BlockQ8_0*>(a.w), a.K, r0, x, a.ldx, y, a.ldy);
