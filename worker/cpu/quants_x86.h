@@ -336,6 +336,26 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   for (int c = 0; c < C; ++c) out[c] = acc[c];
 }
 
+// Q2_K's sixteen 4-bit group scales (shift 0) or mins (shift 4), as int16.
+inline __m256i q2k_nibbles(const BlockQ2K& b, int shift) {
+  const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+  return _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, shift), _mm_set1_epi8(0x0F)));
+}
+
+// Q3_K's 6-bit group scales (low four bits in the first 8 bytes' nibbles, the
+// top two in the last 4 bytes' bit pairs) minus 32, as int16.
+inline __m256i q3k_scales16(const BlockQ3K& b) {
+  uint32_t a0, a1, a2;
+  std::memcpy(&a0, b.scales, 4);
+  std::memcpy(&a1, b.scales + 4, 4);
+  std::memcpy(&a2, b.scales + 8, 4);
+  constexpr uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+  const __m128i v = _mm_setr_epi32(int((a0 & m4) | ((a2 & m2) << 4)), int((a1 & m4) | (((a2 >> 2) & m2) << 4)),
+                                   int(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
+                                   int(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)));
+  return _mm256_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)));
+}
+
 #ifdef __AVX512F__
 // ---- K-quants in 512-bit registers (the AVX-512 tables) --------------------
 //
@@ -526,12 +546,8 @@ struct Q2KGroups {
   using Block = BlockQ2K;
   static constexpr bool kMin = true;
   static constexpr int kOffsetShift = 0;
-  static __m256i nibbles(const Block& b, int shift) {
-    const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
-    return _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, shift), _mm_set1_epi8(0x0F)));
-  }
-  static __m256i scales(const Block& b) { return nibbles(b, 0); }
-  static __m256i offsets(const Block& b) { return nibbles(b, 4); }  // the mins
+  static __m256i scales(const Block& b) { return q2k_nibbles(b, 0); }
+  static __m256i offsets(const Block& b) { return q2k_nibbles(b, 4); }  // the mins
   static void values(const Block& b, int n, __m512i q[2]) { two_bit_values(b.qs + 32 * n, q); }
   static float d(const Block& b) { return _cvtsh_ss(b.d); }
   static float dmin(const Block& b) { return _cvtsh_ss(b.dmin); }
@@ -541,19 +557,7 @@ struct Q3KGroups {
   using Block = BlockQ3K;
   static constexpr bool kMin = false;
   static constexpr int kOffsetShift = 2;  // q + 4: two bits, and 4 where hmask's bit is set
-  // q3k_scales: the 6-bit scales (low four bits in the first 8 bytes' nibbles,
-  // the top two in the last 4 bytes' bit pairs) minus 32, as int16.
-  static __m256i scales(const Block& b) {
-    uint32_t a0, a1, a2;
-    std::memcpy(&a0, b.scales, 4);
-    std::memcpy(&a1, b.scales + 4, 4);
-    std::memcpy(&a2, b.scales + 8, 4);
-    constexpr uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    const __m128i v = _mm_setr_epi32(int((a0 & m4) | ((a2 & m2) << 4)), int((a1 & m4) | (((a2 >> 2) & m2) << 4)),
-                                     int(((a0 >> 4) & m4) | (((a2 >> 4) & m2) << 4)),
-                                     int(((a1 >> 4) & m4) | (((a2 >> 6) & m2) << 4)));
-    return _mm256_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)));
-  }
+  static __m256i scales(const Block& b) { return q3k_scales16(b); }
   static __m256i offsets(const Block& b) { return scales(b); }
   static void values(const Block& b, int n, __m512i q[2]) {
     two_bit_values(b.qs + 32 * n, q);
@@ -718,6 +722,86 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
   for (int c = 0; c < C; ++c) out[c] = acc[c];
 }
 
+// Q2_K and Q3_K in 256-bit registers (the avx2 table; the AVX-512 tables take
+// dot_k16_512): per half n of a block, register k holds quarter k's 32 values
+// as unsigned bytes, two 16-value groups, one a 128-bit lane, against the
+// activations' 32 bytes, with the two groups' scales in the lanes' words; the
+// generic row's float steps after (Q2_K: its mins against the 16-sums; Q3_K:
+// the values stored as q + 4, so 4 times the scales against the 16-sums come
+// off). Its results bit for bit.
+struct Q2KQuarters {
+  using Block = BlockQ2K;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = 0;
+  static __m256i scales(const Block& b) { return q2k_nibbles(b, 0); }
+  static __m256i offsets(const Block& b) { return q2k_nibbles(b, 4); }
+  static void values(const Block& b, int n, __m256i q[4]) {
+    const __m256i m3 = _mm256_set1_epi8(3), v = load256(b.qs + 32 * n);
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3);
+  }
+  static float dmin(const Block& b) { return _cvtsh_ss(b.dmin); }
+};
+
+struct Q3KQuarters {
+  using Block = BlockQ3K;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 2;
+  static __m256i scales(const Block& b) { return q3k_scales16(b); }
+  static __m256i offsets(const Block& b) { return q3k_scales16(b); }
+  static void values(const Block& b, int n, __m256i q[4]) {
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i v = load256(b.qs + 32 * n), h = load256(b.hmask);
+    // hmask bit 4n + k of byte l: quarter k's high bit (shifts stay within each byte's bits).
+    for (int k = 0; k < 4; ++k)
+      q[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4 * n + k), one), 2));
+  }
+  static float dmin(const Block&) { return 0; }
+};
+
+template <typename Ty, int C>
+void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
+  using Block = typename Ty::Block;
+  const auto* w = static_cast<const Block*>(wrow);
+  // Words 0-7 take the dword's low word, 8-15 its high word (one 128-bit lane each).
+  const __m256i split = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+                                         2, 3, 2, 3, 2, 3);
+  float acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    const Block& b = w[i];
+    prefetch_block(w + i + kPrefetchBlocks);
+    const __m256i sc16 = Ty::scales(b);
+    __m256i sum[C];
+    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
+    for (int n = 0; n < 2; ++n) {
+      __m256i q[4];
+      Ty::values(b, n, q);
+      for (int k = 0; k < 4; ++k) {
+        // Groups 8n + 2k and 8n + 2k + 1: dword 4n + k of the scales, one word a lane.
+        const __m256i sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * n + k)), split);
+        for (int c = 0; c < C; ++c)
+          sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv);
+      }
+    }
+    const __m256i offw = Ty::offsets(b);
+    __m256i offs[C];
+    for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), offw);
+    int32_t T[C], O[C];
+    pair_totals<C>(sum, offs, T, O);
+    const float d = _cvtsh_ss(b.d);
+    for (int c = 0; c < C; ++c) {  // the generic row's float steps
+      if constexpr (Ty::kMin) {
+        acc[c] = std::fma(float(T[c]), d * x[c][i].d, acc[c]);
+        acc[c] = std::fma(-float(O[c]), Ty::dmin(b) * x[c][i].d, acc[c]);
+      } else {
+        acc[c] = std::fma(float(T[c] - (O[c] << Ty::kOffsetShift)), d * x[c][i].d, acc[c]);
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c) out[c] = acc[c];
+}
+
 template <int C>
 void dot_iq4xs_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
   const auto* w = static_cast<const BlockIQ4XS*>(wrow);
@@ -755,6 +839,8 @@ KDot<C> kquant_dot(GgmlType t) {
     case GgmlType::Q4_K: return dot_q45k_x86<false, C>;
     case GgmlType::Q5_K: return dot_q45k_x86<true, C>;
     case GgmlType::Q6_K: return dot_q6k_x86<C>;
+    case GgmlType::Q2_K: return dot_k16_x86<Q2KQuarters, C>;
+    case GgmlType::Q3_K: return dot_k16_x86<Q3KQuarters, C>;
     case GgmlType::IQ4_XS: return dot_iq4xs_x86<C>;
     default: return nullptr;
   }
