@@ -155,7 +155,7 @@ void gemv_tile_q8(const BlockQ8_0* w, int64_t K, int64_t r0, const float* x, int
       for (int h = 0; h < kRegs; ++h) acc[r][c][h] = vzero();
   for (int64_t b = 0; b < nb; ++b) {
     for (int j = 0; j < 32 / kRegLanes; ++j) {
-      const int h = j % kRegs;  // 16-lane half j / kRegs, register h of it
+      const int h = j % kRegs;  // columns 32b + j * kRegLanes.. are register h of the 16 lanes
       Vec xv[C];
       for (int c = 0; c < C; ++c) xv[c] = vload_f32(x + c * ldx + b * 32 + j * kRegLanes);
       for (int r = 0; r < R; ++r) {

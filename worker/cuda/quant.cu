@@ -547,16 +547,17 @@ __global__ void __launch_bounds__(kWarpGemvThreads, 2)
 /// The experts of a mixture, all pairs of a step in one launch: pair p
 /// (blockIdx.y) is y[p] = table[expert_of[p]] . x[p / x_div] (blockIdx.z 1:
 /// second's matrices into y2), each pair's rows over blockIdx.x as
-/// gemv_warp_kernel's; with GLU the input is SwiGLU(x, x_up). Launched
-/// without programmatic serialisation: the expert ids are an earlier kernel's
-/// output, read before anything else (with it, the decode steps captured as
-/// graphs went wrong on the H200, 2026-12-04: an illegal address in a bench,
-/// logits far from the host-routed steps'; right with DS4_CUDA_PDL=0).
+/// gemv_warp_kernel's; with GLU the input is SwiGLU(x, x_up). The expert ids
+/// are an earlier kernel's output: it waits for that kernel (pdl_wait) before
+/// reading them. (Reading them first, under programmatic serialisation, the
+/// decode steps captured as graphs went wrong on the H200, 2026-12-04: an
+/// illegal address in a bench, logits far from the host-routed steps'.)
 template <GgmlType TY, int R, int U, bool GLU>
 __global__ void __launch_bounds__(kWarpGemvThreads, 2)
     expert_gemv_kernel(const DeviceWeight* __restrict__ table, const DeviceWeight* __restrict__ second,
                        const int32_t* __restrict__ expert_of, int x_div, const float* __restrict__ x,
                        const float* __restrict__ x_up, int64_t ldx, float* y, float* y2, int64_t ldy) {
+  pdl_wait();
   const int64_t p = blockIdx.y;
   const bool two = blockIdx.z != 0;
   const DeviceWeight w = (two ? second : table)[expert_of[p]];
@@ -571,6 +572,7 @@ template <GgmlType TY>
 __global__ void __launch_bounds__(kWarpGemvThreads, 2)
     expert_groups_kernel(const DeviceWeight* __restrict__ table, const int32_t* __restrict__ jobs,
                          const float* __restrict__ x, int64_t ldx, float* y, int64_t ldy) {
+  pdl_wait();  // before the jobs, which may be an earlier kernel's output
   const int32_t* j = jobs + 3 * int64_t(blockIdx.y);
   const DeviceWeight w = table[j[0]];
   const float* xr = x + int64_t(j[1]) * ldx;
@@ -632,9 +634,9 @@ void launch_expert(const ExpertGemv& g, cudaStream_t s) {
   const int64_t warps = ceil_div(g.rows, R), tables = g.second ? 2 : 1;
   const int64_t per_pair = std::max<int64_t>(1, ceil_div(int64_t(multiprocessor_count()) * 2, g.pairs * tables));
   const unsigned gx = unsigned(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), per_pair));
-  expert_gemv_kernel<TY, R, U, GLU><<<dim3(gx, unsigned(g.pairs), unsigned(tables)), kWarpGemvThreads, size_t(smem), s>>>(
-      g.table, g.second ? g.second : g.table, g.expert_of, g.x_div, g.x, g.x_up, g.ldx, g.y, g.y2 ? g.y2 : g.y, g.ldy);
-  DS4_CUDA_CHECK(cudaGetLastError());
+  launch_smem(expert_gemv_kernel<TY, R, U, GLU>, dim3(gx, unsigned(g.pairs), unsigned(tables)), dim3(kWarpGemvThreads),
+              size_t(smem), s, g.table, g.second ? g.second : g.table, g.expert_of, g.x_div, g.x, g.x_up, g.ldx, g.y,
+              g.y2 ? g.y2 : g.y, g.ldy);
 }
 
 template <GgmlType TY>
@@ -651,9 +653,8 @@ void launch_groups(const ExpertGroups& g, cudaStream_t s) {
   const int64_t warps = g.rows;
   const int64_t per_job = std::max<int64_t>(1, ceil_div(int64_t(multiprocessor_count()) * 2, g.n_jobs));
   const unsigned gx = unsigned(std::min<int64_t>(ceil_div(warps, kWarpGemvWarps), per_job));
-  expert_groups_kernel<TY><<<dim3(gx, unsigned(g.n_jobs)), kWarpGemvThreads, size_t(smem), s>>>(g.table, g.jobs, g.x,
-                                                                                                g.ldx, g.y, g.ldy);
-  DS4_CUDA_CHECK(cudaGetLastError());
+  launch_smem(expert_groups_kernel<TY>, dim3(gx, unsigned(g.n_jobs)), dim3(kWarpGemvThreads), size_t(smem), s, g.table,
+              g.jobs, g.x, g.ldx, g.y, g.ldy);
 }
 
 unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>(ceil_div(n, 256), 1, 8192)); }
