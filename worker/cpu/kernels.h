@@ -146,8 +146,10 @@ const KernelTable& cpu_kernels();
 /// core, not the ISA (207M F16, 2 threads, 8-lane chains: Zen 5 tg 79 ->
 /// 101-104 tok/s with two rows; Zen 4 one row 71, two 45; 16-lane chains on
 /// Zen 4: one row 45 tok/s a thread without a prefetch, 31 asking 4 KiB on,
-/// two rows 18-22), so it is chosen once from the CPU: two rows 8 KiB on for
-/// AMD family 26 (Zen 5) and later, one row without a prefetch elsewhere;
+/// two rows 18-22; an Intel Xeon with AVX-512, 2 threads: one row 45 asking
+/// 4 KiB on, 29-31 without), so it is chosen once from the CPU: two rows 8 KiB
+/// on for AMD family 26 (Zen 5) and later, one row without a prefetch for AMD
+/// family 25 (Zen 3, Zen 4), one row 4 KiB on elsewhere;
 /// DS4_CPU_DECODE_ROWS=1|2 and DS4_CPU_DECODE_AHEAD=bytes override. The
 /// results are the same bits either way (a row's chain is its own).
 struct DecodeWalk {

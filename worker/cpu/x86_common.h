@@ -206,7 +206,8 @@ void gemv_block(const MatmulArgs& a, int64_t r0, const float* x, float* y, int64
 //   8-lane rows then read 30 GB/s a core (f16, K 1024; 207M F16, 2 threads:
 //   tg 79 -> 101-104 tok/s). On Zen 4 two rows stay slow with any distance
 //   (16 lanes, 1 thread: 18-22 tok/s); one 16-lane row reads 41-46 tok/s a
-//   thread without a prefetch (34 with 8 lanes), 31-32 asking 4 KiB on.
+//   thread without a prefetch (34 with 8 lanes), 31-32 asking 4 KiB on. An
+//   Intel Xeon wants the opposite (2 threads: 45 tok/s 4 KiB on, 29-31 without).
 // - Several slots' decode steps (T >= 4) take R = 4 (the AVX2 table 2 rows
 //   of 3 tokens: an output is two of its registers): bound by arithmetic and
 //   loads rather than the stream, and R rows share each token's loads (207M
