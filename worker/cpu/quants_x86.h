@@ -356,6 +356,69 @@ inline __m256i q3k_scales16(const BlockQ3K& b) {
   return _mm256_cvtepi8_epi16(_mm_sub_epi8(v, _mm_set1_epi8(32)));
 }
 
+// Q2_K and Q3_K for dot_k16_x86 and dot_k16_512 (their comments say how):
+// the groups' scales and the words that multiply the activations' 16-sums
+// as 16 int16, and the values as unsigned bytes, a half block's four
+// quarters in 256-bit registers (quarters) or two 512-bit ones (values).
+#ifdef __AVX512F__
+// Two bits of qs a value, quarters s = 0..3 of half n at bits 2s.
+inline void two_bit_values(const uint8_t* qs32, __m512i q[2]) {
+  const __m512i m3 = _mm512_set1_epi8(3);
+  const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(4));
+  const __m512i b = _mm512_broadcast_i64x4(load256(qs32));
+  q[0] = _mm512_and_si512(_mm512_srlv_epi16(b, sh01), m3);
+  q[1] = _mm512_and_si512(_mm512_srlv_epi16(b, sh23), m3);
+}
+#endif
+
+struct Q2KGroups {
+  using Block = BlockQ2K;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = 0;
+  static __m256i scales(const Block& b) { return q2k_nibbles(b, 0); }
+  static __m256i offsets(const Block& b) { return q2k_nibbles(b, 4); }  // the mins
+  static void quarters(const Block& b, int n, __m256i q[4]) {
+    const __m256i m3 = _mm256_set1_epi8(3), v = load256(b.qs + 32 * n);
+    for (int k = 0; k < 4; ++k) q[k] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3);
+  }
+#ifdef __AVX512F__
+  static void values(const Block& b, int n, __m512i q[2]) { two_bit_values(b.qs + 32 * n, q); }
+#endif
+  static float d(const Block& b) { return _cvtsh_ss(b.d); }
+  static float dmin(const Block& b) { return _cvtsh_ss(b.dmin); }
+};
+
+struct Q3KGroups {
+  using Block = BlockQ3K;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 2;  // q + 4: two bits, and 4 where hmask's bit is set
+  static __m256i scales(const Block& b) { return q3k_scales16(b); }
+  static __m256i offsets(const Block& b) { return scales(b); }
+  static void quarters(const Block& b, int n, __m256i q[4]) {
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+    const __m256i v = load256(b.qs + 32 * n), h = load256(b.hmask);
+    // hmask bit 4n + k of byte l: quarter k's high bit (shifts stay within each byte's bits).
+    for (int k = 0; k < 4; ++k)
+      q[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4 * n + k), one), 2));
+  }
+#ifdef __AVX512F__
+  static void values(const Block& b, int n, __m512i q[2]) {
+    two_bit_values(b.qs + 32 * n, q);
+    // hmask bit 4n + s of byte l: quarter s's high bit.
+    const __m512i h = _mm512_broadcast_i64x4(load256(b.hmask));
+    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(int16_t(4 * n)), _mm256_set1_epi16(int16_t(4 * n + 1)), 1);
+    const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(2));
+    const __m512i one = _mm512_set1_epi8(1);
+    q[0] = _mm512_or_si512(q[0], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh01), one), 2));
+    q[1] = _mm512_or_si512(q[1], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh23), one), 2));
+  }
+#endif
+  static float d(const Block& b) { return _cvtsh_ss(b.d); }
+  static float dmin(const Block&) { return 0; }
+};
+
 #ifdef __AVX512F__
 // ---- K-quants in 512-bit registers (the AVX-512 tables) --------------------
 //
@@ -532,47 +595,6 @@ struct Q6KGroups {
   static float dmin(const Block&) { return 0; }
 };
 
-// Two bits of qs a value, quarters s = 0..3 of half n at bits 2s.
-inline void two_bit_values(const uint8_t* qs32, __m512i q[2]) {
-  const __m512i m3 = _mm512_set1_epi8(3);
-  const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-  const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(4));
-  const __m512i b = _mm512_broadcast_i64x4(load256(qs32));
-  q[0] = _mm512_and_si512(_mm512_srlv_epi16(b, sh01), m3);
-  q[1] = _mm512_and_si512(_mm512_srlv_epi16(b, sh23), m3);
-}
-
-struct Q2KGroups {
-  using Block = BlockQ2K;
-  static constexpr bool kMin = true;
-  static constexpr int kOffsetShift = 0;
-  static __m256i scales(const Block& b) { return q2k_nibbles(b, 0); }
-  static __m256i offsets(const Block& b) { return q2k_nibbles(b, 4); }  // the mins
-  static void values(const Block& b, int n, __m512i q[2]) { two_bit_values(b.qs + 32 * n, q); }
-  static float d(const Block& b) { return _cvtsh_ss(b.d); }
-  static float dmin(const Block& b) { return _cvtsh_ss(b.dmin); }
-};
-
-struct Q3KGroups {
-  using Block = BlockQ3K;
-  static constexpr bool kMin = false;
-  static constexpr int kOffsetShift = 2;  // q + 4: two bits, and 4 where hmask's bit is set
-  static __m256i scales(const Block& b) { return q3k_scales16(b); }
-  static __m256i offsets(const Block& b) { return scales(b); }
-  static void values(const Block& b, int n, __m512i q[2]) {
-    two_bit_values(b.qs + 32 * n, q);
-    // hmask bit 4n + s of byte l: quarter s's high bit.
-    const __m512i h = _mm512_broadcast_i64x4(load256(b.hmask));
-    const __m512i sh01 = _mm512_inserti64x4(_mm512_set1_epi16(int16_t(4 * n)), _mm256_set1_epi16(int16_t(4 * n + 1)), 1);
-    const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(2));
-    const __m512i one = _mm512_set1_epi8(1);
-    q[0] = _mm512_or_si512(q[0], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh01), one), 2));
-    q[1] = _mm512_or_si512(q[1], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh23), one), 2));
-  }
-  static float d(const Block& b) { return _cvtsh_ss(b.d); }
-  static float dmin(const Block&) { return 0; }
-};
-
 // R weight rows of nb blocks of a 16-value-group type (Ty above) times C tokens.
 template <typename Ty, int R, int C>
 void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int64_t nb, float out[R][C]) {
@@ -729,36 +751,6 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
 // generic row's float steps after (Q2_K: its mins against the 16-sums; Q3_K:
 // the values stored as q + 4, so 4 times the scales against the 16-sums come
 // off). Its results bit for bit.
-struct Q2KQuarters {
-  using Block = BlockQ2K;
-  static constexpr bool kMin = true;
-  static constexpr int kOffsetShift = 0;
-  static __m256i scales(const Block& b) { return q2k_nibbles(b, 0); }
-  static __m256i offsets(const Block& b) { return q2k_nibbles(b, 4); }
-  static void values(const Block& b, int n, __m256i q[4]) {
-    const __m256i m3 = _mm256_set1_epi8(3), v = load256(b.qs + 32 * n);
-    for (int k = 0; k < 4; ++k) q[k] = _mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3);
-  }
-  static float dmin(const Block& b) { return _cvtsh_ss(b.dmin); }
-};
-
-struct Q3KQuarters {
-  using Block = BlockQ3K;
-  static constexpr bool kMin = false;
-  static constexpr int kOffsetShift = 2;
-  static __m256i scales(const Block& b) { return q3k_scales16(b); }
-  static __m256i offsets(const Block& b) { return q3k_scales16(b); }
-  static void values(const Block& b, int n, __m256i q[4]) {
-    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-    const __m256i v = load256(b.qs + 32 * n), h = load256(b.hmask);
-    // hmask bit 4n + k of byte l: quarter k's high bit (shifts stay within each byte's bits).
-    for (int k = 0; k < 4; ++k)
-      q[k] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 2 * k), m3),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4 * n + k), one), 2));
-  }
-  static float dmin(const Block&) { return 0; }
-};
-
 template <typename Ty, int C>
 void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
   using Block = typename Ty::Block;
@@ -776,7 +768,7 @@ void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
     for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
     for (int n = 0; n < 2; ++n) {
       __m256i q[4];
-      Ty::values(b, n, q);
+      Ty::quarters(b, n, q);
       for (int k = 0; k < 4; ++k) {
         // Groups 8n + 2k and 8n + 2k + 1: dword 4n + k of the scales, one word a lane.
         const __m256i sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * n + k)), split);
@@ -789,7 +781,7 @@ void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
     for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), offw);
     int32_t T[C], O[C];
     pair_totals<C>(sum, offs, T, O);
-    const float d = _cvtsh_ss(b.d);
+    const float d = Ty::d(b);
     for (int c = 0; c < C; ++c) {  // the generic row's float steps
       if constexpr (Ty::kMin) {
         acc[c] = std::fma(float(T[c]), d * x[c][i].d, acc[c]);
@@ -839,8 +831,8 @@ KDot<C> kquant_dot(GgmlType t) {
     case GgmlType::Q4_K: return dot_q45k_x86<false, C>;
     case GgmlType::Q5_K: return dot_q45k_x86<true, C>;
     case GgmlType::Q6_K: return dot_q6k_x86<C>;
-    case GgmlType::Q2_K: return dot_k16_x86<Q2KQuarters, C>;
-    case GgmlType::Q3_K: return dot_k16_x86<Q3KQuarters, C>;
+    case GgmlType::Q2_K: return dot_k16_x86<Q2KGroups, C>;
+    case GgmlType::Q3_K: return dot_k16_x86<Q3KGroups, C>;
     case GgmlType::IQ4_XS: return dot_iq4xs_x86<C>;
     default: return nullptr;
   }
