@@ -20,10 +20,12 @@ echo "tables on this CPU: ${tables[*]}"
 
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2"; }
 for type in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS; do
-  for tokens in 1 5; do
+  # K = 768: three 256-blocks (eight-block groups: a partial one only); 2816: a full group and three.
+  for shape in "768 1" "768 5" "2816 1" "2816 9"; do
+    read -r k tokens <<<"$shape"
     ref=
     for table in "${tables[@]}"; do
-      out=$(DS4_CPU_KERNELS=$table "$bin/ds4-kernel-bench" --type "$type" -k 768 --rows 24 -t "$tokens" \
+      out=$(DS4_CPU_KERNELS=$table "$bin/ds4-kernel-bench" --type "$type" -k "$k" --rows 24 -t "$tokens" \
             --seconds 0.02 --rounds 1) || fail "$type in $table exited with $?"
       [[ $(field table "$out") == "\"$table\"" ]] || fail "$type: asked for table $table, got: $out"
       gbs=$(field weights_gb_s "$out")
@@ -33,10 +35,10 @@ for type in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_
       bits=$(field y_bits "$out")
       [[ $bits =~ ^\"[0-9a-f]{16}\"$ ]] || fail "$type in $table: no y_bits in: $out"
       if [[ -z $ref ]]; then ref=$bits; elif [[ $bits != "$ref" ]]; then
-        fail "$type, $tokens token(s): $table's outputs (y_bits $bits) differ from generic's ($ref)"
+        fail "$type, K $k, $tokens token(s): $table's outputs (y_bits $bits) differ from generic's ($ref)"
       fi
     done
-    echo "ok: $type, $tokens token(s), outputs $ref in ${tables[*]}"
+    echo "ok: $type, K $k, $tokens token(s), outputs $ref in ${tables[*]}"
   done
 done
 # Bad arguments are refused with the reason, not run.

@@ -167,13 +167,6 @@ int64_t row_bytes(GgmlType type, int64_t K);
 /// table for the types it has no own kernel for.
 void matmul_rows_quantized_generic(const MatmulArgs& a, int64_t n0, int64_t n1);
 
-/// The reduction order of the contract, for scalar code.
-inline float reduce16(const float l[16]) {
-  float m[8];
-  for (int i = 0; i < 8; ++i) m[i] = l[i] + l[i + 8];
-  return ((m[0] + m[4]) + (m[2] + m[6])) + ((m[1] + m[5]) + (m[3] + m[7]));
-}
-
 /// n rounded up to the contract's 16 lanes.
 inline constexpr int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
 

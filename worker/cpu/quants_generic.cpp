@@ -375,7 +375,7 @@ float dot_q45_k(const void* w, const void* x, int64_t nb) {
   using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
   const auto* b = static_cast<const Block*>(w);
   const auto* a = static_cast<const BlockQ8K*>(x);
-  float acc = 0;
+  BlockLanes lanes;
   for (int64_t i = 0; i < nb; ++i) {
     int8_t q[256];
     for (int j = 0; j < 4; ++j)
@@ -395,10 +395,10 @@ float dot_q45_k(const void* w, const void* x, int64_t nb) {
       S += sc * sub_dot(q + 32 * j, a[i].qs + 32 * j, 32);
       M += m * (a[i].bsums[2 * j] + a[i].bsums[2 * j + 1]);
     }
-    acc = std::fma(float(S), fp16_to_fp32(b[i].d) * a[i].d, acc);
-    acc = std::fma(-float(M), fp16_to_fp32(b[i].dmin) * a[i].d, acc);
+    lanes.first(i, float(S), fp16_to_fp32(b[i].d) * a[i].d);
+    lanes.second(i, -float(M), fp16_to_fp32(b[i].dmin) * a[i].d);
   }
-  return acc;
+  return lanes.total();
 }
 
 float dot_q6_k(const void* w, const void* x, int64_t nb) {

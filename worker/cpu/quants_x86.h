@@ -238,17 +238,6 @@ inline void pair_totals(const __m256i a[C], const __m256i b[C], int32_t ta[C], i
   }
 }
 
-// The float steps of four tokens' K-quant block at once, in 128-bit lanes:
-// lane c is token c's scalar steps (float(S) * (d * dx) fused into acc, then
-// -float(M) * (dmin * dx)), so the results are the scalar ones bit for bit.
-// t: S of tokens 0-3 in lanes 0-3, M in lanes 4-7 (totals8_i32's order).
-inline __m128 kquant_steps4(__m256i t, float d, float dmin, const BlockQ8K* const x[4], int64_t i, __m128 acc) {
-  const __m256 tf = _mm256_cvtepi32_ps(t);
-  const __m128 dx = _mm_setr_ps(x[0][i].d, x[1][i].d, x[2][i].d, x[3][i].d);
-  acc = _mm_fmadd_ps(_mm256_castps256_ps128(tf), _mm_mul_ps(_mm_set1_ps(d), dx), acc);
-  return _mm_fnmadd_ps(_mm256_extractf128_ps(tf, 1), _mm_mul_ps(_mm_set1_ps(dmin), dx), acc);
-}
-
 // How far ahead in a row the K-quant products prefetch, in blocks. A row
 // streams from memory, and an out-of-order window holds only ~4 blocks of a
 // K-quant product's work: without it 1B Q4_K_M decoded 29-33 tok/s on two
@@ -275,9 +264,11 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
   const auto* w = static_cast<const Block*>(wrow);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  float acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = 0;
-  __m128 acc4[2] = {_mm_setzero_ps(), _mm_setzero_ps()};  // C = 4 or 8: four tokens' acc in lanes
+  BlockLanes lanes[C];
+  // C = 4 or 8: four tokens' lanes 2p and 2p + 1 (quant_types.h) in the lanes of accS[h][p] and accM[h][p].
+  __m128 accS[2][8], accM[2][8];
+  for (int h = 0; h < 2; ++h)
+    for (int p = 0; p < 8; ++p) accS[h][p] = accM[h][p] = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
@@ -317,23 +308,34 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
     for (int c = 0; c < C; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv);
     const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
     if constexpr (C % 4 == 0) {
+      // Lane c: token 4h + c's steps (S in lanes 0-3 of the totals, M in 4-7).
+      const int p = int(i & 7);
       for (int h = 0; h < C / 4; ++h) {
         const __m256i v[8] = {sum[4 * h],   sum[4 * h + 1],   sum[4 * h + 2],   sum[4 * h + 3],
                               mprod[4 * h], mprod[4 * h + 1], mprod[4 * h + 2], mprod[4 * h + 3]};
-        acc4[h] = kquant_steps4(totals8_i32(v), d, dmin, x + 4 * h, i, acc4[h]);
+        const __m256 tf = _mm256_cvtepi32_ps(totals8_i32(v));
+        const __m128 dx = _mm_setr_ps(x[4 * h][i].d, x[4 * h + 1][i].d, x[4 * h + 2][i].d, x[4 * h + 3][i].d);
+        accS[h][p] = _mm_fmadd_ps(_mm256_castps256_ps128(tf), _mm_mul_ps(_mm_set1_ps(d), dx), accS[h][p]);
+        accM[h][p] = _mm_fnmadd_ps(_mm256_extractf128_ps(tf, 1), _mm_mul_ps(_mm_set1_ps(dmin), dx), accM[h][p]);
       }
     } else {
       int32_t S[C], M[C];
       pair_totals<C>(sum, mprod, S, M);
       for (int c = 0; c < C; ++c) {  // the generic row's float steps
-        acc[c] = std::fma(float(S[c]), d * x[c][i].d, acc[c]);
-        acc[c] = std::fma(-float(M[c]), dmin * x[c][i].d, acc[c]);
+        lanes[c].first(i, float(S[c]), d * x[c][i].d);
+        lanes[c].second(i, -float(M[c]), dmin * x[c][i].d);
       }
     }
   }
   if constexpr (C % 4 == 0)
-    for (int h = 0; h < C / 4; ++h) _mm_storeu_ps(acc + 4 * h, acc4[h]);
-  for (int c = 0; c < C; ++c) out[c] = acc[c];
+    for (int h = 0; h < C / 4; ++h)
+      for (int p = 0; p < 8; ++p) {
+        alignas(16) float sv[4], mv[4];
+        _mm_store_ps(sv, accS[h][p]);
+        _mm_store_ps(mv, accM[h][p]);
+        for (int c = 0; c < 4; ++c) lanes[4 * h + c].l[2 * p] = sv[c], lanes[4 * h + c].l[2 * p + 1] = mv[c];
+      }
+  for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
 }
 
 // Q2_K's sixteen 4-bit group scales (shift 0) or mins (shift 4), as int16.
@@ -476,9 +478,12 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   // Word lanes 0-15 take sub-block 2j's scale, 16-31 sub-block 2j+1's.
   const __m512i pick = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
-  float acc[R][C] = {};
-  __m256 acc8[R * C / 8 + 1];  // R * C a multiple of 8: the outputs in lanes
-  for (__m256& v : acc8) v = _mm256_setzero_ps();
+  BlockLanes lanes[R][C];
+  // R * C a multiple of 8: the outputs in the lanes of accS[g][p] (their lane 2p) and accM[g][p] (2p + 1).
+  constexpr int G = R * C / 8 + 1;
+  __m256 accS[G][8], accM[G][8];
+  for (int g = 0; g < G; ++g)
+    for (int p = 0; p < 8; ++p) accS[g][p] = accM[g][p] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i sc[R], sum[R][C];
     __m256i mv[R], hbits[R];
@@ -538,8 +543,9 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
         }
         const __m256 S = _mm256_cvtepi32_ps(totals8_i32(sv)), M = _mm256_cvtepi32_ps(totals8_i32(mvv));
         const __m256 dxv = _mm256_load_ps(dx);
-        acc8[g] = _mm256_fmadd_ps(S, _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8[g]);
-        acc8[g] = _mm256_fnmadd_ps(M, _mm256_mul_ps(_mm256_load_ps(dmin), dxv), acc8[g]);
+        const int p = int(i & 7);
+        accS[g][p] = _mm256_fmadd_ps(S, _mm256_mul_ps(_mm256_load_ps(d), dxv), accS[g][p]);
+        accM[g][p] = _mm256_fnmadd_ps(M, _mm256_mul_ps(_mm256_load_ps(dmin), dxv), accM[g][p]);
       }
     } else {
       int32_t S[R][C], M[R][C];
@@ -547,16 +553,26 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
       for (int r = 0; r < R; ++r) {
         const float d = _cvtsh_ss(w[r][i].d), dmin = _cvtsh_ss(w[r][i].dmin);
         for (int c = 0; c < C; ++c) {  // the generic row's float steps
-          acc[r][c] = std::fma(float(S[r][c]), d * x[c][i].d, acc[r][c]);
-          acc[r][c] = std::fma(-float(M[r][c]), dmin * x[c][i].d, acc[r][c]);
+          lanes[r][c].first(i, float(S[r][c]), d * x[c][i].d);
+          lanes[r][c].second(i, -float(M[r][c]), dmin * x[c][i].d);
         }
       }
     }
   }
   if constexpr (R * C % 8 == 0)
-    for (int g = 0; g < R * C / 8; ++g) _mm256_storeu_ps(&acc[0][0] + 8 * g, acc8[g]);
+    for (int g = 0; g < R * C / 8; ++g)
+      for (int p = 0; p < 8; ++p) {
+        alignas(32) float sv[8], mv[8];
+        _mm256_store_ps(sv, accS[g][p]);
+        _mm256_store_ps(mv, accM[g][p]);
+        for (int o = 0; o < 8; ++o) {
+          BlockLanes& l = lanes[(8 * g + o) / C][(8 * g + o) % C];
+          l.l[2 * p] = sv[o];
+          l.l[2 * p + 1] = mv[o];
+        }
+      }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+    for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
 }
 
 // The K-quants of sixteen 16-value groups (Q2_K, Q3_K, Q6_K), by type: the
@@ -689,6 +705,97 @@ KDot512<R, C> kquant_dot512(GgmlType t) {
     case GgmlType::Q6_K: return dot_k16_512<Q6KGroups, R, C>;
     case GgmlType::Q2_K: return dot_k16_512<Q2KGroups, R, C>;
     case GgmlType::Q3_K: return dot_k16_512<Q3KGroups, R, C>;
+    default: return nullptr;
+  }
+}
+
+// ---- Q4_K / Q5_K decode: one row, one token, eight blocks a pass -----------
+//
+// The lane steps of quant_types.h let eight blocks go at once: their S and M
+// totals come out of two transposing sums (lane k: block b + k) and take one
+// vector step each, into the lanes that are the contract's 2k and 2k + 1. A
+// block's integer work is dot_q45k_512's. Bit for bit the generic row's
+// (test_kernel_bench, test_quants). Lanes of a last, partial group take
+// fma(0, 0, lane): a lane is never -0, so it stays as it is.
+
+template <bool Q5>
+inline void q45k_block_totals(const std::conditional_t<Q5, BlockQ5K, BlockQ4K>& b, const BlockQ8K& x, __m256i& s,
+                              __m256i& m) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i pick = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
+  alignas(16) uint8_t s8[8], m8[8];
+  scales_mins_k4(b.scales, s8, m8);
+  const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s8))));
+  const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m8)));
+  const __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
+  __m256i hbits = _mm256_setzero_si256();
+  if constexpr (Q5) hbits = load256(b.qh);
+  __m512i sum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two shorter chains
+  for (int j = 0; j < 4; ++j) {
+    const __m512i idx = _mm512_add_epi16(pick, _mm512_set1_epi16(int16_t(2 * j)));
+    // [low nibbles | high nibbles] of the 32 bytes: sub-blocks 2j, 2j+1.
+    const __m512i b2 = _mm512_broadcast_i64x4(load256(b.qs + 32 * j));
+    __m512i q = _mm512_and_si512(_mm512_mask_srli_epi16(b2, __mmask32(0xFFFF0000u), b2, 4), m4);
+    if constexpr (Q5) {
+      const __m512i bit = _mm512_srlv_epi16(_mm512_broadcast_i64x4(hbits), idx);
+      q = _mm512_or_si512(q, _mm512_and_si512(_mm512_slli_epi16(bit, 4), _mm512_set1_epi8(0x10)));
+    }
+    sum[j & 1] = madd_acc(sum[j & 1], _mm512_maddubs_epi16(q, load512(x.qs + 64 * j)), _mm512_permutexvar_epi16(idx, sc));
+  }
+  s = fold512(_mm512_add_epi32(sum[0], sum[1]));
+  m = _mm256_madd_epi16(load256(x.bsums), mv);
+}
+
+template <bool Q5>
+float q45k_row512(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
+  using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+  const auto* w = reinterpret_cast<const Block*>(w0);
+  __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
+  // Blocks b..b+n (n <= 8) into lanes 0..n-1.
+  const auto group = [&](int64_t b, int n) __attribute__((always_inline)) {
+    __m256i sv[8], mv[8];
+    alignas(32) uint32_t dm16[8];  // each block's d and dmin, fp16
+    alignas(32) float dx[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      if (k < n) {
+        const Block& blk = w[b + k];
+        prefetch_block(reinterpret_cast<const char*>(&blk) + kKquantAhead, sizeof(Block));
+        q45k_block_totals<Q5>(blk, x[b + k], sv[k], mv[k]);
+        dm16[k] = uint32_t(blk.d) | uint32_t(blk.dmin) << 16;
+        dx[k] = x[b + k].d;
+      } else {
+        sv[k] = mv[k] = _mm256_setzero_si256();
+        dm16[k] = 0;
+        dx[k] = 0;
+      }
+    }
+    // d * dx and dmin * dx of the eight blocks, as the generic row's products.
+    const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(dm16));
+    const __m256 dxv = _mm256_load_ps(dx);
+    const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(h)), dxv);
+    const __m256 dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16))), dxv);
+    accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, accS);
+    accM = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), dm, accM);
+  };
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) group(b, 8);
+  if (b < nb) group(b, int(nb - b));
+  // reduce16 of lanes 2p = accS[p], 2p + 1 = accM[p]: m_2k = S_k + S_k+4,
+  // m_2k+1 = M_k + M_k+4, then ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)).
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(accS), _mm256_extractf128_ps(accS, 1));
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(accM), _mm256_extractf128_ps(accM, 1));
+  const __m128 u = _mm_add_ps(s, _mm_movehl_ps(s, s)), v = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return (_mm_cvtss_f32(u) + _mm_cvtss_f32(_mm_movehdup_ps(u))) + (_mm_cvtss_f32(v) + _mm_cvtss_f32(_mm_movehdup_ps(v)));
+}
+
+using KRow512 = float (*)(const uint8_t*, const BlockQ8K*, int64_t);
+
+// The decode row of a type that has one here, else nullptr (the 1 x 1 tile).
+KRow512 kquant_row512_of(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return q45k_row512<false>;
+    case GgmlType::Q5_K: return q45k_row512<true>;
     default: return nullptr;
   }
 }
@@ -849,6 +956,7 @@ constexpr int kPrefillRows = 2, kPrefillTokens = 4;
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
+  const KRow512 row1 = kquant_row512_of(a.type);
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
     const BlockQ8K* x[C];
@@ -874,7 +982,13 @@ void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
     switch (a.T - t) {
       case 3: rows.template operator()<1, 3>(p0, pe, t); break;
       case 2: rows.template operator()<1, 2>(p0, pe, t); break;
-      case 1: rows.template operator()<1, 1>(p0, pe, t); break;
+      case 1:
+        if (!row1) {
+          rows.template operator()<1, 1>(p0, pe, t);
+          break;
+        }
+        for (int64_t r = p0; r < pe; ++r) a.y[t * a.ldy + r] = row1(wb + r * rb, a.xk + t * a.ldxk, nb);
+        break;
       default: break;
     }
   }
