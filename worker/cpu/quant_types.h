@@ -18,18 +18,17 @@
 ///   Q4_1, Q5_1 (act Q8_0): weights d_w * q + m_w, q unsigned; s = sum q * q_x,
 ///     u = sum q_x; acc = fma(float(s), d_w * d_x, acc);
 ///     acc = fma(float(u), m_w * d_x, acc).
-///   Q2_K (act Q8_K, 256 values): weights d * sc_j * q - dmin * m_j
-///     in sub-blocks j; S = sum_j sc_j * (sum q * q_x over j),
-///     M = sum_j m_j * (sum q_x over j); acc = fma(float(S), d * d_x, acc);
-///     acc = fma(-float(M), dmin * d_x, acc).
-///   Q4_K, Q5_K: S and M as Q2_K's, and the two steps go into lanes
-///     (BlockLanes below): block i's fma(float(S), d * d_x, .) into lane
-///     2 (i % 8), its fma(-float(M), dmin * d_x, .) into lane 2 (i % 8) + 1,
-///     and the output is reduce16 of the sixteen lanes. One chain of two
-///     dependent steps a block bounded a decoded row (on Zen 4 ~8 of a Q4_K
-///     block's ~31 cycles); in lanes, eight blocks take one vector step each.
-///   Q3_K, Q6_K, IQ4_XS (act Q8_K): weights d * sc_j * q with signed sc_j and q;
-///     S as above; acc = fma(float(S), d * d_x, acc).
+///   The K-quants (act Q8_K, 256 values) step into lanes (BlockLanes below):
+///   block i's first step into lane 2 (i % 8), its second into lane
+///   2 (i % 8) + 1, and the output is reduce16 of the sixteen lanes. One
+///   chain of dependent steps, block by block, bounded a decoded row (on Zen 4
+///   ~8 of a Q4_K block's ~31 cycles); in lanes, eight blocks take one vector
+///   step each.
+///   Q2_K, Q4_K, Q5_K: weights d * sc_j * q - dmin * m_j in sub-blocks j;
+///     S = sum_j sc_j * (sum q * q_x over j), M = sum_j m_j * (sum q_x over j);
+///     first fma(float(S), d * d_x, .), second fma(-float(M), dmin * d_x, .).
+///   Q3_K, Q6_K, IQ4_XS: weights d * sc_j * q with signed sc_j and q;
+///     S as above; first fma(float(S), d * d_x, .), no second step.
 /// The other types' steps go in one chain, block by block (acc starts at 0).
 /// Every |S| < 2^31. Integer sums are exact in any grouping, so a table may
 /// vectorise them as it likes; the float steps are the same everywhere (a lane

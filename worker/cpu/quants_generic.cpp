@@ -333,7 +333,7 @@ int32_t sub_dot(const int8_t* q, const int8_t* x, int n) {
 float dot_q2_k(const void* w, const void* x, int64_t nb) {
   const auto* b = static_cast<const BlockQ2K*>(w);
   const auto* a = static_cast<const BlockQ8K*>(x);
-  float acc = 0;
+  BlockLanes lanes;
   for (int64_t i = 0; i < nb; ++i) {
     int8_t q[256];
     for (int n = 0; n < 2; ++n)
@@ -344,16 +344,16 @@ float dot_q2_k(const void* w, const void* x, int64_t nb) {
       S += (b[i].scales[j] & 0xF) * sub_dot(q + 16 * j, a[i].qs + 16 * j, 16);
       M += (b[i].scales[j] >> 4) * a[i].bsums[j];
     }
-    acc = std::fma(float(S), fp16_to_fp32(b[i].d) * a[i].d, acc);
-    acc = std::fma(-float(M), fp16_to_fp32(b[i].dmin) * a[i].d, acc);
+    lanes.first(i, float(S), fp16_to_fp32(b[i].d) * a[i].d);
+    lanes.second(i, -float(M), fp16_to_fp32(b[i].dmin) * a[i].d);
   }
-  return acc;
+  return lanes.total();
 }
 
 float dot_q3_k(const void* w, const void* x, int64_t nb) {
   const auto* b = static_cast<const BlockQ3K*>(w);
   const auto* a = static_cast<const BlockQ8K*>(x);
-  float acc = 0;
+  BlockLanes lanes;
   for (int64_t i = 0; i < nb; ++i) {
     int8_t q[256], sc[16];
     q3k_scales(b[i].scales, sc);
@@ -365,9 +365,9 @@ float dot_q3_k(const void* w, const void* x, int64_t nb) {
         }
     int32_t S = 0;
     for (int j = 0; j < 16; ++j) S += sc[j] * sub_dot(q + 16 * j, a[i].qs + 16 * j, 16);
-    acc = std::fma(float(S), fp16_to_fp32(b[i].d) * a[i].d, acc);
+    lanes.first(i, float(S), fp16_to_fp32(b[i].d) * a[i].d);
   }
-  return acc;
+  return lanes.total();
 }
 
 template <bool Q5>
@@ -404,7 +404,7 @@ float dot_q45_k(const void* w, const void* x, int64_t nb) {
 float dot_q6_k(const void* w, const void* x, int64_t nb) {
   const auto* b = static_cast<const BlockQ6K*>(w);
   const auto* a = static_cast<const BlockQ8K*>(x);
-  float acc = 0;
+  BlockLanes lanes;
   for (int64_t i = 0; i < nb; ++i) {
     int8_t q[256];
     for (int n = 0; n < 2; ++n)
@@ -418,15 +418,15 @@ float dot_q6_k(const void* w, const void* x, int64_t nb) {
       }
     int32_t S = 0;
     for (int j = 0; j < 16; ++j) S += b[i].scales[j] * sub_dot(q + 16 * j, a[i].qs + 16 * j, 16);
-    acc = std::fma(float(S), fp16_to_fp32(b[i].d) * a[i].d, acc);
+    lanes.first(i, float(S), fp16_to_fp32(b[i].d) * a[i].d);
   }
-  return acc;
+  return lanes.total();
 }
 
 float dot_iq4_xs(const void* w, const void* x, int64_t nb) {
   const auto* b = static_cast<const BlockIQ4XS*>(w);
   const auto* a = static_cast<const BlockQ8K*>(x);
-  float acc = 0;
+  BlockLanes lanes;
   for (int64_t i = 0; i < nb; ++i) {
     int32_t S = 0;
     for (int ib = 0; ib < 8; ++ib) {
@@ -438,9 +438,9 @@ float dot_iq4_xs(const void* w, const void* x, int64_t nb) {
       }
       S += (ls - 32) * sub_dot(q, a[i].qs + 32 * ib, 32);
     }
-    acc = std::fma(float(S), fp16_to_fp32(b[i].d) * a[i].d, acc);
+    lanes.first(i, float(S), fp16_to_fp32(b[i].d) * a[i].d);
   }
-  return acc;
+  return lanes.total();
 }
 
 constexpr QuantType kTypes[] = {

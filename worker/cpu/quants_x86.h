@@ -620,9 +620,12 @@ void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
   // Word k of a register is in group k / 8 of its four.
   const __m512i group = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
                                          0, 0, 0, 0, 0, 0, 0);
-  float acc[R][C] = {};
-  __m256 acc8[R * C / 8 + 1];  // R * C a multiple of 8: the outputs in lanes
-  for (__m256& v : acc8) v = _mm256_setzero_ps();
+  BlockLanes lanes[R][C];
+  // R * C a multiple of 8: the outputs in the lanes of accS[g][p] (their lane 2p) and accM[g][p] (2p + 1).
+  constexpr int G = R * C / 8 + 1;
+  __m256 accS[G][8], accM[G][8];
+  for (int g = 0; g < G; ++g)
+    for (int p = 0; p < 8; ++p) accS[g][p] = accM[g][p] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     __m512i sc[R], sum[R][C];
     __m256i offw[R];
@@ -664,12 +667,13 @@ void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
           dx[p] = x[c][i].d;
         }
         const __m256 dxv = _mm256_load_ps(dx);
+        const int p = int(i & 7);
         if constexpr (Ty::kMin) {
-          acc8[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(tv)), _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8[g]);
-          acc8[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(ov)), _mm256_mul_ps(_mm256_load_ps(dmin), dxv), acc8[g]);
+          accS[g][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(tv)), _mm256_mul_ps(_mm256_load_ps(d), dxv), accS[g][p]);
+          accM[g][p] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(ov)), _mm256_mul_ps(_mm256_load_ps(dmin), dxv), accM[g][p]);
         } else {
           const __m256i q = _mm256_sub_epi32(totals8_i32(tv), _mm256_slli_epi32(totals8_i32(ov), Ty::kOffsetShift));
-          acc8[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(_mm256_load_ps(d), dxv), acc8[g]);
+          accS[g][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_mul_ps(_mm256_load_ps(d), dxv), accS[g][p]);
         }
       }
     } else {
@@ -679,19 +683,29 @@ void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
         const float d = Ty::d(w[r][i]);
         for (int c = 0; c < C; ++c) {  // the generic row's float steps
           if constexpr (Ty::kMin) {
-            acc[r][c] = std::fma(float(T[r][c]), d * x[c][i].d, acc[r][c]);
-            acc[r][c] = std::fma(-float(O[r][c]), Ty::dmin(w[r][i]) * x[c][i].d, acc[r][c]);
+            lanes[r][c].first(i, float(T[r][c]), d * x[c][i].d);
+            lanes[r][c].second(i, -float(O[r][c]), Ty::dmin(w[r][i]) * x[c][i].d);
           } else {
-            acc[r][c] = std::fma(float(T[r][c] - (O[r][c] << Ty::kOffsetShift)), d * x[c][i].d, acc[r][c]);
+            lanes[r][c].first(i, float(T[r][c] - (O[r][c] << Ty::kOffsetShift)), d * x[c][i].d);
           }
         }
       }
     }
   }
   if constexpr (R * C % 8 == 0)
-    for (int g = 0; g < R * C / 8; ++g) _mm256_storeu_ps(&acc[0][0] + 8 * g, acc8[g]);
+    for (int g = 0; g < R * C / 8; ++g)
+      for (int p = 0; p < 8; ++p) {
+        alignas(32) float sv[8], mv[8];
+        _mm256_store_ps(sv, accS[g][p]);
+        _mm256_store_ps(mv, accM[g][p]);
+        for (int o = 0; o < 8; ++o) {
+          BlockLanes& l = lanes[(8 * g + o) / C][(8 * g + o) % C];
+          l.l[2 * p] = sv[o];
+          l.l[2 * p + 1] = mv[o];
+        }
+      }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r][c] = acc[r][c];
+    for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
 }
 
 template <int R, int C>
@@ -709,12 +723,12 @@ KDot512<R, C> kquant_dot512(GgmlType t) {
   }
 }
 
-// ---- Q4_K / Q5_K decode: one row, one token, eight blocks a pass -----------
+// ---- K-quant decode: one row, one token, eight blocks a pass ----------------
 //
 // The lane steps of quant_types.h let eight blocks go at once: their S and M
 // totals come out of two transposing sums (lane k: block b + k) and take one
 // vector step each, into the lanes that are the contract's 2k and 2k + 1. A
-// block's integer work is dot_q45k_512's. Bit for bit the generic row's
+// block's integer work is dot_q45k_512's / dot_k16_512's. Bit for bit the generic row's
 // (test_kernel_bench, test_quants). Lanes of a last, partial group take
 // fma(0, 0, lane): a lane is never -0, so it stays as it is.
 
@@ -746,9 +760,50 @@ inline void q45k_block_totals(const std::conditional_t<Q5, BlockQ5K, BlockQ4K>& 
   m = _mm256_madd_epi16(load256(x.bsums), mv);
 }
 
+// The per-block work of kquant_row512, by type: S and M (or the offset
+// sums) as eight int32 lanes each, and the block's d and dmin as fp16 bits.
 template <bool Q5>
-float q45k_row512(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
+struct Q45KUnit {
   using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = 0;
+  static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) { q45k_block_totals<Q5>(b, x, s, m); }
+  static uint32_t dm16(const Block& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
+};
+
+// Q2_K, Q3_K, Q6_K (Ty: the groups of dot_k16_512, whose block work this is).
+template <typename Ty>
+struct K16Unit {
+  using Block = typename Ty::Block;
+  static constexpr bool kMin = Ty::kMin;
+  static constexpr int kOffsetShift = Ty::kOffsetShift;
+  static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) {
+    // Word k of a register is in group k / 8 of its four.
+    const __m512i group = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1,
+                                           0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i sc = _mm512_castsi256_si512(Ty::scales(b));
+    __m512i sum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int n = 0; n < 2; ++n) {
+      __m512i q[2];
+      Ty::values(b, n, q);
+      const __m512i g = _mm512_add_epi16(group, _mm512_set1_epi16(int16_t(8 * n)));
+      for (int k = 0; k < 2; ++k) {
+        const __m512i sv = _mm512_permutexvar_epi16(_mm512_add_epi16(g, _mm512_set1_epi16(int16_t(4 * k))), sc);
+        sum[k] = madd_acc(sum[k], _mm512_maddubs_epi16(q[k], load512(x.qs + 128 * n + 64 * k)), sv);
+      }
+    }
+    s = fold512(_mm512_add_epi32(sum[0], sum[1]));
+    m = _mm256_madd_epi16(load256(x.bsums), Ty::offsets(b));
+  }
+  static uint32_t dm16(const Block& b) {
+    if constexpr (Ty::kMin) return uint32_t(b.d) | uint32_t(b.dmin) << 16;
+    return b.d;
+  }
+};
+
+template <class Unit>
+float kquant_row512(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
+  using Block = typename Unit::Block;
   const auto* w = reinterpret_cast<const Block*>(w0);
   __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
   // Blocks b..b+n (n <= 8) into lanes 0..n-1.
@@ -761,8 +816,8 @@ float q45k_row512(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
       if (k < n) {
         const Block& blk = w[b + k];
         prefetch_block(reinterpret_cast<const char*>(&blk) + kKquantAhead, sizeof(Block));
-        q45k_block_totals<Q5>(blk, x[b + k], sv[k], mv[k]);
-        dm16[k] = uint32_t(blk.d) | uint32_t(blk.dmin) << 16;
+        Unit::totals(blk, x[b + k], sv[k], mv[k]);
+        dm16[k] = Unit::dm16(blk);
         dx[k] = x[b + k].d;
       } else {
         sv[k] = mv[k] = _mm256_setzero_si256();
@@ -774,9 +829,14 @@ float q45k_row512(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
     const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(dm16));
     const __m256 dxv = _mm256_load_ps(dx);
     const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(h)), dxv);
-    const __m256 dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16))), dxv);
-    accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, accS);
-    accM = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), dm, accM);
+    if constexpr (Unit::kMin) {
+      const __m256 dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16))), dxv);
+      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, accS);
+      accM = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), dm, accM);
+    } else {
+      const __m256i q = _mm256_sub_epi32(totals8_i32(sv), _mm256_slli_epi32(totals8_i32(mv), Unit::kOffsetShift));
+      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), dd, accS);
+    }
   };
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) group(b, 8);
@@ -794,8 +854,11 @@ using KRow512 = float (*)(const uint8_t*, const BlockQ8K*, int64_t);
 // The decode row of a type that has one here, else nullptr (the 1 x 1 tile).
 KRow512 kquant_row512_of(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_K: return q45k_row512<false>;
-    case GgmlType::Q5_K: return q45k_row512<true>;
+    case GgmlType::Q4_K: return kquant_row512<Q45KUnit<false>>;
+    case GgmlType::Q5_K: return kquant_row512<Q45KUnit<true>>;
+    case GgmlType::Q6_K: return kquant_row512<K16Unit<Q6KGroups>>;
+    case GgmlType::Q2_K: return kquant_row512<K16Unit<Q2KGroups>>;
+    case GgmlType::Q3_K: return kquant_row512<K16Unit<Q3KGroups>>;
     default: return nullptr;
   }
 }
@@ -805,9 +868,9 @@ template <int C>
 void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
   const auto* w = static_cast<const BlockQ6K*>(wrow);
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-  float acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = 0;
-  __m128 acc4 = _mm_setzero_ps();
+  BlockLanes lanes[C];
+  __m128 acc4[8];  // C == 4: token c's lane 2p in lane c of acc4[p]
+  for (__m128& v : acc4) v = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ6K& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
@@ -839,16 +902,21 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
       const __m256i t = totals8_i32(v);
       const __m128i q = _mm_sub_epi32(_mm256_castsi256_si128(t), _mm_slli_epi32(_mm256_extracti128_si256(t, 1), 5));
       const __m128 dx = _mm_setr_ps(x[0][i].d, x[1][i].d, x[2][i].d, x[3][i].d);
-      acc4 = _mm_fmadd_ps(_mm_cvtepi32_ps(q), _mm_mul_ps(_mm_set1_ps(d), dx), acc4);
+      acc4[i & 7] = _mm_fmadd_ps(_mm_cvtepi32_ps(q), _mm_mul_ps(_mm_set1_ps(d), dx), acc4[i & 7]);
     } else {
       int32_t T[C], O[C];
       pair_totals<C>(sum, offs, T, O);
       for (int c = 0; c < C; ++c)  // q - 32: subtract 32 * sum_j sc_j * bsum_j
-        acc[c] = std::fma(float(T[c] - 32 * O[c]), d * x[c][i].d, acc[c]);
+        lanes[c].first(i, float(T[c] - 32 * O[c]), d * x[c][i].d);
     }
   }
-  if constexpr (C == 4) _mm_storeu_ps(acc, acc4);
-  for (int c = 0; c < C; ++c) out[c] = acc[c];
+  if constexpr (C == 4)
+    for (int p = 0; p < 8; ++p) {
+      alignas(16) float v[4];
+      _mm_store_ps(v, acc4[p]);
+      for (int c = 0; c < 4; ++c) lanes[c].l[2 * p] = v[c];
+    }
+  for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
 }
 
 // Q2_K and Q3_K in 256-bit registers (the avx2 table; the AVX-512 tables take
@@ -865,8 +933,7 @@ void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
   // Words 0-7 take the dword's low word, 8-15 its high word (one 128-bit lane each).
   const __m256i split = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
                                          2, 3, 2, 3, 2, 3);
-  float acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = 0;
+  BlockLanes lanes[C];
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
@@ -891,22 +958,21 @@ void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
     const float d = Ty::d(b);
     for (int c = 0; c < C; ++c) {  // the generic row's float steps
       if constexpr (Ty::kMin) {
-        acc[c] = std::fma(float(T[c]), d * x[c][i].d, acc[c]);
-        acc[c] = std::fma(-float(O[c]), Ty::dmin(b) * x[c][i].d, acc[c]);
+        lanes[c].first(i, float(T[c]), d * x[c][i].d);
+        lanes[c].second(i, -float(O[c]), Ty::dmin(b) * x[c][i].d);
       } else {
-        acc[c] = std::fma(float(T[c] - (O[c] << Ty::kOffsetShift)), d * x[c][i].d, acc[c]);
+        lanes[c].first(i, float(T[c] - (O[c] << Ty::kOffsetShift)), d * x[c][i].d);
       }
     }
   }
-  for (int c = 0; c < C; ++c) out[c] = acc[c];
+  for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
 }
 
 template <int C>
 void dot_iq4xs_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
   const auto* w = static_cast<const BlockIQ4XS*>(wrow);
   const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values)));
-  float acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = 0;
+  BlockLanes lanes[C];
   for (int64_t i = 0; i < nb; ++i) {
     const BlockIQ4XS& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
@@ -923,9 +989,9 @@ void dot_iq4xs_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, flo
       }
     }
     const float d = _cvtsh_ss(b.d);
-    for (int c = 0; c < C; ++c) acc[c] = std::fma(float(total_i32(sum[c])), d * x[c][i].d, acc[c]);
+    for (int c = 0; c < C; ++c) lanes[c].first(i, float(total_i32(sum[c])), d * x[c][i].d);
   }
-  for (int c = 0; c < C; ++c) out[c] = acc[c];
+  for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
 }
 
 // A K-quant kernel for C tokens, by type; nullptr when the table has none.
