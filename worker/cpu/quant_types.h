@@ -10,26 +10,24 @@
 ///
 /// Dot products with quantized activations. The activation row is rounded
 /// once per product input (quantize_q8 / quantize_q8k of the kernel table).
-/// Per weight block, in block order, each output takes exact integer sums and
-/// then the same float operations in the same order:
+/// Per weight block each output takes exact integer sums and then the same
+/// float operations in every table. Every type steps into lanes (BlockLanes below): block i's first step into
+/// lane 2 (i % 8), its second (where it has one) into lane 2 (i % 8) + 1, and
+/// the output is reduce16 of the sixteen lanes. One chain of dependent steps,
+/// block by block, bounded a decoded row (on Zen 4 ~8 of a Q4_K block's ~31
+/// cycles; a Q4_0 row ~16 GB/s a core); in lanes, eight blocks take one
+/// vector step each.
 ///   Q8_0, Q4_0, Q5_0, IQ4_NL (act Q8_0, 32 values): the weights are d_w * q
 ///     with q an int8 (q - 8, q - 16, the IQ4_NL table); s = sum q * q_x;
-///     acc = fma(float(s), d_w * d_x, acc).
+///     first fma(float(s), d_w * d_x, .).
 ///   Q4_1, Q5_1 (act Q8_0): weights d_w * q + m_w, q unsigned; s = sum q * q_x,
-///     u = sum q_x; acc = fma(float(s), d_w * d_x, acc);
-///     acc = fma(float(u), m_w * d_x, acc).
-///   The K-quants (act Q8_K, 256 values) step into lanes (BlockLanes below):
-///   block i's first step into lane 2 (i % 8), its second into lane
-///   2 (i % 8) + 1, and the output is reduce16 of the sixteen lanes. One
-///   chain of dependent steps, block by block, bounded a decoded row (on Zen 4
-///   ~8 of a Q4_K block's ~31 cycles); in lanes, eight blocks take one vector
-///   step each.
-///   Q2_K, Q4_K, Q5_K: weights d * sc_j * q - dmin * m_j in sub-blocks j;
+///     u = sum q_x; first fma(float(s), d_w * d_x, .), second
+///     fma(float(u), m_w * d_x, .).
+///   Q2_K, Q4_K, Q5_K (act Q8_K, 256 values): weights d * sc_j * q - dmin * m_j in sub-blocks j;
 ///     S = sum_j sc_j * (sum q * q_x over j), M = sum_j m_j * (sum q_x over j);
 ///     first fma(float(S), d * d_x, .), second fma(-float(M), dmin * d_x, .).
-///   Q3_K, Q6_K, IQ4_XS: weights d * sc_j * q with signed sc_j and q;
+///   Q3_K, Q6_K, IQ4_XS (act Q8_K): weights d * sc_j * q with signed sc_j and q;
 ///     S as above; first fma(float(S), d * d_x, .), no second step.
-/// The other types' steps go in one chain, block by block (acc starts at 0).
 /// Every |S| < 2^31. Integer sums are exact in any grouping, so a table may
 /// vectorise them as it likes; the float steps are the same everywhere (a lane
 /// of a vector doing one output's steps is fine).

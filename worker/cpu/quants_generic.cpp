@@ -255,15 +255,15 @@ template <typename Block>
 float dot_int8_blocks(const void* w, const void* x, int64_t nb, void (*unpack)(const Block&, int8_t[32])) {
   const auto* b = static_cast<const Block*>(w);
   const auto* a = static_cast<const BlockQ8Act*>(x);
-  float acc = 0;
+  BlockLanes lanes;
   for (int64_t i = 0; i < nb; ++i) {
     int8_t q[32];
     unpack(b[i], q);
     int32_t s = 0;
     for (int j = 0; j < 32; ++j) s += int32_t(q[j]) * a[i].qs[j];
-    acc = std::fma(float(s), fp16_to_fp32(b[i].d) * a[i].d, acc);
+    lanes.first(i, float(s), fp16_to_fp32(b[i].d) * a[i].d);
   }
-  return acc;
+  return lanes.total();
 }
 
 void unpack_q8_0(const BlockQ8_0& b, int8_t q[32]) { std::memcpy(q, b.qs, 32); }
@@ -300,7 +300,7 @@ template <typename Block>
 float dot_offset_blocks(const void* w, const void* x, int64_t nb) {
   const auto* b = static_cast<const Block*>(w);
   const auto* a = static_cast<const BlockQ8Act*>(x);
-  float acc = 0;
+  BlockLanes lanes;
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t qh = 0;
     if constexpr (sizeof(Block) == sizeof(BlockQ5_1)) std::memcpy(&qh, b[i].qh, 4);
@@ -314,10 +314,10 @@ float dot_offset_blocks(const void* w, const void* x, int64_t nb) {
       s += q0 * a[i].qs[j] + q1 * a[i].qs[j + 16];
       u += a[i].qs[j] + a[i].qs[j + 16];
     }
-    acc = std::fma(float(s), fp16_to_fp32(b[i].d) * a[i].d, acc);
-    acc = std::fma(float(u), fp16_to_fp32(b[i].m) * a[i].d, acc);
+    lanes.first(i, float(s), fp16_to_fp32(b[i].d) * a[i].d);
+    lanes.second(i, float(u), fp16_to_fp32(b[i].m) * a[i].d);
   }
-  return acc;
+  return lanes.total();
 }
 float dot_q4_1(const void* w, const void* x, int64_t nb) { return dot_offset_blocks<BlockQ4_1>(w, x, nb); }
 float dot_q5_1(const void* w, const void* x, int64_t nb) { return dot_offset_blocks<BlockQ5_1>(w, x, nb); }

@@ -394,10 +394,11 @@ void q8x_rows(const typename Src::Block* w, int64_t nb, int64_t r0, const Matmul
   for (int64_t t = 0; t < a.T; ++t) {
     const BlockQ8Act* x = a.xq + t * a.ldxq;
     const float* u = ux + t * nb;
-    float acc[R] = {};
+    // Row r's lanes 2p (first steps) in lane p of accS[r], 2p + 1 in accM[r] (quant_types.h).
+    __m256 accS[R], accM[R];
+    for (int r = 0; r < R; ++r) accS[r] = accM[r] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-      alignas(32) float s[R][8], d[R][8], m[R][8];
       alignas(32) float dx[8];
       for (int i = 0; i < 8; ++i) dx[i] = x[b + i].d;
       for (int r = 0; r < R; ++r) {
@@ -415,28 +416,30 @@ void q8x_rows(const typename Src::Block* w, int64_t nb, int64_t r0, const Matmul
         __m256 sf = _mm256_cvtepi32_ps(totals8_i32<Src::kSplit ? 4 : 0>(v));
         if constexpr (Src::kBias != 0)
           sf = _mm256_fnmadd_ps(_mm256_set1_ps(float(Src::kBias)), _mm256_loadu_ps(u + b), sf);  // exact
-        _mm256_store_ps(s[r], sf);
-        _mm256_store_ps(d[r], _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))),
-                                            _mm256_load_ps(dx)));
+        const __m256 dxv = _mm256_load_ps(dx);
+        accS[r] = _mm256_fmadd_ps(
+            sf, _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))), dxv), accS[r]);
         if constexpr (Src::kOffset)
-          _mm256_store_ps(m[r], _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh))),
-                                              _mm256_load_ps(dx)));
+          accM[r] = _mm256_fmadd_ps(
+              _mm256_loadu_ps(u + b),
+              _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh))), dxv), accM[r]);
       }
-      for (int i = 0; i < 8; ++i)
-        for (int r = 0; r < R; ++r) {
-          acc[r] = std::fma(s[r][i], d[r][i], acc[r]);
-          if constexpr (Src::kOffset) acc[r] = std::fma(u[b + i], m[r][i], acc[r]);
-        }
     }
-    for (; b < nb; ++b)
-      for (int r = 0; r < R; ++r) {
-        const typename Src::Block& blk = w[r * nb + b];
-        const int32_t s = total_i32(shift_upper_half<Src::kSplit ? 4 : 0>(src_block_dot<Src>(blk, load_i8x32(x[b].qs))));
-        const float sf = float(s) - float(Src::kBias) * (Src::kBias != 0 ? u[b] : 0.0f);
-        acc[r] = std::fma(sf, _cvtsh_ss(blk.d) * x[b].d, acc[r]);
-        if constexpr (Src::kOffset) acc[r] = std::fma(u[b], _cvtsh_ss(blk.m) * x[b].d, acc[r]);
+    for (int r = 0; r < R; ++r) {
+      BlockLanes lanes;
+      alignas(32) float sl[8], ml[8];
+      _mm256_store_ps(sl, accS[r]);
+      _mm256_store_ps(ml, accM[r]);
+      for (int p = 0; p < 8; ++p) lanes.l[2 * p] = sl[p], lanes.l[2 * p + 1] = ml[p];
+      for (int64_t i = b; i < nb; ++i) {  // the last nb % 8 blocks
+        const typename Src::Block& blk = w[r * nb + i];
+        const int32_t s = total_i32(shift_upper_half<Src::kSplit ? 4 : 0>(src_block_dot<Src>(blk, load_i8x32(x[i].qs))));
+        const float sf = float(s) - float(Src::kBias) * (Src::kBias != 0 ? u[i] : 0.0f);
+        lanes.first(i, sf, _cvtsh_ss(blk.d) * x[i].d);
+        if constexpr (Src::kOffset) lanes.second(i, u[i], _cvtsh_ss(blk.m) * x[i].d);
       }
-    for (int r = 0; r < R; ++r) a.y[t * a.ldy + r0 + r] = acc[r];
+      a.y[t * a.ldy + r0 + r] = lanes.total();
+    }
   }
 }
 
@@ -480,11 +483,23 @@ inline __m256i broadcast_i32(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// reduce16 (kernels.h) of eight outputs' lanes at once, one output a lane:
+// its lane 2p in s[p], 2p + 1 in m[p].
+inline __m256 lanes_total8(const __m256 s[8], const __m256 m[8]) {
+  __m256 sp[4], mp[4];  // m_2j = l_2j + l_2j+8, m_2j+1 = l_2j+1 + l_2j+9
+  for (int j = 0; j < 4; ++j) sp[j] = _mm256_add_ps(s[j], s[j + 4]), mp[j] = _mm256_add_ps(m[j], m[j + 4]);
+  // ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7))
+  return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(sp[0], sp[2]), _mm256_add_ps(sp[1], sp[3])),
+                       _mm256_add_ps(_mm256_add_ps(mp[0], mp[2]), _mm256_add_ps(mp[1], mp[3])));
+}
+
 // Rows r..r+R of the panel times the token group: acc[i] lane t = y[t][r + i].
 template <int R, bool Offset>
 void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
   const int64_t nb = p.nb;
-  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  __m256 accS[R][8], accM[R][8];  // row i's lanes 2q and 2q + 1 (quant_types.h), tokens in the vector lanes
+  for (int i = 0; i < R; ++i)
+    for (int q = 0; q < 8; ++q) accS[i][q] = accM[i][q] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const Q8Group& g = p.g[b];
     __m256i s[R];
@@ -503,14 +518,16 @@ void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
       }
     }
     const __m256 dx = _mm256_loadu_ps(g.d);
+    const int q = int(b & 7);
     for (int i = 0; i < R; ++i) {
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
-                               _mm256_mul_ps(_mm256_broadcast_ss(p.dw + (r + i) * nb + b), dx), acc[i]);
+      accS[i][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
+                                   _mm256_mul_ps(_mm256_broadcast_ss(p.dw + (r + i) * nb + b), dx), accS[i][q]);
       if constexpr (Offset)
-        acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(g.u),
-                                 _mm256_mul_ps(_mm256_broadcast_ss(p.mw + (r + i) * nb + b), dx), acc[i]);
+        accM[i][q] = _mm256_fmadd_ps(_mm256_loadu_ps(g.u),
+                                     _mm256_mul_ps(_mm256_broadcast_ss(p.mw + (r + i) * nb + b), dx), accM[i][q]);
     }
   }
+  for (int i = 0; i < R; ++i) acc[i] = lanes_total8(accS[i], accM[i]);
 }
 
 // Tokens t0..t0+n (n <= 8) transposed into groups, missing tokens as zeros.
