@@ -179,11 +179,11 @@ struct IQ4NLSrc {
 
 void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux) {
   switch (a.type) {
-    case GgmlType::Q4_0: return q8x_decode<Q4_0Src, kQ8DecodeRows>(a, n0, n1, ux);
-    case GgmlType::Q5_0: return q8x_decode<Q5_0Src, kQ8DecodeRows>(a, n0, n1, ux);
-    case GgmlType::Q4_1: return q8x_decode<Q4_1Src, kQ8DecodeRows>(a, n0, n1, ux);
-    case GgmlType::Q5_1: return q8x_decode<Q5_1Src, kQ8DecodeRows>(a, n0, n1, ux);
-    case GgmlType::IQ4_NL: return q8x_decode<IQ4NLSrc, kQ8DecodeRows>(a, n0, n1, ux);
+    case GgmlType::Q4_0: return q8x_decode<Q4_0Src>(a, n0, n1, ux);
+    case GgmlType::Q5_0: return q8x_decode<Q5_0Src>(a, n0, n1, ux);
+    case GgmlType::Q4_1: return q8x_decode<Q4_1Src>(a, n0, n1, ux);
+    case GgmlType::Q5_1: return q8x_decode<Q5_1Src>(a, n0, n1, ux);
+    case GgmlType::IQ4_NL: return q8x_decode<IQ4NLSrc>(a, n0, n1, ux);
     default: std::abort();
   }
 }

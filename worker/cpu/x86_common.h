@@ -333,18 +333,19 @@ inline float block_sum(__m256i q) {
 }
 
 // Decode (T <= 3): a row's blocks read straight from the weights, eight at a
-// time: their integer totals come out of one transposing sum, then the float
-// steps go block by block in order, as the generic row's. Q8_0 goes one row
-// at a time (a single sequential stream is what the hardware prefetcher
-// follows: on Zen 4 one row read 12-14 GB/s a core, eight side by side 7-9;
-// its float steps are one multiply-add a block). The types whose blocks are
-// smaller (Q4_0, Q5_0, IQ4_NL, Q4_1, Q5_1: 18-24 bytes) go kQ8DecodeRows rows
-// side by side: a row's float steps are one chain of dependent multiply-adds
-// (two a block with an offset), and one chain is slower than their stream.
+// time: their integer totals come out of one transposing sum, and their float
+// steps are one vector multiply-add into the lanes of quant_types.h (two with
+// an offset). Every type goes one row at a time: a single sequential stream
+// is what the hardware prefetcher follows (Zen 4: one row read 12-14 GB/s a
+// core, eight side by side 7-9). While a row's steps were one chain of
+// dependent multiply-adds, the smaller blocks (Q4_0, Q5_0, IQ4_NL, Q4_1,
+// Q5_1: 18-24 bytes) went four rows side by side, the chain being slower
+// than their stream; in lanes, one row streams faster (ds4-kernel-bench,
+// rows from memory, one thread: Q4_0 16.4-17.2 GB/s against 12.2-12.9 with
+// four rows, Q4_1 13.7-15.1 against 10.9-11.0, Q5_0 14.3-14.8 against 11.6-11.7).
 // Each group asks for its lines kQ8RowAhead bytes on (207M Q8_0, 2 threads,
 // Zen 5: 544 bytes 129-133 tok/s, 2048 144-157, 4096 147-164, 8192 141-153).
 constexpr int64_t kQ8RowAhead = 4096;
-constexpr int64_t kQ8DecodeRows = 4;
 
 // The int32 lanes of sum u * x over a block, u unsigned bytes (< 32 here, so
 // maddubs's pair sums stay within int16), x signed.
@@ -443,15 +444,12 @@ void q8x_rows(const typename Src::Block* w, int64_t nb, int64_t r0, const Matmul
   }
 }
 
-// Decode rows [n0, n1) of a type read through Src, R rows side by side.
-template <class Src, int R>
+// Decode rows [n0, n1) of a type read through Src, one row at a time.
+template <class Src>
 void q8x_decode(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux) {
   const auto* w = static_cast<const typename Src::Block*>(a.w);
   const int64_t nb = a.K / 32;
-  int64_t r = n0;
-  if constexpr (R > 1)
-    for (; r + R <= n1; r += R) q8x_rows<R, Src>(w + r * nb, nb, r, a, ux);
-  for (; r < n1; ++r) q8x_rows<1, Src>(w + r * nb, nb, r, a, ux);
+  for (int64_t r = n0; r < n1; ++r) q8x_rows<1, Src>(w + r * nb, nb, r, a, ux);
 }
 
 // Prefill (T >= 4): eight tokens at a time, one lane each. Their blocks are
@@ -594,7 +592,7 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
     if (!direct)
       for (int64_t t = 0; t < a.T; ++t)
         for (int64_t b = 0; b < nb; ++b) ux[t * nb + b] = block_sum(load_i8x32(a.xq[t * a.ldxq + b].qs));
-    if (direct) return q8x_decode<Q8Src, 1>(a, n0, n1, ux);
+    if (direct) return q8x_decode<Q8Src>(a, n0, n1, ux);
     return q8x_decode_other(a, n0, n1, ux);
   }
   auto* g = reinterpret_cast<Q8Group*>(base);
