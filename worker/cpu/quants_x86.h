@@ -327,15 +327,11 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
       }
     }
   }
-  if constexpr (C % 4 == 0)
-    for (int h = 0; h < C / 4; ++h)
-      for (int p = 0; p < 8; ++p) {
-        alignas(16) float sv[4], mv[4];
-        _mm_store_ps(sv, accS[h][p]);
-        _mm_store_ps(mv, accM[h][p]);
-        for (int c = 0; c < 4; ++c) lanes[4 * h + c].l[2 * p] = sv[c], lanes[4 * h + c].l[2 * p + 1] = mv[c];
-      }
-  for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
+  if constexpr (C % 4 == 0) {
+    for (int h = 0; h < C / 4; ++h) _mm_storeu_ps(out + 4 * h, lanes_total4(accS[h], accM[h]));
+  } else {
+    for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
+  }
 }
 
 // Q2_K's sixteen 4-bit group scales (shift 0) or mins (shift 4), as int16.
@@ -480,7 +476,8 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
   const __m512i pick = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
   BlockLanes lanes[R][C];
   // R * C a multiple of 8: the outputs in the lanes of accS[g][p] (their lane 2p) and accM[g][p] (2p + 1).
-  constexpr int G = R * C / 8 + 1;
+  // (G is 1, unused, when R * C is not a multiple of 8).
+  constexpr int G = R * C % 8 == 0 ? R * C / 8 : 1;
   __m256 accS[G][8], accM[G][8];
   for (int g = 0; g < G; ++g)
     for (int p = 0; p < 8; ++p) accS[g][p] = accM[g][p] = _mm256_setzero_ps();
@@ -559,20 +556,16 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
       }
     }
   }
-  if constexpr (R * C % 8 == 0)
-    for (int g = 0; g < R * C / 8; ++g)
-      for (int p = 0; p < 8; ++p) {
-        alignas(32) float sv[8], mv[8];
-        _mm256_store_ps(sv, accS[g][p]);
-        _mm256_store_ps(mv, accM[g][p]);
-        for (int o = 0; o < 8; ++o) {
-          BlockLanes& l = lanes[(8 * g + o) / C][(8 * g + o) % C];
-          l.l[2 * p] = sv[o];
-          l.l[2 * p + 1] = mv[o];
-        }
-      }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
+  if constexpr (R * C % 8 == 0) {
+    for (int g = 0; g < R * C / 8; ++g) {
+      alignas(32) float o[8];
+      _mm256_store_ps(o, lanes_total8(accS[g], accM[g]));
+      for (int k = 0; k < 8; ++k) out[(8 * g + k) / C][(8 * g + k) % C] = o[k];
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
+  }
 }
 
 // The K-quants of sixteen 16-value groups (Q2_K, Q3_K, Q6_K), by type: the
@@ -622,7 +615,8 @@ void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
                                          0, 0, 0, 0, 0, 0, 0);
   BlockLanes lanes[R][C];
   // R * C a multiple of 8: the outputs in the lanes of accS[g][p] (their lane 2p) and accM[g][p] (2p + 1).
-  constexpr int G = R * C / 8 + 1;
+  // (G is 1, unused, when R * C is not a multiple of 8).
+  constexpr int G = R * C % 8 == 0 ? R * C / 8 : 1;
   __m256 accS[G][8], accM[G][8];
   for (int g = 0; g < G; ++g)
     for (int p = 0; p < 8; ++p) accS[g][p] = accM[g][p] = _mm256_setzero_ps();
@@ -692,20 +686,16 @@ void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
       }
     }
   }
-  if constexpr (R * C % 8 == 0)
-    for (int g = 0; g < R * C / 8; ++g)
-      for (int p = 0; p < 8; ++p) {
-        alignas(32) float sv[8], mv[8];
-        _mm256_store_ps(sv, accS[g][p]);
-        _mm256_store_ps(mv, accM[g][p]);
-        for (int o = 0; o < 8; ++o) {
-          BlockLanes& l = lanes[(8 * g + o) / C][(8 * g + o) % C];
-          l.l[2 * p] = sv[o];
-          l.l[2 * p + 1] = mv[o];
-        }
-      }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
+  if constexpr (R * C % 8 == 0) {
+    for (int g = 0; g < R * C / 8; ++g) {
+      alignas(32) float o[8];
+      _mm256_store_ps(o, lanes_total8(accS[g], accM[g]));
+      for (int k = 0; k < 8; ++k) out[(8 * g + k) / C][(8 * g + k) % C] = o[k];
+    }
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
+  }
 }
 
 template <int R, int C>
@@ -910,13 +900,12 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
         lanes[c].first(i, float(T[c] - 32 * O[c]), d * x[c][i].d);
     }
   }
-  if constexpr (C == 4)
-    for (int p = 0; p < 8; ++p) {
-      alignas(16) float v[4];
-      _mm_store_ps(v, acc4[p]);
-      for (int c = 0; c < 4; ++c) lanes[c].l[2 * p] = v[c];
-    }
-  for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
+  if constexpr (C == 4) {
+    const __m128 zero[8] = {};
+    _mm_storeu_ps(out, lanes_total4(acc4, zero));
+  } else {
+    for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
+  }
 }
 
 // Q2_K and Q3_K in 256-bit registers (the avx2 table; the AVX-512 tables take

@@ -491,6 +491,14 @@ inline __m256 lanes_total8(const __m256 s[8], const __m256 m[8]) {
                        _mm256_add_ps(_mm256_add_ps(mp[0], mp[2]), _mm256_add_ps(mp[1], mp[3])));
 }
 
+// lanes_total8 for four outputs in 128-bit registers.
+inline __m128 lanes_total4(const __m128 s[8], const __m128 m[8]) {
+  __m128 sp[4], mp[4];
+  for (int j = 0; j < 4; ++j) sp[j] = _mm_add_ps(s[j], s[j + 4]), mp[j] = _mm_add_ps(m[j], m[j + 4]);
+  return _mm_add_ps(_mm_add_ps(_mm_add_ps(sp[0], sp[2]), _mm_add_ps(sp[1], sp[3])),
+                    _mm_add_ps(_mm_add_ps(mp[0], mp[2]), _mm_add_ps(mp[1], mp[3])));
+}
+
 // Rows r..r+R of the panel times the token group: acc[i] lane t = y[t][r + i].
 template <int R, bool Offset>
 void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
