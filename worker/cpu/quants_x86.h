@@ -258,12 +258,52 @@ inline void prefetch_block(const char* p, size_t bytes) {
   for (size_t at = 0; at < bytes; at += 64) _mm_prefetch(p + at, _MM_HINT_T0);
 }
 
+// The integer sums of a Q4_K / Q5_K block b (block i of the row) against C
+// tokens' activation blocks x[c][i]: the scaled products' eight int32 lanes
+// in sum[c], the mins against the 16-sums in mprod[c] (totals to be taken).
+template <bool Q5, int C>
+inline void q45k_sums_x86(const std::conditional_t<Q5, BlockQ5K, BlockQ4K>& b, const BlockQ8K* const x[C], int64_t i,
+                          __m256i sum[C], __m256i mprod[C]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  alignas(16) uint8_t sc[8], mn[8];
+  scales_mins_k4(b.scales, sc, mn);
+  // Each min twice (it covers two 16-value sums of bsums), as int16.
+  const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
+  const __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
+  for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
+  __m256i hbits = _mm256_setzero_si256();
+  if constexpr (Q5) hbits = load256(b.qh);
+  const auto sub_blocks = [&](int j) __attribute__((always_inline)) {
+    const __m256i q = load256(b.qs + 32 * j);
+    __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if constexpr (Q5) {
+      const __m256i one = _mm256_set1_epi8(1);
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+    }
+    const __m256i s_lo = _mm256_set1_epi16(sc[2 * j]), s_hi = _mm256_set1_epi16(sc[2 * j + 1]);
+    for (int c = 0; c < C; ++c) {
+      sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(lo, load256(x[c][i].qs + 64 * j)), s_lo);
+      sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(hi, load256(x[c][i].qs + 64 * j + 32)), s_hi);
+    }
+  };
+  if constexpr (C >= 4) {
+    // Not unrolled for four tokens: unrolled, GCC computed all 32 byte
+    // products of the block before adding any and spilled them (16 vector
+    // registers on AVX2).
+#pragma GCC unroll 1
+    for (int j = 0; j < 4; ++j) sub_blocks(j);
+  } else {
+    for (int j = 0; j < 4; ++j) sub_blocks(j);
+  }
+  for (int c = 0; c < C; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv);
+}
+
 // One weight row of nb Q4_K / Q5_K blocks times C tokens' activations.
 template <bool Q5, int C>
 void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
   using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
   const auto* w = static_cast<const Block*>(wrow);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   BlockLanes lanes[C];
   // C = 4 or 8: four tokens' lanes 2p and 2p + 1 (quant_types.h) in the lanes of accS[h][p] and accM[h][p].
   __m128 accS[2][8], accM[2][8];
@@ -272,40 +312,8 @@ void dot_q45k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, floa
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
-    alignas(16) uint8_t sc[8], mn[8];
-    scales_mins_k4(b.scales, sc, mn);
-    // Each min twice (it covers two 16-value sums of bsums), as int16.
-    const __m128i m8 = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)));
-    const __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(m8, m8), _mm_unpacklo_epi16(m8, m8));
-    __m256i sum[C];
-    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
-    __m256i hbits = _mm256_setzero_si256();
-    if constexpr (Q5) hbits = load256(b.qh);
-    const auto sub_blocks = [&](int j) __attribute__((always_inline)) {
-      const __m256i q = load256(b.qs + 32 * j);
-      __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      if constexpr (Q5) {
-        const __m256i one = _mm256_set1_epi8(1);
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
-      }
-      const __m256i s_lo = _mm256_set1_epi16(sc[2 * j]), s_hi = _mm256_set1_epi16(sc[2 * j + 1]);
-      for (int c = 0; c < C; ++c) {
-        sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(lo, load256(x[c][i].qs + 64 * j)), s_lo);
-        sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(hi, load256(x[c][i].qs + 64 * j + 32)), s_hi);
-      }
-    };
-    if constexpr (C >= 4) {
-      // Not unrolled for four tokens: unrolled, GCC computed all 32 byte
-      // products of the block before adding any and spilled them (16 vector
-      // registers on AVX2).
-#pragma GCC unroll 1
-      for (int j = 0; j < 4; ++j) sub_blocks(j);
-    } else {
-      for (int j = 0; j < 4; ++j) sub_blocks(j);
-    }
-    __m256i mprod[C];
-    for (int c = 0; c < C; ++c) mprod[c] = _mm256_madd_epi16(load256(x[c][i].bsums), mv);
+    __m256i sum[C], mprod[C];
+    q45k_sums_x86<Q5, C>(b, x, i, sum, mprod);
     const float d = _cvtsh_ss(b.d), dmin = _cvtsh_ss(b.dmin);
     if constexpr (C % 4 == 0) {
       // Lane c: token 4h + c's steps (S in lanes 0-3 of the totals, M in 4-7).
@@ -416,6 +424,75 @@ struct Q3KGroups {
   static float d(const Block& b) { return _cvtsh_ss(b.d); }
   static float dmin(const Block&) { return 0; }
 };
+
+// ---- K-quant decode: one row, one token, eight blocks a pass ----------------
+//
+// The lane steps of quant_types.h let eight blocks go at once: their S and M
+// totals come out of two transposing sums (lane k: block b + k) and take one
+// vector step each, into the lanes that are the contract's 2k and 2k + 1.
+// Bit for bit the generic row's (test_kernel_bench, test_quants). Lanes of a
+// last, partial group take fma(0, 0, lane): a lane is never -0, so it stays
+// as it is. A Unit is one type's block work in one table (Q45KUnit and
+// K16Unit in 512-bit registers, Q45KUnitX86, Q6KUnitX86 and K16UnitX86 in
+// 256-bit ones): S and M (or the offset sums) as eight int32 lanes to be
+// totalled, the block's d and dmin as fp16 bits, how far on to prefetch.
+
+// The eight fp16 values in the low halves of h's 32-bit lanes, as f32.
+inline __m256 fp16_low8(__m256i h) {
+  const __m256i lo = _mm256_and_si256(h, _mm256_set1_epi32(0xFFFF));
+  return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)));
+}
+
+template <class Unit>
+float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
+  using Block = typename Unit::Block;
+  const auto* w = reinterpret_cast<const Block*>(w0);
+  __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
+  // Blocks b..b+n (n <= 8) into lanes 0..n-1.
+  const auto group = [&](int64_t b, int n) __attribute__((always_inline)) {
+    __m256i sv[8], mv[8];
+    alignas(32) uint32_t dm16[8];  // each block's d and dmin, fp16
+    alignas(32) float dx[8];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      if (k < n) {
+        const Block& blk = w[b + k];
+        prefetch_block(reinterpret_cast<const char*>(&blk) + Unit::kAhead, sizeof(Block));
+        Unit::totals(blk, x[b + k], sv[k], mv[k]);
+        dm16[k] = Unit::dm16(blk);
+        dx[k] = x[b + k].d;
+      } else {
+        sv[k] = mv[k] = _mm256_setzero_si256();
+        dm16[k] = 0;
+        dx[k] = 0;
+      }
+    }
+    // d * dx and dmin * dx of the eight blocks, as the generic row's products.
+    const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(dm16));
+    const __m256 dxv = _mm256_load_ps(dx);
+    const __m256 dd = _mm256_mul_ps(fp16_low8(h), dxv);
+    if constexpr (Unit::kMin) {
+      const __m256 dm = _mm256_mul_ps(fp16_low8(_mm256_srli_epi32(h, 16)), dxv);
+      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, accS);
+      accM = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), dm, accM);
+    } else {
+      const __m256i q = _mm256_sub_epi32(totals8_i32(sv), _mm256_slli_epi32(totals8_i32(mv), Unit::kOffsetShift));
+      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), dd, accS);
+    }
+  };
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) group(b, 8);
+  if (b < nb) group(b, int(nb - b));
+  // reduce16 of lanes 2p = accS[p], 2p + 1 = accM[p]: m_2k = S_k + S_k+4,
+  // m_2k+1 = M_k + M_k+4, then ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)).
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(accS), _mm256_extractf128_ps(accS, 1));
+  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(accM), _mm256_extractf128_ps(accM, 1));
+  const __m128 u = _mm_add_ps(s, _mm_movehl_ps(s, s)), v = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  return (_mm_cvtss_f32(u) + _mm_cvtss_f32(_mm_movehdup_ps(u))) + (_mm_cvtss_f32(v) + _mm_cvtss_f32(_mm_movehdup_ps(v)));
+}
+
+// One row of a K-quant type times one token (kquant_row of a table's unit).
+using KRow = float (*)(const uint8_t*, const BlockQ8K*, int64_t);
 
 #ifdef __AVX512F__
 // ---- K-quants in 512-bit registers (the AVX-512 tables) --------------------
@@ -713,14 +790,8 @@ KDot512<R, C> kquant_dot512(GgmlType t) {
   }
 }
 
-// ---- K-quant decode: one row, one token, eight blocks a pass ----------------
-//
-// The lane steps of quant_types.h let eight blocks go at once: their S and M
-// totals come out of two transposing sums (lane k: block b + k) and take one
-// vector step each, into the lanes that are the contract's 2k and 2k + 1. A
-// block's integer work is dot_q45k_512's / dot_k16_512's. Bit for bit the generic row's
-// (test_kernel_bench, test_quants). Lanes of a last, partial group take
-// fma(0, 0, lane): a lane is never -0, so it stays as it is.
+// ---- K-quant decode rows in 512-bit registers (kquant_row's units) ---------
+// A block's integer work is dot_q45k_512's / dot_k16_512's for one row and one token.
 
 template <bool Q5>
 inline void q45k_block_totals(const std::conditional_t<Q5, BlockQ5K, BlockQ4K>& b, const BlockQ8K& x, __m256i& s,
@@ -757,6 +828,7 @@ struct Q45KUnit {
   using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
   static constexpr bool kMin = true;
   static constexpr int kOffsetShift = 0;
+  static constexpr int64_t kAhead = kKquantAhead;
   static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) { q45k_block_totals<Q5>(b, x, s, m); }
   static uint32_t dm16(const Block& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
 };
@@ -767,6 +839,7 @@ struct K16Unit {
   using Block = typename Ty::Block;
   static constexpr bool kMin = Ty::kMin;
   static constexpr int kOffsetShift = Ty::kOffsetShift;
+  static constexpr int64_t kAhead = kKquantAhead;
   static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) {
     // Word k of a register is in group k / 8 of its four.
     const __m512i group = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1,
@@ -791,102 +864,59 @@ struct K16Unit {
   }
 };
 
-template <class Unit>
-float kquant_row512(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
-  using Block = typename Unit::Block;
-  const auto* w = reinterpret_cast<const Block*>(w0);
-  __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
-  // Blocks b..b+n (n <= 8) into lanes 0..n-1.
-  const auto group = [&](int64_t b, int n) __attribute__((always_inline)) {
-    __m256i sv[8], mv[8];
-    alignas(32) uint32_t dm16[8];  // each block's d and dmin, fp16
-    alignas(32) float dx[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      if (k < n) {
-        const Block& blk = w[b + k];
-        prefetch_block(reinterpret_cast<const char*>(&blk) + kKquantAhead, sizeof(Block));
-        Unit::totals(blk, x[b + k], sv[k], mv[k]);
-        dm16[k] = Unit::dm16(blk);
-        dx[k] = x[b + k].d;
-      } else {
-        sv[k] = mv[k] = _mm256_setzero_si256();
-        dm16[k] = 0;
-        dx[k] = 0;
-      }
-    }
-    // d * dx and dmin * dx of the eight blocks, as the generic row's products.
-    const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(dm16));
-    const __m256 dxv = _mm256_load_ps(dx);
-    const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(h)), dxv);
-    if constexpr (Unit::kMin) {
-      const __m256 dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16))), dxv);
-      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, accS);
-      accM = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), dm, accM);
-    } else {
-      const __m256i q = _mm256_sub_epi32(totals8_i32(sv), _mm256_slli_epi32(totals8_i32(mv), Unit::kOffsetShift));
-      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), dd, accS);
-    }
-  };
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8) group(b, 8);
-  if (b < nb) group(b, int(nb - b));
-  // reduce16 of lanes 2p = accS[p], 2p + 1 = accM[p]: m_2k = S_k + S_k+4,
-  // m_2k+1 = M_k + M_k+4, then ((m0 + m4) + (m2 + m6)) + ((m1 + m5) + (m3 + m7)).
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(accS), _mm256_extractf128_ps(accS, 1));
-  const __m128 t = _mm_add_ps(_mm256_castps256_ps128(accM), _mm256_extractf128_ps(accM, 1));
-  const __m128 u = _mm_add_ps(s, _mm_movehl_ps(s, s)), v = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  return (_mm_cvtss_f32(u) + _mm_cvtss_f32(_mm_movehdup_ps(u))) + (_mm_cvtss_f32(v) + _mm_cvtss_f32(_mm_movehdup_ps(v)));
-}
-
-using KRow512 = float (*)(const uint8_t*, const BlockQ8K*, int64_t);
-
 // The decode row of a type that has one here, else nullptr (the 1 x 1 tile).
-KRow512 kquant_row512_of(GgmlType t) {
+KRow kquant_row512_of(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_K: return kquant_row512<Q45KUnit<false>>;
-    case GgmlType::Q5_K: return kquant_row512<Q45KUnit<true>>;
-    case GgmlType::Q6_K: return kquant_row512<K16Unit<Q6KGroups>>;
-    case GgmlType::Q2_K: return kquant_row512<K16Unit<Q2KGroups>>;
-    case GgmlType::Q3_K: return kquant_row512<K16Unit<Q3KGroups>>;
+    case GgmlType::Q4_K: return kquant_row<Q45KUnit<false>>;
+    case GgmlType::Q5_K: return kquant_row<Q45KUnit<true>>;
+    case GgmlType::Q6_K: return kquant_row<K16Unit<Q6KGroups>>;
+    case GgmlType::Q2_K: return kquant_row<K16Unit<Q2KGroups>>;
+    case GgmlType::Q3_K: return kquant_row<K16Unit<Q3KGroups>>;
     default: return nullptr;
   }
 }
 #endif
 
+// The integer sums of a Q6_K block b (block i) against C tokens: the scaled
+// products of the values as stored (q + 32) in sum[c], the scales against
+// the 16-sums in offs[c] (S = total(sum) - 32 total(offs)).
+template <int C>
+inline void q6k_sums_x86(const BlockQ6K& b, const BlockQ8K* const x[C], int64_t i, __m256i sum[C], __m256i offs[C]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
+  for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
+  for (int n = 0; n < 2; ++n) {
+    const __m256i l0 = load256(b.ql + 64 * n), l1 = load256(b.ql + 64 * n + 32), h = load256(b.qh + 32 * n);
+    __m256i q[4];
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    q[1] =
+        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+    for (int k = 0; k < 4; ++k) {
+      const int s = 8 * n + 2 * k;
+      const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(b.scales[s + 1]), _mm_set1_epi16(b.scales[s]));
+      for (int c = 0; c < C; ++c)
+        sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv);
+    }
+  }
+  for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), sc16);
+}
+
 template <int C>
 void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
   const auto* w = static_cast<const BlockQ6K*>(wrow);
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
   BlockLanes lanes[C];
   __m128 acc4[8];  // C == 4: token c's lane 2p in lane c of acc4[p]
   for (__m128& v : acc4) v = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const BlockQ6K& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales)));
-    __m256i sum[C];
-    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
-    for (int n = 0; n < 2; ++n) {
-      const __m256i l0 = load256(b.ql + 64 * n), l1 = load256(b.ql + 64 * n + 32), h = load256(b.qh + 32 * n);
-      __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
-      for (int k = 0; k < 4; ++k) {
-        const int s = 8 * n + 2 * k;
-        const __m256i sv = _mm256_set_m128i(_mm_set1_epi16(b.scales[s + 1]), _mm_set1_epi16(b.scales[s]));
-        for (int c = 0; c < C; ++c)
-          sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv);
-      }
-    }
+    __m256i sum[C], offs[C];
+    q6k_sums_x86<C>(b, x, i, sum, offs);
     const float d = _cvtsh_ss(b.d);
-    __m256i offs[C];
-    for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), sc16);
     if constexpr (C == 4) {  // lane c: token c's scalar step below
       const __m256i v[8] = {sum[0], sum[1], sum[2], sum[3], offs[0], offs[1], offs[2], offs[3]};
       const __m256i t = totals8_i32(v);
@@ -915,33 +945,40 @@ void dot_q6k_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
 // generic row's float steps after (Q2_K: its mins against the 16-sums; Q3_K:
 // the values stored as q + 4, so 4 times the scales against the 16-sums come
 // off). Its results bit for bit.
+// The integer sums of a Q2_K / Q3_K block b (block i) against C tokens: the
+// scaled products in sum[c], the offsets (Q2_K: mins) against the 16-sums in offs[c].
+template <typename Ty, int C>
+inline void k16_sums_x86(const typename Ty::Block& b, const BlockQ8K* const x[C], int64_t i, __m256i sum[C],
+                         __m256i offs[C]) {
+  // Words 0-7 take the dword's low word, 8-15 its high word (one 128-bit lane each).
+  const __m256i split =
+      _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  const __m256i sc16 = Ty::scales(b);
+  for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
+  for (int n = 0; n < 2; ++n) {
+    __m256i q[4];
+    Ty::quarters(b, n, q);
+    for (int k = 0; k < 4; ++k) {
+      // Groups 8n + 2k and 8n + 2k + 1: dword 4n + k of the scales, one word a lane.
+      const __m256i sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * n + k)), split);
+      for (int c = 0; c < C; ++c)
+        sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv);
+    }
+  }
+  const __m256i offw = Ty::offsets(b);
+  for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), offw);
+}
+
 template <typename Ty, int C>
 void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float out[C]) {
   using Block = typename Ty::Block;
   const auto* w = static_cast<const Block*>(wrow);
-  // Words 0-7 take the dword's low word, 8-15 its high word (one 128-bit lane each).
-  const __m256i split = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-                                         2, 3, 2, 3, 2, 3);
   BlockLanes lanes[C];
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
-    const __m256i sc16 = Ty::scales(b);
-    __m256i sum[C];
-    for (int c = 0; c < C; ++c) sum[c] = _mm256_setzero_si256();
-    for (int n = 0; n < 2; ++n) {
-      __m256i q[4];
-      Ty::quarters(b, n, q);
-      for (int k = 0; k < 4; ++k) {
-        // Groups 8n + 2k and 8n + 2k + 1: dword 4n + k of the scales, one word a lane.
-        const __m256i sv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * n + k)), split);
-        for (int c = 0; c < C; ++c)
-          sum[c] = madd_acc(sum[c], _mm256_maddubs_epi16(q[k], load256(x[c][i].qs + 128 * n + 32 * k)), sv);
-      }
-    }
-    const __m256i offw = Ty::offsets(b);
-    __m256i offs[C];
-    for (int c = 0; c < C; ++c) offs[c] = _mm256_madd_epi16(load256(x[c][i].bsums), offw);
+    __m256i sum[C], offs[C];
+    k16_sums_x86<Ty, C>(b, x, i, sum, offs);
     int32_t T[C], O[C];
     pair_totals<C>(sum, offs, T, O);
     const float d = Ty::d(b);
@@ -955,6 +992,61 @@ void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
     }
   }
   for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
+}
+
+// kquant_row's units in 256-bit registers (the avx2 table's decode rows):
+// the block sums of dot_q45k_x86, dot_q6k_x86 and dot_k16_x86 for one token.
+template <bool Q5>
+struct Q45KUnitX86 {
+  using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = 0;
+  static constexpr int64_t kAhead = kPrefetchBlocks * int64_t(sizeof(Block));
+  static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) {
+    const BlockQ8K* const xs[1] = {&x};
+    q45k_sums_x86<Q5, 1>(b, xs, 0, &s, &m);
+  }
+  static uint32_t dm16(const Block& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
+};
+
+struct Q6KUnitX86 {
+  using Block = BlockQ6K;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 5;  // the values are stored as q + 32
+  static constexpr int64_t kAhead = kPrefetchBlocks * int64_t(sizeof(Block));
+  static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) {
+    const BlockQ8K* const xs[1] = {&x};
+    q6k_sums_x86<1>(b, xs, 0, &s, &m);
+  }
+  static uint32_t dm16(const Block& b) { return b.d; }
+};
+
+template <typename Ty>
+struct K16UnitX86 {
+  using Block = typename Ty::Block;
+  static constexpr bool kMin = Ty::kMin;
+  static constexpr int kOffsetShift = Ty::kOffsetShift;
+  static constexpr int64_t kAhead = kPrefetchBlocks * int64_t(sizeof(Block));
+  static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) {
+    const BlockQ8K* const xs[1] = {&x};
+    k16_sums_x86<Ty, 1>(b, xs, 0, &s, &m);
+  }
+  static uint32_t dm16(const Block& b) {
+    if constexpr (Ty::kMin) return uint32_t(b.d) | uint32_t(b.dmin) << 16;
+    return b.d;
+  }
+};
+
+// The 256-bit decode row of a type, else nullptr.
+KRow kquant_row_x86_of(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return kquant_row<Q45KUnitX86<false>>;
+    case GgmlType::Q5_K: return kquant_row<Q45KUnitX86<true>>;
+    case GgmlType::Q6_K: return kquant_row<Q6KUnitX86>;
+    case GgmlType::Q2_K: return kquant_row<K16UnitX86<Q2KGroups>>;
+    case GgmlType::Q3_K: return kquant_row<K16UnitX86<Q3KGroups>>;
+    default: return nullptr;
+  }
 }
 
 template <int C>
@@ -1011,7 +1103,7 @@ constexpr int kPrefillRows = 2, kPrefillTokens = 4;
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
-  const KRow512 row1 = kquant_row512_of(a.type);
+  const KRow row1 = kquant_row512_of(a.type);
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
     const BlockQ8K* x[C];
@@ -1106,7 +1198,12 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
     }
     for (int64_t r = n; r < pe; ++r) tail(r, a.T / 4 * 4);
   }
-  for (; n < n1; ++n) tail(n, 0);  // decode: T < 4
+  // Decode (T < 4): one token, the row eight blocks a pass where the type has one.
+  if (const KRow row1 = a.T == 1 ? kquant_row_x86_of(a.type) : nullptr) {
+    for (; n < n1; ++n) a.y[n] = row1(static_cast<const uint8_t*>(a.w) + n * rb, a.xk, nb);
+    return;
+  }
+  for (; n < n1; ++n) tail(n, 0);
 }
 
 // The quantized products of a table: rows [n0, n1) with a.quantized().
