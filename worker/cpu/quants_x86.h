@@ -974,24 +974,45 @@ void dot_k16_x86(const void* wrow, const BlockQ8K* const x[C], int64_t nb, float
   using Block = typename Ty::Block;
   const auto* w = static_cast<const Block*>(wrow);
   BlockLanes lanes[C];
+  __m128 accS[8], accM[8];  // C == 4: token c's lanes 2p and 2p + 1 in lane c of accS[p] and accM[p]
+  for (int p = 0; p < 8; ++p) accS[p] = accM[p] = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const Block& b = w[i];
     prefetch_block(w + i + kPrefetchBlocks);
     __m256i sum[C], offs[C];
     k16_sums_x86<Ty, C>(b, x, i, sum, offs);
-    int32_t T[C], O[C];
-    pair_totals<C>(sum, offs, T, O);
     const float d = Ty::d(b);
-    for (int c = 0; c < C; ++c) {  // the generic row's float steps
+    if constexpr (C == 4) {
+      const __m256i v[8] = {sum[0], sum[1], sum[2], sum[3], offs[0], offs[1], offs[2], offs[3]};
+      const __m256i t = totals8_i32(v);  // T of tokens 0-3, then O
+      const __m128i tl = _mm256_castsi256_si128(t), th = _mm256_extracti128_si256(t, 1);
+      const __m128 dx = _mm_setr_ps(x[0][i].d, x[1][i].d, x[2][i].d, x[3][i].d);
+      const int p = int(i & 7);
       if constexpr (Ty::kMin) {
-        lanes[c].first(i, float(T[c]), d * x[c][i].d);
-        lanes[c].second(i, -float(O[c]), Ty::dmin(b) * x[c][i].d);
+        accS[p] = _mm_fmadd_ps(_mm_cvtepi32_ps(tl), _mm_mul_ps(_mm_set1_ps(d), dx), accS[p]);
+        accM[p] = _mm_fnmadd_ps(_mm_cvtepi32_ps(th), _mm_mul_ps(_mm_set1_ps(Ty::dmin(b)), dx), accM[p]);
       } else {
-        lanes[c].first(i, float(T[c] - (O[c] << Ty::kOffsetShift)), d * x[c][i].d);
+        const __m128i q = _mm_sub_epi32(tl, _mm_slli_epi32(th, Ty::kOffsetShift));
+        accS[p] = _mm_fmadd_ps(_mm_cvtepi32_ps(q), _mm_mul_ps(_mm_set1_ps(d), dx), accS[p]);
+      }
+    } else {
+      int32_t T[C], O[C];
+      pair_totals<C>(sum, offs, T, O);
+      for (int c = 0; c < C; ++c) {  // the generic row's float steps
+        if constexpr (Ty::kMin) {
+          lanes[c].first(i, float(T[c]), d * x[c][i].d);
+          lanes[c].second(i, -float(O[c]), Ty::dmin(b) * x[c][i].d);
+        } else {
+          lanes[c].first(i, float(T[c] - (O[c] << Ty::kOffsetShift)), d * x[c][i].d);
+        }
       }
     }
   }
-  for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
+  if constexpr (C == 4) {
+    _mm_storeu_ps(out, lanes_total4(accS, accM));
+  } else {
+    for (int c = 0; c < C; ++c) out[c] = lanes[c].total();
+  }
 }
 
 // kquant_row's units in 256-bit registers (the avx2 table's decode rows):
