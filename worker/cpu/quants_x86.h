@@ -1124,7 +1124,11 @@ constexpr int kPrefillRows = 2, kPrefillTokens = 4;
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
-  const KRow row1 = kquant_row512_of(a.type);
+  // Rows of fewer than eight blocks (a small model's, or an expert's) take the
+  // 1 x 1 tile: a group's two transposing sums cost more than they save there
+  // (small qwen3moe, K 512 and 1024, 2 threads: tg128 318-403 -> 257-325 tok/s
+  // with the group, 350-368 with the tile, 387-407 before the lanes: open).
+  const KRow row1 = nb >= 8 ? kquant_row512_of(a.type) : nullptr;
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
     const BlockQ8K* x[C];
@@ -1220,7 +1224,7 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
     for (int64_t r = n; r < pe; ++r) tail(r, a.T / 4 * 4);
   }
   // Decode (T < 4): one token, the row eight blocks a pass where the type has one.
-  if (const KRow row1 = a.T == 1 ? kquant_row_x86_of(a.type) : nullptr) {
+  if (const KRow row1 = a.T == 1 && nb >= 8 ? kquant_row_x86_of(a.type) : nullptr) {  // as kquant_rows512
     for (; n < n1; ++n) a.y[n] = row1(static_cast<const uint8_t*>(a.w) + n * rb, a.xk, nb);
     return;
   }
