@@ -443,16 +443,41 @@ inline __m256 fp16_low8(__m256i h) {
   return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)));
 }
 
+// Rows of at most this many blocks take their steps one by one (ds4-kernel-bench,
+// Zen 4, one token, rows in L2: K = 512 5.2 us a call for 256 rows with it, 6.2-6.4
+// through the eight-block group, 5.0 before the lanes; K = 768 7.5-7.8 either way).
+constexpr int64_t kRowFew = 2;
 template <class Unit>
 float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
   using Block = typename Unit::Block;
   const auto* w = reinterpret_cast<const Block*>(w0);
+  if (nb <= kRowFew) {
+    // A row of few blocks (a small model's): lanes 0-7 take at most one step
+    // each, from +0, and the others stay +0, so reduce16 is
+    // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t k = 0; k < nb; ++k) {
+      __m256i sv, mv;
+      Unit::totals(w[k], x[k], sv, mv);
+      int32_t S, M;
+      pair_totals<1>(&sv, &mv, &S, &M);
+      const uint32_t h = Unit::dm16(w[k]);
+      const float d = _cvtsh_ss(uint16_t(h)) * x[k].d;
+      if constexpr (Unit::kMin) {
+        l[2 * k] = std::fma(float(S), d, 0.0f);
+        l[2 * k + 1] = std::fma(-float(M), _cvtsh_ss(uint16_t(h >> 16)) * x[k].d, 0.0f);
+      } else {
+        l[2 * k] = std::fma(float(S - (M << Unit::kOffsetShift)), d, 0.0f);
+      }
+    }
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+  }
   __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
   // Blocks b..b+n (n <= 8) into lanes 0..n-1.
   const auto group = [&](int64_t b, int n) __attribute__((always_inline)) {
     __m256i sv[8], mv[8];
-    alignas(32) uint32_t dm16[8];  // each block's d and dmin, fp16
-    alignas(32) float dx[8];
+    uint32_t dm16[8];  // each block's d and dmin, fp16
+    float dx[8];
 #pragma GCC unroll 8
     for (int k = 0; k < 8; ++k) {
       if (k < n) {
@@ -468,8 +493,11 @@ float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
       }
     }
     // d * dx and dmin * dx of the eight blocks, as the generic row's products.
-    const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(dm16));
-    const __m256 dxv = _mm256_load_ps(dx);
+    // Built in registers: a vector load of eight scalar stores waits for them
+    // to retire (a row of few blocks paid that on every row).
+    const __m256i h = _mm256_setr_epi32(int(dm16[0]), int(dm16[1]), int(dm16[2]), int(dm16[3]), int(dm16[4]),
+                                        int(dm16[5]), int(dm16[6]), int(dm16[7]));
+    const __m256 dxv = _mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]);
     const __m256 dd = _mm256_mul_ps(fp16_low8(h), dxv);
     if constexpr (Unit::kMin) {
       const __m256 dm = _mm256_mul_ps(fp16_low8(_mm256_srli_epi32(h, 16)), dxv);
@@ -1124,11 +1152,7 @@ constexpr int kPrefillRows = 2, kPrefillTokens = 4;
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
-  // Rows of fewer than eight blocks (a small model's, or an expert's) take the
-  // 1 x 1 tile: a group's two transposing sums cost more than they save there
-  // (small qwen3moe, K 512 and 1024, 2 threads: tg128 318-403 -> 257-325 tok/s
-  // with the group, 350-368 with the tile, 387-407 before the lanes: open).
-  const KRow row1 = nb >= 8 ? kquant_row512_of(a.type) : nullptr;
+  const KRow row1 = kquant_row512_of(a.type);
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
     const BlockQ8K* x[C];
@@ -1224,7 +1248,7 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
     for (int64_t r = n; r < pe; ++r) tail(r, a.T / 4 * 4);
   }
   // Decode (T < 4): one token, the row eight blocks a pass where the type has one.
-  if (const KRow row1 = a.T == 1 && nb >= 8 ? kquant_row_x86_of(a.type) : nullptr) {  // as kquant_rows512
+  if (const KRow row1 = a.T == 1 ? kquant_row_x86_of(a.type) : nullptr) {
     for (; n < n1; ++n) a.y[n] = row1(static_cast<const uint8_t*>(a.w) + n * rb, a.xk, nb);
     return;
   }
