@@ -401,30 +401,30 @@ void q8x_rows(const typename Src::Block* w, int64_t nb, int64_t r0, const Matmul
     for (int r = 0; r < R; ++r) accS[r] = accM[r] = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
-      alignas(32) float dx[8];
-      for (int i = 0; i < 8; ++i) dx[i] = x[b + i].d;
+      // Built in registers: a vector load of eight scalar stores waits for them to retire.
+      const __m256 dxv = _mm256_setr_ps(x[b].d, x[b + 1].d, x[b + 2].d, x[b + 3].d, x[b + 4].d, x[b + 5].d,
+                                        x[b + 6].d, x[b + 7].d);
       for (int r = 0; r < R; ++r) {
         const typename Src::Block* wr = w + r * nb;
         // The out-of-order window alone holds too little of the stream.
         const char* ahead = reinterpret_cast<const char*>(wr + b) + kQ8RowAhead;
         for (int l = 0; l < kLines; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
         __m256i v[8];
-        alignas(16) uint16_t dh[8], mh[8];
-        for (int i = 0; i < 8; ++i) {
-          v[i] = src_block_dot<Src>(wr[b + i], load_i8x32(x[b + i].qs));
-          dh[i] = wr[b + i].d;
-          if constexpr (Src::kOffset) mh[i] = wr[b + i].m;
-        }
+        for (int i = 0; i < 8; ++i) v[i] = src_block_dot<Src>(wr[b + i], load_i8x32(x[b + i].qs));
+        const auto halves = [&](auto field) {
+          return _mm_setr_epi16(short(field(wr[b])), short(field(wr[b + 1])), short(field(wr[b + 2])),
+                                short(field(wr[b + 3])), short(field(wr[b + 4])), short(field(wr[b + 5])),
+                                short(field(wr[b + 6])), short(field(wr[b + 7])));
+        };
         __m256 sf = _mm256_cvtepi32_ps(totals8_i32<Src::kSplit ? 4 : 0>(v));
         if constexpr (Src::kBias != 0)
           sf = _mm256_fnmadd_ps(_mm256_set1_ps(float(Src::kBias)), _mm256_loadu_ps(u + b), sf);  // exact
-        const __m256 dxv = _mm256_load_ps(dx);
-        accS[r] = _mm256_fmadd_ps(
-            sf, _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dh))), dxv), accS[r]);
-        if constexpr (Src::kOffset)
-          accM[r] = _mm256_fmadd_ps(
-              _mm256_loadu_ps(u + b),
-              _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh))), dxv), accM[r]);
+        const __m128i dh = halves([](const typename Src::Block& k) { return k.d; });
+        accS[r] = _mm256_fmadd_ps(sf, _mm256_mul_ps(_mm256_cvtph_ps(dh), dxv), accS[r]);
+        if constexpr (Src::kOffset) {
+          const __m128i mh = halves([](const typename Src::Block& k) { return k.m; });
+          accM[r] = _mm256_fmadd_ps(_mm256_loadu_ps(u + b), _mm256_mul_ps(_mm256_cvtph_ps(mh), dxv), accM[r]);
+        }
       }
     }
     for (int r = 0; r < R; ++r) {
