@@ -678,10 +678,10 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
 // 128n+64..128n+127 of the block for half n, each register's 128-bit lane one
 // group), the groups' scales and the words that multiply the activations'
 // 16-sums, as 16 int16, and how S and M make the float steps:
-// - kMin: S = sum sc_j (q . x)_j, M = sum m_j bsum_j; acc = fma(S, d dx),
-//   fma(-M, dmin dx) (Q2_K);
+// - kMin: S = sum sc_j (q . x)_j, M = sum m_j bsum_j; steps fma(S, d dx) and
+//   fma(-M, dmin dx) into the block's two lanes (quant_types.h) (Q2_K);
 // - otherwise the values are stored as q + kOffset: S = sum sc_j (q . x)_j -
-//   kOffset * sum sc_j bsum_j; acc = fma(S, d dx) (Q3_K, Q6_K).
+//   kOffset * sum sc_j bsum_j; step fma(S, d dx) (Q3_K, Q6_K).
 // Exact integer sums, the generic row's float steps: its results bit for bit.
 // 1B Llama-3-shaped, Zen 5, 2 threads, against llama.cpp: Q2_K pp128 189 /
 // 100 tok/s, tg64 69 / 56; Q3_K_M 178 / 80, 58-62 / 41-42 (the generic row
