@@ -435,7 +435,14 @@ struct Q3KGroups {
 // as it is. A Unit is one type's block work in one table (Q45KUnit and
 // K16Unit in 512-bit registers, Q45KUnitX86, Q6KUnitX86 and K16UnitX86 in
 // 256-bit ones): S and M (or the offset sums) as eight int32 lanes to be
-// totalled, the block's d and dmin as fp16 bits, how far on to prefetch.
+// totalled, and how far on to prefetch.
+
+// A K-quant block's d, and its dmin where it has one, as fp16 bits (dmin in the high half).
+inline uint32_t block_dm16(const BlockQ4K& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
+inline uint32_t block_dm16(const BlockQ5K& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
+inline uint32_t block_dm16(const BlockQ2K& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
+inline uint32_t block_dm16(const BlockQ3K& b) { return b.d; }
+inline uint32_t block_dm16(const BlockQ6K& b) { return b.d; }
 
 // The eight fp16 values in the low halves of h's 32-bit lanes, as f32.
 inline __m256 fp16_low8(__m256i h) {
@@ -461,7 +468,7 @@ float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
       Unit::totals(w[k], x[k], sv, mv);
       int32_t S, M;
       pair_totals<1>(&sv, &mv, &S, &M);
-      const uint32_t h = Unit::dm16(w[k]);
+      const uint32_t h = block_dm16(w[k]);
       const float d = _cvtsh_ss(uint16_t(h)) * x[k].d;
       if constexpr (Unit::kMin) {
         l[2 * k] = std::fma(float(S), d, 0.0f);
@@ -484,7 +491,7 @@ float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
         const Block& blk = w[b + k];
         prefetch_block(reinterpret_cast<const char*>(&blk) + Unit::kAhead, sizeof(Block));
         Unit::totals(blk, x[b + k], sv[k], mv[k]);
-        dm16[k] = Unit::dm16(blk);
+        dm16[k] = block_dm16(blk);
         dx[k] = x[b + k].d;
       } else {
         sv[k] = mv[k] = _mm256_setzero_si256();
@@ -858,7 +865,6 @@ struct Q45KUnit {
   static constexpr int kOffsetShift = 0;
   static constexpr int64_t kAhead = kKquantAhead;
   static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) { q45k_block_totals<Q5>(b, x, s, m); }
-  static uint32_t dm16(const Block& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
 };
 
 // Q2_K, Q3_K, Q6_K (Ty: the groups of dot_k16_512, whose block work this is).
@@ -885,10 +891,6 @@ struct K16Unit {
     }
     s = fold512(_mm512_add_epi32(sum[0], sum[1]));
     m = _mm256_madd_epi16(load256(x.bsums), Ty::offsets(b));
-  }
-  static uint32_t dm16(const Block& b) {
-    if constexpr (Ty::kMin) return uint32_t(b.d) | uint32_t(b.dmin) << 16;
-    return b.d;
   }
 };
 
@@ -1055,7 +1057,6 @@ struct Q45KUnitX86 {
     const BlockQ8K* const xs[1] = {&x};
     q45k_sums_x86<Q5, 1>(b, xs, 0, &s, &m);
   }
-  static uint32_t dm16(const Block& b) { return uint32_t(b.d) | uint32_t(b.dmin) << 16; }
 };
 
 struct Q6KUnitX86 {
@@ -1067,7 +1068,6 @@ struct Q6KUnitX86 {
     const BlockQ8K* const xs[1] = {&x};
     q6k_sums_x86<1>(b, xs, 0, &s, &m);
   }
-  static uint32_t dm16(const Block& b) { return b.d; }
 };
 
 template <typename Ty>
@@ -1079,10 +1079,6 @@ struct K16UnitX86 {
   static void totals(const Block& b, const BlockQ8K& x, __m256i& s, __m256i& m) {
     const BlockQ8K* const xs[1] = {&x};
     k16_sums_x86<Ty, 1>(b, xs, 0, &s, &m);
-  }
-  static uint32_t dm16(const Block& b) {
-    if constexpr (Ty::kMin) return uint32_t(b.d) | uint32_t(b.dmin) << 16;
-    return b.d;
   }
 };
 
