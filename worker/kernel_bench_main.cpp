@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstddef>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -52,14 +53,21 @@ std::optional<GgmlType> type_named(std::string_view name) {
 
 // Where a block keeps its fp16 scales (d, and m / dmin): random bytes
 // there could be infinities or NaNs, which are not what a model holds.
-std::vector<int> fp16_fields(GgmlType t) {
+std::vector<size_t> fp16_fields(GgmlType t) {
+  using namespace cpu;
   switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: case GgmlType::IQ4_NL: case GgmlType::IQ4_XS:
-      return {0};
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-    case GgmlType::Q2_K: return {80, 82};
-    case GgmlType::Q3_K: return {108};
-    case GgmlType::Q6_K: return {208};
+    case GgmlType::Q4_0: return {offsetof(BlockQ4_0, d)};
+    case GgmlType::Q5_0: return {offsetof(BlockQ5_0, d)};
+    case GgmlType::Q8_0: return {offsetof(BlockQ8_0, d)};
+    case GgmlType::IQ4_NL: return {offsetof(BlockIQ4NL, d)};
+    case GgmlType::IQ4_XS: return {offsetof(BlockIQ4XS, d)};
+    case GgmlType::Q4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case GgmlType::Q5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
+    case GgmlType::Q4_K: return {offsetof(BlockQ4K, d), offsetof(BlockQ4K, dmin)};
+    case GgmlType::Q5_K: return {offsetof(BlockQ5K, d), offsetof(BlockQ5K, dmin)};
+    case GgmlType::Q2_K: return {offsetof(BlockQ2K, d), offsetof(BlockQ2K, dmin)};
+    case GgmlType::Q3_K: return {offsetof(BlockQ3K, d)};
+    case GgmlType::Q6_K: return {offsetof(BlockQ6K, d)};
     default: return {};
   }
 }
@@ -115,7 +123,7 @@ int run(int argc, char** argv) {
   } else {
     const auto fields = fp16_fields(*type);
     for (size_t b = 0; b + q->block_bytes <= bytes; b += q->block_bytes)
-      for (int off : fields) {
+      for (size_t off : fields) {
         const uint16_t h = scale();
         std::memcpy(w + b + off, &h, 2);
       }

@@ -6,7 +6,7 @@
 // bit for bit:
 // - Q4_0, Q5_0, IQ4_NL weights are d * int8, exactly Q8_0 blocks once their
 //   values are unpacked: decode unpacks each block in registers (Q4_0Src ..
-//   for x86_common.h's q8x_rows), prefill converts a panel of rows to Q8_0
+//   for x86_common.h's q8x_row), prefill converts a panel of rows to Q8_0
 //   blocks in scratch; both then take the Q8_0 kernels' steps.
 // - Q4_K, Q5_K, Q6_K, IQ4_XS take their super-block's sums with byte
 //   multiply-adds, scales applied by the pair multiply-add, for up to four
@@ -577,6 +577,36 @@ inline void kquant_block_totals(const __m512i sum[R][C], const __m256i mprod[R][
   }
 }
 
+// The lanes (quant_types.h) of a tile's R x C outputs. With R * C a multiple
+// of 8 the float steps are vectors: eight outputs in the vector lanes of
+// s[g][p] (their lane 2p) and m[g][p] (2p + 1), p the block's lane pair;
+// otherwise each output's own BlockLanes.
+template <int R, int C>
+struct TileLanes {
+  static constexpr bool kVector = R * C % 8 == 0;
+  static constexpr int G = kVector ? R * C / 8 : 1;
+  __m256 s[G][8], m[G][8];
+  BlockLanes lanes[R][C];
+  TileLanes() {
+    if constexpr (kVector)
+      for (int g = 0; g < G; ++g)
+        for (int p = 0; p < 8; ++p) s[g][p] = m[g][p] = _mm256_setzero_ps();
+  }
+  // reduce16 of each output's lanes.
+  void finish(float out[R][C]) const {
+    if constexpr (kVector) {
+      for (int g = 0; g < G; ++g) {
+        alignas(32) float o[8];
+        _mm256_store_ps(o, lanes_total8(s[g], m[g]));
+        for (int k = 0; k < 8; ++k) out[(8 * g + k) / C][(8 * g + k) % C] = o[k];
+      }
+    } else {
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
+    }
+  }
+};
+
 // R weight rows (rb bytes apart) of nb Q4_K / Q5_K blocks times C tokens.
 template <bool Q5, int R, int C>
 void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int64_t nb, float out[R][C]) {
@@ -586,13 +616,10 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   // Word lanes 0-15 take sub-block 2j's scale, 16-31 sub-block 2j+1's.
   const __m512i pick = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
-  BlockLanes lanes[R][C];
-  // R * C a multiple of 8: the outputs in the lanes of accS[g][p] (their lane 2p) and accM[g][p] (2p + 1).
-  // (G is 1, unused, when R * C is not a multiple of 8).
-  constexpr int G = R * C % 8 == 0 ? R * C / 8 : 1;
-  __m256 accS[G][8], accM[G][8];
-  for (int g = 0; g < G; ++g)
-    for (int p = 0; p < 8; ++p) accS[g][p] = accM[g][p] = _mm256_setzero_ps();
+  TileLanes<R, C> t;
+  auto& lanes = t.lanes;
+  auto& accS = t.s;
+  auto& accM = t.m;
   for (int64_t i = 0; i < nb; ++i) {
     __m512i sc[R], sum[R][C];
     __m256i mv[R], hbits[R];
@@ -668,16 +695,7 @@ void dot_q45k_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int
       }
     }
   }
-  if constexpr (R * C % 8 == 0) {
-    for (int g = 0; g < R * C / 8; ++g) {
-      alignas(32) float o[8];
-      _mm256_store_ps(o, lanes_total8(accS[g], accM[g]));
-      for (int k = 0; k < 8; ++k) out[(8 * g + k) / C][(8 * g + k) % C] = o[k];
-    }
-  } else {
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
-  }
+  t.finish(out);
 }
 
 // The K-quants of sixteen 16-value groups (Q2_K, Q3_K, Q6_K), by type: the
@@ -725,13 +743,10 @@ void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
   // Word k of a register is in group k / 8 of its four.
   const __m512i group = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
                                          0, 0, 0, 0, 0, 0, 0);
-  BlockLanes lanes[R][C];
-  // R * C a multiple of 8: the outputs in the lanes of accS[g][p] (their lane 2p) and accM[g][p] (2p + 1).
-  // (G is 1, unused, when R * C is not a multiple of 8).
-  constexpr int G = R * C % 8 == 0 ? R * C / 8 : 1;
-  __m256 accS[G][8], accM[G][8];
-  for (int g = 0; g < G; ++g)
-    for (int p = 0; p < 8; ++p) accS[g][p] = accM[g][p] = _mm256_setzero_ps();
+  TileLanes<R, C> t;
+  auto& lanes = t.lanes;
+  auto& accS = t.s;
+  auto& accM = t.m;
   for (int64_t i = 0; i < nb; ++i) {
     __m512i sc[R], sum[R][C];
     __m256i offw[R];
@@ -798,16 +813,7 @@ void dot_k16_512(const uint8_t* w0, int64_t rb, const BlockQ8K* const x[C], int6
       }
     }
   }
-  if constexpr (R * C % 8 == 0) {
-    for (int g = 0; g < R * C / 8; ++g) {
-      alignas(32) float o[8];
-      _mm256_store_ps(o, lanes_total8(accS[g], accM[g]));
-      for (int k = 0; k < 8; ++k) out[(8 * g + k) / C][(8 * g + k) % C] = o[k];
-    }
-  } else {
-    for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) out[r][c] = lanes[r][c].total();
-  }
+  t.finish(out);
 }
 
 template <int R, int C>

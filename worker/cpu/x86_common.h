@@ -387,61 +387,55 @@ inline __m256i src_block_dot(const typename Src::Block& w, __m256i x) {
   return block_dot_i32(q, _mm256_sign_epi8(q, q), x);
 }
 
-// R rows (nb blocks apart, from row r0 on) times each token; ux: each token's
-// block sums of its activations (for kBias and kOffset types). An offset
-// type adds the second float step of quant_types.h after each block's first.
-template <int R, class Src>
-void q8x_rows(const typename Src::Block* w, int64_t nb, int64_t r0, const MatmulArgs& a, const float* ux) {
+// Row r (its nb blocks at w) times each token; ux: each token's block sums of
+// its activations (for kBias and kOffset types). An offset type takes the
+// second float step of quant_types.h too.
+template <class Src>
+void q8x_row(const typename Src::Block* w, int64_t nb, int64_t r, const MatmulArgs& a, const float* ux) {
   constexpr int kLines = (8 * int(sizeof(typename Src::Block)) + 63) / 64 + 1;
   for (int64_t t = 0; t < a.T; ++t) {
     const BlockQ8Act* x = a.xq + t * a.ldxq;
     const float* u = ux + t * nb;
-    // Row r's lanes 2p (first steps) in lane p of accS[r], 2p + 1 in accM[r] (quant_types.h).
-    __m256 accS[R], accM[R];
-    for (int r = 0; r < R; ++r) accS[r] = accM[r] = _mm256_setzero_ps();
+    // The row's lanes 2p (first steps) in lane p of accS, 2p + 1 in accM (quant_types.h).
+    __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 8 <= nb; b += 8) {
       // Built in registers: a vector load of eight scalar stores waits for them to retire.
       const __m256 dxv = _mm256_setr_ps(x[b].d, x[b + 1].d, x[b + 2].d, x[b + 3].d, x[b + 4].d, x[b + 5].d,
                                         x[b + 6].d, x[b + 7].d);
-      for (int r = 0; r < R; ++r) {
-        const typename Src::Block* wr = w + r * nb;
-        // The out-of-order window alone holds too little of the stream.
-        const char* ahead = reinterpret_cast<const char*>(wr + b) + kQ8RowAhead;
-        for (int l = 0; l < kLines; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
-        __m256i v[8];
-        for (int i = 0; i < 8; ++i) v[i] = src_block_dot<Src>(wr[b + i], load_i8x32(x[b + i].qs));
-        const auto halves = [&](auto field) {
-          return _mm_setr_epi16(short(field(wr[b])), short(field(wr[b + 1])), short(field(wr[b + 2])),
-                                short(field(wr[b + 3])), short(field(wr[b + 4])), short(field(wr[b + 5])),
-                                short(field(wr[b + 6])), short(field(wr[b + 7])));
-        };
-        __m256 sf = _mm256_cvtepi32_ps(totals8_i32<Src::kSplit ? 4 : 0>(v));
-        if constexpr (Src::kBias != 0)
-          sf = _mm256_fnmadd_ps(_mm256_set1_ps(float(Src::kBias)), _mm256_loadu_ps(u + b), sf);  // exact
-        const __m128i dh = halves([](const typename Src::Block& k) { return k.d; });
-        accS[r] = _mm256_fmadd_ps(sf, _mm256_mul_ps(_mm256_cvtph_ps(dh), dxv), accS[r]);
-        if constexpr (Src::kOffset) {
-          const __m128i mh = halves([](const typename Src::Block& k) { return k.m; });
-          accM[r] = _mm256_fmadd_ps(_mm256_loadu_ps(u + b), _mm256_mul_ps(_mm256_cvtph_ps(mh), dxv), accM[r]);
-        }
+      // The out-of-order window alone holds too little of the stream.
+      const char* ahead = reinterpret_cast<const char*>(w + b) + kQ8RowAhead;
+      for (int l = 0; l < kLines; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+      __m256i v[8];
+      for (int i = 0; i < 8; ++i) v[i] = src_block_dot<Src>(w[b + i], load_i8x32(x[b + i].qs));
+      const auto halves = [&](auto field) {
+        return _mm_setr_epi16(short(field(w[b])), short(field(w[b + 1])), short(field(w[b + 2])),
+                              short(field(w[b + 3])), short(field(w[b + 4])), short(field(w[b + 5])),
+                              short(field(w[b + 6])), short(field(w[b + 7])));
+      };
+      __m256 sf = _mm256_cvtepi32_ps(totals8_i32<Src::kSplit ? 4 : 0>(v));
+      if constexpr (Src::kBias != 0)
+        sf = _mm256_fnmadd_ps(_mm256_set1_ps(float(Src::kBias)), _mm256_loadu_ps(u + b), sf);  // exact
+      const __m128i dh = halves([](const typename Src::Block& k) { return k.d; });
+      accS = _mm256_fmadd_ps(sf, _mm256_mul_ps(_mm256_cvtph_ps(dh), dxv), accS);
+      if constexpr (Src::kOffset) {
+        const __m128i mh = halves([](const typename Src::Block& k) { return k.m; });
+        accM = _mm256_fmadd_ps(_mm256_loadu_ps(u + b), _mm256_mul_ps(_mm256_cvtph_ps(mh), dxv), accM);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      BlockLanes lanes;
-      alignas(32) float sl[8], ml[8];
-      _mm256_store_ps(sl, accS[r]);
-      _mm256_store_ps(ml, accM[r]);
-      for (int p = 0; p < 8; ++p) lanes.l[2 * p] = sl[p], lanes.l[2 * p + 1] = ml[p];
-      for (int64_t i = b; i < nb; ++i) {  // the last nb % 8 blocks
-        const typename Src::Block& blk = w[r * nb + i];
-        const int32_t s = total_i32(shift_upper_half<Src::kSplit ? 4 : 0>(src_block_dot<Src>(blk, load_i8x32(x[i].qs))));
-        const float sf = float(s) - float(Src::kBias) * (Src::kBias != 0 ? u[i] : 0.0f);
-        lanes.first(i, sf, _cvtsh_ss(blk.d) * x[i].d);
-        if constexpr (Src::kOffset) lanes.second(i, u[i], _cvtsh_ss(blk.m) * x[i].d);
-      }
-      a.y[t * a.ldy + r0 + r] = lanes.total();
+    BlockLanes lanes;
+    alignas(32) float sl[8], ml[8];
+    _mm256_store_ps(sl, accS);
+    _mm256_store_ps(ml, accM);
+    for (int p = 0; p < 8; ++p) lanes.l[2 * p] = sl[p], lanes.l[2 * p + 1] = ml[p];
+    for (int64_t i = b; i < nb; ++i) {  // the last nb % 8 blocks
+      const typename Src::Block& blk = w[i];
+      const int32_t s = total_i32(shift_upper_half<Src::kSplit ? 4 : 0>(src_block_dot<Src>(blk, load_i8x32(x[i].qs))));
+      const float sf = float(s) - float(Src::kBias) * (Src::kBias != 0 ? u[i] : 0.0f);
+      lanes.first(i, sf, _cvtsh_ss(blk.d) * x[i].d);
+      if constexpr (Src::kOffset) lanes.second(i, u[i], _cvtsh_ss(blk.m) * x[i].d);
     }
+    a.y[t * a.ldy + r] = lanes.total();
   }
 }
 
@@ -450,7 +444,7 @@ template <class Src>
 void q8x_decode(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux) {
   const auto* w = static_cast<const typename Src::Block*>(a.w);
   const int64_t nb = a.K / 32;
-  for (int64_t r = n0; r < n1; ++r) q8x_rows<1, Src>(w + r * nb, nb, r, a, ux);
+  for (int64_t r = n0; r < n1; ++r) q8x_row<Src>(w + r * nb, nb, r, a, ux);
 }
 
 // Prefill (T >= 4): eight tokens at a time, one lane each. Their blocks are
