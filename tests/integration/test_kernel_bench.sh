@@ -20,12 +20,14 @@ echo "tables on this CPU: ${tables[*]}"
 
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" <<<"$2"; }
 for type in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS; do
-  # K = 768: three 256-blocks (eight-block groups: a partial one only); 2816: a full group and three.
-  for shape in "768 1" "768 5" "2816 1" "2816 9"; do
+  # K = 768: three 256-blocks (eight-block groups: a partial one only); 2816: a full group and three;
+  # 256, 512, 1024: rows of one, two, four blocks, which decode several rows at a time (27 rows:
+  # full groups of them and a rest taken row by row).
+  for shape in "256 1" "512 1" "768 1" "768 5" "1024 1" "2816 1" "2816 9"; do
     read -r k tokens <<<"$shape"
     ref=
     for table in "${tables[@]}"; do
-      out=$(DS4_CPU_KERNELS=$table "$bin/ds4-kernel-bench" --type "$type" -k "$k" --rows 24 -t "$tokens" \
+      out=$(DS4_CPU_KERNELS=$table "$bin/ds4-kernel-bench" --type "$type" -k "$k" --rows 27 -t "$tokens" \
             --seconds 0.02 --rounds 1) || fail "$type in $table exited with $?"
       [[ $(field table "$out") == "\"$table\"" ]] || fail "$type: asked for table $table, got: $out"
       gbs=$(field weights_gb_s "$out")

@@ -526,8 +526,78 @@ float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
   return (_mm_cvtss_f32(u) + _mm_cvtss_f32(_mm_movehdup_ps(u))) + (_mm_cvtss_f32(v) + _mm_cvtss_f32(_mm_movehdup_ps(v)));
 }
 
-// One row of a K-quant type times one token (kquant_row of a table's unit).
-using KRow = float (*)(const uint8_t*, const BlockQ8K*, int64_t);
+// Rows of at most kFewBlocks blocks are taken several at a time: the blocks
+// of 8 / s rows (s = 1, 2 or 4 lanes a row, nb <= s) share one transposing
+// sum and one vector of float steps, and each row's lanes are reduced in the
+// register. The contract's reduce16 of such a row is exact to write in its
+// own lanes: lanes past the row's blocks are +0, and a step fma(., ., +0) is
+// never -0, so adding them changes nothing; what is left is
+// ((A0 + A2) + (A1 + A3)) + ((B0 + B2) + (B1 + B3)), A the first steps, B the
+// second ones (+0 where a type has none). A row of few blocks alone paid for
+// its own transposing sum, reduction and call (Q4_K, rows from L2, one
+// token: 48 cycles a block at K 256, 39 at 512, 31 at 1024, against 22 for
+// long rows): a mixture of experts' rows are that short (expert width 512).
+constexpr int64_t kFewBlocks = 4;
+template <class Unit>
+void kquant_rows_few(const uint8_t* w0, int64_t rb, const BlockQ8K* x, int64_t nb, int64_t rows, float* y) {
+  using Block = typename Unit::Block;
+  const int s = nb <= 1 ? 1 : nb <= 2 ? 2 : 4, G = 8 / s;  // lanes a row, rows a group
+  int64_t r = 0;
+  for (; r + G <= rows; r += G) {
+    __m256i sv[8], mv[8];
+    uint32_t dm16[8];
+    float dx[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) {
+      const int g = p / s, k = p % s;
+      if (k < nb) {
+        const Block& blk = reinterpret_cast<const Block*>(w0 + (r + g) * rb)[k];
+        Unit::totals(blk, x[k], sv[p], mv[p]);
+        dm16[p] = block_dm16(blk);
+        dx[p] = x[k].d;
+      } else {
+        sv[p] = mv[p] = _mm256_setzero_si256();
+        dm16[p] = 0;
+        dx[p] = 0;
+      }
+    }
+    const __m256i h = _mm256_setr_epi32(int(dm16[0]), int(dm16[1]), int(dm16[2]), int(dm16[3]), int(dm16[4]),
+                                        int(dm16[5]), int(dm16[6]), int(dm16[7]));
+    const __m256 dxv = _mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]);
+    const __m256 dd = _mm256_mul_ps(fp16_low8(h), dxv), zero = _mm256_setzero_ps();
+    __m256 A, B = zero;
+    if constexpr (Unit::kMin) {
+      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, zero);
+      B = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), _mm256_mul_ps(fp16_low8(_mm256_srli_epi32(h, 16)), dxv),
+                           zero);
+    } else {
+      const __m256i q = _mm256_sub_epi32(totals8_i32(sv), _mm256_slli_epi32(totals8_i32(mv), Unit::kOffsetShift));
+      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), dd, zero);
+    }
+    // Lane g * s of each: the row's (A0 + A2) + (A1 + A3) and the same of B.
+    if (s == 4) {
+      A = _mm256_add_ps(A, _mm256_permute_ps(A, 0x4E));  // a0 + a2, a1 + a3
+      B = _mm256_add_ps(B, _mm256_permute_ps(B, 0x4E));
+    }
+    if (s >= 2) {
+      A = _mm256_add_ps(A, _mm256_permute_ps(A, 0xB1));
+      B = _mm256_add_ps(B, _mm256_permute_ps(B, 0xB1));
+    }
+    alignas(32) float o[8];
+    _mm256_store_ps(o, _mm256_add_ps(A, B));
+    for (int g = 0; g < G; ++g) y[r + g] = o[g * s];
+  }
+  for (; r < rows; ++r) y[r] = kquant_row<Unit>(w0 + r * rb, x, nb);
+}
+
+// Rows [0, rows) of a K-quant type times one token, row r's result in y[r]:
+// rows of few blocks several at a time, longer ones by kquant_row.
+template <class Unit>
+void kquant_rows(const uint8_t* w0, int64_t rb, const BlockQ8K* x, int64_t nb, int64_t rows, float* y) {
+  if (nb <= kFewBlocks) return kquant_rows_few<Unit>(w0, rb, x, nb, rows, y);
+  for (int64_t r = 0; r < rows; ++r) y[r] = kquant_row<Unit>(w0 + r * rb, x, nb);
+}
+using KRows = void (*)(const uint8_t*, int64_t, const BlockQ8K*, int64_t, int64_t, float*);
 
 #ifdef __AVX512F__
 // ---- K-quants in 512-bit registers (the AVX-512 tables) --------------------
@@ -900,14 +970,14 @@ struct K16Unit {
   }
 };
 
-// The decode row of a type that has one here, else nullptr (the 1 x 1 tile).
-KRow kquant_row512_of(GgmlType t) {
+// The decode rows of a type that has them here, else nullptr (the 1 x 1 tile).
+KRows kquant_rows512_of(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_K: return kquant_row<Q45KUnit<false>>;
-    case GgmlType::Q5_K: return kquant_row<Q45KUnit<true>>;
-    case GgmlType::Q6_K: return kquant_row<K16Unit<Q6KGroups>>;
-    case GgmlType::Q2_K: return kquant_row<K16Unit<Q2KGroups>>;
-    case GgmlType::Q3_K: return kquant_row<K16Unit<Q3KGroups>>;
+    case GgmlType::Q4_K: return kquant_rows<Q45KUnit<false>>;
+    case GgmlType::Q5_K: return kquant_rows<Q45KUnit<true>>;
+    case GgmlType::Q6_K: return kquant_rows<K16Unit<Q6KGroups>>;
+    case GgmlType::Q2_K: return kquant_rows<K16Unit<Q2KGroups>>;
+    case GgmlType::Q3_K: return kquant_rows<K16Unit<Q3KGroups>>;
     default: return nullptr;
   }
 }
@@ -1088,14 +1158,14 @@ struct K16UnitX86 {
   }
 };
 
-// The 256-bit decode row of a type, else nullptr.
-KRow kquant_row_x86_of(GgmlType t) {
+// The 256-bit decode rows of a type, else nullptr.
+KRows kquant_rows_x86_of(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_K: return kquant_row<Q45KUnitX86<false>>;
-    case GgmlType::Q5_K: return kquant_row<Q45KUnitX86<true>>;
-    case GgmlType::Q6_K: return kquant_row<Q6KUnitX86>;
-    case GgmlType::Q2_K: return kquant_row<K16UnitX86<Q2KGroups>>;
-    case GgmlType::Q3_K: return kquant_row<K16UnitX86<Q3KGroups>>;
+    case GgmlType::Q4_K: return kquant_rows<Q45KUnitX86<false>>;
+    case GgmlType::Q5_K: return kquant_rows<Q45KUnitX86<true>>;
+    case GgmlType::Q6_K: return kquant_rows<Q6KUnitX86>;
+    case GgmlType::Q2_K: return kquant_rows<K16UnitX86<Q2KGroups>>;
+    case GgmlType::Q3_K: return kquant_rows<K16UnitX86<Q3KGroups>>;
     default: return nullptr;
   }
 }
@@ -1154,7 +1224,7 @@ constexpr int kPrefillRows = 2, kPrefillTokens = 4;
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
-  const KRow row1 = kquant_row512_of(a.type);
+  const KRows rows1 = kquant_rows512_of(a.type);
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
     const BlockQ8K* x[C];
@@ -1181,11 +1251,11 @@ void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
       case 3: rows.template operator()<1, 3>(p0, pe, t); break;
       case 2: rows.template operator()<1, 2>(p0, pe, t); break;
       case 1:
-        if (!row1) {
+        if (!rows1) {
           rows.template operator()<1, 1>(p0, pe, t);
           break;
         }
-        for (int64_t r = p0; r < pe; ++r) a.y[t * a.ldy + r] = row1(wb + r * rb, a.xk + t * a.ldxk, nb);
+        rows1(wb + p0 * rb, rb, a.xk + t * a.ldxk, nb, pe - p0, a.y + t * a.ldy + p0);
         break;
       default: break;
     }
@@ -1250,10 +1320,8 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
     for (int64_t r = n; r < pe; ++r) tail(r, a.T / 4 * 4);
   }
   // Decode (T < 4): one token, the row eight blocks a pass where the type has one.
-  if (const KRow row1 = a.T == 1 ? kquant_row_x86_of(a.type) : nullptr) {
-    for (; n < n1; ++n) a.y[n] = row1(static_cast<const uint8_t*>(a.w) + n * rb, a.xk, nb);
-    return;
-  }
+  if (const KRows rows1 = a.T == 1 ? kquant_rows_x86_of(a.type) : nullptr)
+    return rows1(static_cast<const uint8_t*>(a.w) + n * rb, rb, a.xk, nb, n1 - n, a.y + n);
   for (; n < n1; ++n) tail(n, 0);
 }
 
