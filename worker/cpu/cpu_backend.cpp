@@ -217,7 +217,11 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
   std::vector<Chunk> chunks;
   for (const Product& p : ps)
     for (int64_t r0 = 0; r0 < p.w->rows;) {
-      const int64_t big = rows_of(p) >= 4 ? 16 : 64, small = 16, tail = int64_t(pool_.size()) * big;
+      // Decode chunks hold about 64 rows of K 2048: short rows (a mixture of
+      // experts' 512 or 1024) in bigger chunks, so that taking one (an atomic
+      // on a line both cores write) stays a small part of its work.
+      const int64_t decode = std::clamp<int64_t>(64 * 2048 / std::max<int64_t>(p.w->cols, 1), 64, 256) / 16 * 16;
+      const int64_t big = rows_of(p) >= 4 ? 16 : decode, small = 16, tail = int64_t(pool_.size()) * big;
       const int64_t r1 = std::min(p.w->rows, r0 + (left > tail ? big : small));
       chunks.push_back({&p, r0, r1});
       left -= r1 - r0;
