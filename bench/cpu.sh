@@ -6,7 +6,9 @@
 #   207m-f16, 207m-q8_0: the 207M llama of issue 2 (1024 wide, 16 layers, ff 2816,
 #     16 heads), by ds4-mkmodel;
 #   1b-q4_k_m (and 1b-q5_k_m): ds4-mkmodel's 1b preset (Llama-3-shaped) in F16,
-#     quantized by the peer's llama-quantize.
+#     quantized by the peer's llama-quantize;
+#   moe-q4_k_m (moe-TYPE): a small qwen3moe (1024 wide, 8 layers, 32 experts of
+#     width 512, 4 a token), quantized the same way.
 # Each round measures ds4 and then llama.cpp on each file (REPS repetitions
 # each). A shared machine's neighbours slow whole stretches of a run, so
 # every round prints its own ratios and the summary takes the median of the
@@ -27,11 +29,14 @@ model_of() {  # the file of a set, made when missing
   local s=$1 f=build/models/$1.gguf
   if [ ! -f "$f" ]; then
     local preset=${s%%-*} type=${s#*-}
+    local shape=(--preset "$preset")
+    [ "$preset" = moe ] && shape=(--arch qwen3moe --dim 1024 --layers 8 --ff 512 --heads 16 --experts 32
+      --experts-used 4 --expert-ff 512)
     case $type in
-      f16 | f32 | bf16 | q8_0) "$bin/ds4-mkmodel" --out "$f" --vocab-from "$vocab" --preset "$preset" --type "$type" >&2 ;;
+      f16 | f32 | bf16 | q8_0) "$bin/ds4-mkmodel" --out "$f" --vocab-from "$vocab" "${shape[@]}" --type "$type" >&2 ;;
       *)
         local src=build/models/$preset-f16.gguf
-        [ -f "$src" ] || "$bin/ds4-mkmodel" --out "$src" --vocab-from "$vocab" --preset "$preset" --type f16 >&2
+        [ -f "$src" ] || "$bin/ds4-mkmodel" --out "$src" --vocab-from "$vocab" "${shape[@]}" --type f16 >&2
         "$peer/llama-quantize" "$src" "$f" "${type^^}" >"$f.quantize.log" 2>&1 ||
           { tail -20 "$f.quantize.log" >&2; exit 1; }
         ;;
