@@ -450,70 +450,65 @@ inline __m256 fp16_low8(__m256i h) {
   return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1)));
 }
 
-// Rows of at most this many blocks take their steps one by one (ds4-kernel-bench,
-// Zen 4, one token, rows in L2: K = 512 5.2 us a call for 256 rows with it, 6.2-6.4
-// through the eight-block group, 5.0 before the lanes; K = 768 7.5-7.8 either way).
-constexpr int64_t kRowFew = 2;
+// Eight blocks' integer totals and scales, block p in lane p (a row's group
+// of eight in kquant_row, several short rows' blocks in kquant_rows_few),
+// and the operands of their float steps: first fma(s, dd, .), second
+// fnmadd(m, dm, .) for the types with a min (quant_types.h). d * dx and
+// dmin * dx are the generic row's products, built in registers: a vector
+// load of eight scalar stores waits for them to retire (a row of few blocks
+// paid that on every row).
 template <class Unit>
-float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
-  using Block = typename Unit::Block;
-  const auto* w = reinterpret_cast<const Block*>(w0);
-  if (nb <= kRowFew) {
-    // A row of few blocks (a small model's): lanes 0-7 take at most one step
-    // each, from +0, and the others stay +0, so reduce16 is
-    // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-    float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t k = 0; k < nb; ++k) {
-      __m256i sv, mv;
-      Unit::totals(w[k], x[k], sv, mv);
-      int32_t S, M;
-      pair_totals<1>(&sv, &mv, &S, &M);
-      const uint32_t h = block_dm16(w[k]);
-      const float d = _cvtsh_ss(uint16_t(h)) * x[k].d;
-      if constexpr (Unit::kMin) {
-        l[2 * k] = std::fma(float(S), d, 0.0f);
-        l[2 * k + 1] = std::fma(-float(M), _cvtsh_ss(uint16_t(h >> 16)) * x[k].d, 0.0f);
-      } else {
-        l[2 * k] = std::fma(float(S - (M << Unit::kOffsetShift)), d, 0.0f);
-      }
-    }
-    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+struct BlockGroup {
+  __m256i sv[8], mv[8];
+  uint32_t dm16[8];  // each block's d and dmin, fp16
+  float dx[8];
+  void take(int p, const typename Unit::Block& blk, const BlockQ8K& x) {
+    Unit::totals(blk, x, sv[p], mv[p]);
+    dm16[p] = block_dm16(blk);
+    dx[p] = x.d;
   }
-  __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
-  // Blocks b..b+n (n <= 8) into lanes 0..n-1.
-  const auto group = [&](int64_t b, int n) __attribute__((always_inline)) {
-    __m256i sv[8], mv[8];
-    uint32_t dm16[8];  // each block's d and dmin, fp16
-    float dx[8];
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      if (k < n) {
-        const Block& blk = w[b + k];
-        prefetch_block(reinterpret_cast<const char*>(&blk) + Unit::kAhead, sizeof(Block));
-        Unit::totals(blk, x[b + k], sv[k], mv[k]);
-        dm16[k] = block_dm16(blk);
-        dx[k] = x[b + k].d;
-      } else {
-        sv[k] = mv[k] = _mm256_setzero_si256();
-        dm16[k] = 0;
-        dx[k] = 0;
-      }
-    }
-    // d * dx and dmin * dx of the eight blocks, as the generic row's products.
-    // Built in registers: a vector load of eight scalar stores waits for them
-    // to retire (a row of few blocks paid that on every row).
+  // A lane without a block: its steps are fma(0, 0, lane), which leave it as it is.
+  void none(int p) {
+    sv[p] = mv[p] = _mm256_setzero_si256();
+    dm16[p] = 0;
+    dx[p] = 0;
+  }
+  void steps(__m256& s, __m256& dd, __m256& m, __m256& dm) const {
     const __m256i h = _mm256_setr_epi32(int(dm16[0]), int(dm16[1]), int(dm16[2]), int(dm16[3]), int(dm16[4]),
                                         int(dm16[5]), int(dm16[6]), int(dm16[7]));
     const __m256 dxv = _mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]);
-    const __m256 dd = _mm256_mul_ps(fp16_low8(h), dxv);
+    dd = _mm256_mul_ps(fp16_low8(h), dxv);
     if constexpr (Unit::kMin) {
-      const __m256 dm = _mm256_mul_ps(fp16_low8(_mm256_srli_epi32(h, 16)), dxv);
-      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, accS);
-      accM = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), dm, accM);
+      s = _mm256_cvtepi32_ps(totals8_i32(sv));
+      m = _mm256_cvtepi32_ps(totals8_i32(mv));
+      dm = _mm256_mul_ps(fp16_low8(_mm256_srli_epi32(h, 16)), dxv);
     } else {
-      const __m256i q = _mm256_sub_epi32(totals8_i32(sv), _mm256_slli_epi32(totals8_i32(mv), Unit::kOffsetShift));
-      accS = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), dd, accS);
+      s = _mm256_cvtepi32_ps(_mm256_sub_epi32(totals8_i32(sv), _mm256_slli_epi32(totals8_i32(mv), Unit::kOffsetShift)));
+      m = dm = _mm256_setzero_ps();
     }
+  }
+};
+
+template <class Unit>
+float kquant_row(const uint8_t* w0, const BlockQ8K* x, int64_t nb) {
+  const auto* w = reinterpret_cast<const typename Unit::Block*>(w0);
+  __m256 accS = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
+  // Blocks b..b+n (n <= 8) into lanes 0..n-1.
+  const auto group = [&](int64_t b, int n) __attribute__((always_inline)) {
+    BlockGroup<Unit> g;
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      if (k < n) {
+        prefetch_block(reinterpret_cast<const char*>(&w[b + k]) + Unit::kAhead, sizeof(w[b + k]));
+        g.take(k, w[b + k], x[b + k]);
+      } else {
+        g.none(k);
+      }
+    }
+    __m256 s, dd, m, dm;
+    g.steps(s, dd, m, dm);
+    accS = _mm256_fmadd_ps(s, dd, accS);
+    if constexpr (Unit::kMin) accM = _mm256_fnmadd_ps(m, dm, accM);
   };
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8) group(b, 8);
@@ -544,36 +539,20 @@ void kquant_rows_few(const uint8_t* w0, int64_t rb, const BlockQ8K* x, int64_t n
   const int s = nb <= 1 ? 1 : nb <= 2 ? 2 : 4, G = 8 / s;  // lanes a row, rows a group
   int64_t r = 0;
   for (; r + G <= rows; r += G) {
-    __m256i sv[8], mv[8];
-    uint32_t dm16[8];
-    float dx[8];
+    BlockGroup<Unit> bg;
 #pragma GCC unroll 8
     for (int p = 0; p < 8; ++p) {
       const int g = p / s, k = p % s;
-      if (k < nb) {
-        const Block& blk = reinterpret_cast<const Block*>(w0 + (r + g) * rb)[k];
-        Unit::totals(blk, x[k], sv[p], mv[p]);
-        dm16[p] = block_dm16(blk);
-        dx[p] = x[k].d;
-      } else {
-        sv[p] = mv[p] = _mm256_setzero_si256();
-        dm16[p] = 0;
-        dx[p] = 0;
-      }
+      if (k < nb)
+        bg.take(p, reinterpret_cast<const Block*>(w0 + (r + g) * rb)[k], x[k]);
+      else
+        bg.none(p);
     }
-    const __m256i h = _mm256_setr_epi32(int(dm16[0]), int(dm16[1]), int(dm16[2]), int(dm16[3]), int(dm16[4]),
-                                        int(dm16[5]), int(dm16[6]), int(dm16[7]));
-    const __m256 dxv = _mm256_setr_ps(dx[0], dx[1], dx[2], dx[3], dx[4], dx[5], dx[6], dx[7]);
-    const __m256 dd = _mm256_mul_ps(fp16_low8(h), dxv), zero = _mm256_setzero_ps();
-    __m256 A, B = zero;
-    if constexpr (Unit::kMin) {
-      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals8_i32(sv)), dd, zero);
-      B = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(totals8_i32(mv)), _mm256_mul_ps(fp16_low8(_mm256_srli_epi32(h, 16)), dxv),
-                           zero);
-    } else {
-      const __m256i q = _mm256_sub_epi32(totals8_i32(sv), _mm256_slli_epi32(totals8_i32(mv), Unit::kOffsetShift));
-      A = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), dd, zero);
-    }
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 S, dd, M, dm;
+    bg.steps(S, dd, M, dm);
+    __m256 A = _mm256_fmadd_ps(S, dd, zero), B = zero;
+    if constexpr (Unit::kMin) B = _mm256_fnmadd_ps(M, dm, zero);
     // Lane g * s of each: the row's (A0 + A2) + (A1 + A3) and the same of B.
     if (s == 4) {
       A = _mm256_add_ps(A, _mm256_permute_ps(A, 0x4E));  // a0 + a2, a1 + a3
