@@ -81,7 +81,9 @@ ScratchLayout cpu_scratch_layout(const HParams& hp, const EngineShape& s, int th
   const int64_t q_rows = std::max({B, R, hp.moe() ? B * hp.n_expert_used : 0});
   l.xq_floats = q_rows * (max_k / 32) * 9;
   l.xq = take(l.xq_floats);
-  l.xk_floats = q_rows * (max_k / 256) * 73;
+  // Q8_K blocks (worker/cpu/quant_types.h): 320 bytes, 64-byte aligned.
+  l.xk_floats = q_rows * (max_k / 256) * 80;
+  at = (at + 15) / 16 * 16;
   l.xk = take(l.xk_floats);
   l.moe = take(hp.moe() ? 4 * B * hp.n_expert_used + hp.n_expert + 1 : 0);  // worker/moe_routes.h's words
   l.matmul_per_thread = 17 * pad16(max_k) + 64;

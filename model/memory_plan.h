@@ -124,7 +124,7 @@ struct ScratchLayout {
   int64_t per_thread = 0;       // floats per thread
   int64_t matmul_per_thread = 0; // the part of it a matrix product may use
   int64_t xq_floats = 0;
-  int64_t xk_floats = 0;          // the same in Q8_K blocks of 256 (292 bytes: 73 floats)
+  int64_t xk_floats = 0;          // the same in Q8_K blocks of 256 (320 bytes: 80 floats, 64-byte aligned)
   int64_t total = 0;            // floats
 };
 

@@ -52,7 +52,7 @@ class CpuBackend final : public Backend, private ForwardOps {
                   " floats of scratch per thread, the memory plan gives " + std::to_string(l.matmul_per_thread) +
                   " (model/memory_plan.cpp must follow kernels.h)");
     static_assert(sizeof(cpu::BlockQ8Act) == 9 * sizeof(float), "the memory plan gives 9 floats per 32 values");
-    static_assert(sizeof(cpu::BlockQ8K) == 73 * sizeof(float), "the memory plan gives 73 floats per 256 values");
+    static_assert(sizeof(cpu::BlockQ8K) == 80 * sizeof(float), "the memory plan gives 80 floats per 256 values");
     if (const std::string why = kv_type_unsupported(hp_, s.kv); !why.empty()) throw Error(why);
     shape_ = s;
     layout_ = l;
@@ -65,6 +65,8 @@ class CpuBackend final : public Backend, private ForwardOps {
     xq_ = reinterpret_cast<cpu::BlockQ8Act*>(f + l.xq);
     thread_scratch_ = f + l.threads;
     xk_ = reinterpret_cast<cpu::BlockQ8K*>(f + l.xk);
+    if (reinterpret_cast<uintptr_t>(xk_) % alignof(cpu::BlockQ8K) != 0)
+      throw Error("CPU backend: the Q8_K activation blocks are not 64-byte aligned (model/memory_plan.cpp)");
     moe_ = f + l.moe;
   }
 

@@ -33,6 +33,7 @@
 /// of a vector doing one output's steps is fine).
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "shared/ggml_types.h"
@@ -63,12 +64,19 @@ enum class ActType : uint8_t { F32, Q8_0, Q8_K };
 /// qs = round-to-nearest-even(x * 127 / max|x|) (ggml's values, up to the sign
 /// it gives d and qs); bsums[j] = the sum of qs over
 /// positions 16j..16j+15. Zero when max|x| < kQ8ActTiny (kernels.h).
-struct BlockQ8K {
+/// The fields are ggml's block_q8_K's, not its layout: qs starts a 64-byte
+/// line and a block is five lines, so that each of a block's four 64-byte
+/// loads of qs reads one line (with ggml's 292-byte blocks almost every one
+/// crossed two: a 2 x 4 prefill tile's loop alone took 117 cycles a block
+/// against 92, Zen 4, in L1). Blocks are 64-byte aligned (the memory plan's
+/// region for them is).
+struct alignas(64) BlockQ8K {
   float d;
-  int8_t qs[256];
   int16_t bsums[16];
+  uint8_t pad[28];  // zero
+  int8_t qs[256];
 };
-static_assert(sizeof(BlockQ8K) == 292);
+static_assert(sizeof(BlockQ8K) == 320 && offsetof(BlockQ8K, qs) == 64);
 
 // ggml's blocks (ggml-common.h), fp16 fields as raw bits.
 struct BlockQ4_0 { uint16_t d; uint8_t qs[16]; };

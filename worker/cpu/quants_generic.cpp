@@ -32,6 +32,7 @@ void quantize_q8k_generic(const float* x, int64_t K, BlockQ8K* out) {
     const bool zero = !(amax >= kQ8ActTiny);
     const float id = zero ? 0.0f : 127.0f / amax;
     out[b].d = zero ? 0.0f : 1.0f / id;  // as ggml: the inverse of the rounding factor
+    std::memset(out[b].pad, 0, sizeof out[b].pad);
     for (int i = 0; i < 256; ++i) {
       const float q = std::nearbyint(v[i] * id);
       out[b].qs[i] = int8_t(q >= -127 && q <= 127 ? q : 0);

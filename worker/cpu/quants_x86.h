@@ -34,6 +34,7 @@ void quantize_q8k_x86(const float* x, int64_t K, BlockQ8K* out) {
     const bool zero = !(amax >= kQ8ActTiny);
     const __m256 id = _mm256_set1_ps(zero ? 0.0f : 127.0f / amax);
     out[b].d = zero ? 0.0f : 1.0f / (127.0f / amax);
+    std::memset(out[b].pad, 0, sizeof out[b].pad);
     for (int g = 0; g < 8; ++g) {
       __m256i q[4];
       for (int j = 0; j < 4; ++j)
