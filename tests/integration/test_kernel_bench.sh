@@ -26,9 +26,14 @@ for type in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_
   for shape in "256 1" "512 1" "768 1" "768 5" "1024 1" "2816 1" "2816 9"; do
     read -r k tokens <<<"$shape"
     ref=
-    for table in "${tables[@]}"; do
-      out=$(DS4_CPU_KERNELS=$table "$bin/ds4-kernel-bench" --type "$type" -k "$k" --rows 27 -t "$tokens" \
-            --seconds 0.02 --rounds 1) || fail "$type in $table exited with $?"
+    # Several tokens: both prefill tilings of the AVX-512 tables (one row x eight tokens, two x four).
+    runs=("${tables[@]}")
+    ((tokens > 1)) && runs=("${tables[@]/%/:1}" "${tables[@]/%/:2}")
+    for run in "${runs[@]}"; do
+      table=${run%%:*} rows=${run#*:}
+      [[ $rows == "$run" ]] && rows=
+      out=$(DS4_CPU_KERNELS=$table DS4_CPU_PREFILL_ROWS=$rows "$bin/ds4-kernel-bench" --type "$type" -k "$k" \
+            --rows 27 -t "$tokens" --seconds 0.02 --rounds 1) || fail "$type in $table exited with $?"
       [[ $(field table "$out") == "\"$table\"" ]] || fail "$type: asked for table $table, got: $out"
       gbs=$(field weights_gb_s "$out")
       awk -v g="$gbs" 'BEGIN { exit !(g > 0) }' || fail "$type in $table: no speed in: $out"
@@ -37,10 +42,10 @@ for type in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_
       bits=$(field y_bits "$out")
       [[ $bits =~ ^\"[0-9a-f]{16}\"$ ]] || fail "$type in $table: no y_bits in: $out"
       if [[ -z $ref ]]; then ref=$bits; elif [[ $bits != "$ref" ]]; then
-        fail "$type, K $k, $tokens token(s): $table's outputs (y_bits $bits) differ from generic's ($ref)"
+        fail "$type, K $k, $tokens token(s): $table's outputs${rows:+ (prefill rows $rows)} (y_bits $bits) differ from generic's ($ref)"
       fi
     done
-    echo "ok: $type, K $k, $tokens token(s), outputs $ref in ${tables[*]}"
+    echo "ok: $type, K $k, $tokens token(s), outputs $ref in ${runs[*]}"
   done
 done
 # Bad arguments are refused with the reason, not run.

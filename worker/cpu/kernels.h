@@ -161,6 +161,15 @@ struct DecodeWalk {
 };
 const DecodeWalk& decode_walk();
 
+/// How the AVX-512 tables' K-quant prefill tiles a product: 1 (one row times
+/// eight tokens a pass) or 2 (two rows times four). Zen 4 (AMD family 25)
+/// takes one row: ds4-kernel-bench, 64 rows of K 2048 times 128 tokens,
+/// avx512vnni, Q4_K 238 us against 271, Q5_K 252 / 288, Q6_K 233 / 245, Q3_K
+/// 256 / 273, Q2_K 228 / 233. Elsewhere two rows, as measured on Zen 5 (1B
+/// Q4_K_M pp128 158-185 tok/s; one row not tried there). DS4_CPU_PREFILL_ROWS=1|2
+/// overrides. The same bits either way (each output's steps are its own).
+int kquant_prefill_rows();
+
 /// Row `row` of a weight matrix with K columns, converted exactly to f32.
 void dequantize_row(GgmlType type, const void* w, int64_t K, int64_t row, float* out);
 /// Bytes of one row of K elements.

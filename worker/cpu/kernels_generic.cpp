@@ -170,10 +170,11 @@ const KernelTable& generic_kernels() {
   return table;
 }
 
-const DecodeWalk& decode_walk() {
-  static const DecodeWalk walk = [] {
-    int rows = 1;
-    bool amd_family_25 = false;  // Zen 3, Zen 4
+namespace {
+// The CPU's family when its vendor is AMD, else 0.
+unsigned amd_family() {
+  static const unsigned family = [] {
+    unsigned f = 0;
 #if defined(__x86_64__)
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     char vendor[13] = {};
@@ -183,11 +184,29 @@ const DecodeWalk& decode_walk() {
       std::memcpy(vendor + 8, &ecx, 4);
     }
     if (std::string_view(vendor) == "AuthenticAMD" && __get_cpuid(1, &eax, &ebx, &ecx, &edx)) {
-      const unsigned base = (eax >> 8) & 0xF, family = base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
-      if (family >= 0x1A) rows = 2;
-      amd_family_25 = family == 0x19;
+      const unsigned base = (eax >> 8) & 0xF;
+      f = base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
     }
 #endif
+    return f;
+  }();
+  return family;
+}
+}  // namespace
+
+int kquant_prefill_rows() {
+  static const int rows = [] {
+    if (const char* v = std::getenv("DS4_CPU_PREFILL_ROWS"); v && (std::string_view(v) == "1" || std::string_view(v) == "2"))
+      return v[0] - '0';
+    return amd_family() == 0x19 ? 1 : 2;
+  }();
+  return rows;
+}
+
+const DecodeWalk& decode_walk() {
+  static const DecodeWalk walk = [] {
+    const bool amd_family_25 = amd_family() == 0x19;  // Zen 3, Zen 4
+    int rows = amd_family() >= 0x1A ? 2 : 1;
     if (const char* v = std::getenv("DS4_CPU_DECODE_ROWS"); v && (std::string_view(v) == "1" || std::string_view(v) == "2"))
       rows = v[0] - '0';
     // Two streams side by side need their lines asked for further on. One

@@ -1196,15 +1196,16 @@ KDot<C> kquant_dot(GgmlType t) {
 #ifdef __AVX512F__
 // Rows [n0, n1) of a Q2_K..Q6_K product in 512-bit registers: in
 // panels of rows (~128 KiB of weights, in L2, as the loop of
-// matmul_rows_kquant_x86, why: there), kPrefillRows rows times kPrefillTokens
-// tokens a pass, then groups of four, and the batch's last 1-3 tokens (all of
-// a decode step) row by row.
-constexpr int kPrefillRows = 2, kPrefillTokens = 4;
+// matmul_rows_kquant_x86, why: there), one row times eight tokens or two
+// rows times four a pass as the core wants (kquant_prefill_rows(),
+// kernels.h), then groups of four, and the batch's last 1-3 tokens (all of a
+// decode step) several rows at a time.
 
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
   const KRows rows1 = kquant_rows512_of(a.type);
+  const bool one_row = kquant_prefill_rows() == 1;
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
     const BlockQ8K* x[C];
@@ -1224,9 +1225,9 @@ void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1) {
   for (int64_t p0 = n0; p0 < n1; p0 += panel) {
     const int64_t pe = std::min(n1, p0 + panel);
     int64_t t = 0;
-    for (; t + kPrefillTokens <= a.T; t += kPrefillTokens)
-      rows.template operator()<kPrefillRows, kPrefillTokens>(p0, pe, t);
-    for (; t + 4 <= a.T; t += 4) rows.template operator()<kPrefillRows, 4>(p0, pe, t);
+    if (one_row)
+      for (; t + 8 <= a.T; t += 8) rows.template operator()<1, 8>(p0, pe, t);
+    for (; t + 4 <= a.T; t += 4) rows.template operator()<2, 4>(p0, pe, t);
     switch (a.T - t) {
       case 3: rows.template operator()<1, 3>(p0, pe, t); break;
       case 2: rows.template operator()<1, 2>(p0, pe, t); break;
