@@ -770,15 +770,20 @@ struct Q6KGroups {
   }
   static __m256i offsets(const Block& b) { return scales(b); }
   // [q0 | q1] and [q2 | q3] of dot_q6k_x86: low nibbles of ql, two bits of qh each.
+  // qh's two bits of each value are moved to bits 4-5 of its byte in one
+  // shift (the halves' bits 0-1 / 2-3 left by 4 / 2, bits 4-5 / 6-7 right by
+  // 0 / 2; what a 16-bit shift carries over from the next byte lands outside
+  // bits 4-5) and joined to the low nibble by one ternary-logic operation.
   static void values(const Block& b, int n, __m512i q[2]) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m3 = _mm512_set1_epi8(3);
-    const __m512i sh01 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    const __m512i sh23 = _mm512_add_epi16(sh01, _mm512_set1_epi16(4));
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i half = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);  // 0 | 1
     const __m512i l = load512(b.ql + 64 * n);
     const __m512i h = _mm512_broadcast_i64x4(load256(b.qh + 32 * n));
-    q[0] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh01), m3), 4));
-    q[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(h, sh23), m3), 4));
+    const __m512i h01 = _mm512_sllv_epi16(h, _mm512_sub_epi16(_mm512_set1_epi16(4), _mm512_add_epi16(half, half)));
+    const __m512i h23 = _mm512_srlv_epi16(h, _mm512_add_epi16(half, half));
+    // A | (B & C): 0xF0 | (0xCC & 0xAA).
+    q[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(l, m4), h01, m30, 0xF8);
+    q[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4), h23, m30, 0xF8);
   }
   static float d(const Block& b) { return _cvtsh_ss(b.d); }
   static float dmin(const Block&) { return 0; }
