@@ -554,13 +554,15 @@ constexpr int64_t kFewBlocks = 4;
 template <class Unit>
 void kquant_rows_few(const uint8_t* w0, int64_t rb, const BlockQ8K* x, int64_t nb, int64_t rows, float* y) {
   using Block = typename Unit::Block;
-  const int s = nb <= 1 ? 1 : nb <= 2 ? 2 : 4, G = 8 / s;  // lanes a row, rows a group
+  // s = 1 << ls lanes a row, G rows a group (shifts, not divisions: s is
+  // not known at compile time, and p / s was an idiv per lane).
+  const int ls = nb <= 1 ? 0 : nb <= 2 ? 1 : 2, s = 1 << ls, G = 8 >> ls;
   int64_t r = 0;
   for (; r + G <= rows; r += G) {
     BlockGroup<Unit> bg;
 #pragma GCC unroll 8
     for (int p = 0; p < 8; ++p) {
-      const int g = p / s, k = p % s;
+      const int g = p >> ls, k = p & (s - 1);
       if (k < nb)
         bg.take(p, reinterpret_cast<const Block*>(w0 + (r + g) * rb)[k], x[k]);
       else
