@@ -119,6 +119,8 @@ check_log 'failed after its first byte\|failed mid-answer' "stream ended in an e
 kinds=completion_stream,chat_stream,completion,chat,messages_stream
 cd "$DS4_SRC/tests/js" || exit 1
 echo "undisturbed run:"
+# pipefail: the load's own verdict, not tee's, decides.
+set -o pipefail
 timeout 400 node proxy_load.mjs --base "$U" --requests 120 --concurrency 8 --max-tokens 300 --kinds $kinds \
   --out "$T/ref.json" | tee "$T/ref.summary" || { fail "the undisturbed run"; sup_finish; }
 streamed_tokens=$(jq '[.[] | select(.kind | endswith("stream")) | .completion_tokens] | add' "$T/ref.json")
@@ -158,4 +160,11 @@ check "the supervisor restarted the engine 9 times: 3 fresh starts + 3 cuts + 3 
 if grep -aq 'failed after its first byte\|failed mid-answer' "$T/sup.log"; then fail "a stream ended in an error: $(grep -m1 'mid-answer\|first byte' "$T/sup.log")"; else pass "no stream ended in an error event"; fi
 echo "   streams continued mid-answer (the log's debug lines, if shown): $mid"
 check "the supervisor is still running" kill -0 "$SUP_PID"
+# The keeper restarts a supervisor that died of a signal (a crash): the port
+# stays, but every answer in flight is lost and the counters start again.
+if grep -aq 'DS4_EVENT=supervisor_restart' "$T/sup.log"; then
+  fail "the supervisor crashed and its keeper started it again: $(grep -a -m1 'DS4_EVENT=supervisor_restart' "$T/sup.log" | cut -c1-240)"
+else
+  pass "the supervisor never crashed (no keeper restart in its log)"
+fi
 sup_finish
