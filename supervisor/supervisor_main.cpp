@@ -14,6 +14,7 @@
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
+#include "shared/crash_report.h"
 #include "supervisor/keeper.h"
 #include "supervisor/proxy/proxy.h"
 #include "supervisor/status_history.h"
@@ -83,6 +84,8 @@ int main(int argc, char** argv) {
                                           opts.config_given);
       if (rc >= 0) return rc;
     }
+    // A fault says where it happened before the keeper (or systemd) restarts us.
+    ds4::install_crash_report("ds4-supervisor");
     ds4::sup::Supervisor sup(opts);
     sup.prepare();
     // The front proxy (supervisor/proxy/proxy.h) on the supervisor's io_context;

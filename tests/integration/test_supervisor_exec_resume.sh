@@ -164,6 +164,11 @@ check "the supervisor is still running" kill -0 "$SUP_PID"
 # stays, but every answer in flight is lost and the counters start again.
 if grep -aq 'DS4_EVENT=supervisor_restart' "$T/sup.log"; then
   fail "the supervisor crashed and its keeper started it again: $(grep -a -m1 'DS4_EVENT=supervisor_restart' "$T/sup.log" | cut -c1-240)"
+  # Its report (shared/crash_report.h), frames resolved where addr2line is.
+  grep -a -A 40 'ds4-supervisor: crashed' "$T/sup.log" | grep -a 'crashed\|(+0x' | head -40 | while read -r line; do
+    off=$(grep -o 'ds4-supervisor(+0x[0-9a-f]*)' <<<"$line" | grep -o '0x[0-9a-f]*')
+    echo "     $line${off:+  $(addr2line -f -C -e "$DS4_BIN/ds4-supervisor" "$off" 2>/dev/null | paste -sd' ' | cut -c1-160)}"
+  done
 else
   pass "the supervisor never crashed (no keeper restart in its log)"
 fi

@@ -18,6 +18,8 @@
 # itself ends the worker.
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
+# The load's own verdict decides a run piped into tee, not tee's.
+set -o pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/systemd_env.sh"
 . "$here/lib/supervisor_env.sh"

@@ -62,5 +62,25 @@ wait $wrapper 2>/dev/null
 if [[ -n $server ]] && gone "$server"; then pass "the server dies with a SIGKILLed engine process"
 else fail "the server outlived the engine process: ${server:-none}"; kill -KILL "$server" 2>/dev/null; fi
 
+# A fault in ds4-worker itself says where before it dies the same death
+# (shared/crash_report.h): the signal and the call stack as frames that
+# addr2line resolves, then the default action (status 128 + 11).
+err=$(mktemp)
+"$DS4_BIN/ds4-worker" engine --port 1 --command "sleep 300 {port}" 2>"$err" &
+wrapper=$!
+server=
+for _ in $(seq 50); do server=$(pgrep -P $wrapper -x sleep) && break; sleep 0.1; done
+kill -SEGV $wrapper
+wait $wrapper
+st=$?
+frames=$(grep -c 'ds4-worker(+0x[0-9a-f]*)' "$err")
+if ((st == 139)) && grep -q "ds4-worker: crashed: signal 11 (SEGV) sent by pid $$" "$err" && ((frames >= 3)); then
+  pass "SIGSEGV: the call stack on stderr ($frames frames of ds4-worker), then status 139"
+else
+  fail "SIGSEGV: status $st, $frames frames, stderr: $(head -c 400 "$err")"
+fi
+[[ -n $server ]] && { gone "$server" || kill -KILL "$server" 2>/dev/null; }
+rm -f "$err"
+
 ((fails)) && { echo "$fails failure(s)"; exit 1; }
 echo "all passed"
