@@ -1221,64 +1221,94 @@ KDot<C> kquant_dot(GgmlType t) {
 }
 
 #ifdef __AVX512VNNI__
-// ---- Q4_K / Q5_K prefill with VNNI: sixteen tokens a 512-bit register ------
+// ---- K-quant prefill with VNNI: sixteen tokens a 512-bit register -----------
 //
-// A panel of rows is unpacked first: each block's 256 values as bytes
-// (0..15, or 0..31 with Q5_K's high bits), its sub-blocks' scales and mins
-// and its d and dmin. The tokens go in groups of sixteen, transposed so that
-// one 512-bit register holds four activations of each; four values of a row,
-// broadcast, then meet sixteen tokens in one vpdpbusd. A sub-block's eight
-// such products are its (q . x) for each token, scaled by one 32-bit
-// multiply; the mins meet the activations' 32-sums by vpdpwssd. S and M are
-// the exact integers of dot_q45k_512 (the same sums in another grouping),
-// the float steps its steps: the same bits. Against its one row times eight
-// tokens, where each activation register serves one token, the weights'
-// broadcast serves sixteen.
+// Q4_K, Q5_K and Q6_K. A panel of rows is unpacked first: each block's 256
+// values as bytes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 as stored, q + 32),
+// its groups' scales, the words that meet the activations' 16-sums, and its
+// d (and dmin). The tokens go in groups of sixteen, transposed so that one
+// 512-bit register holds four activations of each; four values of a row,
+// broadcast, meet sixteen tokens in one vpdpbusd. A group's products
+// (eight words of a 32-value sub-block, four of a 16-value Q6_K group) are
+// its (q . x) for each token, scaled by one 32-bit multiply; the mins (Q6_K:
+// the offsets) meet the 16-sums by vpdpwssd. S and M (Q6_K: T and O) are
+// the exact integers of dot_q45k_512 / dot_k16_512 in another grouping, the
+// float steps theirs: the same bits. Against the one row times eight tokens
+// of those tiles, where an activation register serves one token, the
+// weights' broadcast serves sixteen, and each activation register four rows.
 struct Q8KGroup16 {  // sixteen tokens' block i, transposed
   float d[16];
-  int32_t bsum2[8][16];   // sub-block j: the token's two 16-sums (bsums 2j, 2j+1) as an int16 pair
-  int8_t qs[64][64];      // qs[k]: activations 4k..4k+3 of tokens 0..15
+  int32_t bsum2[8][16];  // pair j: the token's 16-sums 2j and 2j + 1, as int16 halves
+  int8_t qs[64][64];     // qs[k]: activations 4k..4k+3 of tokens 0..15
 };
 static_assert(sizeof(Q8KGroup16) % 64 == 0);
 
-struct Q45KPanelBlock {  // one row's block, unpacked
-  uint8_t v[256];   // the values, sub-block j at 32j
-  int32_t sc[8];    // the sub-blocks' scales
-  int32_t mm[8];    // the sub-blocks' mins, twice (two int16 halves)
+// One row's block, unpacked (Q4_K / Q5_K: eight 32-value sub-blocks).
+struct Q45KPanelBlock {
+  static constexpr int kGroups = 8;
+  static constexpr bool kMin = true;
+  static constexpr int kOffsetShift = 0;
+  uint8_t v[256];    // the values, in order
+  int32_t sc[8];     // each sub-block's scale
+  int32_t pair[8];   // sub-block j's min twice (int16 halves): against 16-sums 2j, 2j + 1
   float d, dmin;
   uint8_t pad[56];
 };
-static_assert(sizeof(Q45KPanelBlock) % 64 == 0);
+// Q6_K: sixteen 16-value groups, values stored as q + 32.
+struct Q6KPanelBlock {
+  static constexpr int kGroups = 16;
+  static constexpr bool kMin = false;
+  static constexpr int kOffsetShift = 5;  // T - 32 O
+  uint8_t v[256];
+  int32_t sc[16];   // each group's scale
+  int32_t pair[8];  // scales 2j and 2j + 1 (int16 halves): against 16-sums 2j, 2j + 1
+  float d, dmin;    // dmin unused
+  uint8_t pad[24];
+};
+static_assert(sizeof(Q45KPanelBlock) % 64 == 0 && sizeof(Q6KPanelBlock) % 64 == 0);
 
-constexpr int64_t kQ45KPanelRows = 16;
+inline int32_t int16_pair(int lo, int hi) { return int32_t(uint16_t(int16_t(lo))) | int32_t(uint32_t(uint16_t(int16_t(hi))) << 16); }
 
-template <bool Q5>
-void q45k_unpack_panel(const uint8_t* w0, int64_t rb, int64_t rows, int64_t nb, Q45KPanelBlock* out) {
-  using Block = std::conditional_t<Q5, BlockQ5K, BlockQ4K>;
+template <class Block>
+void unpack_block(const Block& b, Q45KPanelBlock& o) {
+  constexpr bool Q5 = std::is_same_v<Block, BlockQ5K>;
   const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto* w = reinterpret_cast<const Block*>(w0 + r * rb);
-    for (int64_t i = 0; i < nb; ++i) {
-      const Block& b = w[i];
-      Q45KPanelBlock& o = out[r * nb + i];
-      for (int j = 0; j < 4; ++j) {
-        const __m256i q = load256(b.qs + 32 * j);
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if constexpr (Q5) {
-          const __m256i h = load256(b.qh);
-          lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), one), 4));
-          hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j + 1), one), 4));
-        }
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o.v + 64 * j), lo);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(o.v + 64 * j + 32), hi);
-      }
-      alignas(16) uint8_t s8[8], m8[8];
-      scales_mins_k4(b.scales, s8, m8);
-      for (int j = 0; j < 8; ++j) o.sc[j] = s8[j], o.mm[j] = int32_t(m8[j]) | int32_t(m8[j]) << 16;
-      o.d = _cvtsh_ss(b.d);
-      o.dmin = _cvtsh_ss(b.dmin);
+  for (int j = 0; j < 4; ++j) {
+    const __m256i q = load256(b.qs + 32 * j);
+    __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    if constexpr (Q5) {
+      const __m256i h = load256(b.qh);
+      lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), one), 4));
+      hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j + 1), one), 4));
     }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(o.v + 64 * j), lo);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(o.v + 64 * j + 32), hi);
   }
+  alignas(16) uint8_t s8[8], m8[8];
+  scales_mins_k4(b.scales, s8, m8);
+  for (int j = 0; j < 8; ++j) o.sc[j] = s8[j], o.pair[j] = int16_pair(m8[j], m8[j]);
+  o.d = _cvtsh_ss(b.d);
+  o.dmin = _cvtsh_ss(b.dmin);
+}
+
+// Q6_K's values in order: half n, quarter m, position l at 128n + 32m + l.
+inline void unpack_block(const BlockQ6K& b, Q6KPanelBlock& o) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  for (int n = 0; n < 2; ++n) {
+    const __m256i l0 = load256(b.ql + 64 * n), l1 = load256(b.ql + 64 * n + 32), h = load256(b.qh + 32 * n);
+    const __m256i q[4] = {
+        _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)),
+        _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4))};
+    for (int m = 0; m < 4; ++m) _mm256_store_si256(reinterpret_cast<__m256i*>(o.v + 128 * n + 32 * m), q[m]);
+  }
+  for (int g = 0; g < 16; ++g) o.sc[g] = b.scales[g];
+  for (int j = 0; j < 8; ++j) o.pair[j] = int16_pair(b.scales[2 * j], b.scales[2 * j + 1]);
+  o.d = _cvtsh_ss(b.d);
+  o.dmin = 0.0f;
 }
 
 // Tokens t0..t0+n (n <= 16) of the activations into groups, missing tokens as zeros.
@@ -1322,8 +1352,9 @@ inline __m512 lanes_total16(const __m512 s[8], const __m512 m[8]) {
 // sixteen tokens: out[r] lane t = y[t][r]. Each activation register serves
 // R rows (R independent chains); the lanes' accumulators live in memory,
 // touched once a block.
-template <int R>
-inline void q45k_rows_tokens16_tile(const Q45KPanelBlock* w, const Q8KGroup16* g, int64_t nb, __m512 out[R]) {
+template <class PB, int R>
+inline void kquant_rows_tokens16_tile(const PB* w, const Q8KGroup16* g, int64_t nb, __m512 out[R]) {
+  constexpr int kWords = 64 / PB::kGroups;  // four-value words a group
   alignas(64) float acc[R][2][8][16];
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < 2; ++h)
@@ -1332,31 +1363,38 @@ inline void q45k_rows_tokens16_tile(const Q45KPanelBlock* w, const Q8KGroup16* g
     const Q8KGroup16& x = g[i];
     __m512i S[R], M[R];
     for (int r = 0; r < R; ++r) S[r] = M[r] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < PB::kGroups; ++j) {
       __m512i sj[R];
       for (int r = 0; r < R; ++r) sj[r] = _mm512_setzero_si512();
-      for (int k = 0; k < 8; ++k) {
-        const __m512i xv = _mm512_load_si512(x.qs[8 * j + k]);
+      for (int k = 0; k < kWords; ++k) {
+        const __m512i xv = _mm512_load_si512(x.qs[kWords * j + k]);
         for (int r = 0; r < R; ++r) {
           int32_t v4;
-          std::memcpy(&v4, w[r * nb + i].v + 32 * j + 4 * k, 4);
+          std::memcpy(&v4, w[r * nb + i].v + 4 * (kWords * j + k), 4);
           sj[r] = _mm512_dpbusd_epi32(sj[r], _mm512_set1_epi32(v4), xv);
         }
       }
-      const __m512i xb = _mm512_load_si512(x.bsum2[j]);
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < R; ++r)
         S[r] = _mm512_add_epi32(S[r], _mm512_mullo_epi32(sj[r], _mm512_set1_epi32(w[r * nb + i].sc[j])));
-        M[r] = _mm512_dpwssd_epi32(M[r], xb, _mm512_set1_epi32(w[r * nb + i].mm[j]));
-      }
+    }
+    for (int j = 0; j < 8; ++j) {
+      const __m512i xb = _mm512_load_si512(x.bsum2[j]);
+      for (int r = 0; r < R; ++r) M[r] = _mm512_dpwssd_epi32(M[r], xb, _mm512_set1_epi32(w[r * nb + i].pair[j]));
     }
     const __m512 dx = _mm512_load_ps(x.d);
     const int q = int(i & 7);
     for (int r = 0; r < R; ++r) {
-      const Q45KPanelBlock& b = w[r * nb + i];
-      _mm512_store_ps(acc[r][0][q], _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(_mm512_set1_ps(b.d), dx),
-                                                    _mm512_load_ps(acc[r][0][q])));
-      _mm512_store_ps(acc[r][1][q], _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[r]),
-                                                     _mm512_mul_ps(_mm512_set1_ps(b.dmin), dx), _mm512_load_ps(acc[r][1][q])));
+      const PB& b = w[r * nb + i];
+      if constexpr (PB::kMin) {
+        _mm512_store_ps(acc[r][0][q], _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(_mm512_set1_ps(b.d), dx),
+                                                      _mm512_load_ps(acc[r][0][q])));
+        _mm512_store_ps(acc[r][1][q], _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[r]), _mm512_mul_ps(_mm512_set1_ps(b.dmin), dx),
+                                                       _mm512_load_ps(acc[r][1][q])));
+      } else {
+        const __m512i t = _mm512_sub_epi32(S[r], _mm512_slli_epi32(M[r], PB::kOffsetShift));
+        _mm512_store_ps(acc[r][0][q], _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(_mm512_set1_ps(b.d), dx),
+                                                      _mm512_load_ps(acc[r][0][q])));
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -1366,24 +1404,27 @@ inline void q45k_rows_tokens16_tile(const Q45KPanelBlock* w, const Q8KGroup16* g
   }
 }
 
-constexpr int kQ45KTileRows = 4;
+constexpr int64_t kK16PanelRows = 16;
+// Four rows a tile (Zen 4, Q4_K, 64 rows of K 2048, 128 tokens: one row
+// 232 us, two 192-201, four 143-150, eight 146-154).
+constexpr int kK16TileRows = 4;
 
-constexpr int64_t q45k16_scratch_bytes(int64_t K) {
-  return (K / 256) * int64_t(sizeof(Q8KGroup16) + kQ45KPanelRows * sizeof(Q45KPanelBlock)) + 64;
-}
-
-// Rows [n0, n1) of a Q4_K / Q5_K product of more than eight tokens.
-template <bool Q5>
-void q45k_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  assert(q45k16_scratch_bytes(a.K) <= matmul_scratch_floats(a.K) * 4);
-  const int64_t nb = a.K / 256, rb = nb * int64_t(sizeof(std::conditional_t<Q5, BlockQ5K, BlockQ4K>));
+// Rows [n0, n1) of a Q4_K / Q5_K / Q6_K product (Block, PB: its block and
+// unpacked block) over groups of sixteen tokens.
+template <class Block, class PB>
+void kquant_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  const int64_t nb = a.K / 256, rb = nb * int64_t(sizeof(Block));
+  assert(nb * int64_t(sizeof(Q8KGroup16) + kK16PanelRows * sizeof(PB)) + 64 <= matmul_scratch_floats(a.K) * 4);
   auto* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch) + 63) / 64 * 64);
   auto* g = reinterpret_cast<Q8KGroup16*>(base);
-  auto* panel = reinterpret_cast<Q45KPanelBlock*>(g + nb);
+  auto* panel = reinterpret_cast<PB*>(g + nb);
   const auto* wb = static_cast<const uint8_t*>(a.w);
-  for (int64_t p0 = n0; p0 < n1; p0 += kQ45KPanelRows) {
-    const int64_t rows = std::min(kQ45KPanelRows, n1 - p0);
-    q45k_unpack_panel<Q5>(wb + p0 * rb, rb, rows, nb, panel);
+  for (int64_t p0 = n0; p0 < n1; p0 += kK16PanelRows) {
+    const int64_t rows = std::min(kK16PanelRows, n1 - p0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto* w = reinterpret_cast<const Block*>(wb + (p0 + r) * rb);
+      for (int64_t i = 0; i < nb; ++i) unpack_block(w[i], panel[r * nb + i]);
+    }
     for (int64_t t0 = 0; t0 < a.T; t0 += 16) {
       const int64_t n = std::min<int64_t>(16, a.T - t0);
       q8k_transpose_tokens16(a, t0, n, nb, g);
@@ -1395,14 +1436,14 @@ void q45k_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
         }
       };
       int64_t r = 0;
-      for (; r + kQ45KTileRows <= rows; r += kQ45KTileRows) {
-        __m512 out[kQ45KTileRows];
-        q45k_rows_tokens16_tile<kQ45KTileRows>(panel + r * nb, g, nb, out);
-        store(r, out, kQ45KTileRows);
+      for (; r + kK16TileRows <= rows; r += kK16TileRows) {
+        __m512 out[kK16TileRows];
+        kquant_rows_tokens16_tile<PB, kK16TileRows>(panel + r * nb, g, nb, out);
+        store(r, out, kK16TileRows);
       }
       for (; r < rows; ++r) {
         __m512 out[1];
-        q45k_rows_tokens16_tile<1>(panel + r * nb, g, nb, out);
+        kquant_rows_tokens16_tile<PB, 1>(panel + r * nb, g, nb, out);
         store(r, out, 1);
       }
     }
@@ -1423,8 +1464,9 @@ void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch)
   // From twelve tokens on (Zen 4, Q4_K, 64 rows of K 2048: T = 9 20.2 us
   // against 18.2 for the one-row tile, T = 12 20.2 / 23.4, T = 32 41 / 59,
   // T = 128 143-150 / 238-243).
-  if (a.T >= 12 && a.type == GgmlType::Q4_K) return q45k_rows_tokens16<false>(a, n0, n1, scratch);
-  if (a.T >= 12 && a.type == GgmlType::Q5_K) return q45k_rows_tokens16<true>(a, n0, n1, scratch);
+  if (a.T >= 12 && a.type == GgmlType::Q4_K) return kquant_rows_tokens16<BlockQ4K, Q45KPanelBlock>(a, n0, n1, scratch);
+  if (a.T >= 12 && a.type == GgmlType::Q5_K) return kquant_rows_tokens16<BlockQ5K, Q45KPanelBlock>(a, n0, n1, scratch);
+  if (a.T >= 12 && a.type == GgmlType::Q6_K) return kquant_rows_tokens16<BlockQ6K, Q6KPanelBlock>(a, n0, n1, scratch);
 #endif
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
