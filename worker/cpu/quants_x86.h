@@ -1457,7 +1457,9 @@ void kquant_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* sc
 // matmul_rows_kquant_x86, why: there), one row times eight tokens or two
 // rows times four a pass as the core wants (kquant_prefill_rows(),
 // kernels.h), then groups of four, and the batch's last 1-3 tokens (all of a
-// decode step) several rows at a time.
+// decode step) several rows at a time. With VNNI, Q4_K, Q5_K and Q6_K batches
+// of twelve tokens or more go sixteen tokens a register instead
+// (kquant_rows_tokens16).
 
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
 #ifdef __AVX512VNNI__
