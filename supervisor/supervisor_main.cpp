@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
     else if (text->jinja_template())
       ds4::log::info("chat prompts are rendered with the model's own template (tokenizer.chat_template)");
     ds4::proxy::Proxy proxy(sup.io(), sup.config().proxy, std::move(*text), sup.registry());
+    proxy.set_exec_engines(sup.config().workers.engine == ds4::WorkerEngine::exec);
     proxy.keep_connections(sup.connection_slots());
     proxy.start(sup.inherited_listen_fd());
     proxy.adopt_connections(stored_connections(sup.take_stored_connections()));
@@ -118,6 +119,7 @@ int main(int argc, char** argv) {
     });
     sup.on_reload([&](const ds4::Config&, const ds4::Config& after, const ds4::ConfigChanges& changes) {
       if (changes.listen) ds4::log::warn("proxy.listen changed: it applies at the next start, ignoring");
+      proxy.set_exec_engines(after.workers.engine == ds4::WorkerEngine::exec);
       try {
         proxy.apply(after.proxy);
       } catch (const ds4::Error& e) {

@@ -62,6 +62,7 @@ struct Core {
   std::mt19937_64 rng;
   uint64_t next_id = 1;
   bool stopping = false;
+  bool exec_engines = false;  // Proxy::set_exec_engines
   /// Expires with the Core: sessions whose handlers outlive the proxy (an
   /// io_context destroyed later) must not touch it.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);

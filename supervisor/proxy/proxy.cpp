@@ -42,6 +42,7 @@ RouteContext Core::route_context() {
   RouteContext ctx{model, *keys, limits, [this] { return registry.workers(); }, [this] { return metrics_text(); },
                    stopping};
   ctx.status = status_source;
+  ctx.forward = exec_engines;
   for (const auto& w : scheduler.workers())
     if (w.http_port > 0) ctx.forward = true;
   return ctx;
@@ -286,6 +287,8 @@ sup::ProxyActivity Proxy::proxy_activity() const {
 }
 
 void Proxy::set_status_source(std::function<std::string()> fn) { core_->status_source = std::move(fn); }
+
+void Proxy::set_exec_engines(bool exec) { core_->exec_engines = exec; }
 
 std::string Proxy::metrics_text() const { return core_->metrics_text(); }
 

@@ -71,6 +71,12 @@ class Proxy : public sup::ProxyStatsSource {
   /// The body of GET /status.json (the supervisor's status); without one
   /// it holds the workers and the queue only.
   void set_status_source(std::function<std::string()> fn);
+  /// The workers are exec engines (workers.engine: exec): requests go to
+  /// them as they came, also while none is registered (at the start, or
+  /// after the supervisor's restart, when the connections it adopts are
+  /// planned before any worker is back). Without it (ds4-proxy), a
+  /// registered worker's HTTP port says so.
+  void set_exec_engines(bool exec);
 
  private:
   void start_inherited(int fd);

@@ -170,7 +170,6 @@ bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_na
     return true;
   }
 
-  *mid_answer = true;
   // Planned, answer under way: plan it again with the choices the journal
   // kept, replay its tokens with nothing sent, then send what the client has
   // not had and let the job go on from its last token.
@@ -178,9 +177,12 @@ bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_na
   if (!jr) return fail("its request step does not decode");
   if (jr->forward) {
     if (!out.empty()) return fail("an exec engine's answer under way cannot be continued");
+    // Nothing of it went out: it is read and forwarded again (as an exec
+    // engine's, Proxy::set_exec_engines, though no engine is back yet).
     do_read_header();
     return true;
   }
+  *mid_answer = true;
   if (!parse_buffered_request()) return fail("its request does not parse again");
   const HttpRequest& req = parser_->get();
   target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));

@@ -172,4 +172,33 @@ if grep -aq 'DS4_EVENT=supervisor_restart' "$T/sup.log"; then
 else
   pass "the supervisor never crashed (no keeper restart in its log)"
 fi
+# ---- the supervisor itself SIGKILLed under load; its keeper starts it again ----
+# A request that had not reached the engine yet, or waited in the queue, is
+# read again from the connection the new supervisor adopts and goes to the
+# new engine: an exec engine's request although no engine is back yet (it
+# used to be planned for a ds4 worker and wait until the client gave up). An
+# exec engine's answer already under way cannot be continued: it is closed,
+# and the journal says so (DS4_EVENT=connection_lost). None may hang.
+adopted_before=$(grep -ac 'DS4_EVENT=connections_adopted' "$T/sup.log")
+lost_before=$(grep -ac 'DS4_EVENT=connection_lost' "$T/sup.log")
+cat >"$T/kill_sup.sh" <<EOS
+#!/usr/bin/env bash
+pid=\$(pgrep -P $SUP_PID -x ds4-supervisor)
+echo "kill -9 supervisor \$pid (under its keeper $SUP_PID)" >>$T/faults.log
+kill -9 "\$pid"
+EOS
+chmod +x "$T/kill_sup.sh"
+echo "run with 1 SIGKILL of the supervisor:"
+timeout 300 node proxy_load.mjs --base "$U" --requests 120 --concurrency 8 --max-tokens 300 --kinds $kinds \
+  --reference "$T/ref.json" --fault-cmd "$T/kill_sup.sh" --faults 1 --timeout-ms 60000 >"$T/summary_sup"
+head -1 "$T/summary_sup"
+sup_wait 60 'w[0]["state"] == "ready"' || fail "no worker ready after the supervisor's restart"
+adopted=$(( $(grep -ac 'DS4_EVENT=connections_adopted' "$T/sup.log") - adopted_before ))
+lost=$(( $(grep -ac 'DS4_EVENT=connection_lost' "$T/sup.log") - lost_before ))
+failed=$(head -1 "$T/summary_sup" | jq .failed) mismatches=$(head -1 "$T/summary_sup" | jq .mismatches)
+timeouts=$(grep -c 'timed out' "$T/summary_sup")
+check "the keeper started the supervisor again and it took back the connections ($(grep -a 'DS4_EVENT=connections_adopted' "$T/sup.log" | tail -1 | grep -o 'took back [^(]*' | head -1))" test "$adopted" = 1
+check "no request hung after the supervisor's restart (client timeouts: $timeouts)" test "$timeouts" = 0
+check "every failed request is a closed exec answer named in the journal ($failed failed, $lost closed), none changed ($mismatches)" \
+  test "$failed" = "$lost" -a "$mismatches" = 0
 sup_finish

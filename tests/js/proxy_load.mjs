@@ -13,7 +13,7 @@
 //
 //   node proxy_load.mjs --base URL [--key K] [--requests 300] [--concurrency 8] [--max-tokens 48]
 //        [--model NAME] [--agents 1] [--kinds chat_stream,chat,completion_stream,completion]
-//        [--out FILE] [--reference FILE] [--fault-cmd CMD --faults 3]
+//        [--out FILE] [--reference FILE] [--fault-cmd CMD --faults 3] [--timeout-ms 120000]
 // (--kinds: the request kinds in turn; an exec engine such as llama-server gets
 // completion_stream, a completions stream, instead of Anthropic messages.)
 // Prints one JSON summary line; exit 1 on any failure or mismatch.
@@ -25,8 +25,9 @@ import Anthropic from "@anthropic-ai/sdk";
 const args = {requests: 300, concurrency: 8, "max-tokens": 48, key: "none", faults: 0, model: "stories", agents: "0"};
 for (let i = 2; i < process.argv.length; i += 2) args[process.argv[i].replace(/^--/, "")] = process.argv[i + 1];
 const N = Number(args.requests), C = Number(args.concurrency), maxTokens = Number(args["max-tokens"]);
-const openai = new OpenAI({baseURL: `${args.base}/v1`, apiKey: args.key, maxRetries: 0, timeout: 120000});
-const anthropic = new Anthropic({baseURL: args.base, apiKey: args.key, maxRetries: 0, timeout: 120000});
+const timeout = Number(args["timeout-ms"] || 120000);  // a client's wait for one answer
+const openai = new OpenAI({baseURL: `${args.base}/v1`, apiKey: args.key, maxRetries: 0, timeout});
+const anthropic = new Anthropic({baseURL: args.base, apiKey: args.key, maxRetries: 0, timeout});
 
 const animals = ["cat", "dog", "bird", "fish", "frog", "bear", "bunny"];
 const names = ["Tom", "Lily", "Sue", "Max", "Ben"];
