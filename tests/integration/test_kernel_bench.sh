@@ -23,7 +23,7 @@ for type in F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_
   # K = 768: three 256-blocks (eight-block groups: a partial one only); 2816: a full group and three;
   # 256, 512, 1024: rows of one, two, four blocks, which decode several rows at a time (27 rows:
   # full groups of them and a rest taken row by row). 5, 9 and 17 tokens: prefill tiles of eight
-  # tokens with a rest; the VNNI table's groups of sixteen (Q8_0 family from 9 tokens, Q4_K/Q5_K/Q6_K
+  # tokens with a rest; the VNNI table's groups of sixteen (Q8_0 family from 9 tokens, Q2_K..Q6_K
   # from 12), part-filled, full and a rest.
   for shape in "256 1" "512 1" "768 1" "768 5" "1024 1" "2816 1" "2816 9" "768 17"; do
     read -r k tokens <<<"$shape"

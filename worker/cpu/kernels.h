@@ -168,9 +168,8 @@ const DecodeWalk& decode_walk();
 /// 256 / 273, Q2_K 228 / 233. Elsewhere two rows, as measured on Zen 5 (1B
 /// Q4_K_M pp128 158-185 tok/s; one row not tried there). DS4_CPU_PREFILL_ROWS=1|2
 /// overrides. The same bits either way (each output's steps are its own).
-/// In the avx512vnni table, batches of twelve tokens or more of Q4_K, Q5_K
-/// and Q6_K take neither: sixteen tokens a register (quants_x86.h,
-/// kquant_rows_tokens16).
+/// In the avx512vnni table, batches of twelve tokens or more take neither:
+/// sixteen tokens a register (quants_x86.h, kquant_rows_tokens16).
 int kquant_prefill_rows();
 
 /// Row `row` of a weight matrix with K columns, converted exactly to f32.

@@ -1223,8 +1223,9 @@ KDot<C> kquant_dot(GgmlType t) {
 #ifdef __AVX512VNNI__
 // ---- K-quant prefill with VNNI: sixteen tokens a 512-bit register -----------
 //
-// Q4_K, Q5_K and Q6_K. A panel of rows is unpacked first: each block's 256
-// values as bytes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 as stored, q + 32),
+// Q2_K to Q6_K. A panel of rows is unpacked first: each block's 256 values
+// as bytes (Q2_K 0..3, Q3_K 0..7 as stored, q + 4, Q4_K 0..15, Q5_K 0..31,
+// Q6_K 0..63 as stored, q + 32),
 // its groups' scales, the words that meet the activations' 16-sums, and its
 // d (and dmin). The tokens go in groups of sixteen, transposed so that one
 // 512-bit register holds four activations of each; four values of a row,
@@ -1265,7 +1266,22 @@ struct Q6KPanelBlock {
   float d, dmin;    // dmin unused
   uint8_t pad[24];
 };
-static_assert(sizeof(Q45KPanelBlock) % 64 == 0 && sizeof(Q6KPanelBlock) % 64 == 0);
+// Q2_K and Q3_K (Ty: their groups above): sixteen 16-value groups, the
+// values, scales and offsets (Q2_K's mins, Q3_K's scales) as Ty gives them.
+template <class Ty>
+struct K16PanelBlock {
+  using Groups = Ty;
+  static constexpr int kGroups = 16;
+  static constexpr bool kMin = Ty::kMin;
+  static constexpr int kOffsetShift = Ty::kOffsetShift;
+  uint8_t v[256];
+  int32_t sc[16];   // each group's scale
+  int32_t pair[8];  // offsets 2j and 2j + 1 (int16 halves): against 16-sums 2j, 2j + 1
+  float d, dmin;
+  uint8_t pad[24];
+};
+static_assert(sizeof(Q45KPanelBlock) % 64 == 0 && sizeof(Q6KPanelBlock) % 64 == 0 &&
+              sizeof(K16PanelBlock<Q2KGroups>) % 64 == 0);
 
 inline int32_t int16_pair(int lo, int hi) { return int32_t(uint16_t(int16_t(lo))) | int32_t(uint32_t(uint16_t(int16_t(hi))) << 16); }
 
@@ -1309,6 +1325,23 @@ inline void unpack_block(const BlockQ6K& b, Q6KPanelBlock& o) {
   for (int j = 0; j < 8; ++j) o.pair[j] = int16_pair(b.scales[2 * j], b.scales[2 * j + 1]);
   o.d = _cvtsh_ss(b.d);
   o.dmin = 0.0f;
+}
+
+// Q2_K, Q3_K: quarter k of half n holds positions 128n + 32k .. + 31, in order.
+template <class Ty>
+void unpack_block(const typename Ty::Block& b, K16PanelBlock<Ty>& o) {
+  for (int n = 0; n < 2; ++n) {
+    __m256i q[4];
+    Ty::quarters(b, n, q);
+    for (int k = 0; k < 4; ++k) _mm256_store_si256(reinterpret_cast<__m256i*>(o.v + 128 * n + 32 * k), q[k]);
+  }
+  alignas(32) int16_t sc[16], off[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sc), Ty::scales(b));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(off), Ty::offsets(b));
+  for (int g = 0; g < 16; ++g) o.sc[g] = sc[g];
+  for (int j = 0; j < 8; ++j) o.pair[j] = int16_pair(off[2 * j], off[2 * j + 1]);
+  o.d = Ty::d(b);
+  o.dmin = Ty::dmin(b);
 }
 
 // Tokens t0..t0+n (n <= 16) of the activations into groups, missing tokens as zeros.
@@ -1423,7 +1456,10 @@ void kquant_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* sc
     const int64_t rows = std::min(kK16PanelRows, n1 - p0);
     for (int64_t r = 0; r < rows; ++r) {
       const auto* w = reinterpret_cast<const Block*>(wb + (p0 + r) * rb);
-      for (int64_t i = 0; i < nb; ++i) unpack_block(w[i], panel[r * nb + i]);
+      for (int64_t i = 0; i < nb; ++i) {
+        if constexpr (requires { typename PB::Groups; }) unpack_block<typename PB::Groups>(w[i], panel[r * nb + i]);
+        else unpack_block(w[i], panel[r * nb + i]);
+      }
     }
     for (int64_t t0 = 0; t0 < a.T; t0 += 16) {
       const int64_t n = std::min<int64_t>(16, a.T - t0);
@@ -1457,8 +1493,8 @@ void kquant_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* sc
 // matmul_rows_kquant_x86, why: there), one row times eight tokens or two
 // rows times four a pass as the core wants (kquant_prefill_rows(),
 // kernels.h), then groups of four, and the batch's last 1-3 tokens (all of a
-// decode step) several rows at a time. With VNNI, Q4_K, Q5_K and Q6_K batches
-// of twelve tokens or more go sixteen tokens a register instead
+// decode step) several rows at a time. With VNNI, batches of twelve tokens or
+// more go sixteen tokens a register instead
 // (kquant_rows_tokens16).
 
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
@@ -1469,6 +1505,10 @@ void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch)
   if (a.T >= 12 && a.type == GgmlType::Q4_K) return kquant_rows_tokens16<BlockQ4K, Q45KPanelBlock>(a, n0, n1, scratch);
   if (a.T >= 12 && a.type == GgmlType::Q5_K) return kquant_rows_tokens16<BlockQ5K, Q45KPanelBlock>(a, n0, n1, scratch);
   if (a.T >= 12 && a.type == GgmlType::Q6_K) return kquant_rows_tokens16<BlockQ6K, Q6KPanelBlock>(a, n0, n1, scratch);
+  if (a.T >= 12 && a.type == GgmlType::Q2_K)
+    return kquant_rows_tokens16<BlockQ2K, K16PanelBlock<Q2KGroups>>(a, n0, n1, scratch);
+  if (a.T >= 12 && a.type == GgmlType::Q3_K)
+    return kquant_rows_tokens16<BlockQ3K, K16PanelBlock<Q3KGroups>>(a, n0, n1, scratch);
 #endif
   const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
   const auto* wb = static_cast<const uint8_t*>(a.w);
