@@ -22,6 +22,14 @@ gone() {
   return 1
 }
 engine() { timeout 20 "$DS4_BIN/ds4-worker" engine --port 1 --start-timeout 10000 --command "$1" 2>/dev/null; }
+# sleeper [STDERR]: ds4-worker engine over `sleep 300` in the background;
+# sets wrapper (its pid) and server (the sleep's, once it runs).
+sleeper() {
+  "$DS4_BIN/ds4-worker" engine --port 1 --command "sleep 300 {port}" 2>"${1:-/dev/null}" &
+  wrapper=$!
+  server=
+  for _ in $(seq 50); do server=$(pgrep -P $wrapper -x sleep) && break; sleep 0.1; done
+}
 
 engine "false {port}"
 st=$?; ((st == 75)) && pass "a server that exits 1 before it answered: status 75 (does not fit)" || fail "false: status $st"
@@ -34,29 +42,21 @@ st=$?; ((st == 1 && SECONDS - t0 < 10)) && pass "a server that never answers HTT
   || fail "start timeout: status $st after $((SECONDS - t0)) s"
 
 # sleep's arguments add up: "sleep 300 1" sleeps 301 s. It never answers HTTP.
-"$DS4_BIN/ds4-worker" engine --port 1 --command "sleep 300 {port}" 2>/dev/null &
-wrapper=$!
-for _ in $(seq 50); do server=$(pgrep -P $wrapper -x sleep) && break; sleep 0.1; done
+sleeper
 if [[ -n ${server:-} ]]; then
   kill -KILL "$server"
   wait $wrapper
   st=$?; ((st == 137)) && pass "a server SIGKILLed: the engine dies by SIGKILL too (137)" || fail "SIGKILL: status $st"
 else fail "no server under the engine process"; kill $wrapper; fi
 
-"$DS4_BIN/ds4-worker" engine --port 1 --command "sleep 300 {port}" 2>/dev/null &
-wrapper=$!
-server=
-for _ in $(seq 50); do server=$(pgrep -P $wrapper -x sleep) && break; sleep 0.1; done
+sleeper
 kill -TERM $wrapper
 wait $wrapper
 st=$?
 if ((st == 0)) && [[ -n $server ]] && gone "$server"; then pass "SIGTERM: forwarded, the server stopped, status 0"
 else fail "SIGTERM: status $st, server ${server:-none} $(kill -0 "${server:-0}" 2>/dev/null && echo alive)"; fi
 
-"$DS4_BIN/ds4-worker" engine --port 1 --command "sleep 300 {port}" 2>/dev/null &
-wrapper=$!
-server=
-for _ in $(seq 50); do server=$(pgrep -P $wrapper -x sleep) && break; sleep 0.1; done
+sleeper
 kill -KILL $wrapper
 wait $wrapper 2>/dev/null
 if [[ -n $server ]] && gone "$server"; then pass "the server dies with a SIGKILLed engine process"
@@ -66,10 +66,7 @@ else fail "the server outlived the engine process: ${server:-none}"; kill -KILL 
 # (shared/crash_report.h): the signal and the call stack as frames that
 # addr2line resolves, then the default action (status 128 + 11).
 err=$(mktemp)
-"$DS4_BIN/ds4-worker" engine --port 1 --command "sleep 300 {port}" 2>"$err" &
-wrapper=$!
-server=
-for _ in $(seq 50); do server=$(pgrep -P $wrapper -x sleep) && break; sleep 0.1; done
+sleeper "$err"
 kill -SEGV $wrapper
 wait $wrapper
 st=$?

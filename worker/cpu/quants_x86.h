@@ -1372,15 +1372,6 @@ inline void q8k_transpose_tokens16(const MatmulArgs& a, int64_t t0, int64_t n, i
   }
 }
 
-// reduce16 of sixteen outputs' lanes at once: their lane 2p in s[p], 2p + 1
-// in m[p] (lanes_total8's order).
-inline __m512 lanes_total16(const __m512 s[8], const __m512 m[8]) {
-  __m512 sp[4], mp[4];
-  for (int j = 0; j < 4; ++j) sp[j] = _mm512_add_ps(s[j], s[j + 4]), mp[j] = _mm512_add_ps(m[j], m[j + 4]);
-  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(sp[0], sp[2]), _mm512_add_ps(sp[1], sp[3])),
-                       _mm512_add_ps(_mm512_add_ps(mp[0], mp[2]), _mm512_add_ps(mp[1], mp[3])));
-}
-
 // R unpacked rows (nb blocks each, one after the other) times a group of
 // sixteen tokens: out[r] lane t = y[t][r]. Each activation register serves
 // R rows (R independent chains); the lanes' accumulators live in memory,
@@ -1464,13 +1455,7 @@ void kquant_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* sc
     for (int64_t t0 = 0; t0 < a.T; t0 += 16) {
       const int64_t n = std::min<int64_t>(16, a.T - t0);
       q8k_transpose_tokens16(a, t0, n, nb, g);
-      const auto store = [&](int64_t r, const __m512* out, int R) {
-        for (int i = 0; i < R; ++i) {
-          alignas(64) float lanes[16];
-          _mm512_store_ps(lanes, out[i]);
-          for (int64_t t = 0; t < n; ++t) a.y[(t0 + t) * a.ldy + p0 + r + i] = lanes[t];
-        }
-      };
+      const auto store = [&](int64_t r, const __m512* out, int R) { store_token_lanes(a, t0, n, p0 + r, out, R); };
       int64_t r = 0;
       for (; r + kK16TileRows <= rows; r += kK16TileRows) {
         __m512 out[kK16TileRows];

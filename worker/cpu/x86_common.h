@@ -328,10 +328,12 @@ inline int32_t total_i32(__m256i v) {
 
 inline __m256i load_i8x32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
-// The sum of an activation block's 32 values (exact: |sum| < 2^12), as float.
-inline float block_sum(__m256i q) {
-  return float(total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1))));
+// The sum of a block's 32 signed bytes (exact: |sum| < 2^12).
+inline int32_t block_sum_i32(__m256i q) {
+  return total_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1)));
 }
+// The same as float (an activation block's sum, for the offset types' step).
+inline float block_sum(__m256i q) { return float(block_sum_i32(q)); }
 
 // Decode (T <= 3): a row's blocks read straight from the weights, eight at a
 // time: their integer totals come out of one transposing sum, and their float
@@ -494,6 +496,17 @@ inline __m128 lanes_total4(const __m128 s[8], const __m128 m[8]) {
                     _mm_add_ps(_mm_add_ps(mp[0], mp[2]), _mm_add_ps(mp[1], mp[3])));
 }
 
+// Tile outputs for tokens t0..t0+n: acc[i] lane t is y[t0 + t][col + i].
+template <class Vec>
+inline void store_token_lanes(const MatmulArgs& a, int64_t t0, int64_t n, int64_t col, const Vec* acc, int R) {
+  constexpr int kLanes = sizeof(Vec) / sizeof(float);
+  for (int i = 0; i < R; ++i) {
+    alignas(64) float lanes[kLanes];
+    std::memcpy(lanes, &acc[i], sizeof(Vec));
+    for (int64_t t = 0; t < n; ++t) a.y[(t0 + t) * a.ldy + col + i] = lanes[t];
+  }
+}
+
 // Rows r..r+R of the panel times the token group: acc[i] lane t = y[t][r + i].
 template <int R, bool Offset>
 void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
@@ -611,13 +624,13 @@ struct Q8Group16 {  // sixteen tokens' block b, transposed
 };
 constexpr int kQ8Tile16Rows = 2;
 
-// reduce16 of sixteen outputs' lanes at once (lanes_total8's order).
-inline __m512 lanes_total8_512(const __m512 s[8]) {
-  __m512 sp[4];
-  for (int j = 0; j < 4; ++j) sp[j] = _mm512_add_ps(s[j], s[j + 4]);
-  const __m512 zero = _mm512_setzero_ps();  // the missing second steps (+0, as lanes_total8's m)
+// reduce16 of sixteen outputs' lanes at once: their lane 2p in s[p], 2p + 1
+// in m[p] (lanes_total8's order).
+inline __m512 lanes_total16(const __m512 s[8], const __m512 m[8]) {
+  __m512 sp[4], mp[4];
+  for (int j = 0; j < 4; ++j) sp[j] = _mm512_add_ps(s[j], s[j + 4]), mp[j] = _mm512_add_ps(m[j], m[j + 4]);
   return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(sp[0], sp[2]), _mm512_add_ps(sp[1], sp[3])),
-                       _mm512_add_ps(_mm512_add_ps(zero, zero), _mm512_add_ps(zero, zero)));
+                       _mm512_add_ps(_mm512_add_ps(mp[0], mp[2]), _mm512_add_ps(mp[1], mp[3])));
 }
 
 // Rows r..r+R of a panel (w: Q8_0 blocks, wsum: 128 * each block's weight
@@ -650,7 +663,9 @@ void q8x_prefill_tile16(const BlockQ8_0* w, const int32_t* wsum, const float* dw
     [&]<int... Q>(std::integer_sequence<int, Q...>) {
       ((b0 + Q < nb ? block(b0 + Q, std::integral_constant<int, Q>{}) : void()), ...);
     }(std::make_integer_sequence<int, 8>{});
-  for (int i = 0; i < R; ++i) acc[i] = lanes_total8_512(accS[i]);
+  __m512 none[8];  // the second steps these types do not have (+0, as lanes_total8's m)
+  for (int q = 0; q < 8; ++q) none[q] = _mm512_setzero_ps();
+  for (int i = 0; i < R; ++i) acc[i] = lanes_total16(accS[i], none);
 }
 
 // Tokens t0..t0+n (n <= 16) into sixteen-token groups, missing tokens as
@@ -684,26 +699,18 @@ inline void matmul_rows_q8x16(const MatmulArgs& a, int64_t n0, int64_t n1, int8_
   auto* dw = reinterpret_cast<float*>(g + nb);
   auto* wsum = reinterpret_cast<int32_t*>(dw + kQ8PanelRows * nb);
   auto* conv = reinterpret_cast<BlockQ8_0*>(wsum + kQ8PanelRows * nb);
-  const __m256i ones = _mm256_set1_epi8(1);
   for (int64_t p0 = n0; p0 < n1; p0 += kQ8PanelRows) {
     const int64_t rows = std::min(kQ8PanelRows, n1 - p0);
     if (!direct) to_q8_0_rows(a, p0, rows, conv, nullptr);
     const BlockQ8_0* pw = direct ? w + p0 * nb : conv;
     for (int64_t i = 0; i < rows * nb; ++i) {
-      const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, load_i8x32(pw[i].qs)), _mm256_set1_epi16(1));
-      wsum[i] = 128 * total_i32(sums);
+      wsum[i] = 128 * block_sum_i32(load_i8x32(pw[i].qs));
       dw[i] = _cvtsh_ss(pw[i].d);
     }
     for (int64_t t0 = 0; t0 < a.T; t0 += 16) {
       const int64_t n = std::min<int64_t>(16, a.T - t0);
       q8x_transpose_tokens16(a, t0, n, nb, g);
-      auto store = [&](int64_t r, const __m512* acc, int R) {
-        for (int i = 0; i < R; ++i) {
-          alignas(64) float lanes[16];
-          _mm512_store_ps(lanes, acc[i]);
-          for (int64_t t = 0; t < n; ++t) a.y[(t0 + t) * a.ldy + p0 + r + i] = lanes[t];
-        }
-      };
+      const auto store = [&](int64_t r, const __m512* acc, int R) { store_token_lanes(a, t0, n, p0 + r, acc, R); };
       int64_t r = 0;
       for (; r + kQ8Tile16Rows <= rows; r += kQ8Tile16Rows) {
         __m512 acc[kQ8Tile16Rows];
@@ -767,13 +774,7 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
     for (int64_t t0 = 0; t0 < a.T; t0 += 8) {
       const int64_t n = std::min<int64_t>(8, a.T - t0);
       q8x_transpose_tokens<Offset>(a, t0, n, nb, g);
-      auto store = [&](int64_t r, const __m256* acc, int R) {
-        for (int i = 0; i < R; ++i) {
-          alignas(32) float lanes[8];
-          _mm256_store_ps(lanes, acc[i]);
-          for (int64_t t = 0; t < n; ++t) a.y[(t0 + t) * a.ldy + p0 + r + i] = lanes[t];
-        }
-      };
+      const auto store = [&](int64_t r, const __m256* acc, int R) { store_token_lanes(a, t0, n, p0 + r, acc, R); };
       int64_t r = 0;
       for (; r + kQ8TileRows <= rows; r += kQ8TileRows) {
         __m256 acc[kQ8TileRows];
