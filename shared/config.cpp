@@ -613,6 +613,9 @@ void read_document(Reader& r, const YAML::Node& root, Config& c) {
           r.choice(x, v, {{"auto", 0}, {"on", 1}, {"off", 2}, {"true", 1}, {"false", 2}});
           c.model.keep_resident = v == 0 ? std::nullopt : std::optional<bool>(v == 1);
         }},
+        {"huge_pages", [&](const Entry& x) {
+          r.choice(x, c.model.huge_pages, {{"on", true}, {"off", false}, {"true", true}, {"false", false}});
+        }},
       });
     }},
     {"proxy", [&](const Entry& e) {
@@ -892,6 +895,8 @@ ConfigChanges diff(const Config& a, const Config& b) {
   // The model is loaded again into the new backing, while the old one serves.
   note(a.model.backing != b.model.backing, "model.backing", c.model);
   note(a.model.keep_resident != b.model.keep_resident, "model.keep_resident", c.model);
+  // The segment in memory keeps its pages: the next load of the model takes the new setting.
+  note(a.model.huge_pages != b.model.huge_pages, "model.huge_pages", c.in_place);
 
   const auto &P = a.proxy, &Q = b.proxy;
   note(P.listen != Q.listen, "proxy.listen", c.listen);

@@ -55,6 +55,11 @@ struct ModelConfig {
   /// then), so an engine's restart reads no disk. nullopt = auto: on for
   /// workers.engine exec, off for native workers (their segment is resident).
   std::optional<bool> keep_resident;
+  /// The loader puts the segment in 2 MiB pages (MADV_COLLAPSE, behind the
+  /// copy): CPU decoding streams them up to 1.4x faster. Off: 4 KiB pages
+  /// unless the machine gives larger ones itself; a load from the page cache
+  /// is then quicker (the collapse copies each page again).
+  bool huge_pages = true;
   bool operator==(const ModelConfig&) const = default;
 };
 

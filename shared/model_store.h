@@ -250,6 +250,8 @@ struct LoadOptions {
   /// throws ds4::Error naming the file. Else a model no worker can run was
   /// copied whole into memory first, and its segment outlived the refusal.
   std::function<void(const gguf::File&)> check;
+  /// Put a segment written now in 2 MiB pages where the kernel can (model.huge_pages).
+  bool huge_pages = true;
 };
 
 /// A load stopped through LoadOptions::stop.

@@ -80,15 +80,18 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
 namespace {
 
 // Whether the weights just written sit in 2 MiB pages: the CPU backend
-// streams them up to 1.4x faster from those (decode is bound by memory).
+// streams them up to 1.4x faster from those (decode is bound by memory). The
+// loader asks the kernel for them (MADV_COLLAPSE); an older kernel than 6.1,
+// shmem_enabled "deny" or fragmented memory give fewer.
 void log_page_size(const store::LoadResult& r) {
   const bool memfd = r.backing == store::Backing::memfd;
   std::string msg = "model segment " + r.name + ": " + human_size(r.huge_page_bytes) + " of " + human_size(r.bytes) +
                     " in 2 MiB pages";
   if (r.huge_page_bytes * 2 < r.bytes)
-    msg += memfd ? "; for faster CPU decoding allow them for memfd segments: "
-                   "echo within_size > /sys/kernel/mm/transparent_hugepage/shmem_enabled"
-                 : "; for faster CPU decoding mount /dev/shm with them: mount -o remount,huge=within_size /dev/shm";
+    msg += memfd ? "; the kernel did not collapse it (Linux 6.1 does); for faster CPU decoding allow them for memfd "
+                   "segments: echo within_size > /sys/kernel/mm/transparent_hugepage/shmem_enabled"
+                 : "; the kernel did not collapse it (Linux 6.1 does); for faster CPU decoding mount /dev/shm with "
+                   "them: mount -o remount,huge=within_size /dev/shm";
   log::info(msg, {{"DS4_SEGMENT", r.name}, {"DS4_HUGE_PAGE_BYTES", std::to_string(r.huge_page_bytes)}});
 }
 
@@ -158,6 +161,7 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
   }
   store::LoadOptions opts;
   opts.backing = want;
+  opts.huge_pages = config.model.huge_pages;
   opts.stop = std::move(stop);
   opts.check = [](const gguf::File& f) { Model::bind_file(f); };  // what every worker would refuse
   opts.progress = store::make_progress_reporter("loading " + fs::path(m.path).filename().string());

@@ -55,6 +55,7 @@ TEST_CASE("config: an empty document gives every default") {
     CHECK(c.model.path.empty());
     CHECK(c.model.name.empty());
     CHECK(c.model.backing == ds4::ModelBacking::automatic);
+    CHECK(c.model.huge_pages);
     CHECK(c.proxy.listen.host == "127.0.0.1");
     CHECK(c.proxy.listen.port == 8080);
     CHECK(c.proxy.listen.is_loopback());
@@ -102,6 +103,7 @@ model:
   path: /models/big.gguf
   name: big-one
   backing: memfd
+  huge_pages: off
 proxy:
   listen: "[::1]:9000"
   api_keys_file: /dev/null
@@ -146,6 +148,7 @@ gpu:
 )");
   CHECK(c.model.path == "/models/big.gguf");
   CHECK(c.model.backing == ds4::ModelBacking::memfd);
+  CHECK_FALSE(c.model.huge_pages);
   CHECK(c.model.name == "big-one");
   CHECK(c.proxy.listen.host == "::1");
   CHECK(c.proxy.listen.port == 9000);
@@ -283,6 +286,8 @@ TEST_CASE("config: wrong types") {
         "config/ds4.yaml:2:12: model.backing: expected one of auto, shm, memfd, got 'memfdd' (did you mean 'memfd'?)");
   CHECK(errors("model:\n  backing: [shm]\n") ==
         "config/ds4.yaml:2:12: model.backing: expected one of auto, shm, memfd, got a list");
+  CHECK(errors("model:\n  huge_pages: yes\n") ==
+        "config/ds4.yaml:2:15: model.huge_pages: expected one of on, off, true, false, got 'yes'");
   CHECK(errors("gpu:\n  weights: host_mapped\n") ==
         "config/ds4.yaml:2:12: gpu.weights: expected one of device, host-mapped, got 'host_mapped' "
         "(did you mean 'host-mapped'?)");
@@ -642,6 +647,14 @@ TEST_CASE("config: diff tells what a reload must do") {
   d = ds4::diff(a, b);
   CHECK(d.keys == std::vector<std::string>{"model.backing"});
   CHECK(d.model);
+
+  // 2 MiB pages or not: the loaded segment stays as it is, the next load takes it.
+  b = a;
+  b.model.huge_pages = false;
+  d = ds4::diff(a, b);
+  CHECK(d.keys == std::vector<std::string>{"model.huge_pages"});
+  CHECK_FALSE(d.model);
+  CHECK(d.in_place);
 }
 
 TEST_CASE("config: status (what the status page keeps)") {

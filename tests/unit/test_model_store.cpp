@@ -806,3 +806,60 @@ TEST_CASE("model store: pmd_mapped_bytes tells how much of a mapping has 2 MiB p
   ::munmap(raw, kLen + kHuge);
   CHECK(ds4::store::pmd_mapped_bytes(nullptr) == 0);  // no mapping there
 }
+
+// Whether this kernel collapses a memfd's pages into 2 MiB ones on request
+// (MADV_COLLAPSE, Linux 6.1; not where shmem_enabled is "deny").
+static bool kernel_collapses_shmem() {
+  constexpr size_t kHuge = size_t(2) << 20;
+  const UniqueFd fd(::memfd_create("ds4-test-collapse", MFD_CLOEXEC));
+  if (!fd || ::ftruncate(fd.get(), off_t(2 * kHuge)) != 0) return false;
+  void* raw = ::mmap(nullptr, 3 * kHuge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return false;
+  auto* at = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + kHuge - 1) / kHuge * kHuge);
+  bool ok = false;
+  if (::mmap(at, 2 * kHuge, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd.get(), 0) != MAP_FAILED) {
+    std::memset(at, 1, 2 * kHuge);
+    ok = ::madvise(at, 2 * kHuge, 25 /* MADV_COLLAPSE */) == 0;
+  }
+  ::munmap(raw, 3 * kHuge);
+  return ok;
+}
+
+TEST_CASE("store: a segment's weights sit in 2 MiB pages, for its writer and for every reader") {
+  // What `ds4ctl status` and the journal report, and what CPU decoding
+  // streams from: without any machine setting (Debian's shmem_enabled is
+  // "never"), the loader asks for them, and readers map at 2 MiB boundaries.
+  constexpr uint64_t kHuge = uint64_t(2) << 20;
+  const std::string path = temp_path("huge.gguf");
+  gguf::Writer w;
+  w.set_string("general.architecture", "llama");
+  w.add_tensor_generated("big", {4096, 1536}, GgmlType::F16, [](uint8_t* out, uint64_t n) {  // 12 MiB
+    for (uint64_t i = 0; i < n; ++i) out[i] = uint8_t(i * 7);
+  });
+  w.write(path);
+  const bool collapses = kernel_collapses_shmem();
+  for (const BackingChoice backing : {BackingChoice::shm, BackingChoice::memfd}) {
+    CAPTURE(int(backing));
+    SegmentGuard g(test_name("huge"));
+    LoadOptions opts;
+    opts.name = g.name;
+    opts.backing = backing;
+    const LoadResult r = load(path, opts);
+    CHECK(r.huge_page_bytes <= r.bytes + kHuge);
+    const Segment seg = r.fd ? Segment::attach_fd(r.fd->get(), r.name) : Segment::attach(g.name);
+    CHECK(reinterpret_cast<uintptr_t>(seg.base()) % kHuge == 0);
+    const TensorRef* big = seg.find_tensor("big");
+    REQUIRE(big);
+    uint64_t sum = 0;  // touch every page, and check the bytes
+    for (uint64_t i = 0; i < big->n_bytes; i += 4096) sum += static_cast<const uint8_t*>(big->data)[i] == uint8_t(i * 7);
+    CHECK(sum == big->n_bytes / 4096);
+    if (!collapses) {
+      MESSAGE("skipped the 2 MiB checks: this kernel does not collapse shared memory into 2 MiB pages (MADV_COLLAPSE)");
+      continue;
+    }
+    // 12 MiB of weights: at least the five whole 2 MiB pages inside them.
+    CHECK(r.huge_page_bytes >= 5 * kHuge);
+    CHECK(pmd_mapped_bytes(seg.base()) >= 5 * kHuge);
+  }
+  std::filesystem::remove(path);
+}

@@ -22,6 +22,10 @@ class HostBuffer {
     if (p == MAP_FAILED)
       throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB for the " + what + ": " +
                   std::strerror(errno));
+    // 2 MiB pages where the machine gives them on request (transparent huge
+    // pages "madvise", Debian's default, or "always"): the KV cache is read
+    // whole at every decode step, deep in a context mostly from memory.
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
     std::memset(p, 0, bytes);  // touch every page now
     ptr_ = p;
   }
