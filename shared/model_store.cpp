@@ -1119,6 +1119,11 @@ uint64_t Segment::weight_bytes() const { return impl_->header->data_bytes; }
 const gguf::File& Segment::metadata() const { return impl_->metadata; }
 std::span<const TensorRef> Segment::tensors() const { return impl_->tensors; }
 const void* Segment::base() const { return impl_->region.addr; }
+uint64_t Segment::huge_page_bytes() const {
+  const auto* p = static_cast<const volatile uint8_t*>(impl_->region.addr);
+  for (uint64_t at = 0; at < impl_->region.bytes; at += kHugePage) (void)p[at];
+  return pmd_mapped_bytes(impl_->region.addr);
+}
 const SegmentHeader& Segment::header() const { return *impl_->header; }
 const VocabView& Segment::vocab() const { return impl_->vocab; }
 

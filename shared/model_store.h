@@ -211,6 +211,10 @@ class Segment {
   const TensorRef* find_tensor(std::string_view name) const;
   /// Base address and length of the mapping (for residency checks and GPU registration).
   const void* base() const;
+  /// How much of the segment is in 2 MiB pages: this process's mapping is
+  /// touched once every 2 MiB (read-only, a few thousand faults for 80 GB)
+  /// and its PMD-mapped part measured (pmd_mapped_bytes).
+  uint64_t huge_page_bytes() const;
   /// The header as mapped (loader pid, load time, region offsets).
   const SegmentHeader& header() const;
   /// Tokens, scores and types for the proxy's tokenizer (n_tokens 0 when the file has none).

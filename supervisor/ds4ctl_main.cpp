@@ -61,6 +61,11 @@ void print_status(nlohmann::json s) {
   std::printf("model     %s  segment %s  %s in %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
               ds4::sup::human_size(m.value("bytes", uint64_t(0))).c_str(), m.value("backing", "shared memory").c_str(),
               m.value("synthetic", false) ? "  (SYNTHETIC, RANDOM WEIGHTS)" : "");
+  if (!m.value("segment", "").empty() && m.contains("huge_page_bytes"))  // an exec engine's file has none
+    std::printf("pages     %s of the segment in 2 MiB pages%s\n",
+                ds4::sup::human_size(m.value("huge_page_bytes", uint64_t(0))).c_str(),
+                m.value("huge_page_bytes", uint64_t(0)) * 2 < m.value("bytes", uint64_t(0))
+                    ? " (4 KiB pages for the rest: slower CPU decoding; see docs/memory.md)" : "");
   if (m.contains("resident") && m["resident"].is_object())
     std::printf("resident  %s of %s kept in memory for the engine (%s)\n",
                 ds4::sup::human_size(m["resident"].value("resident", uint64_t(0))).c_str(),

@@ -152,7 +152,9 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
       m.fd = k->fd;
       m.bytes = k->bytes;
       m.reused = true;
-      m.weight_bytes = attach_served(m).weight_bytes();
+      const store::Segment seg = attach_served(m);
+      m.weight_bytes = seg.weight_bytes();
+      m.huge_page_bytes = seg.huge_page_bytes();
       log::info("reused memfd segment " + m.segment + " (" + human_size(m.bytes) + ") kept " +
                     (memfds.fd_store() ? "in systemd's fd store" : "by this supervisor") + ": nothing loaded",
                 {{"DS4_EVENT", "segment_reused"}, {"DS4_SEGMENT", m.segment}, {"DS4_BACKING", "memfd"}});
@@ -180,7 +182,9 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
               {{"DS4_EVENT", "segment_memfd"}, {"DS4_SEGMENT", r.name}, {"DS4_BACKING", "memfd"}});
     memfds.add(r.name, r.fd);
   }
-  m.weight_bytes = attach_served(m).weight_bytes();
+  const store::Segment seg = attach_served(m);
+  m.weight_bytes = seg.weight_bytes();
+  m.huge_page_bytes = seg.huge_page_bytes();
   return m;
 }
 

@@ -27,6 +27,7 @@ struct ModelInfo {
   uint64_t bytes = 0;      // segment size
   uint64_t weight_bytes = 0;
   bool reused = false;     // the segment existed already (supervisor restart)
+  uint64_t huge_page_bytes = 0;  // the part of the segment in 2 MiB pages (Segment::huge_page_bytes)
   /// store::segment_name() of the file's identity when it was prepared: a
   /// reload compares it with the file's now (changed on disk?).
   std::string file_key;

@@ -661,7 +661,8 @@ nlohmann::json Supervisor::status_json(bool page) const {
   out["queue"] = {{"waiting", ps.waiting}, {"in_flight", ps.in_flight}};
   out["model"] = {{"name", model_.name},     {"path", model_.path},       {"segment", model_.segment},
                   {"bytes", model_.bytes},   {"weights", model_.weight_bytes}, {"synthetic", model_.synthetic},
-                  {"reused", model_.reused},  {"backing", backing_text(model_, *memfds_)}};
+                  {"reused", model_.reused},  {"backing", backing_text(model_, *memfds_)},
+                  {"huge_page_bytes", model_.huge_page_bytes}};
   if (resident_) {
     const uint64_t held = resident_->resident_bytes();
     out["model"]["resident"] = {{"bytes", resident_->bytes()}, {"resident", held},

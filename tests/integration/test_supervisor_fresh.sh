@@ -31,6 +31,11 @@ sock=$XDG_RUNTIME_DIR/ds4/admin.sock
 [[ $(stat -c %a "$sock") == 600 && $(stat -c %a "$XDG_RUNTIME_DIR/ds4") == 700 ]] \
   && pass "admin socket 0600 in a 0700 folder" || fail "modes: socket $(stat -c %a "$sock"), dir $(stat -c %a "$XDG_RUNTIME_DIR/ds4")"
 "$DS4_BIN/ds4ctl" status | grep -q 'RANDOM WEIGHTS' && pass "ds4ctl status shows the synthetic model" || fail "ds4ctl status"
+# How much of the segment is in 2 MiB pages: a figure no larger than the segment, on its own line.
+pages=$(sup_get 's["model"]["huge_page_bytes"] <= s["model"]["bytes"]')
+[[ $pages == True ]] && "$DS4_BIN/ds4ctl" status | grep -q '^pages .* of the segment in 2 MiB pages' \
+  && pass "status: $(sup_get 's["model"]["huge_page_bytes"]') of $(sup_get 's["model"]["bytes"]') bytes in 2 MiB pages" \
+  || fail "status: huge_page_bytes '$pages'; $("$DS4_BIN/ds4ctl" status | grep '^pages')"
 # A second supervisor on the same runtime folder stops before touching the
 # first one's sockets (it used to take them over, then remove them on exit).
 out=$(timeout 30 "$DS4_BIN/ds4-supervisor" --config config/ds4.yaml 2>&1); rc=$?
