@@ -63,7 +63,8 @@ enum class ActType : uint8_t { F32, Q8_0, Q8_K };
 /// 256 activations rounded as one block: x[i] ~ d * qs[i], d = 1 / (127 / max|x|),
 /// qs = round-to-nearest-even(x * 127 / max|x|) (ggml's values, up to the sign
 /// it gives d and qs); bsums[j] = the sum of qs over
-/// positions 16j..16j+15. Zero when max|x| < kQ8ActTiny (kernels.h).
+/// positions 16j..16j+15, bsums32[j] = bsums[2j] + bsums[2j + 1] (the sums of
+/// 32 that Q4_K's and Q5_K's mins meet). Zero when max|x| < kQ8ActTiny (kernels.h).
 /// The fields are ggml's block_q8_K's, not its layout: qs starts a 64-byte
 /// line and a block is five lines, so that each of a block's four 64-byte
 /// loads of qs reads one line (with ggml's 292-byte blocks almost every one
@@ -73,7 +74,8 @@ enum class ActType : uint8_t { F32, Q8_0, Q8_K };
 struct alignas(64) BlockQ8K {
   float d;
   int16_t bsums[16];
-  uint8_t pad[28];  // zero
+  int16_t bsums32[8];
+  uint8_t pad[12];  // zero
   int8_t qs[256];
 };
 static_assert(sizeof(BlockQ8K) == 320 && offsetof(BlockQ8K, qs) == 64);

@@ -42,6 +42,7 @@ void quantize_q8k_generic(const float* x, int64_t K, BlockQ8K* out) {
       for (int i = 0; i < 16; ++i) s += out[b].qs[16 * j + i];
       out[b].bsums[j] = int16_t(s);
     }
+    for (int j = 0; j < 8; ++j) out[b].bsums32[j] = int16_t(out[b].bsums[2 * j] + out[b].bsums[2 * j + 1]);
   }
 }
 

@@ -52,6 +52,7 @@ void quantize_q8k_x86(const float* x, int64_t K, BlockQ8K* out) {
       const __m128i h2 = _mm_hadd_epi32(h, h);
       out[b].bsums[2 * g] = int16_t(_mm_cvtsi128_si32(h2));
       out[b].bsums[2 * g + 1] = int16_t(_mm_extract_epi32(h2, 1));
+      out[b].bsums32[g] = int16_t(_mm_cvtsi128_si32(h2) + _mm_extract_epi32(h2, 1));
     }
   }
 }
@@ -917,7 +918,6 @@ inline void q45k_block_totals(const std::conditional_t<Q5, BlockQ5K, BlockQ4K>& 
   scales_mins_k4(b.scales, s8, m8);
   const __m512i sc = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s8))));
   const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m8)));
-  const __m256i mv = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
   __m256i hbits = _mm256_setzero_si256();
   if constexpr (Q5) hbits = load256(b.qh);
   __m512i sum[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};  // two shorter chains
@@ -933,7 +933,8 @@ inline void q45k_block_totals(const std::conditional_t<Q5, BlockQ5K, BlockQ4K>& 
     sum[j & 1] = madd_acc(sum[j & 1], _mm512_maddubs_epi16(q, load512(x.qs + 64 * j)), _mm512_permutexvar_epi16(idx, sc));
   }
   s = fold512(_mm512_add_epi32(sum[0], sum[1]));
-  m = _mm256_madd_epi16(load256(x.bsums), mv);
+  // The mins against the sums of 32: four lanes, the upper four zero.
+  m = _mm256_zextsi128_si256(_mm_madd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsums32)), mn));
 }
 
 // The per-block work of kquant_row512, by type: S and M (or the offset
