@@ -35,7 +35,6 @@ namespace {
 
 constexpr uint64_t kRegionAlignment = 64;
 constexpr uint64_t kCopyChunk = uint64_t(8) << 20;  // progress granularity while copying
-// A segment this young with no header yet is being created by someone right now.
 // 2 MiB pages: a CPU decode step streams every weight once, and from 2 MiB
 // pages it runs up to ~1.2x faster than from 4 KiB ones (fewer TLB misses
 // and page walks). Shared memory has them only where the machine allows it
@@ -52,6 +51,7 @@ constexpr uint64_t kCollapseStep = uint64_t(64) << 20;
 #define MADV_COLLAPSE 25
 #endif
 
+// A segment this young with no header yet is being created by someone right now.
 constexpr int64_t kCreationGraceNs = int64_t(5) * 1000 * 1000 * 1000;
 
 uint64_t fnv1a(const void* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
@@ -96,7 +96,7 @@ void* map_segment(int fd, uint64_t bytes, int prot) {
 // as well, slower; what it gave is measured afterwards (pmd_mapped_bytes).
 class Collapser {
  public:
-  explicit Collapser(uint8_t* base) : base_(base), thread_([this](std::stop_token st) { run(st); }) {}
+  explicit Collapser(uint8_t* base) : base_(base), thread_([this] { run(); }) {}
   ~Collapser() { finish(0); }
   // Everything before `written` is final.
   void written(uint64_t written) {
@@ -119,7 +119,7 @@ class Collapser {
   }
 
  private:
-  void run(std::stop_token) {
+  void run() {
     uint64_t done = 0;
     for (;;) {
       uint64_t upto;
@@ -140,7 +140,7 @@ class Collapser {
   std::condition_variable cv_;
   uint64_t written_ = 0;
   bool last_ = false;
-  std::jthread thread_;  // last: it starts once the rest is ready
+  std::thread thread_;  // last: it starts once the rest is ready
 };
 
 std::string format_bytes(uint64_t b) {
