@@ -1456,18 +1456,9 @@ void kquant_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* sc
     for (int64_t t0 = 0; t0 < a.T; t0 += 16) {
       const int64_t n = std::min<int64_t>(16, a.T - t0);
       q8k_transpose_tokens16(a, t0, n, nb, g);
-      const auto store = [&](int64_t r, const __m512* out, int R) { store_token_lanes(a, t0, n, p0 + r, out, R); };
-      int64_t r = 0;
-      for (; r + kK16TileRows <= rows; r += kK16TileRows) {
-        __m512 out[kK16TileRows];
-        kquant_rows_tokens16_tile<PB, kK16TileRows>(panel + r * nb, g, nb, out);
-        store(r, out, kK16TileRows);
-      }
-      for (; r < rows; ++r) {
-        __m512 out[1];
-        kquant_rows_tokens16_tile<PB, 1>(panel + r * nb, g, nb, out);
-        store(r, out, 1);
-      }
+      token16_row_tiles<kK16TileRows>(a, t0, n, p0, rows, [&](auto R, int64_t r, __m512* out) {
+        kquant_rows_tokens16_tile<PB, R>(panel + r * nb, g, nb, out);
+      });
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "worker/cpu/kernels.h"
@@ -507,6 +508,27 @@ inline void store_token_lanes(const MatmulArgs& a, int64_t t0, int64_t n, int64_
   }
 }
 
+#ifdef __AVX512F__
+// A panel's rows [0, rows) (its first is the product's row p0) against the
+// token group t0..t0+n of the sixteen-token tiles: tiles of R rows, then the
+// rest one row at a time. tile(std::integral_constant<int, R'>, r, out) fills
+// out[0..R') with rows r..r+R', token t in lane t.
+template <int R, class Tile>
+void token16_row_tiles(const MatmulArgs& a, int64_t t0, int64_t n, int64_t p0, int64_t rows, const Tile& tile) {
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) {
+    __m512 out[R];
+    tile(std::integral_constant<int, R>{}, r, out);
+    store_token_lanes(a, t0, n, p0 + r, out, R);
+  }
+  for (; r < rows; ++r) {
+    __m512 out[1];
+    tile(std::integral_constant<int, 1>{}, r, out);
+    store_token_lanes(a, t0, n, p0 + r, out, 1);
+  }
+}
+#endif
+
 // Rows r..r+R of the panel times the token group: acc[i] lane t = y[t][r + i].
 template <int R, bool Offset>
 void q8x_prefill_tile(const Q8Prefill& p, int64_t r, __m256 acc[R]) {
@@ -710,18 +732,9 @@ inline void matmul_rows_q8x16(const MatmulArgs& a, int64_t n0, int64_t n1, int8_
     for (int64_t t0 = 0; t0 < a.T; t0 += 16) {
       const int64_t n = std::min<int64_t>(16, a.T - t0);
       q8x_transpose_tokens16(a, t0, n, nb, g);
-      const auto store = [&](int64_t r, const __m512* acc, int R) { store_token_lanes(a, t0, n, p0 + r, acc, R); };
-      int64_t r = 0;
-      for (; r + kQ8Tile16Rows <= rows; r += kQ8Tile16Rows) {
-        __m512 acc[kQ8Tile16Rows];
-        q8x_prefill_tile16<kQ8Tile16Rows>(pw, wsum, dw, g, nb, r, acc);
-        store(r, acc, kQ8Tile16Rows);
-      }
-      for (; r < rows; ++r) {
-        __m512 acc[1];
-        q8x_prefill_tile16<1>(pw, wsum, dw, g, nb, r, acc);
-        store(r, acc, 1);
-      }
+      token16_row_tiles<kQ8Tile16Rows>(a, t0, n, p0, rows, [&](auto R, int64_t r, __m512* acc) {
+        q8x_prefill_tile16<R>(pw, wsum, dw, g, nb, r, acc);
+      });
     }
   }
 }
