@@ -919,23 +919,33 @@ struct Q8Rows {
   }
 };
 
-// Scores of positions p0..p0+8 of the tile k (eight sums in one transposing reduction).
-template <class Rows>
-inline void score8(const float* q, const Rows& k, int64_t p0, int64_t hd, float scale, float* sc, float& mx) {
+// Scores of positions p0..p0+8 of the tile k for Q queries (eight sums a
+// query in one transposing reduction): each row of K is converted once for
+// all Q, and every query's sums take the same steps as alone.
+template <int Q, class Rows>
+inline void score8(const float* const* q, const Rows& k, int64_t p0, int64_t hd, float scale, float* const* sc,
+                   float* mx) {
   const int64_t hmain = hd / 8 * 8;
-  __m256 acc[8];
-  for (int r = 0; r < 8; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[Q][8];
+  for (int j = 0; j < Q; ++j)
+    for (int r = 0; r < 8; ++r) acc[j][r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < hmain; i += 8) {
-    const __m256 qv = _mm256_loadu_ps(q + i);
-    for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(qv, k.load8(p0 + r, i), acc[r]);
+    __m256 qv[Q];
+    for (int j = 0; j < Q; ++j) qv[j] = _mm256_loadu_ps(q[j] + i);
+    for (int r = 0; r < 8; ++r) {
+      const __m256 kv = k.load8(p0 + r, i);
+      for (int j = 0; j < Q; ++j) acc[j][r] = _mm256_fmadd_ps(qv[j], kv, acc[j][r]);
+    }
   }
-  alignas(32) float sums[8];
-  _mm256_store_ps(sums, hsums8(acc));
-  for (int r = 0; r < 8; ++r) {
-    float s = sums[r];
-    for (int64_t i = hmain; i < hd; ++i) s += q[i] * k.one(p0 + r, i);
-    sc[p0 + r] = s * scale;
-    mx = std::max(mx, sc[p0 + r]);
+  for (int j = 0; j < Q; ++j) {
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, hsums8(acc[j]));
+    for (int r = 0; r < 8; ++r) {
+      float s = sums[r];
+      for (int64_t i = hmain; i < hd; ++i) s += q[j][i] * k.one(p0 + r, i);
+      sc[j][p0 + r] = s * scale;
+      mx[j] = std::max(mx[j], sc[j][p0 + r]);
+    }
   }
 }
 
@@ -995,36 +1005,56 @@ struct OnlineSoftmax {
   }
 };
 
-// out[c0..c0+8N) = out * alpha + sum over positions [0, n) of e[p] * V[p],
-// in position order, the running sums in registers; `first`: they start at zero.
-template <int N, class Rows>
-void attend_values_tile(const float* e, float alpha, const Rows& v, int64_t n, int64_t c0, float* out, bool first) {
-  __m256 acc[N];
-  const __m256 a = _mm256_set1_ps(alpha);
-  float* o = out + c0;
-  for (int j = 0; j < N; ++j) acc[j] = first ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_loadu_ps(o + 8 * j), a);
-  for (int64_t p = 0; p < n; ++p) {
-    const __m256 w = _mm256_set1_ps(e[p]);
-    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(w, v.load8(p, c0 + 8 * j), acc[j]);
+// For each of Q queries: out[c0..c0+8N) = out * alpha + sum over its
+// positions [0, n) of e[p] * V[p], in position order, the running sums in
+// registers; `first`: they start at zero. The queries share each row of V
+// up to the fewest positions among them; each then takes its own last ones.
+template <int Q, int N, class Rows>
+void attend_values_tile(const float* const* e, const float* alpha, const Rows& v, const int64_t* n, int64_t c0,
+                        float* const* out, bool first) {
+  __m256 acc[Q][N];
+  int64_t common = n[0];
+  for (int j = 0; j < Q; ++j) {
+    common = std::min(common, n[j]);
+    const __m256 a = _mm256_set1_ps(alpha[j]);
+    for (int i = 0; i < N; ++i)
+      acc[j][i] = first ? _mm256_setzero_ps() : _mm256_mul_ps(_mm256_loadu_ps(out[j] + c0 + 8 * i), a);
   }
-  for (int j = 0; j < N; ++j) _mm256_storeu_ps(o + 8 * j, acc[j]);
+  for (int64_t p = 0; p < common; ++p) {
+    __m256 w[Q];
+    for (int j = 0; j < Q; ++j) w[j] = _mm256_set1_ps(e[j][p]);
+    for (int i = 0; i < N; ++i) {
+      const __m256 vv = v.load8(p, c0 + 8 * i);
+      for (int j = 0; j < Q; ++j) acc[j][i] = _mm256_fmadd_ps(w[j], vv, acc[j][i]);
+    }
+  }
+  for (int j = 0; j < Q; ++j) {
+    for (int64_t p = common; p < n[j]; ++p) {
+      const __m256 w = _mm256_set1_ps(e[j][p]);
+      for (int i = 0; i < N; ++i) acc[j][i] = _mm256_fmadd_ps(w, v.load8(p, c0 + 8 * i), acc[j][i]);
+    }
+    for (int i = 0; i < N; ++i) _mm256_storeu_ps(out[j] + c0 + 8 * i, acc[j][i]);
+  }
 }
 
-// Value dims [c0, c0 + 64) (fewer at the end of the multiples of 8) of one
-// tile (v at its first position) into a query's output, the sums in registers.
-template <class Rows>
-inline void attend_values_at(const float* e, float alpha, const Rows& v, int64_t n, int64_t hmain, int64_t c0,
-                             float* out, bool first) {
-  switch (std::min<int64_t>(8, (hmain - c0) / 8)) {
-    case 8: attend_values_tile<8>(e, alpha, v, n, c0, out, first); break;
-    case 7: attend_values_tile<7>(e, alpha, v, n, c0, out, first); break;
-    case 6: attend_values_tile<6>(e, alpha, v, n, c0, out, first); break;
-    case 5: attend_values_tile<5>(e, alpha, v, n, c0, out, first); break;
-    case 4: attend_values_tile<4>(e, alpha, v, n, c0, out, first); break;
-    case 3: attend_values_tile<3>(e, alpha, v, n, c0, out, first); break;
-    case 2: attend_values_tile<2>(e, alpha, v, n, c0, out, first); break;
-    default: attend_values_tile<1>(e, alpha, v, n, c0, out, first); break;
-  }
+// The value dims one call of attend_values_at takes for Q queries: at most
+// sixteen running sums (one query: 64 dims, eight sums).
+template <int Q>
+inline constexpr int64_t kValueDims = 8 * std::min(8, 16 / Q);
+
+// Value dims [c0, c0 + kValueDims<Q>) (fewer at the end of the multiples of
+// 8) of one tile (v at its first position) into Q queries' outputs, the sums
+// in registers.
+template <int Q, class Rows>
+inline void attend_values_at(const float* const* e, const float* alpha, const Rows& v, const int64_t* n,
+                             int64_t hmain, int64_t c0, float* const* out, bool first) {
+  constexpr int kMost = int(kValueDims<Q> / 8);
+  auto tile = [&]<int N>(auto self) {
+    if constexpr (N > 1)
+      if ((hmain - c0) / 8 < N) return self.template operator()<N - 1>(self);
+    attend_values_tile<Q, N>(e, alpha, v, n, c0, out, first);
+  };
+  tile.template operator()<kMost>(tile);
 }
 
 // The dims past the last multiple of 8 of one tile, position by position.
@@ -1054,13 +1084,38 @@ void attend_rows_x86(const float* q, const Rows& k, const Rows& v, int64_t n_pos
     const Rows kt = k.from(t0), vt = v.from(t0);
     float mx = -INFINITY;
     int64_t p = 0;
-    for (; p + 8 <= n; p += 8) score8(q, kt, p, hd, scale, scores, mx);
+    for (; p + 8 <= n; p += 8) score8<1>(&q, kt, p, hd, scale, &scores, &mx);
     for (; p < n; ++p) score1(q, kt, p, hd, scale, scores, mx);
     const float alpha = st.tile(scores, n, mx);
-    for (int64_t c0 = 0; c0 < hmain; c0 += 64) attend_values_at(scores, alpha, vt, n, hmain, c0, out, t0 == 0);
+    const float* e = scores;
+    for (int64_t c0 = 0; c0 < hmain; c0 += kValueDims<1>)
+      attend_values_at<1>(&e, &alpha, vt, &n, hmain, c0, &out, t0 == 0);
     attend_values_rest(scores, alpha, vt, n, hd, out, t0 == 0);
   }
   attend_finish(st, hd, out);
+}
+
+// Queries an AVX-512 table's attention takes together, their running sums in
+// its 32 registers: two queries' scores of eight positions (16 sums) share
+// each row of K, two queries' 64 value dims (16 sums) each row of V. 207M
+// F16, Zen 4, 2 threads, pp512 at depth 4096, alternated: one query at a
+// time 188-190 tok/s, two 194-204; three for the scores 188-190, four for
+// the values (32 dims a pass over the tile) 177-181. The AVX2 table's
+// sixteen registers hold one query's.
+#ifdef __AVX512F__
+inline constexpr int kScoreGroup = 2, kValueGroup = 2;
+#else
+inline constexpr int kScoreGroup = 1, kValueGroup = 1;
+#endif
+
+// f.template operator()<G>(idx) on the m indices idx[0..m) in groups of
+// Group, then one at a time.
+template <int Group, class F>
+inline void in_attend_groups(const int* idx, int m, F&& f) {
+  int g = 0;
+  if constexpr (Group > 1)
+    for (; g + Group <= m; g += Group) f.template operator()<Group>(idx + g);
+  for (; g < m; ++g) f.template operator()<1>(idx + g);
 }
 
 // Several queries of one head (a prefill chunk's tokens of one sequence):
@@ -1068,7 +1123,8 @@ void attend_rows_x86(const float* q, const Rows& k, const Rows& v, int64_t n_pos
 // queries take each piece of a tile in turn while it is in L1: eight
 // positions of K for every query's scores, then 64 dims of the tile's V for
 // every query's outputs (at a depth of 16K positions one head's K and V are
-// 4 MB: one pass per query streamed them from L3 each time).
+// 4 MB: one pass per query streamed them from L3 each time). Queries go in
+// groups (kScoreGroup, kValueGroup) that convert each row of K and V once.
 template <class Rows>
 void attend_block_rows_x86(const float* const* q, const int64_t* n_pos, int nq, const Rows& k, const Rows& v,
                            int64_t hd, float scale, float* const* out, float* scores, int64_t score_stride) {
@@ -1078,26 +1134,47 @@ void attend_block_rows_x86(const float* const* q, const int64_t* n_pos, int nq, 
   OnlineSoftmax st[kAttendBlock];
   float alpha[kAttendBlock], mx[kAttendBlock];
   int64_t n[kAttendBlock];
+  float* sc[kAttendBlock];
+  for (int j = 0; j < nq; ++j) sc[j] = scores + j * score_stride;
+  int idx[kAttendBlock];
   for (int64_t t0 = 0; t0 < most; t0 += kAttendTile) {
     const Rows kt = k.from(t0), vt = v.from(t0);
     for (int j = 0; j < nq; ++j) {
       n[j] = std::clamp<int64_t>(n_pos[j] - t0, 0, kAttendTile);
       mx[j] = -INFINITY;
     }
-    for (int64_t p = 0; p + 8 <= kAttendTile; p += 8)
+    for (int64_t p = 0; p + 8 <= kAttendTile; p += 8) {
+      int m = 0;
       for (int j = 0; j < nq; ++j)
-        if (p + 8 <= n[j]) score8(q[j], kt, p, hd, scale, scores + j * score_stride, mx[j]);
+        if (p + 8 <= n[j]) idx[m++] = j;
+      if (m == 0) break;
+      in_attend_groups<kScoreGroup>(idx, m, [&]<int G>(const int* g) {
+        const float* qg[G];
+        float* sg[G];
+        float mg[G];
+        for (int i = 0; i < G; ++i) qg[i] = q[g[i]], sg[i] = sc[g[i]], mg[i] = mx[g[i]];
+        score8<G>(qg, kt, p, hd, scale, sg, mg);
+        for (int i = 0; i < G; ++i) mx[g[i]] = mg[i];
+      });
+    }
+    int m = 0;
     for (int j = 0; j < nq; ++j) {
       if (n[j] == 0) continue;
-      float* sc = scores + j * score_stride;
-      for (int64_t p = n[j] / 8 * 8; p < n[j]; ++p) score1(q[j], kt, p, hd, scale, sc, mx[j]);
-      alpha[j] = st[j].tile(sc, n[j], mx[j]);
+      idx[m++] = j;
+      for (int64_t p = n[j] / 8 * 8; p < n[j]; ++p) score1(q[j], kt, p, hd, scale, sc[j], mx[j]);
+      alpha[j] = st[j].tile(sc[j], n[j], mx[j]);
     }
-    for (int64_t c0 = 0; c0 < hmain; c0 += 64)
-      for (int j = 0; j < nq; ++j)
-        if (n[j] > 0) attend_values_at(scores + j * score_stride, alpha[j], vt, n[j], hmain, c0, out[j], t0 == 0);
+    in_attend_groups<kValueGroup>(idx, m, [&]<int G>(const int* g) {
+      const float* eg[G];
+      float ag[G];
+      int64_t ng[G];
+      float* og[G];
+      for (int i = 0; i < G; ++i) eg[i] = sc[g[i]], ag[i] = alpha[g[i]], ng[i] = n[g[i]], og[i] = out[g[i]];
+      for (int64_t c0 = 0; c0 < hmain; c0 += kValueDims<G>)
+        attend_values_at<G>(eg, ag, vt, ng, hmain, c0, og, t0 == 0);
+    });
     for (int j = 0; j < nq; ++j)
-      if (n[j] > 0) attend_values_rest(scores + j * score_stride, alpha[j], vt, n[j], hd, out[j], t0 == 0);
+      if (n[j] > 0) attend_values_rest(sc[j], alpha[j], vt, n[j], hd, out[j], t0 == 0);
   }
   for (int j = 0; j < nq; ++j) attend_finish(st[j], hd, out[j]);
 }
