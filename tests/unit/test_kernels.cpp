@@ -3,12 +3,15 @@
 // batch invariance: a token's result does not depend on its batch.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "worker/cpu/kernels.h"
+#include "worker/cpu/thread_pool.h"
 
 using namespace ds4;
 using namespace ds4::cpu;
@@ -388,6 +391,64 @@ TEST_CASE("kernels: SwiGLU's gate agrees with std::exp in every table, out to ov
         const double ref = x / (1.0 + std::exp(-x)) * u[size_t(i)];
         REQUIRE(std::isfinite(out[size_t(i)]));
         REQUIRE(std::fabs(out[size_t(i)] - ref) <= 4e-7 * std::fabs(ref) + 1e-30);
+      }
+    }
+  }
+}
+
+TEST_CASE("thread pool: range queues give every item once, each thread its own run in order first") {
+  using ds4::cpu::RangeQueues;
+  using ds4::cpu::ThreadPool;
+  SUBCASE("one thread takes its run front to back, then the others' from their back ends") {
+    const std::vector<int64_t> starts{0, 3, 3, 5};  // runs [0,3) [3,3) [3,5) [5,8)
+    RangeQueues q(starts, 8);
+    std::vector<int64_t> got;
+    for (int64_t c = q.take(0); c >= 0; c = q.take(0)) got.push_back(c);
+    CHECK(got == std::vector<int64_t>{0, 1, 2, 4, 3, 7, 6, 5});
+    CHECK(q.take(1) == -1);
+    CHECK(q.take(3) == -1);
+  }
+  SUBCASE("more runs than items, and no items") {
+    const std::vector<int64_t> starts{0, 1, 1, 1};
+    RangeQueues q(starts, 1);
+    CHECK(q.take(2) == 0);
+    CHECK(q.take(0) == -1);
+    RangeQueues none(starts, 0);
+    CHECK(none.take(0) == -1);
+  }
+  SUBCASE("threads at once, one of them slow: all items taken exactly once") {
+    for (int threads : {2, 3, 8}) {
+      ThreadPool pool(threads);
+      for (int round = 0; round < 50; ++round) {
+        const int64_t n = 1 + round * 37 % 500;
+        std::vector<int64_t> starts(static_cast<size_t>(threads));
+        for (int i = 0; i < threads; ++i) starts[size_t(i)] = n * i / threads;
+        RangeQueues q(starts, n);
+        std::vector<std::atomic<int>> taken(static_cast<size_t>(n));
+        std::vector<std::vector<int64_t>> order(static_cast<size_t>(threads));
+        std::atomic<bool> first_done{false};
+        pool.run([&](int i, int) {
+          for (int64_t c = q.take(i); c >= 0; c = q.take(i)) {
+            taken[size_t(c)].fetch_add(1);
+            order[size_t(i)].push_back(c);
+            // Thread 1 stalls after its first item (descheduled) until thread 0 has run out.
+            if (i == 1) first_done.wait(false);
+          }
+          if (i == 0) {
+            first_done.store(true);
+            first_done.notify_all();
+          }
+        });
+        for (int64_t c = 0; c < n; ++c) REQUIRE_MESSAGE(taken[size_t(c)].load() == 1, "item " << c);
+        // A thread's own items come first and in order.
+        for (int i = 0; i < threads; ++i) {
+          const int64_t lo = starts[size_t(i)], hi = i + 1 < threads ? starts[size_t(i) + 1] : n;
+          for (size_t k = 0; k < order[size_t(i)].size() && order[size_t(i)][k] >= lo && order[size_t(i)][k] < hi;
+               ++k)
+            REQUIRE(order[size_t(i)][k] == lo + int64_t(k));
+        }
+        // The stalled thread's run went to the others (all of it when thread 0 ran out first).
+        CHECK(order[1].size() <= 1);
       }
     }
   }

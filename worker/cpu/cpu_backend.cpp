@@ -205,30 +205,44 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
   auto rows_of = [T](const Product& p) { return p.rows < 0 ? T : p.rows; };
   int64_t work = 0;
   for (const Product& p : ps) work += p.w->rows * p.w->cols * rows_of(p);
-  // Rows are handed out in chunks from a shared counter, so a thread that is
-  // descheduled (a busy machine) or slower leaves its share to the others.
-  // The last rows of the job go out in smaller chunks (decode only: a
+  // Rows go in chunks, and each thread has a contiguous run of them (its
+  // share of the rows) that it takes in order: one stream of weights a
+  // thread, which the hardware prefetcher follows (1B Q4_K_M decode, Zen 4,
+  // 2 threads, alternated: 52-54 tok/s with the chunks interleaved from one
+  // counter, 55-59 in runs). A thread that is descheduled (a busy machine)
+  // or slower leaves the end of its run to the others (RangeQueues), and
+  // the last rows of each run go in smaller chunks (decode only: a
   // multi-token chunk packs a 16-row panel), so the threads finish together.
   // Each row's result does not depend on which thread computes it.
   struct Chunk {
     const Product* p;
     int64_t r0, r1;
   };
-  int64_t left = 0;
-  for (const Product& p : ps) left += p.w->rows;
+  const int parts = pool_.size();
+  int64_t total = 0;
+  for (const Product& p : ps) total += p.w->rows;
   std::vector<Chunk> chunks;
-  for (const Product& p : ps)
+  std::vector<int64_t> starts(size_t(parts), 0);
+  const auto run_end = [&](int part) { return total * (part + 1) / parts; };  // in rows of all products
+  int part = 0;
+  int64_t g0 = 0;  // rows of the products before p
+  for (const Product& p : ps) {
+    // Decode chunks hold about 64 rows of K 2048: short rows (a mixture of
+    // experts' 512 or 1024) in bigger chunks, so that taking one stays a
+    // small part of its work.
+    const int64_t decode = std::clamp<int64_t>(64 * 2048 / std::max<int64_t>(p.w->cols, 1), 64, 256) / 16 * 16;
+    const int64_t big = rows_of(p) >= 4 ? 16 : decode, small = 16;
     for (int64_t r0 = 0; r0 < p.w->rows;) {
-      // Decode chunks hold about 64 rows of K 2048: short rows (a mixture of
-      // experts' 512 or 1024) in bigger chunks, so that taking one (an atomic
-      // on a line both cores write) stays a small part of its work.
-      const int64_t decode = std::clamp<int64_t>(64 * 2048 / std::max<int64_t>(p.w->cols, 1), 64, 256) / 16 * 16;
-      const int64_t big = rows_of(p) >= 4 ? 16 : decode, small = 16, tail = int64_t(pool_.size()) * big;
-      const int64_t r1 = std::min(p.w->rows, r0 + (left > tail ? big : small));
+      while (part + 1 < parts && g0 + r0 >= run_end(part)) starts[size_t(++part)] = int64_t(chunks.size());
+      // This run's end in p, on a multiple of 16 rows (past r0: g0 + r0 < run_end).
+      const int64_t end = std::min(p.w->rows, (run_end(part) - g0 + 15) / 16 * 16), left = end - r0;
+      const int64_t r1 = r0 + std::min(left, left > big ? big : small);
       chunks.push_back({&p, r0, r1});
-      left -= r1 - r0;
       r0 = r1;
     }
+    g0 += p.w->rows;
+  }
+  while (part + 1 < parts) starts[size_t(++part)] = int64_t(chunks.size());
   // Each activation type the products' weights take (quant_types.h) is
   // quantized once, from the input the products of that type share.
   const Product* by_act[3] = {nullptr, nullptr, nullptr};
@@ -248,11 +262,10 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
     const int64_t blocks = q->w->cols / 256;
     for_tokens(T, [&](int64_t t) { k_.quantize_q8k(q->x + t * q->ldx, q->w->cols, xk_ + t * blocks); });
   }
-  std::atomic<int64_t> next{0};
+  cpu::RangeQueues queues(starts, int64_t(chunks.size()));
   parallel(work, [&](int i, int) {
     float* scratch = thread_scratch(i);
-    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < int64_t(chunks.size());
-         c = next.fetch_add(1, std::memory_order_relaxed)) {
+    for (int64_t c = queues.take(i); c >= 0; c = queues.take(i)) {
       const Product& p = *chunks[size_t(c)].p;
       MatmulArgs a{p.w->type, p.w->data, p.w->cols, p.w->rows, p.x + p.row0 * p.ldx, p.ldx, rows_of(p),
                    p.y + p.row0 * p.ldy, p.ldy};

@@ -2,6 +2,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+
 namespace ds4::cpu {
 
 ThreadPool::ThreadPool(int threads) : n_(threads < 1 ? 1 : threads) {
@@ -43,6 +45,48 @@ void ThreadPool::worker(int id) {
     (*job_)(id, n_);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
+}
+
+RangeQueues::RangeQueues(std::span<const int64_t> starts, int64_t n) {
+  n_ranges_ = int(starts.size());
+  ranges_ = std::make_unique<Range[]>(starts.size());
+  for (int i = 0; i < n_ranges_; ++i) {
+    const int64_t lo = std::min(starts[size_t(i)], n), hi = i + 1 < n_ranges_ ? std::min(starts[size_t(i) + 1], n) : n;
+    ranges_[i].fb.store(uint64_t(uint32_t(lo)) | uint64_t(uint32_t(std::max(lo, hi))) << 32,
+                        std::memory_order_relaxed);
+  }
+}
+
+bool RangeQueues::take_front(Range& r, int64_t& item) {
+  uint64_t v = r.fb.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t f = uint32_t(v), b = uint32_t(v >> 32);
+    if (f >= b) return false;
+    if (r.fb.compare_exchange_weak(v, v + 1, std::memory_order_relaxed)) {
+      item = f;
+      return true;
+    }
+  }
+}
+
+bool RangeQueues::take_back(Range& r, int64_t& item) {
+  uint64_t v = r.fb.load(std::memory_order_relaxed);
+  for (;;) {
+    const uint32_t f = uint32_t(v), b = uint32_t(v >> 32);
+    if (f >= b) return false;
+    if (r.fb.compare_exchange_weak(v, uint64_t(f) | uint64_t(b - 1) << 32, std::memory_order_relaxed)) {
+      item = b - 1;
+      return true;
+    }
+  }
+}
+
+int64_t RangeQueues::take(int i) {
+  int64_t item = -1;
+  if (i < n_ranges_ && take_front(ranges_[i], item)) return item;
+  for (int k = 1; k < n_ranges_; ++k)
+    if (take_back(ranges_[(i + k) % n_ranges_], item)) return item;
+  return -1;
 }
 
 }  // namespace ds4::cpu
