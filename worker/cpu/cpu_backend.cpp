@@ -286,7 +286,20 @@ void CpuBackend::embed(const Weight& table, Act out) {
   });
 }
 
-// y = x / sqrt(mean(x^2) + eps) * w, with the sum of squares in double as ggml does.
+// The sum of x[i]^2 (each square in float, as ggml) in double, in eight
+// running sums (value i into sum i % 8) added pairwise at the end: one chain
+// of dependent double additions took ~4 cycles a value (1.7% of a 207M F16
+// prefill). The CUDA kernel sums in an order of its own too.
+double sum_squares(const float* x, int64_t n) {
+  double part[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) part[k] += double(x[i + k] * x[i + k]);
+  for (; i < n; ++i) part[i % 8] += double(x[i] * x[i]);
+  return ((part[0] + part[4]) + (part[2] + part[6])) + ((part[1] + part[5]) + (part[3] + part[7]));
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w.
 void CpuBackend::rmsnorm(Act in, const Weight& w, float eps, Act out) {
   const float* g = static_cast<const float*>(w.data);
   const float* x = ptr(in);
@@ -295,9 +308,7 @@ void CpuBackend::rmsnorm(Act in, const Weight& w, float eps, Act out) {
   for_tokens(rows(in), [&](int64_t t) {
     const float* xr = x + t * ldx;
     float* o = y + t * ldo;
-    double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += double(xr[i] * xr[i]);
-    const float mean = float(sum / double(n));
+    const float mean = float(sum_squares(xr, n) / double(n));
     const float scale = 1.0f / std::sqrt(mean + eps);
     for (int64_t i = 0; i < n; ++i) o[i] = (xr[i] * scale) * g[i];
   });
@@ -439,9 +450,7 @@ void CpuBackend::head_norm(Act qk, int64_t heads, const Weight& w, float eps) {
   for_tokens(rows(qk), [&](int64_t t) {
     for (int64_t h = 0; h < heads; ++h) {
       float* xr = x + t * ldx + h * n;
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) sum += double(xr[i] * xr[i]);
-      const float mean = float(sum / double(n));
+      const float mean = float(sum_squares(xr, n) / double(n));
       const float scale = 1.0f / std::sqrt(mean + eps);
       for (int64_t i = 0; i < n; ++i) xr[i] = (xr[i] * scale) * g[i];
     }
@@ -476,11 +485,19 @@ void CpuBackend::rope(Act qk, int64_t heads, const RopeSpec& rs) {
     const float* r = rope_ + t * n_rot;
     for (int64_t h = 0; h < heads; ++h) {
       float* x = v + t * ldv + h * hd;
-      for (int64_t i = 0; i < n_rot; i += 2) {
-        const int64_t i0 = neox ? i / 2 : i, i1 = neox ? i / 2 + half : i + 1;
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * r[i] - x1 * r[i + 1];
-        x[i1] = x0 * r[i + 1] + x1 * r[i];
+      // The two layouts in loops of their own, which the compiler vectorises.
+      if (neox) {
+        for (int64_t j = 0; j < half; ++j) {
+          const float x0 = x[j], x1 = x[j + half], c = r[2 * j], sn = r[2 * j + 1];
+          x[j] = x0 * c - x1 * sn;
+          x[j + half] = x0 * sn + x1 * c;
+        }
+      } else {
+        for (int64_t i = 0; i < n_rot; i += 2) {
+          const float x0 = x[i], x1 = x[i + 1];
+          x[i] = x0 * r[i] - x1 * r[i + 1];
+          x[i + 1] = x0 * r[i + 1] + x1 * r[i];
+        }
       }
     }
   });
