@@ -541,27 +541,43 @@ void CpuBackend::attention(int layer, Act qa, Act outa, const AttentionSpec& a) 
     blocks.push_back({t, e});
     t = e;
   }
-  const int64_t jobs = int64_t(blocks.size()) * a.n_heads, score_stride = cpu::kAttendTile;
+  // A job is one block's queries of one head, or of every head that shares
+  // a KV head (grouped-query attention) when they fit one pass: a
+  // generating token's 4 heads of Llama 3 read their KV head's cache once,
+  // not four times. Each query's arithmetic is the same either way.
+  struct Job {
+    int64_t t0, t1, h0, heads;
+  };
+  std::vector<Job> jobs;
+  for (const auto& [t0, t1] : blocks) {
+    if ((t1 - t0) * group <= cpu::kAttendBlock)
+      for (int64_t kvh = 0; kvh < a.n_kv_heads; ++kvh) jobs.push_back({t0, t1, kvh * group, group});
+    else
+      for (int64_t h = 0; h < a.n_heads; ++h) jobs.push_back({t0, t1, h, 1});
+  }
+  const int64_t score_stride = cpu::kAttendTile;
   std::atomic<int64_t> next_job{0};
   // A cached position costs several multiply-adds of a product: two f16
   // rows (K and V) and its share of the softmax.
   parallel(8 * T * a.n_heads * hd * (batch_.back().pos + 1), [&](int i, int) {
     float* scores = thread_scratch(i) + layout_.matmul_per_thread;
-    for (int64_t job = next_job.fetch_add(1, std::memory_order_relaxed); job < jobs;
-         job = next_job.fetch_add(1, std::memory_order_relaxed)) {
-      const auto [t0, t1] = blocks[size_t(job / a.n_heads)];
-      const int64_t h = job % a.n_heads, kvh = h / group;
-      const int slot = batch_[size_t(t0)].slot;
+    for (int64_t j = next_job.fetch_add(1, std::memory_order_relaxed); j < int64_t(jobs.size());
+         j = next_job.fetch_add(1, std::memory_order_relaxed)) {
+      const Job& job = jobs[size_t(j)];
+      const int64_t kvh = job.h0 / group;
+      const int slot = batch_[size_t(job.t0)].slot;
       const float* qs[cpu::kAttendBlock];
       float* outs[cpu::kAttendBlock];
       int64_t n_pos[cpu::kAttendBlock];
-      for (int64_t t = t0; t < t1; ++t) {
-        qs[t - t0] = q + t * ldq + h * hd;
-        outs[t - t0] = out + t * ldo + h * hd;
-        n_pos[t - t0] = int64_t(batch_[size_t(t)].pos) + 1;
-      }
-      k_.attend_block(qs, n_pos, int(t1 - t0), kv_rows(k_cache(layer, slot, kvh)), kv_rows(v_cache(layer, slot, kvh)),
-                      hd, a.scale, outs, scores, score_stride);
+      int nq = 0;
+      for (int64_t h = job.h0; h < job.h0 + job.heads; ++h)
+        for (int64_t t = job.t0; t < job.t1; ++t, ++nq) {
+          qs[nq] = q + t * ldq + h * hd;
+          outs[nq] = out + t * ldo + h * hd;
+          n_pos[nq] = int64_t(batch_[size_t(t)].pos) + 1;
+        }
+      k_.attend_block(qs, n_pos, nq, kv_rows(k_cache(layer, slot, kvh)), kv_rows(v_cache(layer, slot, kvh)), hd,
+                      a.scale, outs, scores, score_stride);
     }
   });
 }

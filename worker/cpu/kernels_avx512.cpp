@@ -17,10 +17,11 @@ constexpr int64_t kTokenBlock = 48;  // tokens per pass over a panel
 // 301-308; T=32 286-300 -> 299-312 and T=64 328-352 -> 303-346 are even).
 constexpr int64_t kRowPathMaxT = 24;
 
-// Packing a row asks for the row this many rows on: the panel after next,
-// which is what a thread takes next while two threads alternate 16-row
-// chunks (207M F16, Zen 5, 2 threads, pp128: 0 651-686 tok/s, 16 rows
-// 671-677, 32 693-706, 48 668-675, 64 691-700).
+// Packing a row asks for the row this many rows on: the panel after next
+// (207M F16, Zen 5, 2 threads, pp128, when two threads alternated 16-row
+// chunks: 0 651-686 tok/s, 16 rows 671-677, 32 693-706, 48 668-675, 64
+// 691-700). Since each thread takes a run of consecutive panels (Zen 4,
+// pp128 alternated: 16 rows 427-437, 32 419-428, 64 428-431): even.
 constexpr int64_t kPackAhead = 2 * kPanelRows;
 
 // reduce16 of sixteen outputs' lanes at once, the same additions in the same
