@@ -17,11 +17,11 @@ constexpr int64_t kTokenBlock = 48;  // tokens per pass over a panel
 // 301-308; T=32 286-300 -> 299-312 and T=64 328-352 -> 303-346 are even).
 constexpr int64_t kRowPathMaxT = 24;
 
-// Packing a row asks for the row this many rows on: the panel after next
-// (207M F16, Zen 5, 2 threads, pp128, when two threads alternated 16-row
-// chunks: 0 651-686 tok/s, 16 rows 671-677, 32 693-706, 48 668-675, 64
-// 691-700). Since each thread takes a run of consecutive panels (Zen 4,
-// pp128 alternated: 16 rows 427-437, 32 419-428, 64 428-431): even.
+// Packing a row (the f32 panels of F32 and Q8_0 weights) asks for the row
+// this many rows on: the panel after next (207M F16, which was packed too,
+// Zen 5, 2 threads, pp128, when two threads alternated 16-row chunks: 0
+// 651-686 tok/s, 16 rows 671-677, 32 693-706, 48 668-675, 64 691-700; Zen 4
+// with each thread's run of consecutive panels: 16, 32 and 64 rows even).
 constexpr int64_t kPackAhead = 2 * kPanelRows;
 
 // reduce16 of sixteen outputs' lanes at once, the same additions in the same
@@ -45,25 +45,44 @@ inline __m512 hsums16(const __m512 v[16]) {
                        _mm512_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// R panel rows x C tokens, one register of the contract's 16 lanes each.
-template <int R, int C>
-void tile512(const float* panel, int64_t kp, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy) {
+// Sixteen weights of a tile's row as f32: from a packed panel (zeros past
+// K, so its tail is a plain load), or straight from F16 / BF16 rows (the
+// tail's lanes past K loaded as zeros).
+struct Bf16 {
+  uint16_t bits;
+};
+inline __m512 load16w(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16w(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 bf16_to_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
+inline __m512 load16w(const Bf16* p) { return bf16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 load16w_tail(const float* p, __mmask16) { return _mm512_loadu_ps(p); }
+inline __m512 load16w_tail(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 load16w_tail(const Bf16* p, __mmask16 m) { return bf16_to_f32(_mm256_maskz_loadu_epi16(m, p)); }
+
+// R rows x C tokens, one register of the contract's 16 lanes each; the rows
+// are kp elements apart (a packed panel's, or the weights' own).
+template <int R, int C, class W = float>
+void tile512(const W* panel, int64_t kp, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  auto step = [&](int64_t k, auto load_x) {
+  auto step = [&](int64_t k, auto load_x, auto load_w) {
     __m512 xv[C];
     for (int c = 0; c < C; ++c) xv[c] = load_x(x + c * ldx + k);
     for (int r = 0; r < R; ++r) {
-      const __m512 wv = _mm512_loadu_ps(panel + r * kp + k);
+      const __m512 wv = load_w(panel + r * kp + k);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
     }
   };
   const int64_t kmain = K / 16 * 16;
-  for (int64_t k = 0; k < kmain; k += 16) step(k, [](const float* p) { return _mm512_loadu_ps(p); });
+  for (int64_t k = 0; k < kmain; k += 16)
+    step(k, [](const float* p) { return _mm512_loadu_ps(p); }, [](const W* p) { return load16w(p); });
   if (kmain < K) {  // the panel holds zeros past K; x is not read there
     const __mmask16 m = __mmask16((1u << (K - kmain)) - 1);
-    step(kmain, [m](const float* p) { return _mm512_maskz_loadu_ps(m, p); });
+    step(kmain, [m](const float* p) { return _mm512_maskz_loadu_ps(m, p); },
+         [m](const W* p) { return load16w_tail(p, m); });
   }
   if constexpr (R == 4) {  // four tokens at a time: a 128-bit store of each one's four rows
     for (int c0 = 0; c0 < C; c0 += 4) {
@@ -88,8 +107,8 @@ void tile512(const float* panel, int64_t kp, int64_t K, const float* x, int64_t 
 // (one thread, 64 rows from L2) but pp128 went 448-450 -> 438-440 tok/s.
 constexpr int kTileRows = 4, kTileTokens = 4;
 
-template <int R>
-void tokens512(const float* panel, int64_t kp, const MatmulArgs& a, int64_t t0, int64_t t1, int64_t n) {
+template <int R, class W = float>
+void tokens512(const W* panel, int64_t kp, const MatmulArgs& a, int64_t t0, int64_t t1, int64_t n) {
   int64_t t = t0;
   for (; t + kTileTokens <= t1; t += kTileTokens)
     tile512<R, kTileTokens>(panel, kp, a.K, a.x + t * a.ldx, a.ldx, a.y + t * a.ldy + n, a.ldy);
@@ -102,7 +121,31 @@ void tokens512(const float* panel, int64_t kp, const MatmulArgs& a, int64_t t0, 
   rest.template operator()<kTileTokens - 1>(rest);
 }
 
+// F16 and BF16 tiles read the weights where they are, converting each
+// register as they load it: no panel to pack, half the bytes in L1 and L2
+// (K 2816, 128 tokens, one thread: 474 -> 415 us; 207M F16 pp128, 2
+// threads, alternated: 427-429 -> 450-452 tok/s). Each panel's rows ask for
+// the next panel's. Other types are converted to an f32 panel once.
+template <class W>
+void gemm_rows512_direct(const W* w, const MatmulArgs& a, int64_t n0, int64_t n1) {
+  for (int64_t r0 = n0; r0 < n1; r0 += kPanelRows) {
+    const int64_t rows = std::min(kPanelRows, n1 - r0);
+    if (r0 + 2 * kPanelRows <= a.N) {
+      const char* next = reinterpret_cast<const char*>(w + (r0 + kPanelRows) * a.K);
+      for (int64_t b = 0; b < kPanelRows * a.K * int64_t(sizeof(W)); b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
+    }
+    for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
+      const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
+      int64_t r = 0;
+      for (; r + kTileRows <= rows; r += kTileRows) tokens512<kTileRows>(w + (r0 + r) * a.K, a.K, a, t0, t1, r0 + r);
+      for (; r < rows; ++r) tokens512<1>(w + (r0 + r) * a.K, a.K, a, t0, t1, r0 + r);
+    }
+  }
+}
+
 void gemm_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  if (a.type == GgmlType::F16) return gemm_rows512_direct(static_cast<const uint16_t*>(a.w), a, n0, n1);
+  if (a.type == GgmlType::BF16) return gemm_rows512_direct(static_cast<const Bf16*>(a.w), a, n0, n1);
   const int64_t kp = pad16(a.K);
   for (int64_t r0 = n0; r0 < n1; r0 += kPanelRows) {
     const int64_t rows = std::min(kPanelRows, n1 - r0);
