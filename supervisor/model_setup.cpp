@@ -88,10 +88,9 @@ void log_page_size(const store::LoadResult& r) {
   std::string msg = "model segment " + r.name + ": " + human_size(r.huge_page_bytes) + " of " + human_size(r.bytes) +
                     " in 2 MiB pages";
   if (r.huge_page_bytes * 2 < r.bytes)
-    msg += memfd ? "; the kernel did not collapse it (Linux 6.1 does); for faster CPU decoding allow them for memfd "
-                   "segments: echo within_size > /sys/kernel/mm/transparent_hugepage/shmem_enabled"
-                 : "; the kernel did not collapse it (Linux 6.1 does); for faster CPU decoding mount /dev/shm with "
-                   "them: mount -o remount,huge=within_size /dev/shm";
+    msg += std::string("; the kernel did not collapse it (Linux 6.1 does); for faster CPU decoding ") +
+           (memfd ? "allow them for memfd segments: echo within_size > /sys/kernel/mm/transparent_hugepage/shmem_enabled"
+                  : "mount /dev/shm with them: mount -o remount,huge=within_size /dev/shm");
   log::info(msg, {{"DS4_SEGMENT", r.name}, {"DS4_HUGE_PAGE_BYTES", std::to_string(r.huge_page_bytes)}});
 }
 

@@ -209,7 +209,7 @@ void CpuBackend::matmul(std::span<const Product> ps, int64_t T) {
   // share of the rows) that it takes in order: one stream of weights a
   // thread, which the hardware prefetcher follows (1B Q4_K_M decode, Zen 4,
   // 2 threads, alternated: 52-54 tok/s with the chunks interleaved from one
-  // counter, 55-59 in runs). A thread that is descheduled (a busy machine)
+  // counter, 57-68 in runs). A thread that is descheduled (a busy machine)
   // or slower leaves the end of its run to the others (RangeQueues), and
   // the last rows of each run go in smaller chunks (decode only: a
   // multi-token chunk packs a 16-row panel), so the threads finish together.

@@ -45,21 +45,18 @@ inline __m512 hsums16(const __m512 v[16]) {
                        _mm512_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// Sixteen weights of a tile's row as f32: from a packed panel (zeros past
-// K, so its tail is a plain load), or straight from F16 / BF16 rows (the
-// tail's lanes past K loaded as zeros).
+// Sixteen weights of a tile's row as f32 (x86_common.h's conversions): from
+// a packed panel (zeros past K, so its tail is a plain load), or straight
+// from F16 / BF16 rows (the tail's lanes past K loaded as zeros).
 struct Bf16 {
   uint16_t bits;
 };
-inline __m512 load16w(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16w(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 bf16_to_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
-inline __m512 load16w(const Bf16* p) { return bf16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline __m512 load16w_tail(const float* p, __mmask16) { return _mm512_loadu_ps(p); }
+inline __m512 load16w(const float* p) { return vload_f32(p); }
+inline __m512 load16w(const uint16_t* p) { return vload_f16(p); }
+inline __m512 load16w(const Bf16* p) { return vload_bf16(&p->bits); }
+inline __m512 load16w_tail(const float* p, __mmask16) { return vload_f32(p); }
 inline __m512 load16w_tail(const uint16_t* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
-inline __m512 load16w_tail(const Bf16* p, __mmask16 m) { return bf16_to_f32(_mm256_maskz_loadu_epi16(m, p)); }
+inline __m512 load16w_tail(const Bf16* p, __mmask16 m) { return bf16x16_to_f32(_mm256_maskz_loadu_epi16(m, p)); }
 
 // R rows x C tokens, one register of the contract's 16 lanes each; the rows
 // are kp elements apart (a packed panel's, or the weights' own).
@@ -126,36 +123,38 @@ void tokens512(const W* panel, int64_t kp, const MatmulArgs& a, int64_t t0, int6
 // (K 2816, 128 tokens, one thread: 474 -> 415 us; 207M F16 pp128, 2
 // threads, alternated: 427-429 -> 450-452 tok/s). Each panel's rows ask for
 // the next panel's. Other types are converted to an f32 panel once.
+// Rows r0..r0+rows of the product (kp elements apart from `panel` on) for
+// every token: blocks of kTokenBlock tokens, each taken by tiles of
+// kTileRows rows in turn, then by the rows left one at a time.
+template <class W>
+void panel_tiles(const W* panel, int64_t kp, const MatmulArgs& a, int64_t r0, int64_t rows) {
+  for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
+    int64_t r = 0;
+    for (; r + kTileRows <= rows; r += kTileRows) tokens512<kTileRows>(panel + r * kp, kp, a, t0, t1, r0 + r);
+    for (; r < rows; ++r) tokens512<1>(panel + r * kp, kp, a, t0, t1, r0 + r);
+  }
+}
+
 template <class W>
 void gemm_rows512_direct(const W* w, const MatmulArgs& a, int64_t n0, int64_t n1) {
   for (int64_t r0 = n0; r0 < n1; r0 += kPanelRows) {
-    const int64_t rows = std::min(kPanelRows, n1 - r0);
     if (r0 + 2 * kPanelRows <= a.N) {
       const char* next = reinterpret_cast<const char*>(w + (r0 + kPanelRows) * a.K);
       for (int64_t b = 0; b < kPanelRows * a.K * int64_t(sizeof(W)); b += 64) _mm_prefetch(next + b, _MM_HINT_T1);
     }
-    for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
-      const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
-      int64_t r = 0;
-      for (; r + kTileRows <= rows; r += kTileRows) tokens512<kTileRows>(w + (r0 + r) * a.K, a.K, a, t0, t1, r0 + r);
-      for (; r < rows; ++r) tokens512<1>(w + (r0 + r) * a.K, a.K, a, t0, t1, r0 + r);
-    }
+    panel_tiles(w + r0 * a.K, a.K, a, r0, std::min(kPanelRows, n1 - r0));
   }
 }
 
 void gemm_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   if (a.type == GgmlType::F16) return gemm_rows512_direct(static_cast<const uint16_t*>(a.w), a, n0, n1);
-  if (a.type == GgmlType::BF16) return gemm_rows512_direct(static_cast<const Bf16*>(a.w), a, n0, n1);
+  if (a.type == GgmlType::BF16) return gemm_rows512_direct(reinterpret_cast<const Bf16*>(a.w), a, n0, n1);
   const int64_t kp = pad16(a.K);
   for (int64_t r0 = n0; r0 < n1; r0 += kPanelRows) {
     const int64_t rows = std::min(kPanelRows, n1 - r0);
     for (int64_t r = 0; r < rows; ++r) pack_row(a, r0 + r, kp, scratch + r * kp, kPackAhead);
-    for (int64_t t0 = 0; t0 < a.T; t0 += kTokenBlock) {
-      const int64_t t1 = std::min(a.T, t0 + kTokenBlock);
-      int64_t r = 0;
-      for (; r + kTileRows <= rows; r += kTileRows) tokens512<kTileRows>(scratch + r * kp, kp, a, t0, t1, r0 + r);
-      for (; r < rows; ++r) tokens512<1>(scratch + r * kp, kp, a, t0, t1, r0 + r);
-    }
+    panel_tiles(scratch, kp, a, r0, rows);
   }
 }
 

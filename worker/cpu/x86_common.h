@@ -68,9 +68,10 @@ inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vfma(Vec w, Vec x, Vec acc) { return _mm512_fmadd_ps(w, x, acc); }
 inline Vec vload_f32(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec vload_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+// Sixteen bf16 values as f32 (exact: the bits are f32's upper half).
+inline Vec bf16x16_to_f32(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 inline Vec vload_bf16(const uint16_t* p) {
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  return bf16x16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 inline Vec vload_q8(const int8_t* q, __m256 d) {
   const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
