@@ -35,6 +35,7 @@ struct JournalStep {
     request = 1,  // the request planned: JournalRequest
     token = 2,    // a token of the answer: proto::TokenEvent (journal_codec)
     done = 3,     // the job ended: JobResult
+    engine = 4,   // an exec engine's stream: EngineOp (session_journal.h)
   };
   Kind kind = Kind::output;
   bool exchange_done = false;  // the answer is whole after this step's bytes

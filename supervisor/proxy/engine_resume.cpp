@@ -406,6 +406,12 @@ std::string ResumableStream::continued(json& j) {
   return out;
 }
 
+std::string ResumableStream::close() {
+  pending_.clear();  // a half event of the engine that died: it never went out
+  ended_ = true;
+  return "data: [DONE]\n\n";
+}
+
 std::string ResumableStream::end_length(int64_t prompt_tokens) {
   const int64_t n = int64_t(generated_.size());
   const json usage = {{"completion_tokens", n}, {"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens + n}};

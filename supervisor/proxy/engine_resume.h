@@ -97,6 +97,9 @@ class ResumableStream {
   /// The end of a stream whose engine died after its last token but before
   /// its finish: finish_reason "length", usage, [DONE].
   std::string end_length(int64_t prompt_tokens);
+  /// The [DONE] of a stream whose finish went out but whose engine died
+  /// before its own [DONE].
+  std::string close();
 
  private:
   std::string event(std::string_view data);
@@ -112,6 +115,27 @@ class ResumableStream {
   int64_t base_ = 0;     // tokens generated before the current continuation
   int top_ = -1;
   json id_, created_, model_, fingerprint_;  // the first answer's
+};
+
+/// One change to a forwarded stream's filter (ResumableStream), as the
+/// scheduler makes it. The session journals each with the bytes it sends
+/// the client, so that a supervisor restarted mid-answer rebuilds the filter
+/// from them (Scheduler::restore) and an engine continues the answer.
+struct EngineOp {
+  enum class Kind : uint8_t {
+    feed = 0,          // the engine's bytes
+    continuation = 1,  // a continuation's stream follows (begin_continuation)
+    hole = 2,          // fill_hole(at, id)
+    end = 3,           // end_length(at)
+    close = 4,         // close()
+  };
+  Kind kind = Kind::feed;
+  ResumeKind resume = ResumeKind::none;  // the stream's: none when it cannot be resumed
+  bool as_chat = false;                  // an Anthropic stream sent to the engine as chat
+  std::string bytes;
+  int64_t at = 0;
+  int32_t id = 0;
+  bool operator==(const EngineOp&) const = default;
 };
 
 /// The chat client asked stream_options.include_usage.

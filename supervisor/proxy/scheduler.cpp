@@ -304,42 +304,27 @@ void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::Worker
     return while_running(wj, alive, fn);
   };
   // Nothing went out yet: the request as this engine can resume it.
-  const EngineRequest* req = job->forward.get();
-  EngineRequest asking_ids;
   job->resumable.reset();
-  if (!job->anthropic && engine_caps(w.id).resumes_chat()) {
+  const EngineCaps caps = engine_caps(w.id);
+  bool as_chat = false;
+  if (job->anthropic) {
+    as_chat = true;  // converted at an earlier dispatch
+  } else if (caps.resumes_chat()) {
     if (std::optional<EngineRequest> chat = anthropic_as_chat(*job->forward)) {
-      std::string model;  // the name the client asked for, for message_start
-      auto b = parse_body(job->forward->body);
-      if (const json* body = std::get_if<json>(&b); body && body->is_object())
-        if (auto m = body->find("model"); m != body->end() && m->is_string()) model = m->get<std::string>();
-      job->anthropic = std::make_unique<AnthropicFromChat>(std::move(model));
+      as_chat = true;
       job->forward = std::make_shared<const EngineRequest>(std::move(*chat));
-      req = job->forward.get();
     }
   }
-  job->resume_kind = resume_kind(*job->forward, engine_caps(w.id));
-  if (job->resume_kind != ResumeKind::none) {
-    Added added;
-    asking_ids = with_token_ids(*job->forward, job->resume_kind, added);
-    req = &asking_ids;
-    job->resumable = std::make_unique<ResumableStream>(job->resume_kind, added, wants_usage_chunk(*job->forward));
-  }
+  const EngineRequest req = resumable_request(*job, resume_kind(*job->forward, caps), as_chat);
   EngineCall::Handler h;
   h.head = with([this](const std::shared_ptr<Job>& j, int status, const std::string& ct, bool streaming) {
     blocked_.erase(j->worker);  // it answers: no backoff
     if (j->sink) j->sink->on_engine_head(status, ct, streaming);
   });
   h.data = with([](const std::shared_ptr<Job>& j, std::string_view bytes) {
-    if (j->resumable) {
-      const std::string out = j->resumable->feed(bytes);
-      if (out.empty()) return;
-      j->forwarded = true;
-      to_client(*j, out);
-      return;
-    }
-    j->forwarded = true;
-    to_client(*j, bytes);
+    EngineOp op;
+    op.bytes = bytes;
+    engine_op(*j, std::move(op));
   });
   h.done = with([this](const std::shared_ptr<Job>& j) {
     j->engine_call.reset();
@@ -350,7 +335,90 @@ void Scheduler::start_forward(const std::shared_ptr<Job>& job, const sup::Worker
   h.broken = with([this](const std::shared_ptr<Job>& j, const std::string& why, bool replay) {
     on_engine_broken(j, why, replay);
   });
-  job->engine_call = EngineCall::start(io_, w.http_port, *req, opt_.engine, std::move(h));
+  job->engine_call = EngineCall::start(io_, w.http_port, req, opt_.engine, std::move(h));
+}
+
+EngineRequest Scheduler::resumable_request(Job& job, ResumeKind kind, bool as_chat) {
+  if (as_chat && !job.anthropic) {
+    std::string model;  // the name the client asked for, for message_start
+    auto b = parse_body(job.forward->body);
+    if (const json* body = std::get_if<json>(&b); body && body->is_object())
+      if (auto m = body->find("model"); m != body->end() && m->is_string()) model = m->get<std::string>();
+    job.anthropic = std::make_unique<AnthropicFromChat>(std::move(model));
+  }
+  job.resume_kind = kind;
+  job.resumable.reset();
+  if (kind == ResumeKind::none) return *job.forward;
+  Added added;
+  EngineRequest req = with_token_ids(*job.forward, kind, added);
+  job.resumable = std::make_unique<ResumableStream>(kind, added, wants_usage_chunk(*job.forward));
+  return req;
+}
+
+void Scheduler::engine_op(Job& job, EngineOp op) {
+  op.resume = job.resumable ? job.resume_kind : ResumeKind::none;
+  op.as_chat = job.anthropic != nullptr;
+  if (!job.sink) return apply_op(job, op, false);
+  job.sink->on_engine_op(op, [&job, &op] { apply_op(job, op, true); });
+}
+
+void Scheduler::apply_op(Job& job, const EngineOp& op, bool deliver) {
+  auto out = [&job, deliver](std::string_view bytes) {
+    if (bytes.empty()) return;
+    if (deliver) to_client(job, bytes);
+    else if (job.anthropic) job.anthropic->feed(bytes);  // its state, as if sent
+  };
+  if (!job.resumable) {  // a stream no engine can resume: it went out as it came
+    job.forwarded = true;
+    return out(op.bytes);
+  }
+  ResumableStream& s = *job.resumable;
+  switch (op.kind) {
+    case EngineOp::Kind::feed: {
+      const std::string bytes = s.feed(op.bytes);
+      if (!bytes.empty()) job.forwarded = true;
+      return out(bytes);
+    }
+    case EngineOp::Kind::continuation:
+      return s.begin_continuation();
+    case EngineOp::Kind::hole:
+      if (op.at >= 0 && size_t(op.at) < s.generated().size()) s.fill_hole(size_t(op.at), op.id);
+      return;
+    case EngineOp::Kind::end:
+      return out(s.end_length(op.at));
+    case EngineOp::Kind::close:
+      if (!s.ended()) out(s.close());
+      return;
+  }
+}
+
+std::string Scheduler::restore(Job& job, const std::vector<EngineOp>& ops) {
+  if (ops.empty()) return "";  // none of the engine's answer went out
+  const EngineOp& first = ops.front();
+  if (first.resume == ResumeKind::none)
+    return "an exec engine's answer under way that no engine can continue (a request with tools, a grammar, "
+           "response_format or n > 1, or an engine that resumes none)";
+  if (first.as_chat) {
+    std::optional<EngineRequest> chat = anthropic_as_chat(*job.forward);
+    if (!chat) return "its Anthropic stream, sent to the engine as chat, no longer converts";
+    job.forward = std::make_shared<const EngineRequest>(std::move(*chat));
+  }
+  resumable_request(job, first.resume, first.as_chat);
+  for (const EngineOp& op : ops) apply_op(job, op, false);
+  if (job.forwarded && !whole(job) && !job.resumable->resumable())
+    return "its answer went out with a part that no continuation goes on from (a tool call, a thought, an error event)";
+  return "";  // not forwarded: none of the answer went out, it starts again
+}
+
+bool Scheduler::whole(const Job& job) {
+  return job.resumable && (job.resumable->ended() || job.resumable->finished());
+}
+
+void Scheduler::end_restored(Job& job) {
+  EngineOp op;
+  op.kind = EngineOp::Kind::close;
+  engine_op(job, std::move(op));
+  if (job.sink) job.sink->on_done({true, "stop", job.timings, {}});
 }
 
 // The answer went out in part and the engine that gave it is gone: the
@@ -429,7 +497,11 @@ void Scheduler::fill_holes(const std::shared_ptr<Job>& job, int port) {
           return fail_forward(j, "worker " + std::to_string(j->worker) +
                                      " (exec engine) gave no id for a token its stream left out: HTTP " +
                                      std::to_string(r.status) + ": " + r.body.substr(0, 300));
-        j->resumable->fill_hole(at, *id);
+        EngineOp op;
+        op.kind = EngineOp::Kind::hole;
+        op.at = int64_t(at);
+        op.id = *id;
+        engine_op(*j, std::move(op));
         fill_holes(j, port);
       });
 }
@@ -439,12 +511,17 @@ void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {
   std::optional<EngineRequest> req =
       continuation_request(*job->forward, job->resume_kind, *job->prompt_ids, s.generated(), s.top_logprobs());
   if (!req) {  // every token the client asked for is out: only the end was missing
-    to_client(*job, s.end_length(int64_t(job->prompt_ids->size())));
+    EngineOp op;
+    op.kind = EngineOp::Kind::end;
+    op.at = int64_t(job->prompt_ids->size());
+    engine_op(*job, std::move(op));
     leave_worker(job);
     finish(job, {true, "length", job->timings, {}});
     return pump();
   }
-  s.begin_continuation();
+  EngineOp begin;
+  begin.kind = EngineOp::Kind::continuation;
+  engine_op(*job, std::move(begin));
   job->continuation_status = 0;
   auto with = [wj = std::weak_ptr<Job>(job), alive = std::weak_ptr<bool>(alive_)](auto fn) {
     return while_running(wj, alive, fn);
@@ -456,8 +533,9 @@ void Scheduler::send_continuation(const std::shared_ptr<Job>& job, int port) {
   });
   h.data = with([](const std::shared_ptr<Job>& j, std::string_view bytes) {
     if (j->continuation_status != 200) return;
-    const std::string out = j->resumable->feed(bytes);
-    if (!out.empty()) to_client(*j, out);
+    EngineOp op;
+    op.bytes = bytes;
+    engine_op(*j, std::move(op));
   });
   h.done = with([this](const std::shared_ptr<Job>& j) {
     j->engine_call.reset();
@@ -497,7 +575,9 @@ void Scheduler::on_engine_broken(const std::shared_ptr<Job>& job, const std::str
   if (job->forwarded && job->resumable) {
     ResumableStream& s = *job->resumable;
     if (s.ended() || s.finished()) {  // the answer was whole: only the connection's end was missing
-      if (!s.ended()) to_client(*job, "data: [DONE]\n\n");
+      EngineOp op;
+      op.kind = EngineOp::Kind::close;
+      engine_op(*job, std::move(op));
       leave_worker(job);
       finish(job, {true, "stop", job->timings, {}});
       return pump();

@@ -18,9 +18,11 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "shared/config.h"
@@ -50,6 +52,13 @@ class JobSink {
   /// status and content type once, then its body bytes, then on_done.
   virtual void on_engine_head(int status, const std::string& content_type, bool streaming) {}
   virtual void on_engine_data(std::string_view bytes) {}
+  /// Each change to a forwarded stream (EngineOp: the engine's bytes, a
+  /// continuation begun, a hole filled, an end written) comes with `apply`,
+  /// which makes it and sends what it gives the client through
+  /// on_engine_data. A journaling sink records the change with those bytes
+  /// in one step, so that a restarted supervisor rebuilds the stream's
+  /// filter from them (Scheduler::restore).
+  virtual void on_engine_op(const EngineOp& op, const std::function<void()>& apply) { apply(); }
 };
 
 struct Job {
@@ -166,6 +175,24 @@ class Scheduler {
   const std::vector<sup::WorkerInfo>& workers() const { return workers_; }
   /// What an exec engine was probed to resume (probed false: not yet).
   EngineCaps engine_caps(int worker) const;
+
+  /// After a supervisor restart, a forwarded job (its forward and sink set,
+  /// not submitted) whose stream went out in part: its filter rebuilt from
+  /// the journaled `ops`, nothing sent. Returns why it cannot go on (its
+  /// stream was not one an engine resumes), else "". Then: whole() says the
+  /// answer is complete (end_restored sends what is left of its end), or
+  /// submit it and an engine continues it from its last token.
+  static std::string restore(Job& job, const std::vector<EngineOp>& ops);
+  static bool whole(const Job& job);
+  static void end_restored(Job& job);
+  /// The filter for `job`'s stream on an engine that resumes `kind`, an
+  /// Anthropic stream sent as chat when `as_chat`; returns the request to
+  /// send (asking the generated ids). The same for a restored job.
+  static EngineRequest resumable_request(Job& job, ResumeKind kind, bool as_chat);
+  /// A change to the job's stream, through its sink (journaled), or applied
+  /// alone. apply_op: the change itself; `deliver` false sends nothing.
+  static void engine_op(Job& job, EngineOp op);
+  static void apply_op(Job& job, const EngineOp& op, bool deliver);
 
  private:
   struct Block {

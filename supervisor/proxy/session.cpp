@@ -176,9 +176,17 @@ bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_na
   const std::optional<JournalRequest> jr = decode_request(request->event);
   if (!jr) return fail("its request step does not decode");
   if (jr->forward) {
-    if (!out.empty()) return fail("an exec engine's answer under way cannot be continued");
+    bool answered = false;  // the head, a waiting notice or the engine's stream went out
+    for (const JournalStep& s : st.steps)
+      if (&s >= request && !s.output.empty()) answered = true;
+    if (answered) {
+      *mid_answer = true;
+      return recover_forward(st, request, std::move(rest), why);
+    }
     // Nothing of it went out: it is read and forwarded again (as an exec
     // engine's, Proxy::set_exec_engines, though no engine is back yet).
+    continue_sent_ = !out.empty();
+    send(std::move(rest));
     do_read_header();
     return true;
   }
@@ -241,6 +249,64 @@ bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_na
   }
   watch();
   return true;
+}
+
+bool Session::recover_forward(const JournalState& st, const JournalStep* request, std::string rest, std::string* why) {
+  auto fail = [this, why](std::string w) {
+    *why = std::move(w);
+    job_.reset();
+    return false;
+  };
+  if (!parse_buffered_request()) return fail("its request does not parse again");
+  const HttpRequest& req = parser_->get();
+  target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
+  keep_alive_ = req.keep_alive();
+  received_ = std::chrono::steady_clock::now();
+  RouteContext ctx = core_.route_context();
+  ctx.limits.context = 0;  // the engines may not be back yet
+  Route r = route(req, ctx);
+  if (!r.forward) return fail("its request no longer goes to an exec engine");
+  api_ = r.api;
+  std::vector<EngineOp> ops;
+  for (const JournalStep& s : st.steps) {
+    if (&s <= request || s.kind != JournalStep::Kind::engine) continue;
+    std::optional<EngineOp> op = decode_engine_op(s.event);
+    if (!op) return fail("an engine step does not decode");
+    ops.push_back(std::move(*op));
+  }
+  forwarding_ = true;
+  stream_ = r.forward->stream;
+  head_sent_ = stream_;  // a forwarded request's first output is its stream's head
+  engine_status_ = 0;
+  engine_type_.clear();
+  engine_body_.clear();
+  job_ = std::make_shared<Job>();
+  job_->forward = std::make_shared<const EngineRequest>(std::move(*r.forward));
+  job_->sink = this;
+  job_->endpoint = target_;
+  if (!stream_) return fail("its answer is not a stream, yet bytes of it went out");
+  if (std::string err = Scheduler::restore(*job_, ops); !err.empty()) return fail(std::move(err));
+  send(std::move(rest));
+  arm(core_.cfg.limits.request_timeout);
+  if (Scheduler::whole(*job_)) {  // only the stream's end was missing
+    Scheduler::end_restored(*job_);
+    return true;
+  }
+  log::info("an exec engine's answer cut by the supervisor's restart goes on from the journaled stream (" +
+                std::to_string(job_->resumable ? job_->resumable->generated().size() : 0) + " tokens out)",
+            {{"DS4_EVENT", "answer_restored"}, {"DS4_CONNECTION", store_name_}});
+  if (!core_.scheduler.submit(job_)) {
+    job_.reset();
+    respond_error({ErrorKind::unavailable, "the queue is full (proxy.queue.max_waiting); retry later", 2});
+    return true;
+  }
+  watch();
+  return true;
+}
+
+void Session::on_engine_op(const EngineOp& op, const std::function<void()>& apply) {
+  Step step(*this, JournalStep::Kind::engine, journal_ ? encode_engine_op(op) : std::string());
+  apply();
 }
 
 bool Session::parse_buffered_request() {

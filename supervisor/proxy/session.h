@@ -107,7 +107,11 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   void on_done(const JobResult& r) override;
   void on_engine_head(int status, const std::string& content_type, bool streaming) override;
   void on_engine_data(std::string_view bytes) override;
+  void on_engine_op(const EngineOp& op, const std::function<void()>& apply) override;
   void end_forward(const JobResult& r);
+  /// recover(): an exec engine's stream that went out in part, continued by
+  /// an engine from the journaled stream (Scheduler::restore).
+  bool recover_forward(const JournalState& st, const JournalStep* request, std::string rest, std::string* why);
 
   Core& core_;
   std::weak_ptr<bool> core_alive_;

@@ -122,4 +122,27 @@ std::optional<JobResult> decode_result(std::string_view s) {
   }
 }
 
+std::string encode_engine_op(const EngineOp& op) {
+  std::string s;
+  put(s, uint8_t(op.kind));
+  put(s, uint8_t(op.resume));
+  put(s, uint8_t(op.as_chat));
+  put(s, op.at);
+  put(s, op.id);
+  return s + op.bytes;
+}
+
+std::optional<EngineOp> decode_engine_op(std::string_view s) {
+  EngineOp op;
+  uint8_t kind = 0, resume = 0, as_chat = 0;
+  if (!take(s, kind) || !take(s, resume) || !take(s, as_chat) || !take(s, op.at) || !take(s, op.id) ||
+      kind > uint8_t(EngineOp::Kind::close) || resume > uint8_t(ResumeKind::chat) || as_chat > 1)
+    return std::nullopt;
+  op.kind = EngineOp::Kind(kind);
+  op.resume = ResumeKind(resume);
+  op.as_chat = as_chat != 0;
+  op.bytes = std::string(s);
+  return op;
+}
+
 }  // namespace ds4::proxy

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "shared/protocol.h"
+#include "supervisor/proxy/engine_resume.h"
 #include "supervisor/proxy/job_result.h"
 
 namespace ds4::proxy {
@@ -30,6 +31,9 @@ std::string encode_token(const proto::TokenEvent& e);
 std::optional<proto::TokenEvent> decode_token(std::string_view s);
 std::string encode_result(const JobResult& r);
 std::optional<JobResult> decode_result(std::string_view s);
+/// An exec engine's stream: one change to its filter (the engine step).
+std::string encode_engine_op(const EngineOp& op);
+std::optional<EngineOp> decode_engine_op(std::string_view s);
 
 
 }  // namespace ds4::proxy

@@ -36,6 +36,7 @@ void read_journal(std::string_view bytes) {
         (void)decode_token(s.event);
         (void)decode_request(s.event);
         (void)decode_result(s.event);
+        (void)decode_engine_op(s.event);
       }
       // Records appended after what was read are read back after it.
       ConnJournal j(::dup(fd), *st);
@@ -54,7 +55,7 @@ void read_journal(std::string_view bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 4) {
+  switch (data[0] % 5) {
     case 0:
       read_journal(in);
       break;
@@ -72,6 +73,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto back = decode_result(encode_result(*r));
         must(back && back->ok == r->ok && back->reason == r->reason && back->error.message == r->error.message);
       }
+      break;
+    case 4:
+      if (auto op = decode_engine_op(in)) must(decode_engine_op(encode_engine_op(*op)) == op);
       break;
   }
   return 0;

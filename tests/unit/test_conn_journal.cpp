@@ -192,6 +192,21 @@ TEST_CASE("session journal: events round-trip; malformed ones are refused") {
   CHECK(rb->timings.predicted_ms == 2.5);
   CHECK(rb->error.kind == ErrorKind::timeout);
   CHECK(rb->error.param == "messages");
+  EngineOp op;
+  op.kind = EngineOp::Kind::hole;
+  op.resume = ResumeKind::chat;
+  op.as_chat = true;
+  op.at = 12;
+  op.id = 151643;
+  op.bytes = std::string("data: {}\n\n\0x", 12);
+  CHECK(decode_engine_op(encode_engine_op(op)) == op);
+  const std::string eop = encode_engine_op(op);
+  CHECK_FALSE(decode_engine_op(eop.substr(0, 14)));
+  for (size_t at : {size_t(0), size_t(1), size_t(2)}) {  // kind, resume kind, flag out of range
+    std::string bad = eop;
+    bad[at] = char(9);
+    CHECK_FALSE(decode_engine_op(bad));
+  }
   CHECK(stored_connection_number("ds4-conn-42") == 42u);
   CHECK_FALSE(stored_connection_number("ds4-conn-"));
   CHECK_FALSE(stored_connection_number("ds4-conn-4x"));

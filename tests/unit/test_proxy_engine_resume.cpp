@@ -5,6 +5,8 @@
 
 #include "supervisor/proxy/engine_anthropic.h"
 #include "supervisor/proxy/engine_resume.h"
+#include "supervisor/proxy/scheduler.h"
+#include "supervisor/proxy/session_journal.h"
 
 using namespace ds4::proxy;
 
@@ -356,4 +358,131 @@ TEST_CASE("engine resume: hostile Anthropic bodies and engine chunks give no exc
   CHECK_NOTHROW(a.feed(R"(data: {"id":5,"choices":[{"delta":{"content":7,"reasoning_content":[]},"finish_reason":3}]})" "\n\n"
                        R"(data: {"choices":[],"usage":{"prompt_tokens":"x","completion_tokens":null,"prompt_tokens_details":[]}})" "\n\n"
                        R"(data: {"error":{"message":4}})" "\n\n" "data: [1,2]\n\n" "data: nonsense\n\ndata: [DONE]\n\n"));
+}
+
+namespace {
+
+// A sink that keeps what a journaling session keeps: each change to the
+// stream, and the client's bytes.
+struct Recorder : JobSink {
+  std::vector<EngineOp> ops;
+  std::vector<size_t> sent_after;  // bytes sent once each op was applied
+  std::string sent;
+  bool done = false;
+  void on_waiting(int64_t) override {}
+  bool on_token(const ds4::proto::TokenEvent&) override { return true; }
+  void on_done(const JobResult& r) override { done = r.ok; }
+  void on_engine_data(std::string_view b) override { sent += b; }
+  void on_engine_op(const EngineOp& op, const std::function<void()>& apply) override {
+    ops.push_back(*decode_engine_op(encode_engine_op(op)));  // as the journal gives it back
+    apply();
+    sent_after.push_back(sent.size());
+  }
+};
+
+// A live stream: the engine's first answer (cut mid-event), a hole filled, a
+// continuation to its end, as the scheduler drives it.
+void live_stream(Job& job, Recorder& rec, bool anthropic_client) {
+  job.sink = &rec;
+  auto feed = [&](std::string bytes) {
+    for (size_t at = 0; at < bytes.size(); at += 37) {  // the engine's reads, split anywhere
+      EngineOp op;
+      op.bytes = bytes.substr(at, 37);
+      Scheduler::engine_op(job, std::move(op));
+    }
+  };
+  const std::string first = R"(data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":3,"id":"chatcmpl-A","model":"m","object":"chat.completion.chunk"})"
+                            "\n\n";
+  feed(first + chat_chunk(R"({"content":"Once"})", 403, 1) + chat_chunk(R"({"content":" upon"})", 407, 3) +
+       chat_chunk(R"({"content":" a"})", 264, 4).substr(0, 50));
+  EngineOp hole;
+  hole.kind = EngineOp::Kind::hole;
+  hole.at = 1;
+  hole.id = 1;
+  Scheduler::engine_op(job, hole);
+  EngineOp cont;
+  cont.kind = EngineOp::Kind::continuation;
+  Scheduler::engine_op(job, cont);
+  feed(cmpl_chunk(" a", 264) + cmpl_chunk(" time", 882) +
+       cmpl_chunk("", -1, "length", R"("usage":{"completion_tokens":2,"prompt_tokens":9,"total_tokens":11},)"));
+  EngineOp close;
+  close.kind = EngineOp::Kind::close;  // the engine died before its [DONE]
+  Scheduler::engine_op(job, close);
+  (void)anthropic_client;
+}
+
+}  // namespace
+
+TEST_CASE("engine resume: a stream restored from its journaled changes at any cut goes on as the live one") {
+  const EngineRequest chat = req("/v1/chat/completions",
+                                 R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":6,"stream":true,"temperature":0})");
+  const EngineRequest msgs = req("/v1/messages",
+                                 R"({"model":"claude-like","max_tokens":6,"stream":true,"temperature":0,)"
+                                 R"("messages":[{"role":"user","content":"hi"}]})");
+  for (const bool anthropic : {false, true}) {
+    CAPTURE(anthropic);
+    const EngineRequest& client = anthropic ? msgs : chat;
+    Job live;
+    live.forward = std::make_shared<const EngineRequest>(anthropic ? *anthropic_as_chat(client) : client);
+    Scheduler::resumable_request(live, ResumeKind::chat, anthropic);
+    Recorder rec;
+    live_stream(live, rec, anthropic);
+    REQUIRE(rec.ops.size() > 10);
+    CHECK(rec.sent.ends_with(anthropic ? "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n" : "data: [DONE]\n\n"));
+    CHECK(live.resumable->generated() == std::vector<int32_t>{403, 1, 407, 264, 882});
+    for (size_t cut = 0; cut <= rec.ops.size(); ++cut) {
+      CAPTURE(cut);
+      // A restarted supervisor: the client's request routed again, the journal's changes up to the cut.
+      Job back;
+      back.forward = std::make_shared<const EngineRequest>(client);
+      const std::vector<EngineOp> kept(rec.ops.begin(), rec.ops.begin() + ptrdiff_t(cut));
+      REQUIRE(Scheduler::restore(back, kept) == "");
+      if (cut == 0) {
+        CHECK_FALSE(back.resumable);  // nothing went out: the request starts again
+        continue;
+      }
+      REQUIRE(back.resumable);
+      CHECK(bool(back.anthropic) == anthropic);
+      CHECK(back.forward->target == "/v1/chat/completions");
+      // The rest of the stream through the restored filter: the client gets
+      // exactly the bytes the live stream sent after the cut.
+      Recorder more;
+      back.sink = &more;
+      for (size_t i = cut; i < rec.ops.size(); ++i) Scheduler::engine_op(back, rec.ops[i]);
+      CHECK(rec.sent.substr(0, rec.sent_after[cut - 1]) + more.sent == rec.sent);
+      CHECK(back.resumable->generated() == live.resumable->generated());
+    }
+  }
+
+  // A stream the engine could not resume (tools: it went out as it came) is not continued.
+  Job tools;
+  tools.forward = std::make_shared<const EngineRequest>(chat);
+  Recorder rec;
+  tools.sink = &rec;
+  EngineOp op;
+  op.bytes = chat_chunk(R"({"content":"x"})", 5);
+  Scheduler::engine_op(tools, op);
+  CHECK(rec.sent == op.bytes);
+  Job back;
+  back.forward = std::make_shared<const EngineRequest>(chat);
+  CHECK(Scheduler::restore(back, rec.ops).find("no engine can continue") != std::string::npos);
+
+  // Its finish went out and the supervisor died before the [DONE]: only the end is sent.
+  Job live;
+  live.forward = std::make_shared<const EngineRequest>(chat);
+  Scheduler::resumable_request(live, ResumeKind::chat, false);
+  Recorder fin;
+  live.sink = &fin;
+  op.bytes = chat_chunk(R"({"content":"x"})", 5) +
+             R"(data: {"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":3,"id":"chatcmpl-A","model":"m","object":"chat.completion.chunk"})" "\n\n";
+  Scheduler::engine_op(live, op);
+  Job whole;
+  whole.forward = std::make_shared<const EngineRequest>(chat);
+  REQUIRE(Scheduler::restore(whole, fin.ops) == "");
+  CHECK(Scheduler::whole(whole));
+  Recorder end;
+  whole.sink = &end;
+  Scheduler::end_restored(whole);
+  CHECK(end.sent == "data: [DONE]\n\n");
+  CHECK(end.done);
 }
