@@ -3,6 +3,7 @@
 // distribution, and log-probs against a hand computation.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -206,4 +207,98 @@ TEST_CASE("sampler: logit_bias and OpenAI's penalties adjust a copy of the logit
 TEST_CASE("sampler: no logits is an error") {
   std::vector<float> scratch;
   CHECK_THROWS_AS(sample(std::vector<float>{}, plain(1.0f), 0, 0, scratch), Error);
+}
+
+namespace {
+
+// The truncation chain written plainly over a whole sorted row, for the
+// vocabulary-sized case below: what sample() must pick.
+int32_t reference_draw(const std::vector<float>& logits, const SamplingParams& p, uint64_t n) {
+  std::vector<std::pair<float, int32_t>> c;
+  for (size_t i = 0; i < logits.size(); ++i)
+    c.push_back({std::isnan(logits[i]) ? -std::numeric_limits<float>::infinity() : logits[i], int32_t(i)});
+  std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  if (p.top_k > 0) c.resize(std::min(c.size(), size_t(p.top_k)));
+  if (p.top_p < 1.0f) {
+    double sum = 0, cum = 0;
+    for (auto& x : c) sum += std::exp(double(x.first) - c[0].first);
+    for (size_t i = 0; i < c.size(); ++i) {
+      cum += std::exp(double(c[i].first) - c[0].first) / sum;
+      if (cum >= p.top_p) {
+        c.resize(i + 1);
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.0f) {
+    size_t keep = 1;
+    while (keep < c.size() && double(c[keep].first) >= double(c[0].first) + std::log(double(p.min_p))) ++keep;
+    c.resize(keep);
+  }
+  // The draw itself: sample() over the survivors alone (its own softmax and uniform).
+  std::vector<float> cut(logits.size(), -std::numeric_limits<float>::infinity());
+  SamplingParams only = p;
+  only.top_k = int32_t(c.size());
+  only.top_p = 1.0f;
+  only.min_p = 0.0f;
+  for (auto& x : c) cut[size_t(x.second)] = x.first;
+  std::vector<float> scratch;
+  return sample(cut, only, n, 0, scratch).token;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: a vocabulary-sized row gives the tokens and log-probs of a plain computation") {
+  // 128256 tokens (Llama 3's; not a multiple of the 16 lanes), with NaN, -inf
+  // and ties between lanes and in the tail.
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    CAPTURE(seed);
+    std::vector<float> row = random_logits(128256, seed);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (size_t i = 5; i < row.size(); i += 997) row[i] = nan;
+    for (size_t i = 11; i < row.size(); i += 1009) row[i] = -std::numeric_limits<float>::infinity();
+    const size_t top = size_t(std::max_element(row.begin(), row.end(), [](float a, float b) {
+                                return std::isnan(b) ? false : std::isnan(a) || a < b;
+                              }) - row.begin());
+    std::vector<float> scratch;
+    const SamplingParams g = plain(0.0f);
+    Sampled s = sample(row, g, 0, 3, scratch);
+    CHECK(s.token == int32_t(top));
+    double max = -INFINITY, sum = 0;
+    for (float x : row)
+      if (!std::isnan(x)) max = std::max(max, double(x));
+    for (float x : row)
+      if (!std::isnan(x)) sum += std::exp(double(x) - max);
+    const double lse = max + std::log(sum);
+    CHECK(s.logprob == doctest::Approx(double(row[top]) - lse).epsilon(1e-6));
+    REQUIRE(s.top.size() == 3);
+    CHECK(s.top[0].token == int32_t(top));
+    // A tie with the best, in an earlier lane, then in the tail: the lowest id wins.
+    std::vector<float> tie = row;
+    tie[top - 7] = row[top];
+    CHECK(sample(tie, g, 0, 0, scratch).token == int32_t(top - 7));
+    tie = row;
+    tie.back() = tie[tie.size() - 2] = row[top] + 1.0f;
+    CHECK(sample(tie, g, 0, 0, scratch).token == int32_t(row.size() - 2));
+
+    SamplingParams nucleus = plain(0.8f, seed);
+    nucleus.top_p = 0.9f;
+    nucleus.min_p = 0.05f;
+    SamplingParams wide = plain(1.0f, seed);
+    wide.top_p = 0.5f;  // no min-p: top-p alone, past the first 256 tokens of these flat rows
+    SamplingParams minp = plain(1.2f, seed);
+    minp.min_p = 0.1f;
+    SamplingParams defaults;
+    defaults.seed = seed;
+    for (const SamplingParams& p : {nucleus, wide, minp, defaults})
+      for (uint64_t n = 0; n < 40; ++n) {
+        CAPTURE(n);
+        CHECK(sample(row, p, n, 0, scratch).token == reference_draw(row, p, n));
+      }
+  }
+  // A row of NaN and -inf: greedy takes the first that is not NaN.
+  std::vector<float> none(40, std::numeric_limits<float>::quiet_NaN());
+  none[33] = -std::numeric_limits<float>::infinity();
+  std::vector<float> scratch;
+  CHECK(sample(none, plain(0.0f), 0, 0, scratch).token == 33);
 }
