@@ -107,13 +107,6 @@ DS4_ROW_CLONES double sum_exp(std::span<const float> logits, float max) {
   return sum;
 }
 
-/// log(sum(exp(logits))), skipping NaN.
-double log_sum_exp(std::span<const float> logits) {
-  const float max = row_max(logits);
-  if (std::isinf(max)) return max;  // all -inf (or NaN, or +inf): nothing sensible to normalise
-  return max + std::log(sum_exp(logits, max));
-}
-
 /// The greedy token: the largest logit, ties to the lowest id, NaN never
 /// (the lowest id that is not NaN when nothing is above -inf).
 DS4_ROW_CLONES int32_t best_token(std::span<const float> logits) {
@@ -139,8 +132,36 @@ DS4_ROW_CLONES int32_t best_token(std::span<const float> logits) {
   return 0;
 }
 
-/// The `k` best of `logits`, best first, in `out` (resized to k): one pass
-/// that keeps the k best so far in a heap whose root is the worst of them.
+/// Into the heap of the k best so far (root: the worst of them), when better.
+inline void offer(std::vector<Candidate>& heap, float x, size_t i) {
+  if (!(x >= heap.front().logit)) return;  // NaN too
+  const Candidate c{x, int32_t(i)};
+  if (!better(c, heap.front())) return;
+  std::pop_heap(heap.begin(), heap.end(), better);
+  heap.back() = c;
+  std::push_heap(heap.begin(), heap.end(), better);
+}
+
+/// offer() for logits[from, end): sixteen at a time against the heap's
+/// worst, one by one only in the rare blocks that hold a better one.
+DS4_ROW_CLONES void offer_row(std::span<const float> logits, size_t from, std::vector<Candidate>& heap) {
+  const size_t n = logits.size();
+  size_t i = from;
+  for (; i + kLanes <= n; i += kLanes) {
+    F16 x;
+    DS4_LOAD16(x, &logits[i]);
+    I16 hit = x >= DS4_SPLAT(heap.front().logit);
+    hit |= __builtin_shufflevector(hit, hit, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    hit |= __builtin_shufflevector(hit, hit, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    hit |= __builtin_shufflevector(hit, hit, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    hit |= __builtin_shufflevector(hit, hit, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    if (hit[0] == 0) continue;  // most blocks
+    for (size_t j = 0; j < kLanes; ++j) offer(heap, logits[i + j], i + j);
+  }
+  for (; i < n; ++i) offer(heap, logits[i], i);
+}
+
+/// The `k` best of `logits`, best first, in `out` (resized to k).
 void select_best(std::span<const float> logits, size_t k, std::vector<Candidate>& out) {
   k = std::min(k, logits.size());
   out.clear();
@@ -154,18 +175,9 @@ void select_best(std::span<const float> logits, size_t k, std::vector<Candidate>
     std::sort(out.begin(), out.end(), better);
     return;
   }
-  size_t i = 0;
-  for (; i < k; ++i) out.push_back({clean(logits[i]), int32_t(i)});
-  std::make_heap(out.begin(), out.end(), better);
-  for (; i < logits.size(); ++i) {
-    const float x = logits[i];
-    if (!(x >= out.front().logit)) continue;  // most tokens: below the k-th best (NaN too)
-    const Candidate c{x, int32_t(i)};
-    if (!better(c, out.front())) continue;
-    std::pop_heap(out.begin(), out.end(), better);
-    out.back() = c;
-    std::push_heap(out.begin(), out.end(), better);
-  }
+  for (size_t i = 0; i < k; ++i) out.push_back({clean(logits[i]), int32_t(i)});
+  std::make_heap(out.begin(), out.end(), better);  // its root the worst of them
+  offer_row(logits, k, out);
   std::sort_heap(out.begin(), out.end(), better);  // best first
 }
 
@@ -202,8 +214,10 @@ void keep_top_p(std::vector<Candidate>& c, float top_p, std::vector<float>& prob
 /// log(min_p) whatever top-p keeps, so only those above it are candidates;
 /// and top-p's prefix is sought among the best 256, then 4 times as many,
 /// ..., each prefix's probability taken against the whole row's sum.
-void nucleus(std::span<const float> logits, const SamplingParams& p, std::vector<Candidate>& c) {
-  const float max = row_max(logits);
+/// `max` gets the row's best logit, `sum` sum_exp's (when top-p needed it).
+void nucleus(std::span<const float> logits, const SamplingParams& p, std::vector<Candidate>& c, float& max,
+             double& sum) {
+  max = row_max(logits);
   size_t above = logits.size();
   if (p.min_p > 0.0f && std::isfinite(max)) {
     const double floor = double(max) + std::log(double(p.min_p));
@@ -211,7 +225,7 @@ void nucleus(std::span<const float> logits, const SamplingParams& p, std::vector
     for (float l : logits) above += double(l) >= floor ? 1 : 0;  // NaN: false
   }
   const bool top_p = p.top_p < 1.0f && std::isfinite(max);
-  const double sum = top_p ? sum_exp(logits, max) : 0;
+  if (top_p) sum = sum_exp(logits, max);
   for (size_t k = top_p ? std::min<size_t>(256, above) : above;; k = std::min(k * 4, above)) {
     select_best(logits, k, c);
     if (!top_p) return;
@@ -265,16 +279,20 @@ Sampled sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
   thread_local std::vector<Candidate> cand;
 
   Sampled out;
+  float max = 0;     // the row's largest logit, NaN skipped
+  double sum = -1;   // sum_exp(logits, max), once known
   if (p.temperature <= 0.0f) {
     out.token = best_token(logits);
+    max = clean(logits[size_t(out.token)]);
   } else {
     // llama.cpp's default chain: top-k → top-p → min-p → temperature → draw.
     const size_t k = p.top_k > 0 ? std::min(size_t(p.top_k), logits.size()) : logits.size();
     if (k < logits.size()) {
       select_best(logits, k, cand);
+      max = cand[0].logit;
       keep_top_p(cand, p.top_p, scratch);
     } else {
-      nucleus(logits, p, cand);  // top-k keeps every token: top-p over the whole row
+      nucleus(logits, p, cand, max, sum);  // top-k keeps every token: top-p over the whole row
     }
     keep_min_p(cand, p.min_p);
     softmax(cand, double(p.temperature), scratch);
@@ -290,7 +308,8 @@ Sampled sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
     }
   }
 
-  const double lse = log_sum_exp(logits);
+  // log(sum(exp(logits))): -inf (or +inf) when the row has no finite best.
+  const double lse = std::isinf(max) ? double(max) : max + std::log(sum >= 0 ? sum : sum_exp(logits, max));
   out.logprob = float(double(clean(logits[size_t(out.token)])) - lse);
   if (n_top > 0) {
     select_best(logits, size_t(n_top), cand);
