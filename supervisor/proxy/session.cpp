@@ -191,15 +191,9 @@ bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_na
     return true;
   }
   *mid_answer = true;
-  if (!parse_buffered_request()) return fail("its request does not parse again");
-  const HttpRequest& req = parser_->get();
-  target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
-  keep_alive_ = req.keep_alive();
-  received_ = std::chrono::steady_clock::now();
-  RouteContext ctx = core_.route_context();
-  ctx.limits.context = 0;  // the workers may not be back yet; the journal has the room it left
-  ctx.limits.random_seed = jr->seed;
-  Route r = route(req, ctx);
+  std::optional<Route> again = route_again(jr->seed);
+  if (!again) return fail("its request does not parse again");
+  Route& r = *again;
   if (!r.plan) return fail("its request no longer plans to an answer");
   api_ = r.api;
   r.plan->gen.max_tokens = jr->max_tokens;
@@ -257,14 +251,9 @@ bool Session::recover_forward(const JournalState& st, const JournalStep* request
     job_.reset();
     return false;
   };
-  if (!parse_buffered_request()) return fail("its request does not parse again");
-  const HttpRequest& req = parser_->get();
-  target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
-  keep_alive_ = req.keep_alive();
-  received_ = std::chrono::steady_clock::now();
-  RouteContext ctx = core_.route_context();
-  ctx.limits.context = 0;  // the engines may not be back yet
-  Route r = route(req, ctx);
+  std::optional<Route> again = route_again(0);
+  if (!again) return fail("its request does not parse again");
+  Route& r = *again;
   if (!r.forward) return fail("its request no longer goes to an exec engine");
   api_ = r.api;
   std::vector<EngineOp> ops;
@@ -307,6 +296,18 @@ bool Session::recover_forward(const JournalState& st, const JournalStep* request
 void Session::on_engine_op(const EngineOp& op, const std::function<void()>& apply) {
   Step step(*this, JournalStep::Kind::engine, journal_ ? encode_engine_op(op) : std::string());
   apply();
+}
+
+std::optional<Route> Session::route_again(uint64_t seed) {
+  if (!parse_buffered_request()) return std::nullopt;
+  const HttpRequest& req = parser_->get();
+  target_ = std::string(req.method_string()) + " " + std::string(req.target().substr(0, 200));
+  keep_alive_ = req.keep_alive();
+  received_ = std::chrono::steady_clock::now();
+  RouteContext ctx = core_.route_context();
+  ctx.limits.context = 0;  // the workers may not be back yet; the journal has the room it left
+  ctx.limits.random_seed = seed;
+  return route(req, ctx);
 }
 
 bool Session::parse_buffered_request() {

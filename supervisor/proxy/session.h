@@ -88,6 +88,9 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   bool submit(const std::shared_ptr<Job>& job);
   /// recover(): parses the request at the head of buf_ (all there), consuming it.
   bool parse_buffered_request();
+  /// recover(): that request parsed and routed again (nullopt: it does not
+  /// parse), with the journal's `seed` and no context limit.
+  std::optional<Route> route_again(uint64_t seed);
   void forget_store();
   void after_exchange();
   void watch();
