@@ -202,7 +202,8 @@ try:
     vocab = gguf_vocab(model)
     bias = {str(i): -100 for i, t in enumerate(vocab["tokenizer.ggml.token_type"]) if t == 6}
     if not bias:
-        print("byte tokens: none (a byte-level BPE vocabulary writes whole UTF-8 by itself)")
+        print("byte tokens: none to ban (a byte-level BPE vocabulary: a random model must come from "
+              "ds4-mkmodel --no-byte-tokens, or llama-server fails the answers that are not whole UTF-8)")
     if "tokenizer.ggml.eos_token_id" in vocab:
         bias[str(vocab["tokenizer.ggml.eos_token_id"])] = -100
     words = "once upon a time there was a little girl who liked to play in the park with her dog and cat".split()
