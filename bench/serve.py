@@ -9,7 +9,9 @@ tokens per second is compared, the two servers alternating in rounds.
   bench/serve.py [MODEL=build/models/207m-f16.gguf] [CLIENTS="1 8 32"] [ROUNDS=3] [SECONDS=20]
 
 A request: /v1/completions, a prompt of about 33 tokens (different for each
-request, so that no prefix cache serves it), max_tokens 64, temperature 0.
+request, so that no prefix cache serves it), max_tokens 64, temperature 0
+(DS4_TEMPERATURE=T: sampled at T with a seed per request, as agents ask:
+both servers then pick tokens on the host).
 Random weights write byte tokens that make invalid UTF-8, which llama-server
 refuses, and end-of-text early: with a SentencePiece vocabulary both servers
 get the same logit_bias banning the byte tokens and the end of text, so that
@@ -44,6 +46,7 @@ device = os.environ.get("DS4_DEVICE", "auto")
 peer_args = os.environ.get("DS4_PEER_ARGS", "").split()
 CTX = 256  # per slot: 33 + 64 tokens fit
 MAX_TOKENS = 64
+TEMPERATURE = float(os.environ.get("DS4_TEMPERATURE", "0"))
 for path, what in ((model, "the model"), (f"{bin_dir}/ds4-supervisor", "ds4-supervisor"),
                    (f"{peer}/llama-server", "llama-server")):
     if not os.path.exists(path):
@@ -182,7 +185,8 @@ def load(port, n_clients, bias, words, rng_seed):
             prompt = " ".join(rng.choice(words) for _ in range(24))
             try:
                 r = post(port, "/v1/completions", {"model": "bench", "prompt": prompt, "max_tokens": MAX_TOKENS,
-                                                   "temperature": 0, "logit_bias": bias})
+                                                   "temperature": TEMPERATURE, "seed": rng.randrange(1 << 30),
+                                                   "logit_bias": bias})
                 done[i] += int(r["usage"]["completion_tokens"])
             except Exception as e:  # counted, and shown once
                 if failed[i] == 0:
@@ -208,7 +212,7 @@ try:
         bias[str(vocab["tokenizer.ggml.eos_token_id"])] = -100
     words = "once upon a time there was a little girl who liked to play in the park with her dog and cat".split()
     print(f"model {model}, {threads} threads, ds4 device {device}, llama-server {' '.join(peer_args) or '(CPU)'}, "
-          f"{seconds:.0f} s a measurement, {rounds} rounds, {len(bias)} tokens banned")
+          f"{seconds:.0f} s a measurement, {rounds} rounds, {len(bias)} tokens banned, temperature {TEMPERATURE}")
     print(f"load before: {os.getloadavg()}")
     summary = []
     for n in clients:
