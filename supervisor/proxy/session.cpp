@@ -236,13 +236,16 @@ bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_na
     on_done(end);
     return true;
   }
+  resubmit();
+  return true;
+}
+
+void Session::resubmit() {
   if (!core_.scheduler.submit(job_)) {
     job_.reset();
-    respond_error({ErrorKind::unavailable, "the queue is full (proxy.queue.max_waiting); retry later", 2});
-    return true;
+    return respond_error({ErrorKind::unavailable, "the queue is full (proxy.queue.max_waiting); retry later", 2});
   }
   watch();
-  return true;
 }
 
 bool Session::recover_forward(const JournalState& st, const JournalStep* request, std::string rest, std::string* why) {
@@ -255,6 +258,7 @@ bool Session::recover_forward(const JournalState& st, const JournalStep* request
   if (!again) return fail("its request does not parse again");
   Route& r = *again;
   if (!r.forward) return fail("its request no longer goes to an exec engine");
+  if (!r.forward->stream) return fail("its answer is not a stream, yet bytes of it went out");
   api_ = r.api;
   std::vector<EngineOp> ops;
   for (const JournalStep& s : st.steps) {
@@ -264,8 +268,8 @@ bool Session::recover_forward(const JournalState& st, const JournalStep* request
     ops.push_back(std::move(*op));
   }
   forwarding_ = true;
-  stream_ = r.forward->stream;
-  head_sent_ = stream_;  // a forwarded request's first output is its stream's head
+  stream_ = true;
+  head_sent_ = true;  // a forwarded stream's first output is its head
   engine_status_ = 0;
   engine_type_.clear();
   engine_body_.clear();
@@ -273,7 +277,6 @@ bool Session::recover_forward(const JournalState& st, const JournalStep* request
   job_->forward = std::make_shared<const EngineRequest>(std::move(*r.forward));
   job_->sink = this;
   job_->endpoint = target_;
-  if (!stream_) return fail("its answer is not a stream, yet bytes of it went out");
   if (std::string err = Scheduler::restore(*job_, ops); !err.empty()) return fail(std::move(err));
   send(std::move(rest));
   arm(core_.cfg.limits.request_timeout);
@@ -284,12 +287,7 @@ bool Session::recover_forward(const JournalState& st, const JournalStep* request
   log::info("an exec engine's answer cut by the supervisor's restart goes on from the journaled stream (" +
                 std::to_string(job_->resumable ? job_->resumable->generated().size() : 0) + " tokens out)",
             {{"DS4_EVENT", "answer_restored"}, {"DS4_CONNECTION", store_name_}});
-  if (!core_.scheduler.submit(job_)) {
-    job_.reset();
-    respond_error({ErrorKind::unavailable, "the queue is full (proxy.queue.max_waiting); retry later", 2});
-    return true;
-  }
-  watch();
+  resubmit();
   return true;
 }
 

@@ -115,6 +115,8 @@ class Session : public std::enable_shared_from_this<Session>, public JobSink {
   /// recover(): an exec engine's stream that went out in part, continued by
   /// an engine from the journaled stream (Scheduler::restore).
   bool recover_forward(const JournalState& st, const JournalStep* request, std::string rest, std::string* why);
+  /// recover(): job_ back to the scheduler to go on (a full queue answers 503).
+  void resubmit();
 
   Core& core_;
   std::weak_ptr<bool> core_alive_;

@@ -382,7 +382,7 @@ struct Recorder : JobSink {
 
 // A live stream: the engine's first answer (cut mid-event), a hole filled, a
 // continuation to its end, as the scheduler drives it.
-void live_stream(Job& job, Recorder& rec, bool anthropic_client) {
+void live_stream(Job& job, Recorder& rec) {
   job.sink = &rec;
   auto feed = [&](std::string bytes) {
     for (size_t at = 0; at < bytes.size(); at += 37) {  // the engine's reads, split anywhere
@@ -408,7 +408,6 @@ void live_stream(Job& job, Recorder& rec, bool anthropic_client) {
   EngineOp close;
   close.kind = EngineOp::Kind::close;  // the engine died before its [DONE]
   Scheduler::engine_op(job, close);
-  (void)anthropic_client;
 }
 
 }  // namespace
@@ -426,7 +425,7 @@ TEST_CASE("engine resume: a stream restored from its journaled changes at any cu
     live.forward = std::make_shared<const EngineRequest>(anthropic ? *anthropic_as_chat(client) : client);
     Scheduler::resumable_request(live, ResumeKind::chat, anthropic);
     Recorder rec;
-    live_stream(live, rec, anthropic);
+    live_stream(live, rec);
     REQUIRE(rec.ops.size() > 10);
     CHECK(rec.sent.ends_with(anthropic ? "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n" : "data: [DONE]\n\n"));
     CHECK(live.resumable->generated() == std::vector<int32_t>{403, 1, 407, 264, 882});
