@@ -16,6 +16,7 @@ uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 // so T * heads * splits < T * heads + 4 * SMs for every T.
 constexpr int64_t kCudaAttnCounters = 4096;
 constexpr uint64_t kBatchTokenBytes = 16;  // sizeof(BatchToken)
+constexpr uint64_t kLogitAdjustBytes = 12;  // sizeof(LogitAdjust)
 
 }  // namespace
 
@@ -129,7 +130,8 @@ uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const Weigh
       hp.moe() ? uint64_t(4 * pairs + hp.n_expert + 1 + 3 * ((pairs + 7) / 8 + hp.n_expert)) * 4 : 0;
   const uint64_t tables = hp.moe() ? uint64_t(hp.n_layers * 3 * hp.n_expert) * kCudaDeviceWeightBytes : 0;
   return uint64_t(cuda_scratch_layout(hp, s).total) * 4 + cuda_act16_bytes(hp, s) + w.largest_q8_elems * 2 +
-         kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes + routes + tables;
+         kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes + routes + tables +
+         uint64_t(s.slots + 1) * kCudaAdjustsPerRow * kLogitAdjustBytes;
 }
 
 const char* kv_type_name(KvType t) { return t == KvType::q8_0 ? "q8_0" : "f16"; }

@@ -155,11 +155,14 @@ ScratchLayout cuda_scratch_layout(const HParams& hp, const EngineShape& shape);
 /// Bytes of the CUDA backend's device scratch besides the KV cache: the
 /// float buffer of cuda_scratch_layout(), the 16-bit activation copy, the
 /// dequantisation buffer of the largest quantised matrix, the cuBLAS
-/// workspace and the batch.
+/// workspace, the batch and the logit adjustments.
 inline constexpr uint64_t kCudaBlasWorkspace = 32ull << 20;
 /// A mixture of experts: the CUDA backend keeps a table of each expert's
 /// device view (64 bytes) for the layers it routes on the device.
 inline constexpr uint64_t kCudaDeviceWeightBytes = 64;
+/// Logit adjustments (a bias or a penalty: 12 bytes each) a step's logit
+/// row takes on the device in one upload; more go up in several.
+inline constexpr uint64_t kCudaAdjustsPerRow = 1024;
 uint64_t cuda_act16_bytes(const HParams& hp, const EngineShape& shape);
 uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& shape, const WeightsSummary& w);
 

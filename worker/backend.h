@@ -34,6 +34,10 @@ struct BatchToken {
   int32_t logit_row = -1;  // where its logits go, or -1 when not needed
 };
 
+/// Throws ds4::Error unless every entry of `adjust` names a row below `rows`
+/// and a token below `n_vocab`.
+void check_adjustments(std::span<const LogitAdjust> adjust, int64_t rows, int64_t n_vocab);
+
 /// Intermediate values for tests: name ("attn_norm", "ffn_out", "l_out",
 /// "result_norm"; "router", a mixture of experts' probabilities), layer (-1
 /// outside layers), rows x cols floats (one row per token).
@@ -54,9 +58,22 @@ class Backend {
   virtual void reserve(const EngineShape& shape) = 0;
   /// Runs the forward pass for `batch` (at most shape.max_batch tokens, logit
   /// rows at most shape.slots + 1). Tokens must be valid ids, positions below ctx.
-  virtual void forward(std::span<const BatchToken> batch) = 0;
-  /// Logits (n_vocab floats) of a row the last forward() produced.
+  /// `adjust` (logit_adjustments(), at most one entry a row and token) is
+  /// added to the logits where they are, before greedy() picks: logits()
+  /// and greedy() then give the adjusted rows.
+  virtual void forward(std::span<const BatchToken> batch, std::span<const LogitAdjust> adjust = {}) = 0;
+  /// Logits (n_vocab floats) of a row the last forward() produced. Safe to
+  /// call from several threads for rows fetch_logits() named.
   virtual std::span<const float> logits(int32_t row) const = 0;
+  /// Rows logits() will be asked for: a device backend brings them to the
+  /// host together (one wait instead of one a row).
+  virtual void fetch_logits(std::span<const int32_t> rows) const { (void)rows; }
+  /// Calls fn(i) for i in [0, n) on the host threads this backend may use
+  /// between steps (the CPU backend's own; a GPU backend's idle cores), the
+  /// calling thread among them; returns when all are done.
+  virtual void host_parallel(int n, const std::function<void(int)>& fn) {
+    for (int i = 0; i < n; ++i) fn(i);
+  }
   /// The greedy token of a row the last forward() produced (highest logit,
   /// ties to the lowest id, NaN never wins) and its log-softmax, computed
   /// where the logits are, so they need not travel; the same token as

@@ -205,7 +205,16 @@ bool Engine::step() {
     return false;
   }
 
-  backend_.forward(batch);
+  // Each request's logit_bias and penalties go to the backend, which adds
+  // them where the logits are (a GPU then picks a biased greedy token there).
+  adjust_.clear();
+  for (size_t row = 0; row < sampled.size(); ++row) {
+    const Active& a = *sampled[row];
+    if (a.req.sampling.adjusts())
+      logit_adjustments(a.req.sampling, std::span<const int32_t>(a.seq).subspan(a.req.prompt.size()),
+                        int32_t(hp_.n_vocab), int32_t(row), adjust_, adjust_scratch_);
+  }
+  backend_.forward(batch, adjust_);
 
   // Advance every slot by the tokens it had in the batch.
   for (const BatchToken& b : batch) {
@@ -214,12 +223,23 @@ bool Engine::step() {
     s.req->n_past = b.pos + 1;
     if (!s.req->sampled_once) s.req->timings.prompt_n++;
   }
+  // The rows sampled from their whole logits (temperatures, alternatives)
+  // come to the host together and are drawn in parallel.
+  std::vector<int32_t> host_rows;
+  for (size_t row = 0; row < sampled.size(); ++row)
+    if (draws_on_host(*sampled[row], int32_t(row))) host_rows.push_back(int32_t(row));
+  host_draws(sampled, host_rows);
   for (size_t row = 0; row < sampled.size(); ++row) {
     Active& a = *sampled[row];
     const int64_t index = int64_t(a.seq.size() - a.req.prompt.size());
     Sampled out;
+    if (!draw_errors_[row].empty()) {
+      finish(a, Finish::error, draw_errors_[row]);
+      continue;
+    }
     try {
-      out = sample_row(a, int32_t(row), index);
+      out = std::binary_search(host_rows.begin(), host_rows.end(), int32_t(row)) ? std::move(drawn_[row])
+                                                                                  : sample_row(a, int32_t(row), index);
     } catch (const Error& e) {  // a grammar limit passed
       finish(a, Finish::error, e.what());
       continue;
@@ -283,13 +303,37 @@ bool Engine::start_grammar(Active& a) {
   return true;
 }
 
-// The next token of `a` from logit row `row`.
+bool Engine::draws_on_host(const Active& a, int32_t row) const {
+  if (a.grammar) return false;
+  return a.req.sampling.temperature > 0.0f || a.req.n_probs > 0 || !backend_.greedy(row);
+}
+
+void Engine::host_draws(std::span<Active* const> sampled, std::span<const int32_t> rows) {
+  drawn_.resize(sampled.size());
+  draw_errors_.assign(sampled.size(), std::string());
+  if (rows.empty()) return;
+  backend_.fetch_logits(rows);
+  backend_.host_parallel(int(rows.size()), [&](int i) {
+    const int32_t row = rows[size_t(i)];
+    const Active& a = *sampled[size_t(row)];
+    thread_local std::vector<float> scratch;
+    try {
+      drawn_[size_t(row)] = sample(backend_.logits(row), a.req.sampling,
+                                   uint64_t(a.seq.size() - a.req.prompt.size()), a.req.n_probs, scratch);
+    } catch (const std::exception& e) {
+      draw_errors_[size_t(row)] = e.what();
+    }
+  });
+}
+
+// The next token of `a` from logit row `row` (its logit_bias and penalties
+// already added by the backend).
 Sampled Engine::sample_row(Active& a, int32_t row, int64_t index) {
   const SamplingParams& sp = a.req.sampling;
   // Greedy without alternatives is picked where the logits are (a GPU
   // backend then sends back one token instead of the whole row); a grammar
   // needs the row on the host for its mask.
-  if (!a.grammar && sp.temperature <= 0.0f && a.req.n_probs == 0 && !sp.adjusts()) {
+  if (!a.grammar && sp.temperature <= 0.0f && a.req.n_probs == 0) {
     if (std::optional<TokenLogprob> picked = backend_.greedy(row)) {
       Sampled out;
       out.token = picked->token;
@@ -305,7 +349,7 @@ Sampled Engine::sample_row(Active& a, int32_t row, int64_t index) {
   // (logprobs) come from the masked row.
   const bool try_first = a.grammar && a.req.n_probs == 0;
   bool tried = false;  // the drawn token was refused already
-  if (try_first && sp.temperature <= 0.0f && !sp.adjusts())
+  if (try_first && sp.temperature <= 0.0f)
     if (std::optional<TokenLogprob> picked = backend_.greedy(row)) {
       if (a.grammar->fits(picked->token)) {
         Sampled out;
@@ -316,9 +360,6 @@ Sampled Engine::sample_row(Active& a, int32_t row, int64_t index) {
       tried = true;
     }
   std::span<const float> logits = backend_.logits(row);
-  if (sp.adjusts())
-    logits = adjust_logits(logits, sp, std::span<const int32_t>(a.seq).subspan(a.req.prompt.size()), adjusted_,
-                           counts_);
   if (!a.grammar) return sample(logits, sp, uint64_t(index), a.req.n_probs, sample_scratch_);
   if (try_first && !tried) {
     Sampled out = sample(logits, sp, uint64_t(index), 0, sample_scratch_);

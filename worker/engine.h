@@ -110,6 +110,12 @@ class Engine {
   void finish(Active& a, Finish reason, const std::string& error = "");
   std::string validate(const GenerateRequest& r) const;
   bool start_grammar(Active& a);
+  /// Whether `a`'s token from logit row `row` is drawn on the host from the
+  /// whole row without a grammar (what host_draws() does for every such row).
+  bool draws_on_host(const Active& a, int32_t row) const;
+  /// Draws the token of each row in `rows` from its logits, on the backend's
+  /// host threads, into drawn_ (indexed by row).
+  void host_draws(std::span<Active* const> sampled, std::span<const int32_t> rows);
   Sampled sample_row(Active& a, int32_t row, int64_t index);
 
   Backend& backend_;
@@ -118,9 +124,11 @@ class Engine {
   EngineShape shape_;
   std::vector<Slot> slots_;
   std::vector<float> sample_scratch_;
-  std::vector<float> adjusted_;  // a row's logits after logit_bias and penalties
-  std::vector<int32_t> counts_;  // per token: times generated (penalties)
-  std::vector<float> masked_;    // a row's logits with the grammar's mask
+  std::vector<LogitAdjust> adjust_;  // a step's logit_bias and penalties, for the backend to add
+  std::vector<int32_t> adjust_scratch_;
+  std::vector<Sampled> drawn_;       // per logit row: host_draws()'s token
+  std::vector<std::string> draw_errors_;
+  std::vector<float> masked_;        // a row's logits with the grammar's mask
   std::shared_ptr<const TokenTable> tokens_;
   std::function<void()> step_end_;
 

@@ -33,6 +33,13 @@ int64_t logit_rows_of(std::span<const BatchToken> batch) {
   return rows;
 }
 
+void check_adjustments(std::span<const LogitAdjust> adjust, int64_t rows, int64_t n_vocab) {
+  for (const LogitAdjust& a : adjust)
+    if (a.row < 0 || a.row >= rows || a.token < 0 || a.token >= n_vocab)
+      throw Error("logit adjustment for row " + std::to_string(a.row) + ", token " + std::to_string(a.token) +
+                  " is outside the step's " + std::to_string(rows) + " rows of " + std::to_string(n_vocab) + " logits");
+}
+
 void run_forward(const Model& model, ForwardOps& ops, std::span<const BatchToken> batch) {
   if (batch.empty()) return;
   const HParams& hp = model.hp();

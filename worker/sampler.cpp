@@ -252,23 +252,47 @@ void keep_min_p(std::vector<Candidate>& c, float min_p) {
 
 }  // namespace
 
+void logit_adjustments(const SamplingParams& p, std::span<const int32_t> generated, int32_t n_vocab, int32_t row,
+                       std::vector<LogitAdjust>& out, std::vector<int32_t>& scratch) {
+  const size_t first = out.size();
+  for (const auto& [token, bias] : p.logit_bias)
+    if (token >= 0 && token < n_vocab) out.push_back({row, token, bias});
+  std::stable_sort(out.begin() + ptrdiff_t(first), out.end(),
+                   [](const LogitAdjust& a, const LogitAdjust& b) { return a.token < b.token; });
+  size_t biases = first;  // merge a token named twice
+  for (size_t i = first; i < out.size(); ++i) {
+    if (biases > first && out[biases - 1].token == out[i].token) out[biases - 1].delta += out[i].delta;
+    else out[biases++] = out[i];
+  }
+  out.resize(biases);
+  if (p.frequency_penalty == 0 && p.presence_penalty == 0) return;
+  scratch.clear();
+  for (int32_t t : generated)
+    if (t >= 0 && t < n_vocab) scratch.push_back(t);
+  std::sort(scratch.begin(), scratch.end());
+  size_t b = first;  // the biases, ascending: walked beside the generated tokens
+  for (size_t i = 0; i < scratch.size();) {
+    size_t j = i;
+    while (j < scratch.size() && scratch[j] == scratch[i]) ++j;
+    const int32_t token = scratch[i];
+    const float penalty = float(j - i) * p.frequency_penalty + p.presence_penalty;
+    while (b < biases && out[b].token < token) ++b;
+    if (b < biases && out[b].token == token) out[b].delta -= penalty;
+    else out.push_back({row, token, -penalty});
+    i = j;
+  }
+  std::sort(out.begin() + ptrdiff_t(first), out.end(),
+            [](const LogitAdjust& a, const LogitAdjust& b) { return a.token < b.token; });
+}
+
 std::span<const float> adjust_logits(std::span<const float> logits, const SamplingParams& p,
                                      std::span<const int32_t> generated, std::vector<float>& out,
-                                     std::vector<int32_t>& counts) {
-  const size_t n_vocab = logits.size();
+                                     std::vector<int32_t>& scratch) {
   out.assign(logits.begin(), logits.end());
-  for (const auto& [token, bias] : p.logit_bias)
-    if (token >= 0 && size_t(token) < n_vocab) out[size_t(token)] += bias;
-  if (p.frequency_penalty != 0 || p.presence_penalty != 0) {
-    counts.assign(n_vocab, 0);
-    for (int32_t t : generated)
-      if (t >= 0 && size_t(t) < n_vocab) ++counts[size_t(t)];
-    for (int32_t t : generated) {
-      if (t < 0 || size_t(t) >= n_vocab || counts[size_t(t)] == 0) continue;
-      out[size_t(t)] -= float(counts[size_t(t)]) * p.frequency_penalty + p.presence_penalty;
-      counts[size_t(t)] = 0;  // once per distinct token
-    }
-  }
+  thread_local std::vector<LogitAdjust> adds;
+  adds.clear();
+  logit_adjustments(p, generated, int32_t(std::min<size_t>(logits.size(), INT32_MAX)), 0, adds, scratch);
+  for (const LogitAdjust& a : adds) out[size_t(a.token)] += a.delta;
   return out;
 }
 

@@ -38,14 +38,29 @@ struct Sampled {
   std::vector<TokenLogprob> top;  // the `n_top` most likely, best first
 };
 
-/// `logits` as `p` adjusts them, written to `out`: each bias added, and for a
-/// token generated c > 0 times so far (`generated`: the answer's tokens, not
-/// the prompt's), c × frequency_penalty + presence_penalty subtracted, as
-/// OpenAI defines them. Token ids outside the vocabulary are ignored (the
-/// engine refuses them first). `counts` is scratch.
+/// `delta` added to the logit of `token` in logit row `row` of a step.
+struct LogitAdjust {
+  int32_t row = 0;
+  int32_t token = 0;
+  float delta = 0;
+};
+
+/// What `p` adds to a row's logits, one entry a token (ascending ids),
+/// appended to `out` for logit row `row`: each bias (summed when a token is
+/// named twice), and for a token generated c > 0 times so far (`generated`:
+/// the answer's tokens, not the prompt's) c × frequency_penalty +
+/// presence_penalty subtracted, as OpenAI defines them. Token ids outside
+/// [0, n_vocab) are ignored (the engine refuses them first). A backend adds
+/// these where its logits are (Backend::forward), so that a biased row need
+/// not travel; `scratch` avoids allocation per call.
+void logit_adjustments(const SamplingParams& p, std::span<const int32_t> generated, int32_t n_vocab, int32_t row,
+                       std::vector<LogitAdjust>& out, std::vector<int32_t>& scratch);
+
+/// `logits` with logit_adjustments() added, written to `out` (a reference for
+/// the backends; `scratch` as there).
 std::span<const float> adjust_logits(std::span<const float> logits, const SamplingParams& p,
                                      std::span<const int32_t> generated, std::vector<float>& out,
-                                     std::vector<int32_t>& counts);
+                                     std::vector<int32_t>& scratch);
 
 /// Picks the token at output index `n` from `logits` (n_vocab floats).
 /// Greedy ties go to the lowest token id. `scratch` avoids allocation per call.

@@ -1641,6 +1641,97 @@ TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log
   CHECK_FALSE(cpu->greedy(0).has_value());  // the CPU samples from its logits, as before
 }
 
+TEST_CASE("cuda: logit_bias and penalties are added on the device; greedy picks them, sampled rows are the CPU's") {
+  if (!have_gpu()) return;
+  Fixture& f = fixture();
+  auto cpu = make_cpu_backend(f.model, 2);
+  auto gpu = make_cuda_backend(f.model, 0);
+  const EngineShape shape{128, 4, 32};
+  cpu->reserve(shape);
+  gpu->reserve(shape);
+  const std::vector<int32_t> toks = f.tok.encode("Lily found a shiny stone in the garden and", true);
+  std::vector<BatchToken> prefill;
+  for (size_t p = 0; p < toks.size(); ++p) prefill.push_back({toks[p], 0, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  cpu->forward(prefill);
+  gpu->forward(prefill);
+  const int32_t first = gpu->greedy(0)->token;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<float> scratch;
+  // Row 0: its greedy token banned and another raised; row 1 untouched;
+  // row 2: penalties over a made-up answer.
+  SamplingParams ban = greedy, penal = greedy;
+  ban.logit_bias = {{first, -100.f}, {42, 3.f}};
+  penal.frequency_penalty = 2.0f;
+  penal.presence_penalty = 1.0f;
+  const std::vector<int32_t> answer{first, first, 42, 7};
+  std::vector<LogitAdjust> adjust;
+  std::vector<int32_t> s2;
+  logit_adjustments(ban, {}, int32_t(f.model.hp().n_vocab), 0, adjust, s2);
+  logit_adjustments(penal, answer, int32_t(f.model.hp().n_vocab), 2, adjust, s2);
+  const BatchToken step[3] = {{toks[1], 0, int32_t(toks.size()), 0}, {toks[2], 1, 0, 1}, {toks[3], 2, 0, 2}};
+  cpu->forward(step, adjust);
+  gpu->forward(step, adjust);
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const std::optional<TokenLogprob> picked = gpu->greedy(r);
+    REQUIRE(picked.has_value());
+    const Sampled on_host = sample(gpu->logits(r), greedy, 0, 0, scratch);  // the adjusted row
+    const Sampled on_cpu = sample(cpu->logits(r), greedy, 0, 0, scratch);
+    CHECK(picked->token == on_host.token);
+    CHECK(picked->token == on_cpu.token);
+    CHECK(std::fabs(picked->logprob - on_host.logprob) < 1e-5f);
+  }
+  CHECK(gpu->greedy(0)->token != first);
+  CHECK(gpu->logits(0)[size_t(first)] < cpu->logits(1)[size_t(first)] - 50);
+  // The same adjustments twice over the step's rows are refused, not written past them.
+  const std::vector<LogitAdjust> outside{{3, 1, 1.0f}};
+  CHECK_THROWS_AS(gpu->forward(step, outside), Error);
+
+  // Through the engine, four requests at once: sampled (drawn on the host's
+  // threads from rows fetched together), biased, penalized, with
+  // alternatives: the CPU backend's answers.
+  std::vector<GenerateRequest> reqs(4);
+  const std::vector<std::string> prompts{"Once upon a time", "The cat sat on the mat and", "Lily and Ben went",
+                                         "One day, a big red ball"};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = f.tok.encode(prompts[i], true);
+    reqs[i].max_tokens = 40;
+    reqs[i].sampling.temperature = 0;
+    reqs[i].sampling.seed = 11 + i;
+  }
+  reqs[0].sampling.temperature = 0.8f;
+  reqs[1].sampling.logit_bias = {{first, -100.f}};
+  reqs[2].sampling.frequency_penalty = 1.0f;
+  reqs[2].sampling.presence_penalty = 0.5f;
+  reqs[3].sampling.temperature = 1.0f;
+  reqs[3].sampling.logit_bias = {{42, 1.5f}};
+  reqs[3].n_probs = 2;
+  auto run = [&](Backend& b) {
+    Engine engine(b, f.model.hp(), f.tok.eos(), shape);
+    std::vector<std::shared_ptr<Collect>> sinks;
+    for (const auto& r : reqs) {
+      sinks.push_back(std::make_shared<Collect>());
+      engine.submit(r, sinks.back());
+    }
+    engine.run_until_idle();
+    std::vector<std::vector<int32_t>> out;
+    for (auto& c : sinks) {
+      CHECK(c->error == "");
+      out.push_back(c->tokens);
+    }
+    return out;
+  };
+  const auto want = run(*cpu);
+  const auto got = run(*gpu);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    CAPTURE(i);
+    CHECK_FALSE(want[i].empty());
+    CHECK(got[i] == want[i]);
+  }
+  CHECK(std::count(got[1].begin(), got[1].end(), first) == 0);
+}
+
 namespace {
 
 std::string temp_socket(const char* what) {

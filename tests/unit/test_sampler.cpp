@@ -204,6 +204,31 @@ TEST_CASE("sampler: logit_bias and OpenAI's penalties adjust a copy of the logit
   CHECK(a.size() == 4);
 }
 
+TEST_CASE("sampler: logit_adjustments lists one sum a token, ascending, for the backend to add") {
+  SamplingParams p = plain(0);
+  std::vector<LogitAdjust> out{{9, 1, 1.0f}};  // appended after what is there
+  std::vector<int32_t> scratch;
+  p.logit_bias = {{7, 1.0f}, {2, -3.0f}, {7, 0.5f}, {-1, 4.0f}, {50, 4.0f}};
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.25f;
+  logit_adjustments(p, std::vector<int32_t>{5, 7, 5, 5, 60}, 10, 3, out, scratch);
+  // 2: its bias; 5: generated 3 times (-1.5 - 0.25); 7: 1.5 of bias, once generated (-0.75);
+  // the ids outside [0, 10) are dropped.
+  REQUIRE(out.size() == 4);
+  CHECK(out[0].row == 9);
+  const std::vector<std::pair<int32_t, float>> want{{2, -3.0f}, {5, -1.75f}, {7, 0.75f}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(out[i + 1].row == 3);
+    CHECK(out[i + 1].token == want[i].first);
+    CHECK(out[i + 1].delta == doctest::Approx(want[i].second));
+  }
+  // Nothing asked: nothing listed.
+  out.clear();
+  logit_adjustments(plain(0), std::vector<int32_t>{1, 2}, 10, 0, out, scratch);
+  CHECK(out.empty());
+}
+
 TEST_CASE("sampler: no logits is an error") {
   std::vector<float> scratch;
   CHECK_THROWS_AS(sample(std::vector<float>{}, plain(1.0f), 0, 0, scratch), Error);

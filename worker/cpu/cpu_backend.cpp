@@ -70,12 +70,25 @@ class CpuBackend final : public Backend, private ForwardOps {
     moe_ = f + l.moe;
   }
 
-  void forward(std::span<const BatchToken> batch) override {
+  void forward(std::span<const BatchToken> batch, std::span<const LogitAdjust> adjust) override {
     const int64_t T = int64_t(batch.size());
     if (T == 0) return;
     if (T > shape_.max_batch) throw Error("batch of " + std::to_string(T) + " tokens exceeds max_batch");
-    if (logit_rows_of(batch) > logit_rows()) throw Error("logit row out of range");
+    const int64_t rows = logit_rows_of(batch);
+    if (rows > logit_rows()) throw Error("logit row out of range");
+    check_adjustments(adjust, rows, hp_.n_vocab);
     run_forward(m_, *this, batch);
+    float* logits = act_[size_t(Act::logits)];
+    for (const LogitAdjust& a : adjust) logits[int64_t(a.row) * hp_.n_vocab + a.token] += a.delta;
+  }
+
+  void host_parallel(int n, const std::function<void(int)>& fn) override {
+    if (n <= 1 || pool_.size() == 1) return Backend::host_parallel(n, fn);
+    std::atomic<int> next{0};
+    pool_.run([&](int, int) {
+      for (int i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed))
+        fn(i);
+    });
   }
 
   std::span<const float> logits(int32_t row) const override {

@@ -13,16 +13,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <tuple>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "shared/log.h"
+#include "worker/cpu/thread_pool.h"
 #include "worker/forward.h"
 #include "worker/moe_routes.h"
 #include "worker/cuda/common.cuh"
@@ -60,6 +63,7 @@ class PinnedBuffer {
   }
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_); }
+  size_t size() const { return bytes_; }
 
  private:
   void* ptr_ = nullptr;
@@ -80,8 +84,10 @@ class CudaBackend final : public Backend, ForwardOps {
   std::optional<DeviceRoom> device_room() const override;
   MemoryPlan plan(const EngineShape& s) const override;
   void reserve(const EngineShape& s) override;
-  void forward(std::span<const BatchToken> batch) override;
+  void forward(std::span<const BatchToken> batch, std::span<const LogitAdjust> adjust) override;
   std::span<const float> logits(int32_t row) const override;
+  void fetch_logits(std::span<const int32_t> rows) const override;
+  void host_parallel(int n, const std::function<void(int)>& fn) override;
   std::optional<TokenLogprob> greedy(int32_t row) const override;
   void set_trace(TraceFn fn) override { trace_ = std::move(fn); }
 
@@ -145,8 +151,12 @@ class CudaBackend final : public Backend, ForwardOps {
   bool make_expert_tables();
   /// Enqueues the whole step for T tokens (already in tokens_dev_) on stream_.
   /// `reads`: how many times a layer the worker reads its socket meanwhile
-  /// (0 while a graph is captured).
-  void enqueue(int T, int rows, int reads);
+  /// (0 while a graph is captured). `pick`: the greedy picks too.
+  void enqueue(int T, int rows, int reads, bool pick = true);
+  /// The greedy picks of the step's `rows` logit rows, and their copy to picks_host_.
+  void pick(int rows);
+  /// Adds `adjust` to the step's logits (in uploads of adjust_host_'s size).
+  void add_adjustments(std::span<const LogitAdjust> adjust);
   /// Launches the step of (T, rows) as its graph, captured now if it is new.
   /// False, with nothing launched, for a new shape past kMaxGraphs or when
   /// the GPU has no memory for the graph: the step is then launched kernel
@@ -201,8 +211,12 @@ class CudaBackend final : public Backend, ForwardOps {
 
   EngineShape shape_;
   bool reserved_ = false;
-  DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_, picks_dev_;
-  PinnedBuffer tokens_host_, logits_host_, picks_host_;
+  DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_, picks_dev_, adjust_dev_;
+  PinnedBuffer tokens_host_, logits_host_, picks_host_, adjust_host_;
+  // Which rows of logits_host_ hold this step's logits (fetch_logits).
+  mutable std::vector<uint8_t> fetched_;
+  // Host threads that sample the rows the device does not (host_parallel).
+  std::unique_ptr<cpu::ThreadPool> host_pool_;
   // A mixture of experts: the routes on the device, and the router scores
   // and routes on the host, where they are computed (worker/moe_routes.h).
   DeviceBuffer routes_dev_;
@@ -464,6 +478,16 @@ void CudaBackend::reserve(const EngineShape& s) {
   picks_dev_ = DeviceBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick) + cuda::greedy_scratch_bytes(int(logit_rows())),
                             "greedy picks");
   picks_host_ = PinnedBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
+  static_assert(sizeof(LogitAdjust) == 12, "model/memory_plan.cpp counts 12 bytes an adjustment");
+  adjust_dev_ = DeviceBuffer(size_t(logit_rows()) * kCudaAdjustsPerRow * sizeof(LogitAdjust), "logit adjustments");
+  adjust_host_ = PinnedBuffer(size_t(logit_rows()) * kCudaAdjustsPerRow * sizeof(LogitAdjust), "logit adjustments");
+  fetched_.assign(size_t(logit_rows()), 0);
+  if (!host_pool_) {
+    // Sampling a 128K-token row takes ~0.1 ms: a step of 32 sampled slots
+    // spreads over up to 8 of the cores the GPU leaves idle.
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    host_pool_ = std::make_unique<cpu::ThreadPool>(std::clamp(cores / 2, 1, 8));
+  }
   if (hp_.moe()) {
     const size_t words = size_t(ExpertRoutes::words(s.max_batch, hp_.n_expert_used, hp_.n_expert) +
                                 ExpertRoutes::job_words(s.max_batch, hp_.n_expert_used, hp_.n_expert));
@@ -851,9 +875,13 @@ void CudaBackend::step_point(StepPoint p, int) {
   if (p == StepPoint::attention_done ? step_reads_now_ >= 2 : step_reads_now_ >= 1) during_step();
 }
 
-void CudaBackend::enqueue(int T, int rows, int reads) {
+void CudaBackend::enqueue(int T, int rows, int reads, bool pick_too) {
   step_reads_now_ = reads;
   run_forward(m_, *this, {tokens_host_.as<BatchToken>(), size_t(T)});
+  if (pick_too) pick(rows);
+}
+
+void CudaBackend::pick(int rows) {
   if (rows == 0) return;
   cuda::GreedyPick* picks = picks_dev_.as<cuda::GreedyPick>();
   cuda::greedy_pick(ptr(Act::logits), hp_.n_vocab, hp_.n_vocab, rows, picks, picks + logit_rows(), stream_);
@@ -861,13 +889,59 @@ void CudaBackend::enqueue(int T, int rows, int reads) {
                                  cudaMemcpyDeviceToHost, stream_));
 }
 
+void CudaBackend::add_adjustments(std::span<const LogitAdjust> adjust) {
+  const size_t room = adjust_host_.size() / sizeof(LogitAdjust);
+  for (size_t from = 0; from < adjust.size(); from += room) {
+    if (from > 0) DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the last upload has left adjust_host_
+    const size_t n = std::min(room, adjust.size() - from);
+    std::memcpy(adjust_host_.as<void>(), adjust.data() + from, n * sizeof(LogitAdjust));
+    DS4_CUDA_CHECK(cudaMemcpyAsync(adjust_dev_.as<void>(), adjust_host_.as<void>(), n * sizeof(LogitAdjust),
+                                   cudaMemcpyHostToDevice, stream_));
+    cuda::add_to_logits(ptr(Act::logits), hp_.n_vocab, adjust_dev_.as<LogitAdjust>(), int(n), stream_);
+  }
+}
+
 std::span<const float> CudaBackend::logits(int32_t row) const {
   if (row < 0 || row >= rows_) throw Error("CUDA backend: no logits for row " + std::to_string(row));
   float* host = logits_host_.as<float>() + int64_t(row) * hp_.n_vocab;
-  DS4_CUDA_CHECK(cudaMemcpyAsync(host, ptr(Act::logits) + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab) * 4,
-                                 cudaMemcpyDeviceToHost, stream_));
-  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (!fetched_[size_t(row)]) {
+    DS4_CUDA_CHECK(cudaMemcpyAsync(host, ptr(Act::logits) + int64_t(row) * hp_.n_vocab, size_t(hp_.n_vocab) * 4,
+                                   cudaMemcpyDeviceToHost, stream_));
+    DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    fetched_[size_t(row)] = 1;
+  }
   return {host, size_t(hp_.n_vocab)};
+}
+
+// Runs of consecutive rows go in one copy each; one wait for all of them.
+void CudaBackend::fetch_logits(std::span<const int32_t> rows) const {
+  std::vector<int32_t> want;
+  for (int32_t r : rows) {
+    if (r < 0 || r >= rows_) throw Error("CUDA backend: no logits for row " + std::to_string(r));
+    if (!fetched_[size_t(r)]) want.push_back(r);
+  }
+  if (want.empty()) return;
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  const size_t n = size_t(hp_.n_vocab);
+  for (size_t i = 0; i < want.size();) {
+    size_t j = i + 1;
+    while (j < want.size() && want[j] == want[j - 1] + 1) ++j;
+    DS4_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<float>() + size_t(want[i]) * n, ptr(Act::logits) + size_t(want[i]) * n,
+                                   (j - i) * n * 4, cudaMemcpyDeviceToHost, stream_));
+    i = j;
+  }
+  DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (int32_t r : want) fetched_[size_t(r)] = 1;
+}
+
+void CudaBackend::host_parallel(int n, const std::function<void(int)>& fn) {
+  if (n <= 1 || !host_pool_ || host_pool_->size() == 1) return Backend::host_parallel(n, fn);
+  std::atomic<int> next{0};
+  host_pool_->run([&](int, int) {
+    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed))
+      fn(i);
+  });
 }
 
 std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
@@ -931,7 +1005,7 @@ void CudaBackend::no_room_for_graphs(int T, int rows) {
             {{"DS4_GRAPHS", std::to_string(graphs_.size())}});
 }
 
-void CudaBackend::forward(std::span<const BatchToken> batch) {
+void CudaBackend::forward(std::span<const BatchToken> batch, std::span<const LogitAdjust> adjust) {
   const int T = int(batch.size());
   if (T == 0) return;
   if (!reserved_) throw Error("CUDA backend: forward() before reserve()");
@@ -944,9 +1018,18 @@ void CudaBackend::forward(std::span<const BatchToken> batch) {
     if (b.logit_row >= logit_rows()) throw Error("logit row out of range");
     rows = std::max(rows, b.logit_row + 1);
   }
+  check_adjustments(adjust, rows, hp_.n_vocab);
   std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
   rows_ = 0;  // until the step is done
-  if (!use_graphs_ || trace_ || T > graph_tokens_ || !launch_graph(T, rows)) enqueue(T, rows, step_reads_);
+  std::fill(fetched_.begin(), fetched_.end(), uint8_t(0));
+  // A step's graph picks from the logits as the forward pass left them; the
+  // rows a request adjusts are picked again after the adjustments.
+  if (!use_graphs_ || trace_ || T > graph_tokens_ || !launch_graph(T, rows))
+    enqueue(T, rows, step_reads_, adjust.empty());
+  if (!adjust.empty()) {
+    add_adjustments(adjust);
+    pick(rows);
+  }
   // The pinned batch is rewritten by the next step and the picks are read
   // after this returns: wait for the step.
   for (;;) {

@@ -107,7 +107,20 @@ __global__ void merge_picks_kernel(const Partial* partials, GreedyPick* out) {
   }
 }
 
+__global__ void add_to_logits_kernel(float* logits, int64_t ld, const LogitAdjust* adds, int n) {
+  pdl_wait();
+  pdl_trigger();
+  const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) logits[int64_t(adds[i].row) * ld + adds[i].token] += adds[i].delta;
+}
+
 }  // namespace
+
+void add_to_logits(float* logits, int64_t ld, const LogitAdjust* adds, int n, cudaStream_t s) {
+  if (n <= 0) return;
+  constexpr int kThreads = 256;
+  launch(add_to_logits_kernel, dim3(unsigned((n + kThreads - 1) / kThreads)), dim3(kThreads), s, logits, ld, adds, n);
+}
 
 size_t greedy_scratch_bytes(int rows) { return size_t(rows > 0 ? rows : 0) * kSplits * sizeof(Partial); }
 

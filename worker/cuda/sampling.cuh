@@ -2,8 +2,10 @@
 // Sampling on the device: the logits of a step stay in device memory and only
 // the chosen token and its log-probability come back. Greedy only; other
 // samplers run on the host from the logits (Backend::logits copies a row).
+// A request's logit_bias and penalties are added on the device first.
 
 #include "worker/cuda/common.cuh"
+#include "worker/sampler.h"
 
 namespace ds4::cuda {
 
@@ -20,5 +22,9 @@ struct GreedyPick {
 void greedy_pick(const float* logits, int64_t n, int64_t ld, int rows, GreedyPick* out, void* scratch,
                  cudaStream_t s);
 size_t greedy_scratch_bytes(int rows);
+
+/// logits[a.row * ld + a.token] += a.delta for each of the `n` entries of
+/// `adds` (device memory; at most one entry a row and token).
+void add_to_logits(float* logits, int64_t ld, const LogitAdjust* adds, int n, cudaStream_t s);
 
 }  // namespace ds4::cuda
