@@ -129,9 +129,12 @@ uint64_t cuda_scratch_bytes(const HParams& hp, const EngineShape& s, const Weigh
   const uint64_t routes =
       hp.moe() ? uint64_t(4 * pairs + hp.n_expert + 1 + 3 * ((pairs + 7) / 8 + hp.n_expert)) * 4 : 0;
   const uint64_t tables = hp.moe() ? uint64_t(hp.n_layers * 3 * hp.n_expert) * kCudaDeviceWeightBytes : 0;
+  // A row's best logits: the blocks' keys, its log-sum-exp and the result (cuda::TopLogits).
+  const uint64_t top_row_bytes = uint64_t((hp.n_vocab + kCudaTopChunk - 1) / kCudaTopChunk) * kCudaTopLogits * 8 + 8 +
+                                 16 + uint64_t(kCudaTopLogits) * 8;
   return uint64_t(cuda_scratch_layout(hp, s).total) * 4 + cuda_act16_bytes(hp, s) + w.largest_q8_elems * 2 +
          kCudaBlasWorkspace + uint64_t(s.max_batch) * kBatchTokenBytes + routes + tables +
-         uint64_t(s.slots + 1) * kCudaAdjustsPerRow * kLogitAdjustBytes;
+         uint64_t(s.slots + 1) * kCudaAdjustsPerRow * kLogitAdjustBytes + uint64_t(s.slots + 1) * top_row_bytes;
 }
 
 const char* kv_type_name(KvType t) { return t == KvType::q8_0 ? "q8_0" : "f16"; }

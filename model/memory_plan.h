@@ -160,6 +160,12 @@ inline constexpr uint64_t kCudaBlasWorkspace = 32ull << 20;
 /// A mixture of experts: the CUDA backend keeps a table of each expert's
 /// device view (64 bytes) for the layers it routes on the device.
 inline constexpr uint64_t kCudaDeviceWeightBytes = 64;
+/// A sampled row's best logits the CUDA backend keeps on the device
+/// (worker/cuda/sampling.cuh): kCudaTopLogits of them, found kCudaTopChunk
+/// logits a block (each block's best in a buffer of ceil(n_vocab /
+/// kCudaTopChunk) * kCudaTopLogits keys of 8 bytes a row), then the row's.
+inline constexpr int kCudaTopLogits = 64;
+inline constexpr int kCudaTopChunk = 2048;
 /// Logit adjustments (a bias or a penalty: 12 bytes each) a step's logit
 /// row takes on the device in one upload; more go up in several.
 inline constexpr uint64_t kCudaAdjustsPerRow = 1024;

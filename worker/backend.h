@@ -34,6 +34,12 @@ struct BatchToken {
   int32_t logit_row = -1;  // where its logits go, or -1 when not needed
 };
 
+/// A row's best logits, best first, and the whole row's log-sum-exp.
+struct RowBest {
+  std::span<const LogitCandidate> best;
+  double lse = 0;
+};
+
 /// Throws ds4::Error unless every entry of `adjust` names a row below `rows`
 /// and a token below `n_vocab`.
 void check_adjustments(std::span<const LogitAdjust> adjust, int64_t rows, int64_t n_vocab);
@@ -79,6 +85,12 @@ class Backend {
   /// where the logits are, so they need not travel; the same token as
   /// sample() at temperature 0. nullopt: the engine samples from logits().
   virtual std::optional<TokenLogprob> greedy(int32_t row) const { (void)row; return std::nullopt; }
+  /// The best logits of a row the last forward() produced (ranked as
+  /// sampler.h ranks them, its adjustments added) and log(sum(exp(logits)))
+  /// of the whole row, kept where the logits are: a sampled token with top-k
+  /// is then drawn from them (sample_best) and the row need not travel.
+  /// nullopt: the engine samples from logits(). Not for several threads.
+  virtual std::optional<RowBest> best_logits(int32_t row) const { (void)row; return std::nullopt; }
   virtual void set_trace(TraceFn fn) { (void)fn; }
   /// Runs on the thread that calls forward(), while the step computes:
   /// between layers (CPU, and CUDA steps launched kernel by kernel) and

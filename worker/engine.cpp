@@ -311,10 +311,27 @@ bool Engine::draws_on_host(const Active& a, int32_t row) const {
 void Engine::host_draws(std::span<Active* const> sampled, std::span<const int32_t> rows) {
   drawn_.resize(sampled.size());
   draw_errors_.assign(sampled.size(), std::string());
-  if (rows.empty()) return;
-  backend_.fetch_logits(rows);
-  backend_.host_parallel(int(rows.size()), [&](int i) {
-    const int32_t row = rows[size_t(i)];
+  // A sampled request with top-k draws from the row's best logits where the
+  // backend keeps them; the others need their whole rows on the host.
+  std::vector<int32_t> whole;
+  for (int32_t row : rows) {
+    const Active& a = *sampled[size_t(row)];
+    const std::optional<RowBest> best = backend_.best_logits(row);
+    if (!best || !samples_from_best(a.req.sampling, a.req.n_probs, best->best.size(), size_t(hp_.n_vocab))) {
+      whole.push_back(row);
+      continue;
+    }
+    try {
+      drawn_[size_t(row)] = sample_best(best->best, best->lse, a.req.sampling,
+                                        uint64_t(a.seq.size() - a.req.prompt.size()), a.req.n_probs, sample_scratch_);
+    } catch (const std::exception& e) {
+      draw_errors_[size_t(row)] = e.what();
+    }
+  }
+  if (whole.empty()) return;
+  backend_.fetch_logits(whole);
+  backend_.host_parallel(int(whole.size()), [&](int i) {
+    const int32_t row = whole[size_t(i)];
     const Active& a = *sampled[size_t(row)];
     thread_local std::vector<float> scratch;
     try {

@@ -110,11 +110,13 @@ class Engine {
   void finish(Active& a, Finish reason, const std::string& error = "");
   std::string validate(const GenerateRequest& r) const;
   bool start_grammar(Active& a);
-  /// Whether `a`'s token from logit row `row` is drawn on the host from the
-  /// whole row without a grammar (what host_draws() does for every such row).
+  /// Whether `a`'s token from logit row `row` is drawn without a grammar and
+  /// not picked where the logits are (greedy): host_draws() draws it.
   bool draws_on_host(const Active& a, int32_t row) const;
-  /// Draws the token of each row in `rows` from its logits, on the backend's
-  /// host threads, into drawn_ (indexed by row).
+  /// Draws the token of each row in `rows` into drawn_ (indexed by row):
+  /// from the row's best logits where the backend keeps them (top-k), else
+  /// from the whole rows, fetched together and drawn on the backend's host
+  /// threads.
   void host_draws(std::span<Active* const> sampled, std::span<const int32_t> rows);
   Sampled sample_row(Active& a, int32_t row, int64_t index);
 

@@ -11,10 +11,7 @@ namespace ds4 {
 
 namespace {
 
-struct Candidate {
-  float logit;
-  int32_t id;
-};
+using Candidate = LogitCandidate;
 
 // Better first: higher logit, then lower id, so that every ordering is total
 // and greedy ties go to the lowest id.
@@ -296,6 +293,24 @@ std::span<const float> adjust_logits(std::span<const float> logits, const Sampli
   return out;
 }
 
+namespace {
+
+/// Draws from `cand` (best first, top-k and top-p applied): min-p, then the
+/// temperature's softmax and the uniform of output index `n`.
+int32_t draw(std::vector<Candidate>& cand, const SamplingParams& p, uint64_t n, std::vector<float>& scratch) {
+  keep_min_p(cand, p.min_p);
+  softmax(cand, double(p.temperature), scratch);
+  const double u = uniform(p.seed, n);
+  double cum = 0;
+  for (size_t i = 0; i < cand.size(); ++i) {
+    cum += scratch[i];
+    if (u < cum) return cand[i].id;
+  }
+  return cand.back().id;
+}
+
+}  // namespace
+
 Sampled sample(std::span<const float> logits, const SamplingParams& p, uint64_t n, int n_top,
                std::vector<float>& scratch) {
   if (logits.empty()) throw Error("sample: no logits (empty vocabulary)");
@@ -318,18 +333,7 @@ Sampled sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
     } else {
       nucleus(logits, p, cand, max, sum);  // top-k keeps every token: top-p over the whole row
     }
-    keep_min_p(cand, p.min_p);
-    softmax(cand, double(p.temperature), scratch);
-    const double u = uniform(p.seed, n);
-    double cum = 0;
-    out.token = cand.back().id;
-    for (size_t i = 0; i < cand.size(); ++i) {
-      cum += scratch[i];
-      if (u < cum) {
-        out.token = cand[i].id;
-        break;
-      }
-    }
+    out.token = draw(cand, p, n, scratch);
   }
 
   // log(sum(exp(logits))): -inf (or +inf) when the row has no finite best.
@@ -340,6 +344,28 @@ Sampled sample(std::span<const float> logits, const SamplingParams& p, uint64_t 
     out.top.reserve(cand.size());
     for (const Candidate& c : cand) out.top.push_back({c.id, float(double(c.logit) - lse)});
   }
+  return out;
+}
+
+bool samples_from_best(const SamplingParams& p, int n_top, size_t k, size_t n_vocab) {
+  return p.temperature > 0.0f && p.top_k > 0 && size_t(p.top_k) <= k && size_t(p.top_k) < n_vocab &&
+         size_t(std::max(n_top, 0)) <= k;
+}
+
+Sampled sample_best(std::span<const LogitCandidate> best, double lse, const SamplingParams& p, uint64_t n, int n_top,
+                    std::vector<float>& scratch) {
+  if (p.temperature <= 0.0f || p.top_k <= 0 || size_t(p.top_k) > best.size() || size_t(std::max(n_top, 0)) > best.size())
+    throw Error("sample_best: " + std::to_string(best.size()) + " candidates cannot serve top_k " +
+                std::to_string(p.top_k) + " with " + std::to_string(n_top) + " alternatives");
+  thread_local std::vector<Candidate> cand;
+  cand.assign(best.begin(), best.begin() + p.top_k);
+  keep_top_p(cand, p.top_p, scratch);
+  Sampled out;
+  out.token = draw(cand, p, n, scratch);
+  for (const LogitCandidate& c : best.first(size_t(p.top_k)))
+    if (c.id == out.token) out.logprob = float(double(c.logit) - lse);
+  for (const LogitCandidate& c : best.first(size_t(std::max(n_top, 0))))
+    out.top.push_back({c.id, float(double(c.logit) - lse)});
   return out;
 }
 

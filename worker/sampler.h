@@ -67,4 +67,23 @@ std::span<const float> adjust_logits(std::span<const float> logits, const Sampli
 Sampled sample(std::span<const float> logits, const SamplingParams& p, uint64_t n,
                int n_top, std::vector<float>& scratch);
 
+/// A logit and its token. Rows are ranked best first: the higher logit,
+/// then the lower id; NaN counts as -inf.
+struct LogitCandidate {
+  float logit;
+  int32_t id;
+};
+
+/// Whether sample_best() can draw for `p` and `n_top` alternatives from the
+/// best `k` logits of a row of `n_vocab`: sampled (temperature > 0), top-k on,
+/// at most k and below n_vocab, and at most k alternatives.
+bool samples_from_best(const SamplingParams& p, int n_top, size_t k, size_t n_vocab);
+
+/// sample() from a row's best logits (`best`, ranked, at least top_k and
+/// n_top of them) and log(sum(exp(logits))) of the whole row (`lse`): the
+/// same token, log-probability and alternatives, without the row. A device
+/// backend keeps these where the logits are (Backend::best_logits).
+Sampled sample_best(std::span<const LogitCandidate> best, double lse, const SamplingParams& p, uint64_t n, int n_top,
+                    std::vector<float>& scratch);
+
 }  // namespace ds4

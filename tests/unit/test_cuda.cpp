@@ -1641,6 +1641,51 @@ TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log
   CHECK_FALSE(cpu->greedy(0).has_value());  // the CPU samples from its logits, as before
 }
 
+TEST_CASE("cuda: a row's best 64 logits found on the device are the host's ranking, with its log-sum-exp") {
+  if (!have_gpu()) return;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  for (const int64_t n : {int64_t(40), int64_t(5000), int64_t(128256), int64_t(300000)}) {
+    CAPTURE(n);
+    const int rows = 5;
+    std::vector<float> logits(size_t(n * rows));
+    for (float& x : logits) x = g(rng);
+    // Ties, NaN and -inf near each row's best; one row's best at zero of either sign.
+    for (int r = 0; r < rows; ++r) {
+      float* row = logits.data() + r * n;
+      if (r == 3) {
+        for (int64_t i = 0; i < n; ++i) row[i] = -std::fabs(row[i]);
+        for (int64_t i = 0; i < n; i += 7) row[i] = (i / 7) % 2 ? -0.0f : 0.0f;
+      }
+      const int64_t best = std::max_element(row, row + n) - row;
+      for (int64_t i = 0; i < 20; ++i) row[(best + 97 * (i + 1)) % n] = row[best] - float(i % 4);
+      row[(best + 5) % n] = std::numeric_limits<float>::quiet_NaN();
+      row[(best + 6) % n] = -std::numeric_limits<float>::infinity();
+    }
+    const auto got = cuda_ops::top_logits(logits, n, rows);
+    REQUIRE(got.size() == size_t(rows));
+    for (int r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      std::vector<LogitCandidate> want;
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = logits[size_t(r * n + i)];
+        want.push_back({std::isnan(x) ? -INFINITY : x, int32_t(i)});
+      }
+      std::stable_sort(want.begin(), want.end(), [](auto& a, auto& b) { return a.logit > b.logit; });
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isnan(logits[size_t(r * n + i)])) sum += std::exp(double(logits[size_t(r * n + i)]) - want[0].logit);
+      want.resize(std::min<size_t>(64, want.size()));
+      REQUIRE(got[size_t(r)].first.size() == want.size());
+      int same = 0;
+      for (size_t i = 0; i < want.size(); ++i)
+        same += got[size_t(r)].first[i].id == want[i].id && got[size_t(r)].first[i].logit == want[i].logit;
+      CHECK(same == int(want.size()));
+      CHECK(got[size_t(r)].second == doctest::Approx(double(want[0].logit) + std::log(sum)).epsilon(1e-9));
+    }
+  }
+}
+
 TEST_CASE("cuda: logit_bias and penalties are added on the device; greedy picks them, sampled rows are the CPU's") {
   if (!have_gpu()) return;
   Fixture& f = fixture();

@@ -327,3 +327,86 @@ TEST_CASE("sampler: a vocabulary-sized row gives the tokens and log-probs of a p
   std::vector<float> scratch;
   CHECK(sample(none, plain(0.0f), 0, 0, scratch).token == 33);
 }
+
+namespace {
+
+/// A row's best `k` as the backends rank them (higher logit, then lower id;
+/// NaN as -inf), and its log-sum-exp in double: the reference for
+/// sample_best() and the CUDA backend's best_logits().
+std::pair<std::vector<LogitCandidate>, double> reference_best(const std::vector<float>& row, size_t k) {
+  std::vector<LogitCandidate> c;
+  for (size_t i = 0; i < row.size(); ++i)
+    c.push_back({std::isnan(row[i]) ? -std::numeric_limits<float>::infinity() : row[i], int32_t(i)});
+  std::stable_sort(c.begin(), c.end(), [](const LogitCandidate& a, const LogitCandidate& b) { return a.logit > b.logit; });
+  c.resize(std::min(k, c.size()));
+  const double max = c[0].logit;
+  double sum = 0;
+  for (float x : row)
+    if (!std::isnan(x)) sum += std::exp(double(x) - max);
+  return {c, std::isinf(max) ? max : max + std::log(sum)};
+}
+
+/// Rows with ties (some at ±0), NaN and -inf among their best.
+std::vector<std::vector<float>> awkward_rows(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 3.0f);
+  std::vector<std::vector<float>> rows;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<float> row(n);
+    for (float& x : row) x = r == 3 ? -std::fabs(g(rng)) : g(rng);
+    if (r == 3)  // the best at zero, of either sign
+      for (size_t i = 0; i < n; i += 7) row[i] = (i / 7) % 2 ? -0.0f : 0.0f;
+    const size_t best = size_t(std::max_element(row.begin(), row.end()) - row.begin());
+    for (size_t i = 0; i < 20; ++i) row[(best + 97 * (i + 1)) % n] = row[best] - float(i % 4);  // ties near the top
+    row[(best + 5) % n] = std::numeric_limits<float>::quiet_NaN();
+    row[(best + 6) % n] = -std::numeric_limits<float>::infinity();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: sample_best from a row's best 64 logits and its log-sum-exp is sample() of the row") {
+  std::vector<float> scratch;
+  int compared = 0;
+  for (const auto& row : awkward_rows(5000, 3)) {
+    const auto [best, lse] = reference_best(row, 64);
+    for (float temp : {0.3f, 0.8f, 1.5f})
+      for (int top_k : {1, 7, 40, 64})
+        for (float top_p : {0.9f, 1.0f})
+          for (float min_p : {0.0f, 0.05f})
+            for (uint64_t seed : {1u, 2u, 3u}) {
+              SamplingParams p = plain(temp, seed);
+              p.top_k = top_k;
+              p.top_p = top_p;
+              p.min_p = min_p;
+              const int n_top = int(seed % 3) * 2;
+              REQUIRE(samples_from_best(p, n_top, best.size(), row.size()));
+              const Sampled want = sample(row, p, seed * 7, n_top, scratch);
+              const Sampled got = sample_best(best, lse, p, seed * 7, n_top, scratch);
+              CAPTURE(temp);
+              CAPTURE(top_k);
+              CHECK(got.token == want.token);
+              CHECK(got.logprob == doctest::Approx(want.logprob).epsilon(1e-5));
+              REQUIRE(got.top.size() == want.top.size());
+              for (size_t i = 0; i < got.top.size(); ++i) {
+                CHECK(got.top[i].token == want.top[i].token);
+                CHECK(got.top[i].logprob == doctest::Approx(want.top[i].logprob).epsilon(1e-5));
+              }
+              ++compared;
+            }
+  }
+  CHECK(compared == 4 * 3 * 4 * 2 * 2 * 3);
+  // What the best 64 cannot serve: greedy, top-k off or above 64, more alternatives.
+  SamplingParams p = plain(0.8f);
+  CHECK_FALSE(samples_from_best(plain(0), 0, 64, 5000));
+  p.top_k = 0;
+  CHECK_FALSE(samples_from_best(p, 0, 64, 5000));
+  p.top_k = 65;
+  CHECK_FALSE(samples_from_best(p, 0, 64, 5000));
+  p.top_k = 40;
+  CHECK_FALSE(samples_from_best(p, 65, 64, 5000));
+  CHECK_FALSE(samples_from_best(p, 0, 64, 40));  // top-k keeps the whole row: sample() takes top-p over all of it
+  CHECK_THROWS_AS(sample_best(std::vector<LogitCandidate>(10, {1.0f, 0}), 0.0, p, 0, 0, scratch), Error);
+}

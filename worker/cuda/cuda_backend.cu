@@ -89,6 +89,7 @@ class CudaBackend final : public Backend, ForwardOps {
   void fetch_logits(std::span<const int32_t> rows) const override;
   void host_parallel(int n, const std::function<void(int)>& fn) override;
   std::optional<TokenLogprob> greedy(int32_t row) const override;
+  std::optional<RowBest> best_logits(int32_t row) const override;
   void set_trace(TraceFn fn) override { trace_ = std::move(fn); }
 
  private:
@@ -211,8 +212,10 @@ class CudaBackend final : public Backend, ForwardOps {
 
   EngineShape shape_;
   bool reserved_ = false;
-  DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_, picks_dev_, adjust_dev_;
-  PinnedBuffer tokens_host_, logits_host_, picks_host_, adjust_host_;
+  DeviceBuffer kv_, scratch_, act_, deq_, blas_ws_, tokens_dev_, picks_dev_, adjust_dev_, top_dev_;
+  PinnedBuffer tokens_host_, logits_host_, picks_host_, adjust_host_, top_host_;
+  // Whether top_host_ holds this step's best logits (best_logits).
+  mutable bool top_ready_ = false;
   // Which rows of logits_host_ hold this step's logits (fetch_logits).
   mutable std::vector<uint8_t> fetched_;
   // Host threads that sample the rows the device does not (host_parallel).
@@ -477,6 +480,11 @@ void CudaBackend::reserve(const EngineShape& s) {
   logits_host_ = PinnedBuffer(size_t(logit_rows() * hp_.n_vocab) * 4, "logits");
   picks_dev_ = DeviceBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick) + cuda::greedy_scratch_bytes(int(logit_rows())),
                             "greedy picks");
+  static_assert(sizeof(cuda::TopLogits) == 16 + kCudaTopLogits * 8, "model/memory_plan.cpp counts a row's best logits");
+  top_dev_ = DeviceBuffer(size_t(logit_rows()) * (sizeof(double) + sizeof(cuda::TopLogits)) +
+                              cuda::top_scratch_bytes(int(logit_rows()), hp_.n_vocab),
+                          "best logits");
+  top_host_ = PinnedBuffer(size_t(logit_rows()) * sizeof(cuda::TopLogits), "best logits");
   picks_host_ = PinnedBuffer(size_t(logit_rows()) * sizeof(cuda::GreedyPick), "greedy picks");
   static_assert(sizeof(LogitAdjust) == 12, "model/memory_plan.cpp counts 12 bytes an adjustment");
   adjust_dev_ = DeviceBuffer(size_t(logit_rows()) * kCudaAdjustsPerRow * sizeof(LogitAdjust), "logit adjustments");
@@ -884,7 +892,8 @@ void CudaBackend::enqueue(int T, int rows, int reads, bool pick_too) {
 void CudaBackend::pick(int rows) {
   if (rows == 0) return;
   cuda::GreedyPick* picks = picks_dev_.as<cuda::GreedyPick>();
-  cuda::greedy_pick(ptr(Act::logits), hp_.n_vocab, hp_.n_vocab, rows, picks, picks + logit_rows(), stream_);
+  cuda::greedy_pick(ptr(Act::logits), hp_.n_vocab, hp_.n_vocab, rows, picks, picks + logit_rows(), stream_,
+                    top_dev_.as<double>());
   DS4_CUDA_CHECK(cudaMemcpyAsync(picks_host_.as<void>(), picks, size_t(rows) * sizeof(cuda::GreedyPick),
                                  cudaMemcpyDeviceToHost, stream_));
 }
@@ -942,6 +951,24 @@ void CudaBackend::host_parallel(int n, const std::function<void(int)>& fn) {
     for (int i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed))
       fn(i);
   });
+}
+
+// The first call of a step finds every row's best on the device (a block
+// sorts each 2048 logits, then a row's blocks are merged) and brings them
+// back in one copy: ~33 KiB for 64 rows instead of 512 KiB a 128K-token row.
+std::optional<RowBest> CudaBackend::best_logits(int32_t row) const {
+  if (row < 0 || row >= rows_) throw Error("CUDA backend: no logits for row " + std::to_string(row));
+  auto* top = reinterpret_cast<cuda::TopLogits*>(top_dev_.as<double>() + logit_rows());
+  if (!top_ready_) {
+    cuda::top_logits(ptr(Act::logits), hp_.n_vocab, hp_.n_vocab, rows_, top_dev_.as<double>(), top,
+                     top + logit_rows(), stream_);
+    DS4_CUDA_CHECK(cudaMemcpyAsync(top_host_.as<void>(), top, size_t(rows_) * sizeof(cuda::TopLogits),
+                                   cudaMemcpyDeviceToHost, stream_));
+    DS4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    top_ready_ = true;
+  }
+  const cuda::TopLogits& t = top_host_.as<cuda::TopLogits>()[row];
+  return RowBest{{t.best, size_t(t.count)}, t.lse};
 }
 
 std::optional<TokenLogprob> CudaBackend::greedy(int32_t row) const {
@@ -1022,6 +1049,7 @@ void CudaBackend::forward(std::span<const BatchToken> batch, std::span<const Log
   std::memcpy(tokens_host_.as<void>(), batch.data(), batch.size_bytes());
   rows_ = 0;  // until the step is done
   std::fill(fetched_.begin(), fetched_.end(), uint8_t(0));
+  top_ready_ = false;
   // A step's graph picks from the logits as the forward pass left them; the
   // rows a request adjusts are picked again after the adjustments.
   if (!use_graphs_ || trace_ || T > graph_tokens_ || !launch_graph(T, rows))

@@ -8,6 +8,7 @@
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/kernels.cuh"
 #include "worker/cuda/quant.cuh"
+#include "worker/cuda/sampling.cuh"
 
 namespace ds4::cuda_ops {
 namespace {
@@ -129,6 +130,22 @@ double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool gl
 
 double product_seconds(GgmlType type, int64_t N, int64_t K, int T, int way, int launches) {
   return cuda::product_seconds(type, N, K, T, static_cast<cuda::ProductWay>(way), launches);
+}
+
+std::vector<std::pair<std::vector<LogitCandidate>, double>> top_logits(const std::vector<float>& logits, int64_t n,
+                                                                       int rows) {
+  DeviceBuffer dl = to_device(logits.data(), logits.size(), "logits");
+  DeviceBuffer picks(size_t(rows) * sizeof(cuda::GreedyPick) + cuda::greedy_scratch_bytes(rows), "picks");
+  DeviceBuffer lse(size_t(rows) * sizeof(double), "lse"), top(size_t(rows) * sizeof(cuda::TopLogits), "top");
+  DeviceBuffer scratch(cuda::top_scratch_bytes(rows, n), "top scratch");
+  auto* p = picks.as<cuda::GreedyPick>();
+  cuda::greedy_pick(dl.as<float>(), n, n, rows, p, p + rows, nullptr, lse.as<double>());
+  cuda::top_logits(dl.as<float>(), n, n, rows, lse.as<double>(), top.as<cuda::TopLogits>(), scratch.as<void>(), nullptr);
+  std::vector<cuda::TopLogits> host(static_cast<size_t>(rows));
+  DS4_CUDA_CHECK(cudaMemcpy(host.data(), top.as<void>(), host.size() * sizeof(cuda::TopLogits), cudaMemcpyDeviceToHost));
+  std::vector<std::pair<std::vector<LogitCandidate>, double>> out;
+  for (const cuda::TopLogits& t : host) out.push_back({{t.best, t.best + t.count}, t.lse});
+  return out;
 }
 
 void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out) {

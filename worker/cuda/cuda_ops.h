@@ -5,6 +5,7 @@
 /// which compare every operation with the CPU backend's; no CUDA header here.
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "worker/backend.h"
@@ -39,6 +40,12 @@ double gemv_bytes_per_second(GgmlType type, int64_t N, int64_t K, int T, bool gl
 /// Seconds of one product of T tokens (see cuda::product_seconds); way 0: the
 /// decode GEMV, 1: the tiled GEMM, 2: cuBLAS.
 double product_seconds(GgmlType type, int64_t N, int64_t K, int T, int way, int launches);
+
+/// Each of `rows` rows of `n` logits (contiguous): its best kCudaTopLogits
+/// (ranked, fewer when n is smaller) and log(sum(exp)), as the CUDA backend
+/// finds them for sample_best().
+std::vector<std::pair<std::vector<LogitCandidate>, double>> top_logits(const std::vector<float>& logits, int64_t n,
+                                                                       int rows);
 
 /// out[t] = rmsnorm(x[t]) * g, rows of n floats, contiguous.
 void rmsnorm(const float* x, int64_t T, int64_t n, const float* g, float eps, float* out);

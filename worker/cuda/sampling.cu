@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kPickThreads) pick_chunks_kernel(const float* 
 // grid (rows), one warp: the row's best of its chunks' bests, and
 // log(sum(exp(l - max))) + max as the host's log_sum_exp (an infinite
 // maximum is its own normaliser there too).
-__global__ void merge_picks_kernel(const Partial* partials, GreedyPick* out) {
+__global__ void merge_picks_kernel(const Partial* partials, GreedyPick* out, double* lse_out) {
   pdl_wait();
   pdl_trigger();
   const Partial* p = partials + int64_t(blockIdx.x) * kSplits;
@@ -104,6 +104,7 @@ __global__ void merge_picks_kernel(const Partial* partials, GreedyPick* out) {
     const double lse = isfinite(b.logit) ? double(b.logit) + log(sum) : double(b.logit);
     const int32_t id = b.id == INT32_MAX ? 0 : b.id;
     out[blockIdx.x] = {id, float(double(b.logit) - lse)};
+    if (lse_out) lse_out[blockIdx.x] = lse;
   }
 }
 
@@ -125,11 +126,113 @@ void add_to_logits(float* logits, int64_t ld, const LogitAdjust* adds, int n, cu
 size_t greedy_scratch_bytes(int rows) { return size_t(rows > 0 ? rows : 0) * kSplits * sizeof(Partial); }
 
 void greedy_pick(const float* logits, int64_t n, int64_t ld, int rows, GreedyPick* out, void* scratch,
-                 cudaStream_t s) {
+                 cudaStream_t s, double* lse) {
   if (rows <= 0) return;
   auto* partials = static_cast<Partial*>(scratch);
   launch(pick_chunks_kernel, dim3(unsigned(kSplits), unsigned(rows)), dim3(kPickThreads), s, logits, n, ld, partials);
-  launch(merge_picks_kernel, dim3(unsigned(rows)), dim3(32), s, static_cast<const Partial*>(partials), out);
+  launch(merge_picks_kernel, dim3(unsigned(rows)), dim3(32), s, static_cast<const Partial*>(partials), out, lse);
+}
+
+namespace {
+
+// A logit and its id as one key that orders as the host ranks: the float's
+// bits made monotonic above, 2^32 - 1 - id below (the lower id the larger
+// key). NaN counts as -inf and -0 as +0, as the host's comparisons do. Key
+// 0 is below every logit's: it pads a short block.
+__device__ __forceinline__ uint64_t rank_key(float x, uint32_t id) {
+  const uint32_t bits = __float_as_uint(clean(x) + 0.0f);
+  const uint32_t u = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return (uint64_t(u) << 32) | (0xffffffffu - id);
+}
+
+__device__ __forceinline__ LogitCandidate from_key(uint64_t key) {
+  const uint32_t u = uint32_t(key >> 32);
+  const uint32_t bits = (u & 0x80000000u) ? (u & 0x7fffffffu) : ~u;
+  return {__uint_as_float(bits), int32_t(0xffffffffu - uint32_t(key))};
+}
+
+// Sorts the N keys of `k` (shared memory) largest first, blockDim.x threads.
+template <int N>
+__device__ void sort_keys_descending(uint64_t* k) {
+  for (int size = 2; size <= N; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < N; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j <= i) continue;
+        const bool down = (i & size) == 0;  // this run goes largest first
+        const uint64_t a = k[i], b = k[j];
+        if (down ? a < b : a > b) {
+          k[i] = b;
+          k[j] = a;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+constexpr int kTopThreads = 256;
+constexpr int kMergeKeys = 4096;  // a row's merge sorts its best so far with 63 blocks' best at a time
+constexpr int kMergeThreads = 1024;
+static_assert(kMergeKeys % kCudaTopLogits == 0 && kMergeKeys > 2 * kCudaTopLogits, "merge groups");
+
+int top_blocks(int64_t n) { return int((n + kCudaTopChunk - 1) / kCudaTopChunk); }
+
+// grid (blocks, rows): block blockIdx.x's kCudaTopLogits best keys of row blockIdx.y.
+__global__ void __launch_bounds__(kTopThreads) top_blocks_kernel(const float* logits, int64_t n, int64_t ld,
+                                                                uint64_t* keys) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ uint64_t k[kCudaTopChunk];
+  const float* row = logits + int64_t(blockIdx.y) * ld;
+  const int64_t lo = int64_t(blockIdx.x) * kCudaTopChunk;
+  for (int i = threadIdx.x; i < kCudaTopChunk; i += blockDim.x)
+    k[i] = lo + i < n ? rank_key(row[lo + i], uint32_t(lo + i)) : 0;
+  __syncthreads();
+  sort_keys_descending<kCudaTopChunk>(k);
+  uint64_t* out = keys + (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kCudaTopLogits;
+  for (int i = threadIdx.x; i < kCudaTopLogits; i += blockDim.x) out[i] = k[i];
+}
+
+// grid (rows): the row's best of its blocks' best, a group of blocks at a time.
+__global__ void __launch_bounds__(kMergeThreads) merge_top_kernel(const uint64_t* keys, int blocks, int64_t n,
+                                                                 const double* lse, TopLogits* out) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ uint64_t k[kMergeKeys];
+  const uint64_t* row = keys + int64_t(blockIdx.x) * blocks * kCudaTopLogits;
+  const int total = blocks * kCudaTopLogits;
+  for (int i = threadIdx.x; i < kCudaTopLogits; i += blockDim.x) k[i] = 0;
+  for (int from = 0; from < total; from += kMergeKeys - kCudaTopLogits) {
+    for (int i = kCudaTopLogits + threadIdx.x; i < kMergeKeys; i += blockDim.x) {
+      const int at = from + i - kCudaTopLogits;
+      k[i] = at < total ? row[at] : 0;
+    }
+    __syncthreads();
+    sort_keys_descending<kMergeKeys>(k);  // the best so far stay in front
+  }
+  TopLogits& o = out[blockIdx.x];
+  for (int i = threadIdx.x; i < kCudaTopLogits; i += blockDim.x) o.best[i] = from_key(k[i]);
+  if (threadIdx.x == 0) {
+    o.lse = lse[blockIdx.x];
+    o.count = int32_t(n < kCudaTopLogits ? n : kCudaTopLogits);
+    o.unused = 0;
+  }
+}
+
+}  // namespace
+
+size_t top_scratch_bytes(int rows, int64_t n) {
+  return size_t(rows > 0 ? rows : 0) * size_t(top_blocks(n)) * kCudaTopLogits * sizeof(uint64_t);
+}
+
+void top_logits(const float* logits, int64_t n, int64_t ld, int rows, const double* lse, TopLogits* out,
+                void* scratch, cudaStream_t s) {
+  if (rows <= 0) return;
+  auto* keys = static_cast<uint64_t*>(scratch);
+  const int blocks = top_blocks(n);
+  launch(top_blocks_kernel, dim3(unsigned(blocks), unsigned(rows)), dim3(kTopThreads), s, logits, n, ld, keys);
+  launch(merge_top_kernel, dim3(unsigned(rows)), dim3(kMergeThreads), s, static_cast<const uint64_t*>(keys), blocks, n,
+         lse, out);
 }
 
 }  // namespace ds4::cuda
