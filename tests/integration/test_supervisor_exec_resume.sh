@@ -162,13 +162,16 @@ echo "   streams continued mid-answer (the log's debug lines, if shown): $mid"
 check "the supervisor is still running" kill -0 "$SUP_PID"
 # The keeper restarts a supervisor that died of a signal (a crash): the port
 # stays, but every answer in flight is lost and the counters start again.
-if grep -aq 'DS4_EVENT=supervisor_restart' "$T/sup.log"; then
-  fail "the supervisor crashed and its keeper started it again: $(grep -a -m1 'DS4_EVENT=supervisor_restart' "$T/sup.log" | cut -c1-240)"
-  # Its report (shared/crash_report.h), frames resolved where addr2line is.
+# A crash's report (shared/crash_report.h), frames resolved where addr2line is.
+crash_report() {
   grep -a -A 40 'ds4-supervisor: crashed' "$T/sup.log" | grep -a 'crashed\|(+0x' | head -40 | while read -r line; do
     off=$(grep -o 'ds4-supervisor(+0x[0-9a-f]*)' <<<"$line" | grep -o '0x[0-9a-f]*')
     echo "     $line${off:+  $(addr2line -f -C -e "$DS4_BIN/ds4-supervisor" "$off" 2>/dev/null | paste -sd' ' | cut -c1-160)}"
   done
+}
+if grep -aq 'DS4_EVENT=supervisor_restart' "$T/sup.log"; then
+  fail "the supervisor crashed and its keeper started it again: $(grep -a -m1 'DS4_EVENT=supervisor_restart' "$T/sup.log" | cut -c1-240)"
+  crash_report
 else
   pass "the supervisor never crashed (no keeper restart in its log)"
 fi
@@ -184,6 +187,7 @@ fi
 adopted_before=$(grep -ac 'DS4_EVENT=connections_adopted' "$T/sup.log")
 lost_before=$(grep -ac 'DS4_EVENT=connection_lost' "$T/sup.log")
 restored_before=$(grep -ac 'DS4_EVENT=answer_restored' "$T/sup.log")
+sup_restarts_before=$(grep -ac 'DS4_EVENT=supervisor_restart' "$T/sup.log")
 cat >"$T/kill_sup.sh" <<EOS
 #!/usr/bin/env bash
 pid=\$(pgrep -P $SUP_PID -x ds4-supervisor)
@@ -200,7 +204,16 @@ adopted=$(( $(grep -ac 'DS4_EVENT=connections_adopted' "$T/sup.log") - adopted_b
 lost=$(( $(grep -ac 'DS4_EVENT=connection_lost' "$T/sup.log") - lost_before ))
 failed=$(head -1 "$T/summary_sup" | jq .failed) mismatches=$(head -1 "$T/summary_sup" | jq .mismatches)
 timeouts=$(grep -c 'timed out' "$T/summary_sup")
-check "the keeper started the supervisor again and it took back the connections ($(grep -a 'DS4_EVENT=connections_adopted' "$T/sup.log" | tail -1 | grep -o 'took back [^(]*' | head -1))" test "$adopted" = 1
+check "the keeper started the supervisor again and it took back the connections, once ($adopted times: $(grep -a 'DS4_EVENT=connections_adopted' "$T/sup.log" | tail -1 | grep -o 'took back [^(]*' | head -1))" test "$adopted" = 1
+# Only the one SIGKILL: a second start would be a crash of the restarted supervisor.
+restarts=$(( $(grep -ac 'DS4_EVENT=supervisor_restart' "$T/sup.log") - sup_restarts_before ))
+if [ "$restarts" != 1 ]; then
+  fail "the keeper started the supervisor $restarts times for one SIGKILL:"
+  grep -a 'DS4_EVENT=supervisor_restart' "$T/sup.log" | cut -c1-240 | sed 's/^/     /'
+  crash_report
+else
+  pass "the restarted supervisor did not crash"
+fi
 check "no request hung after the supervisor's restart (client timeouts: $timeouts)" test "$timeouts" = 0
 restored=$(( $(grep -ac 'DS4_EVENT=answer_restored' "$T/sup.log") - restored_before ))
 check "no request failed and none changed ($failed failed, $mismatches changed, $lost connections closed)" \
