@@ -29,9 +29,13 @@ struct EngineCall::Impl {
 };
 
 EngineCall::EngineCall(asio::io_context& io, EngineLimits limits, Handler h)
-    : impl_(std::make_unique<Impl>(io, limits, std::move(h))) {}
+    : impl_(std::make_shared<Impl>(io, limits, std::move(h))) {}
 
+// An operation still pending completes later, aborted, and finds no call:
+// the Impl it holds (its buffers, its socket) goes with it.
 EngineCall::~EngineCall() {
+  impl_->finished = true;
+  impl_->handler = {};
   boost::system::error_code ignored;
   impl_->sock.close(ignored);
 }
@@ -75,14 +79,15 @@ std::shared_ptr<EngineCall> EngineCall::start(asio::io_context& io, int port, co
   m.parser.body_limit(std::numeric_limits<std::uint64_t>::max());
   const tcp::endpoint ep(asio::ip::address_v4::loopback(), uint16_t(port));
   std::weak_ptr<EngineCall> w = call;
-  m.sock.async_connect(ep, [w](const boost::system::error_code& ec) {
+  m.sock.async_connect(ep, [w, keep = call->impl_](const boost::system::error_code& ec) {
     auto self = w.lock();
     if (!self || self->impl_->finished) return;
     if (ec) return self->fail("cannot connect to the engine: " + ec.message());
     boost::system::error_code ignored;
     self->impl_->sock.set_option(tcp::no_delay(true), ignored);
     asio::async_write(self->impl_->sock, asio::buffer(self->impl_->request),
-                      [w](const boost::system::error_code& ec, size_t) {
+                      [w, keep](const boost::system::error_code& ec, size_t) {
+                        (void)keep;
                         auto self = w.lock();
                         if (!self || self->impl_->finished) return;
                         if (ec) return self->fail("cannot send to the engine: " + ec.message());
@@ -97,7 +102,8 @@ void EngineCall::read_more() {
   m.parser.get().body().data = m.chunk;
   m.parser.get().body().size = sizeof m.chunk;
   std::weak_ptr<EngineCall> w = shared_from_this();
-  http::async_read_some(m.sock, m.buf, m.parser, [w](boost::system::error_code ec, size_t) {
+  http::async_read_some(m.sock, m.buf, m.parser, [w, keep = impl_](boost::system::error_code ec, size_t) {
+    (void)keep;
     auto self = w.lock();
     if (!self || self->impl_->finished) return;
     self->on_read(ec);

@@ -55,7 +55,9 @@ class EngineCall : public std::enable_shared_from_this<EngineCall> {
   void read_more();
   void on_read(boost::system::error_code ec);
   void fail(const std::string& why, bool replay = true);
-  std::unique_ptr<Impl> impl_;
+  // Shared with the socket's pending operations: a read in flight writes to
+  // the buffers in here when it completes, even after this call is gone.
+  std::shared_ptr<Impl> impl_;
 };
 
 /// The request's bytes as sent to the engine (HTTP/1.1, Connection: close).
