@@ -1,6 +1,7 @@
 #include "supervisor/proxy/session.h"
 
 #include <malloc.h>
+#include <sys/socket.h>
 
 #include <ctime>
 
@@ -38,19 +39,24 @@ void Session::Reader::async_read_some(const Buffers& buffers, Handler&& handler)
     });
     return;
   }
-  // Readable first, then the read and its journal record together: a kill
-  // between the two is the only way to lose a byte, and the restarted
-  // supervisor sees that from the socket's count.
+  // Readable first; the bytes are peeked, journaled, then taken from the
+  // socket. A kill between the record and the take leaves them in both: the
+  // restarted supervisor drops them from the socket (Session::recover), so
+  // no kill loses a byte.
   s.sock_.async_wait(tcp::socket::wait_read, [&s = s, buffers, h = std::decay_t<Handler>(std::forward<Handler>(handler))](
                                                  boost::system::error_code ec) mutable {
     size_t n = 0;
     if (!ec) {
-      n = s.sock_.read_some(buffers, ec);
+      n = s.sock_.receive(buffers, tcp::socket::message_peek, ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) return s.reader_.async_read_some(buffers, std::move(h));
+      if (!ec && n == 0) ec = asio::error::eof;
       if (n > 0) {
         std::string bytes(n, '\0');
         asio::buffer_copy(asio::buffer(bytes), buffers, n);
         s.journal_->input(bytes);
+        // The peeked bytes stay queued for this one reader: this takes them all.
+        const ssize_t took = ::recv(s.sock_.native_handle(), bytes.data(), n, MSG_DONTWAIT);
+        if (took != ssize_t(n)) ec = asio::error::connection_aborted;
         s.read_total_ += n;
       }
     }
@@ -135,6 +141,14 @@ bool Session::recover(std::unique_ptr<ConnJournal> journal, std::string store_na
   boost::system::error_code ignored;
   sock_.non_blocking(true, ignored);
   sock_.set_option(tcp::no_delay(true), ignored);
+  if (read < st.read_total() && st.read_total() - read <= st.input.size() && st.read_total() - read <= (1u << 20)) {
+    // Killed between a read's record and its take: the journal's last bytes
+    // are still in the socket. They are taken now (the journal has them).
+    const size_t extra = size_t(st.read_total() - read);
+    std::string queued(extra, '\0');
+    const ssize_t took = ::recv(sock_.native_handle(), queued.data(), extra, MSG_DONTWAIT);
+    if (took == ssize_t(extra) && st.input.compare(st.input.size() - extra, extra, queued) == 0) read += extra;
+  }
   if (read != st.read_total())
     return fail("the socket gave " + std::to_string(read) + " bytes, the journal holds " +
                 std::to_string(st.read_total()) + " (a read the kill cut before its record)");
