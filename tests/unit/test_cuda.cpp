@@ -940,6 +940,13 @@ std::vector<std::vector<int32_t>> cpu_greedy(const std::vector<std::string>& pro
   return out;
 }
 
+/// A prompt's prefill batch in `slot`: logits for its last token only (row 0).
+std::vector<BatchToken> prefill_batch(const std::vector<int32_t>& toks, int32_t slot) {
+  std::vector<BatchToken> b;
+  for (size_t p = 0; p < toks.size(); ++p) b.push_back({toks[p], slot, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("cuda: stories260K logits agree with the CPU backend, prefill and decode") {
@@ -951,8 +958,7 @@ TEST_CASE("cuda: stories260K logits agree with the CPU backend, prefill and deco
   cpu->reserve(shape);
   gpu->reserve(shape);
   const std::vector<int32_t> toks = f.tok.encode("Once upon a time, there was a little dog named Max who", true);
-  std::vector<BatchToken> prefill;
-  for (size_t p = 0; p < toks.size(); ++p) prefill.push_back({toks[p], 1, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  const std::vector<BatchToken> prefill = prefill_batch(toks, 1);
   const int64_t V = f.model.hp().n_vocab;
   auto compare = [&](std::span<const BatchToken> batch, int rows) {
     cpu->forward(batch);
@@ -1531,8 +1537,7 @@ TEST_CASE("cuda: a step launched kernel by kernel reads between its layers, not 
   gpu->set_during_step([&] { order.push_back("read"); });
   const std::vector<int32_t> toks = f.tok.encode("Lily found a shiny stone in the garden and ran home to show", true);
   REQUIRE(toks.size() > 8);
-  std::vector<BatchToken> prefill;
-  for (size_t p = 0; p < toks.size(); ++p) prefill.push_back({toks[p], 0, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  const std::vector<BatchToken> prefill = prefill_batch(toks, 0);
   gpu->forward(prefill);
   const int layers = int(f.model.hp().n_layers);
   REQUIRE(layers > 1);
@@ -1614,8 +1619,7 @@ TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log
   cpu->reserve(shape);
   gpu->reserve(shape);
   const std::vector<int32_t> toks = f.tok.encode("Lily found a shiny stone in the garden and", true);
-  std::vector<BatchToken> prefill;
-  for (size_t p = 0; p < toks.size(); ++p) prefill.push_back({toks[p], 0, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  const std::vector<BatchToken> prefill = prefill_batch(toks, 0);
   SamplingParams greedy;
   greedy.temperature = 0;
   std::vector<float> scratch;
@@ -1695,8 +1699,7 @@ TEST_CASE("cuda: logit_bias and penalties are added on the device; greedy picks 
   cpu->reserve(shape);
   gpu->reserve(shape);
   const std::vector<int32_t> toks = f.tok.encode("Lily found a shiny stone in the garden and", true);
-  std::vector<BatchToken> prefill;
-  for (size_t p = 0; p < toks.size(); ++p) prefill.push_back({toks[p], 0, int32_t(p), p + 1 == toks.size() ? 0 : -1});
+  const std::vector<BatchToken> prefill = prefill_batch(toks, 0);
   cpu->forward(prefill);
   gpu->forward(prefill);
   const int32_t first = gpu->greedy(0)->token;
