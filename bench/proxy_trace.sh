@@ -4,8 +4,8 @@
 # (shared/request_trace.h), whose proxy and worker record each request's way by
 # its id, and bench/http_load.c recording each send and answer; then
 # bench/trace_report.py pairs them up and prints each stage's mean, p50 and p90.
-# The ninth session found with it that a CUDA worker did not read its socket while
-# it launched a step (supervisor/proxy/NOTES.md).
+# It shows, for instance, how long a request waits in a CUDA worker's socket while
+# the worker launches a step (DS4_CUDA_STEP_READS; supervisor/proxy/NOTES.md).
 # Environment: DS4_BIN (build/bin), DS4_MODELS (../shared/models), DS4_DEVICE (the
 # worker's device: auto, cpu, cuda), DS4_BUSY_POLL and DS4_WORKER_BUSY_POLL (proxy.busy_poll and
 # workers.busy_poll: auto, off, 100us), DS4_TRACE_DIR (keep the records there; else a

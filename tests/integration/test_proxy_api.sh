@@ -103,8 +103,8 @@ check "prompt over the context: 400 naming context and prompt length" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"$long\",\"max_tokens\":4}')\" = 400 ] && jq -e '.error.message | test(\"prompt has [0-9]+ tokens but the context is 256\")' $T/b >/dev/null"
 check "absurd max_tokens: clamped, answered" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"Once\",\"max_tokens\":99999999999}')\" = 200 ] && jq -e '.usage.completion_tokens > 0' $T/b >/dev/null"
-# max_tokens 0 ended the job inside the queue's submit, whose caller then let
-# go of it: the proxy crashed on the next line (eleventh session's sweep).
+# max_tokens 0 ends the job inside the queue's submit, whose caller may then
+# let go of it: the proxy must not touch the job after submit returns.
 check "max_tokens 0: 200 with no text and the prompt counted, streamed or not; the proxy lives" \
   bash -c "[ \"\$(curl -s -o $T/b -w '%{http_code}' -H 'Authorization: Bearer sk-test-1' $U/v1/completions -d '{\"prompt\":\"Once\",\"max_tokens\":0}')\" = 200 ] &&
     jq -e '.choices[0].text == \"\" and .usage.completion_tokens == 0 and .usage.prompt_tokens > 0' $T/b >/dev/null &&

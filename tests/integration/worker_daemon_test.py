@@ -291,7 +291,7 @@ for name, content in cases.items():
 p = run(os.path.join(BIN, "ds4-worker"), "run", "--model", os.path.join(tmp, "missing.gguf"), "-p", "x")
 check(p.returncode == 1 and "missing.gguf" in p.stderr, "missing model file: clear error")
 
-# Command-line slips are named, before any work (twelfth session's sweep).
+# Command-line slips are named, before any work.
 worker, mkmodel = os.path.join(BIN, "ds4-worker"), os.path.join(BIN, "ds4-mkmodel")
 p = run(worker, "run", "--model", STORIES, "-n", "2")
 check(p.returncode == 1 and "missing option '--prompt'" in p.stderr and p.stdout == "", "run without -p: refused")

@@ -549,9 +549,9 @@ __global__ void __launch_bounds__(kWarpGemvThreads, 2)
 /// second's matrices into y2), each pair's rows over blockIdx.x as
 /// gemv_warp_kernel's; with GLU the input is SwiGLU(x, x_up). The expert ids
 /// are an earlier kernel's output: it waits for that kernel (pdl_wait) before
-/// reading them. (Reading them first, under programmatic serialisation, the
-/// decode steps captured as graphs went wrong on the H200, 2026-12-04: an
-/// illegal address in a bench, logits far from the host-routed steps'.)
+/// reading them. (Read first, under programmatic serialisation, they can be
+/// the step before's: graph-captured decode steps then gave an illegal
+/// address and logits far from the host-routed steps'.)
 template <GgmlType TY, int R, int U, bool GLU>
 __global__ void __launch_bounds__(kWarpGemvThreads, 2)
     expert_gemv_kernel(const DeviceWeight* __restrict__ table, const DeviceWeight* __restrict__ second,
