@@ -118,7 +118,10 @@ int main(int argc, char** argv) {
       return sup.status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     });
     sup.on_reload([&](const ds4::Config&, const ds4::Config& after, const ds4::ConfigChanges& changes) {
-      if (changes.listen) ds4::log::warn("proxy.listen changed: it applies at the next start, ignoring");
+      if (changes.listen)
+        ds4::log::warn("proxy.listen changed: it applies at the next start (under systemd: `systemctl --user "
+                       "daemon-reload`, `systemctl --user stop ds4-supervisor.socket`, `systemctl --user restart "
+                       "ds4-supervisor`), ignoring");
       proxy.set_exec_engines(after.workers.engine == ds4::WorkerEngine::exec);
       try {
         proxy.apply(after.proxy);

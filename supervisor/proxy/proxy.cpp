@@ -160,7 +160,9 @@ void Proxy::start_inherited(int fd) {
   if (!same)
     log::warn("proxy.listen " + c.cfg.listen.str() + " differs from the socket systemd holds (" +
                   ep.address().to_string() + ":" + std::to_string(ep.port()) +
-                  "): serving on the socket's address (ListenStream= of ds4-supervisor.socket sets it)",
+                  "): serving on the socket's address (ListenStream= of ds4-supervisor.socket; where ds4-socket-generator "
+                  "is installed, `systemctl --user daemon-reload`, `systemctl --user stop ds4-supervisor.socket` and "
+                  "`systemctl --user restart ds4-supervisor` move it to proxy.listen)",
               {{"DS4_LISTEN", c.cfg.listen.str()}});
   log::info("listening on the socket systemd (socket activation) or the keeper holds: connections made while the "
             "supervisor restarts wait for it in the kernel's backlog",

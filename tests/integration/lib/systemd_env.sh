@@ -25,7 +25,10 @@
 #
 # Exported after a successful start:
 #   XDG_RUNTIME_DIR HOME DBUS_SESSION_BUS_ADDRESS  the manager's environment
-#   DS4_SD_DIR        temp dir holding run/, home/ and manager.log
+#   DS4_SD_DIR        temp dir holding run/, home/, user-generators/ and manager.log
+#                     (user-generators/ is searched by the manager for user
+#                     generators before the system's folders: a test puts
+#                     one there instead of /usr/local/lib/systemd/user-generators)
 #   DS4_SD_CGROUP     the manager's cgroup path, relative to each hierarchy's
 #                     root: /ds4-test-<pid>-<rand>.slice/user@0.service
 #   DS4_SD_CGROUP_TOP the slice above it (removed by ds4_systemd_stop)
@@ -162,7 +165,7 @@ ds4_systemd_start() {
   DS4_SD_CGROUP=$DS4_SD_CGROUP_TOP/user@$EUID.service
   DS4_SD_CGROUP_MODE=$(ds4_cgroup_mode)
   export DS4_SD_DIR DS4_SD_CGROUP DS4_SD_CGROUP_TOP DS4_SD_CGROUP_MODE
-  mkdir -p "$DS4_SD_DIR/run" "$DS4_SD_DIR/home"
+  mkdir -p "$DS4_SD_DIR/run" "$DS4_SD_DIR/home" "$DS4_SD_DIR/user-generators"
   chmod 700 "$DS4_SD_DIR/run"
 
   local h
@@ -205,7 +208,9 @@ ds4_systemd_start() {
     done < <(ds4_cgroup_hierarchies)
     # Without --log-target it would log to manager.log (stderr is no
     # journal stream); unit results must be in the journal.
-    exec setsid "$DS4_SD_SYSTEMD" --user --log-target=journal </dev/null >"$DS4_SD_DIR/manager.log" 2>&1
+    # SYSTEMD_GENERATOR_PATH ending in ':' puts the folder before the usual ones.
+    SYSTEMD_GENERATOR_PATH=$DS4_SD_DIR/user-generators: \
+      exec setsid "$DS4_SD_SYSTEMD" --user --log-target=journal </dev/null >"$DS4_SD_DIR/manager.log" 2>&1
   ) &
   DS4_SD_MANAGER_PID=$!
   export DS4_SD_MANAGER_PID
