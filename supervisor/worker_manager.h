@@ -14,12 +14,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shared/worker_registry.h"
 #include "supervisor/asio.h"
 #include "supervisor/headroom.h"
 #include "supervisor/policy.h"
 #include "supervisor/unit_backend.h"
 #include "supervisor/worker_health.h"
-#include "supervisor/worker_registry.h"
 
 namespace ds4::sup {
 
