@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "shared/busy_poll.h"
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
