@@ -7,6 +7,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <functional>
 
 namespace ds4 {
 
@@ -19,6 +20,14 @@ inline bool poll_busily(boost::asio::io_context& io, std::chrono::microseconds s
     if (io.poll_one() > 0) return true;
   } while (!io.stopped() && std::chrono::steady_clock::now() < until);
   return false;
+}
+
+/// Runs `io` until it stops, as io.run() does, except that once no handler
+/// is ready it keeps polling for busy_poll() (asked each time: a reload may
+/// change it) before it sleeps.
+inline void run_busy_polling(boost::asio::io_context& io, const std::function<std::chrono::microseconds()>& busy_poll) {
+  while (!io.stopped())
+    if (!poll_busily(io, busy_poll())) io.run_one();
 }
 
 }  // namespace ds4

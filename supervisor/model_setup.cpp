@@ -229,35 +229,33 @@ std::vector<std::string> kv_rungs(const ModelInfo& model, const WorkersConfig& w
   return out.empty() ? none : out;
 }
 
-std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder, uint32_t slots,
-                               uint32_t threads, uint32_t prefill_chunk, const std::vector<uint32_t>& host_experts,
-                               uint32_t holder_experts, const std::vector<std::string>& kv_cache) {
+std::vector<Rung> plan_ladder(const ModelInfo& model, std::vector<Rung> ladder, uint32_t slots, uint32_t threads,
+                              uint32_t prefill_chunk, uint32_t holder_experts) {
   const store::Segment seg = attach_served(model);
   const Model m = Model::bind(seg.metadata(), segment_tensors(seg));
   const WeightsSummary w = WeightsSummary::of(m.w());
   // The CPU worker's figure: threads as ds4-worker takes them (0: one per core).
   const int t = threads > 0 ? int(threads) : int(std::max(1u, std::thread::hardware_concurrency()));
-  std::vector<Bytes> out;
-  for (size_t i = 0; i < ladder.size(); ++i) {
+  for (Rung& r : ladder) {
     EngineShape shape;
-    shape.ctx = ladder[i];
+    shape.ctx = r.context;
     shape.slots = slots;
     shape.max_batch = prefill_chunk;  // ds4-worker serve --batch
-    if (!kv_cache.empty()) shape.kv = kv_type_from(kv_cache[i]).value_or(KvType::f16);
-    Bytes own = plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own();
-    if (!host_experts.empty()) own += expert_bytes(m.w(), int(host_experts[i]), int(holder_experts));
-    out.push_back(own);
+    shape.kv = kv_type_from(r.kv_cache).value_or(KvType::f16);
+    r.own_bytes = plan_memory(m.hp(), shape, w, {BackendKind::cpu, t}).own();
+    if (r.host_experts < holder_experts) r.own_bytes += expert_bytes(m.w(), int(r.host_experts), int(holder_experts));
   }
-  return out;
+  return ladder;
 }
 
-std::vector<Bytes> plan_exec_ladder(const std::string& model_path, const WorkersConfig& w, bool resident,
-                                    std::string* detail) {
+std::vector<Rung> plan_exec_ladder(const std::string& model_path, const WorkersConfig& w, bool resident,
+                                   std::string* detail) {
   const gguf::File f = gguf::File::open(model_path);
   const ExecKvGeometry g = read_exec_kv_geometry(f);
   const Bytes file = Bytes(fs::file_size(model_path));
-  std::vector<Bytes> out;
-  for (uint32_t ctx : w.ladder) {
+  std::vector<Rung> out = ladder_rungs(w.ladder);
+  for (Rung& r : out) {
+    const uint32_t ctx = r.context;
     ExecValues v;
     v.ctx = ctx;
     v.port = 1;  // not known yet; it does not change the plan
@@ -272,9 +270,9 @@ std::vector<Bytes> plan_exec_ladder(const std::string& model_path, const Workers
       return 4.0;
     };
     const Bytes kv = exec_kv_bytes(g, tokens, w.slots, bytes_of(a.type_k), bytes_of(a.type_v));
-    out.push_back(kv + w.exec_overhead + (resident ? 0 : file));
+    r.own_bytes = kv + w.exec_overhead + (resident ? 0 : file);
     if (detail)
-      *detail += "context " + std::to_string(ctx) + ": " + human_size(out.back()) + " (KV " + human_size(kv) + " for " +
+      *detail += "context " + std::to_string(ctx) + ": " + human_size(r.own_bytes) + " (KV " + human_size(kv) + " for " +
                  std::to_string(tokens) + " tokens, " + a.type_k + "/" + a.type_v + ", + overhead " +
                  human_size(w.exec_overhead) + (resident ? "" : ", + the file " + human_size(file)) + "); ";
   }

@@ -2,7 +2,7 @@
 /// The model the supervisor serves: the configured GGUF file (or, when none is
 /// configured or it is missing, a small synthetic one with RANDOM weights made
 /// by ds4-mkmodel), loaded once into its shared-memory segment, and the
-/// memory plan of a worker at every ladder rung.
+/// memory plan of a worker at every rung of its ladder.
 
 #include <cstdint>
 #include <functional>
@@ -14,6 +14,7 @@
 #include "shared/config.h"
 #include "shared/gguf.h"
 #include "shared/model_store.h"
+#include "supervisor/ladder.h"
 
 namespace ds4::sup {
 
@@ -56,16 +57,13 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
 ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, const std::string& bin_dir,
                         MemfdSegments& memfds, std::stop_token stop = {});
 
-/// KV + scratch of a worker at each context in `ladder` (slots and threads as
-/// configured), computed by the CPU backend's own planner on the segment.
-/// With expert rungs (`host_experts`, one per rung, PolicyConfig's): a GPU
+/// `ladder` with each rung's plan: KV + scratch of a worker at its context
+/// and KV cache type (slots and threads as configured), computed by the CPU
+/// backend's own planner on the segment, and for an expert rung a GPU
 /// worker's own copy of the experts its holder lacks, those of layers
-/// [host_experts[i], holder_experts), is added to rung i. With KV cache
-/// rungs (`kv_cache`, one per rung), rung i's cache is kept in kv_cache[i].
-std::vector<Bytes> plan_ladder(const ModelInfo& model, const std::vector<uint32_t>& ladder,
-                               uint32_t slots, uint32_t threads, uint32_t prefill_chunk = 256,
-                               const std::vector<uint32_t>& host_experts = {}, uint32_t holder_experts = 0,
-                               const std::vector<std::string>& kv_cache = {});
+/// [host_experts, holder_experts).
+std::vector<Rung> plan_ladder(const ModelInfo& model, std::vector<Rung> ladder, uint32_t slots, uint32_t threads,
+                              uint32_t prefill_chunk = 256, uint32_t holder_experts = 0);
 
 /// workers.kv_cache as it applies: the types the model's heads can be kept
 /// in (q8_0 needs a head size that is a multiple of 32; such rungs are
@@ -79,14 +77,15 @@ std::vector<std::string> kv_rungs(const ModelInfo& model, const WorkersConfig& w
 /// with `note` (if given) saying why the setting is not used.
 std::vector<uint32_t> expert_rungs(const ModelInfo& model, const WorkersConfig& w, bool on_gpu, std::string* note = nullptr);
 
-/// workers.engine: exec — each rung's plan: the KV cache the engine's
-/// command line asks for at that rung (model/exec_plan.h: its -c, else ctx x
-/// slots; its -ctk/-ctv), workers.exec.overhead, and the file's size unless
-/// the supervisor keeps the file resident (`resident`: it holds those pages
-/// already, outside MemAvailable). Throws ds4::Error when the file lacks the
-/// hyper-parameters; `detail` gets one line per rung for the log.
-std::vector<Bytes> plan_exec_ladder(const std::string& model_path, const WorkersConfig& w, bool resident,
-                                    std::string* detail = nullptr);
+/// workers.engine: exec — a rung per context of w.ladder (f16, no experts on
+/// the host: the command line decides), each with its plan: the KV cache the
+/// engine's command line asks for at that rung (model/exec_plan.h: its -c,
+/// else ctx x slots; its -ctk/-ctv), workers.exec.overhead, and the file's
+/// size unless the supervisor keeps the file resident (`resident`: it holds
+/// those pages already, outside MemAvailable). Throws ds4::Error when the
+/// file lacks the hyper-parameters; `detail` gets one line per rung for the log.
+std::vector<Rung> plan_exec_ladder(const std::string& model_path, const WorkersConfig& w, bool resident,
+                                   std::string* detail = nullptr);
 
 /// Writes a GGUF holding only a byte-level llama vocabulary (<unk>, <s>,
 /// </s>, <0x00>..<0xFF>), which is all ds4-mkmodel needs from --vocab-from.

@@ -9,7 +9,7 @@ namespace ds4::sup {
 
 PolicyConfig PolicyConfig::from(const Config& c) {
   PolicyConfig p;
-  p.ladder = c.workers.ladder;
+  p.ladder = ladder_rungs(c.workers.ladder);
   p.reserve = c.workers.reserve;
   p.min_available = c.headroom.min_available;
   p.low_for = c.headroom.for_;
@@ -21,52 +21,6 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   p.hang_timeout = c.restart.hang_timeout;
   p.start_timeout = c.restart.start_timeout;
   return p;
-}
-
-void PolicyConfig::with_rungs(const std::vector<std::string>& kv, const std::vector<uint32_t>& offload) {
-  const bool kv_rungs = !kv.empty() && !(kv.size() == 1 && kv[0] == "f16");
-  const bool expert_rungs = !offload.empty() && !(offload.size() == 1 && offload[0] == 0);
-  if (!kv_rungs && !expert_rungs) return;
-  const std::vector<std::string> kvs = kv.empty() ? std::vector<std::string>{"f16"} : kv;
-  const std::vector<uint32_t> offs = offload.empty() ? std::vector<uint32_t>{0} : offload;
-  std::vector<uint32_t> contexts, experts;
-  std::vector<std::string> caches;
-  auto add = [&](uint32_t c, uint32_t e, const std::string& k) {
-    contexts.push_back(c);
-    experts.push_back(e);
-    caches.push_back(k);
-  };
-  for (size_t i = 0; i < ladder.size(); ++i) {
-    if (i > 0) {
-      add(ladder[i], offs.back(), kvs.back());
-      continue;
-    }
-    for (const std::string& k : kvs) add(ladder[0], offs.front(), k);
-    for (size_t o = 1; o < offs.size(); ++o) add(ladder[0], offs[o], kvs.back());
-  }
-  ladder = std::move(contexts);
-  host_experts = expert_rungs ? std::move(experts) : std::vector<uint32_t>{};
-  kv_cache = kv_rungs ? std::move(caches) : std::vector<std::string>{};
-}
-
-const std::string& PolicyConfig::kv_at(size_t rung) const {
-  static const std::string f16 = "f16";
-  return kv_cache.empty() ? f16 : kv_cache[rung];
-}
-
-std::string PolicyConfig::rung_text(size_t rung) const {
-  std::string t = "context " + std::to_string(ladder[rung]);
-  const bool kv = kv_at(rung) != "f16";
-  if (kv) t += " with a " + kv_at(rung) + " KV cache";
-  if (const uint32_t n = experts_at(rung))
-    t += (kv ? " and" : " with") + std::string(" the experts of ") + std::to_string(n) + " layers on the host";
-  return t;
-}
-
-std::optional<size_t> PolicyConfig::rung_of(uint32_t context, uint32_t experts, const std::string& kv) const {
-  for (size_t i = 0; i < ladder.size(); ++i)
-    if (ladder[i] == context && experts_at(i) == experts && kv_at(i) == kv) return i;
-  return std::nullopt;
 }
 
 std::string human_size(Bytes b) {
@@ -88,27 +42,24 @@ const char* exit_kind_name(ExitKind k) {
   return "?";
 }
 
-WorkerPolicy::WorkerPolicy(int id, PolicyConfig config, std::vector<Bytes> own_bytes)
-    : id_(id), config_(std::move(config)), own_(std::move(own_bytes)) {
-  if (config_.ladder.empty() || own_.size() != config_.ladder.size() ||
-      (!config_.host_experts.empty() && config_.host_experts.size() != config_.ladder.size()) ||
-      (!config_.kv_cache.empty() && config_.kv_cache.size() != config_.ladder.size()))
-    throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
+WorkerPolicy::WorkerPolicy(int id, PolicyConfig config) : id_(id), config_(std::move(config)) {
+  if (config_.ladder.empty()) throw Error("policy: the ladder is empty");
 }
 
 Decision WorkerPolicy::decision(const std::string& event, size_t from, size_t to, std::string reason) const {
   Decision d;
   d.event = event;
   d.worker = id_;
-  d.context_from = config_.ladder[from];
-  d.context_to = config_.ladder[to];
-  if (!config_.host_experts.empty()) {
-    d.host_experts_from = config_.host_experts[from];
-    d.host_experts_to = config_.host_experts[to];
+  const Rung &a = config_.ladder[from], &b = config_.ladder[to];
+  d.context_from = a.context;
+  d.context_to = b.context;
+  if (has_expert_rungs(config_.ladder)) {
+    d.host_experts_from = a.host_experts;
+    d.host_experts_to = b.host_experts;
   }
-  if (!config_.kv_cache.empty()) {
-    d.kv_cache_from = config_.kv_cache[from];
-    d.kv_cache_to = config_.kv_cache[to];
+  if (has_kv_rungs(config_.ladder)) {
+    d.kv_cache_from = a.kv_cache;
+    d.kv_cache_to = b.kv_cache;
   }
   d.reason = std::move(reason);
   return d;
@@ -149,7 +100,8 @@ bool WorkerPolicy::ample(const Readings& r) const {
   if (rung_ == 0 || !room_known(r) || low(r)) return false;
   // The step up adds the difference of the two plans; what is left must
   // still be above both thresholds.
-  const Bytes extra = own_[rung_ - 1] > own_[rung_] ? own_[rung_ - 1] - own_[rung_] : 0;
+  const Bytes up = config_.ladder[rung_ - 1].own_bytes, here = config_.ladder[rung_].own_bytes;
+  const Bytes extra = up > here ? up - here : 0;
   const Bytes keep = std::max(config_.min_available, config_.reserve);
   return room(r) >= extra && room(r) - extra >= keep;
 }
@@ -173,22 +125,23 @@ Step WorkerPolicy::start(TimePoint now, const Readings& r) {
   size_t rung = config_.ladder.size() - 1;
   bool fits = false;
   for (size_t i = 0; i < config_.ladder.size(); ++i) {
-    if (own_[i] <= free) {
+    if (config_.ladder[i].own_bytes <= free) {
       rung = i;
       fits = true;
       break;
     }
   }
-  std::string reason = fits ? "largest rung that fits: needs " + human_size(own_[rung]) + ", " + room_text(r) +
+  const Bytes needs = config_.ladder[rung].own_bytes;
+  std::string reason = fits ? "largest rung that fits: needs " + human_size(needs) + ", " + room_text(r) +
                                   " − " + human_size(config_.reserve) + " reserve"
-                            : "no rung fits (smallest needs " + human_size(own_[rung]) + ", " + room_text(r) +
+                            : "no rung fits (smallest needs " + human_size(needs) + ", " + room_text(r) +
                                   " − " + human_size(config_.reserve) + " reserve); trying the smallest";
   Step s = start_at(rung, "start", reason, now);
   s.decisions.back().context_from = s.decisions.back().context_to;
   s.decisions.back().figures = room_figures(r);
   s.decisions.back().figures.insert(s.decisions.back().figures.end(),
                                     {{"DS4_RESERVE", std::to_string(config_.reserve)},
-                                     {"DS4_NEEDS", std::to_string(own_[rung])}});
+                                     {"DS4_NEEDS", std::to_string(needs)}});
   return s;
 }
 
@@ -206,7 +159,8 @@ Step WorkerPolicy::start_at(size_t rung, const std::string& event, const std::st
   low_since_.reset();
   ample_since_.reset();
   if (!event.empty()) s.decisions.push_back(decision(event, from, rung, reason));
-  s.actions.push_back({Action::Kind::start, config_.ladder[rung], config_.experts_at(rung), config_.kv_at(rung)});
+  const Rung& to = config_.ladder[rung];
+  s.actions.push_back({Action::Kind::start, to.context, to.host_experts, to.kv_cache});
   return s;
 }
 
@@ -252,7 +206,7 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
       backoff_until_ = now + d;
       target_ = to;
       s.decisions.push_back(decision("backoff", rung_, to,
-                                     what + " at the smallest " + config_.rung_text(rung_) + " (" +
+                                     what + " at the smallest " + config_.ladder[rung_].text() + " (" +
                                          std::to_string(failures_) + " failures in a row); retrying in " +
                                          format_duration(d)));
       s.decisions.back().figures = {{"DS4_BACKOFF_MS", std::to_string(d.count())},
@@ -260,9 +214,9 @@ Step WorkerPolicy::on_exit(TimePoint now, ExitKind kind, const std::string& mess
                                     {"DS4_EXIT", exit_kind_name(kind)}};
       return s;
     }
-    const std::string where = " at " + config_.rung_text(rung_) +
+    const std::string where = " at " + config_.ladder[rung_].text() +
                               (to == rung_ ? "; already the smallest rung, restarting at it"
-                                           : "; restarting one rung lower at once, at " + config_.rung_text(to));
+                                           : "; restarting one rung lower at once, at " + config_.ladder[to].text());
     if (oom) {
       Step s = start_at(to, "oom", "OOM-killed by the kernel" + where, now);
       s.decisions.back().figures = {{"DS4_OOM_KILLS", std::to_string(oom_kills_)}};
@@ -334,7 +288,7 @@ Step WorkerPolicy::on_health(TimePoint now, const Health& h) {
   if (state_ == WorkerState::starting && config_.start_timeout.count() != 0 && now - started_at_ > config_.start_timeout) {
     why = "not ready " + format_duration(config_.start_timeout) +
           " after its start (restart.start_timeout): hung at start; killing it, then starting it again at " +
-          config_.rung_text(rung_);
+          config_.ladder[rung_].text();
   } else {
     if (state_ != WorkerState::ready || config_.hang_timeout.count() == 0) return {};
     const bool stale = h.heartbeat_age && *h.heartbeat_age > config_.hang_timeout;
@@ -343,7 +297,7 @@ Step WorkerPolicy::on_health(TimePoint now, const Health& h) {
     if (stale) why = "no heartbeat for " + format_duration(*h.heartbeat_age);
     if (mute) why += std::string(why.empty() ? "" : ", ") + "socket unanswered for " + format_duration(h.unanswered);
     why += " (hang_timeout " + format_duration(config_.hang_timeout) + "): hung; killing pid " + std::to_string(pid_) +
-           ", then restarting at " + config_.rung_text(rung_);
+           ", then restarting at " + config_.ladder[rung_].text();
   }
   Step s;
   s.decisions.push_back(decision("hang", rung_, rung_, why));
@@ -438,13 +392,14 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
   if (!ample_since_) ample_since_ = now;
   if (now - *ample_since_ < config_.step_up_after || !idle) return s;
   const size_t to = rung_ - 1;
+  const Bytes up = config_.ladder[to].own_bytes, here = config_.ladder[rung_].own_bytes;
   s.decisions.push_back(decision(
       "upgrade", rung_, to,
       "headroom ample for " + format_duration(std::chrono::duration_cast<Duration>(now - *ample_since_)) + ": " +
-          room_text(r) + ", " + config_.rung_text(to) + " needs " +
-          human_size(own_[to] - std::min(own_[to], own_[rung_])) + " more; worker idle, one rung up"));
+          room_text(r) + ", " + config_.ladder[to].text() + " needs " + human_size(up - std::min(up, here)) +
+          " more; worker idle, one rung up"));
   s.decisions.back().figures = room_figures(r);
-  s.decisions.back().figures.emplace_back("DS4_NEEDS", std::to_string(own_[to]));
+  s.decisions.back().figures.emplace_back("DS4_NEEDS", std::to_string(up));
   Step d = drain_then(to, now);
   s.actions = d.actions;
   ample_since_.reset();
@@ -487,16 +442,18 @@ Step WorkerPolicy::request_restart(TimePoint now) {
 }
 
 Step WorkerPolicy::request_context(TimePoint now, uint32_t context) {
-  auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);
-  if (it == config_.ladder.end()) {
+  const std::vector<Rung>& ladder = config_.ladder;
+  auto it = std::find_if(ladder.begin(), ladder.end(), [&](const Rung& r) { return r.context == context; });
+  if (it == ladder.end()) {
     std::string l;
-    for (size_t i = 0; i < config_.ladder.size(); ++i)
-      if (i == 0 || config_.ladder[i] != config_.ladder[i - 1]) l += (l.empty() ? "" : ", ") + std::to_string(config_.ladder[i]);
+    for (size_t i = 0; i < ladder.size(); ++i)
+      if (i == 0 || ladder[i].context != ladder[i - 1].context)
+        l += (l.empty() ? "" : ", ") + std::to_string(ladder[i].context);
     throw Error("context " + std::to_string(context) + " is not on the ladder [" + l + "]");
   }
   // Of a context's rungs (the largest has one per KV and expert rung), the
   // first: the most precise cache, the fewest experts on the host.
-  const size_t to = size_t(it - config_.ladder.begin());
+  const size_t to = size_t(it - ladder.begin());
   failures_ = 0;
   Step s;
   s.decisions.push_back(decision(to < rung_ ? "upgrade" : to > rung_ ? "downgrade" : "restart", rung_, to,
@@ -527,42 +484,35 @@ Step WorkerPolicy::request_stop(TimePoint now) {
   return s;
 }
 
-Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes) {
-  if (config.ladder.empty() || own_bytes.size() != config.ladder.size() ||
-      (!config.host_experts.empty() && config.host_experts.size() != config.ladder.size()) ||
-      (!config.kv_cache.empty() && config.kv_cache.size() != config.ladder.size()))
-    throw Error("policy: the ladder and its memory plans must be non-empty and of equal length");
-  const uint32_t current = context(), current_experts = host_experts();
-  const std::string current_kv = kv_cache();
+Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config) {
+  if (config.ladder.empty()) throw Error("policy: the ladder is empty");
+  const Rung was = current();
   config_ = std::move(config);
-  own_ = std::move(own_bytes);
-  if (const auto same = config_.rung_of(current, current_experts, current_kv)) {
+  const std::vector<Rung>& ladder = config_.ladder;
+  if (const auto same = find_rung(ladder, was.context, was.host_experts, was.kv_cache)) {
     rung_ = *same;
     return {};
   }
   // The running context is no longer on the ladder: the largest rung not above it.
-  size_t to = config_.ladder.size() - 1;
-  for (size_t i = 0; i < config_.ladder.size(); ++i)
-    if (config_.ladder[i] <= current) { to = i; break; }
-  rung_ = std::min(rung_, config_.ladder.size() - 1);
+  size_t to = ladder.size() - 1;
+  for (size_t i = 0; i < ladder.size(); ++i)
+    if (ladder[i].context <= was.context) { to = i; break; }
+  rung_ = std::min(rung_, ladder.size() - 1);
   Step s;
   Decision d;
-  d.event = config_.ladder[to] < current ? "downgrade" : config_.ladder[to] > current ? "upgrade" : "restart";
+  d.event = ladder[to].context < was.context ? "downgrade" : ladder[to].context > was.context ? "upgrade" : "restart";
   d.worker = id_;
-  d.context_from = current;
-  d.context_to = config_.ladder[to];
-  if (!config_.host_experts.empty()) {
-    d.host_experts_from = current_experts;
-    d.host_experts_to = config_.host_experts[to];
+  d.context_from = was.context;
+  d.context_to = ladder[to].context;
+  if (has_expert_rungs(ladder)) {
+    d.host_experts_from = was.host_experts;
+    d.host_experts_to = ladder[to].host_experts;
   }
-  if (!config_.kv_cache.empty()) {
-    d.kv_cache_from = current_kv;
-    d.kv_cache_to = config_.kv_cache[to];
+  if (has_kv_rungs(ladder)) {
+    d.kv_cache_from = was.kv_cache;
+    d.kv_cache_to = ladder[to].kv_cache;
   }
-  d.reason = "reload: context " + std::to_string(current) +
-             (current_kv != "f16" ? " with a " + current_kv + " KV cache" : "") +
-             (current_experts ? " with the experts of " + std::to_string(current_experts) + " layers on the host" : "") +
-             " is no longer on the ladder";
+  d.reason = "reload: " + was.text() + " is no longer on the ladder";
   s.decisions.push_back(d);
   Step x = drain_then(to, now);
   s.actions = x.actions;
@@ -570,11 +520,12 @@ Step WorkerPolicy::reconfigure(TimePoint now, PolicyConfig config, std::vector<B
 }
 
 void WorkerPolicy::adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts, const std::string& kv_cache) {
-  if (const auto r = config_.rung_of(context, host_experts, kv_cache)) {
+  const std::vector<Rung>& ladder = config_.ladder;
+  if (const auto r = find_rung(ladder, context, host_experts, kv_cache)) {
     rung_ = *r;
   } else {
-    auto it = std::find(config_.ladder.begin(), config_.ladder.end(), context);
-    rung_ = it == config_.ladder.end() ? config_.ladder.size() - 1 : size_t(it - config_.ladder.begin());
+    auto it = std::find_if(ladder.begin(), ladder.end(), [&](const Rung& x) { return x.context == context; });
+    rung_ = it == ladder.end() ? ladder.size() - 1 : size_t(it - ladder.begin());
   }
   state_ = WorkerState::ready;
   pid_ = pid;

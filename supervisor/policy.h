@@ -37,7 +37,8 @@
 #include <vector>
 
 #include "shared/config.h"
-#include "supervisor/worker_registry.h"
+#include "shared/worker_registry.h"
+#include "supervisor/ladder.h"
 
 namespace ds4::sup {
 
@@ -45,13 +46,9 @@ using TimePoint = std::chrono::steady_clock::time_point;
 
 /// The settings the policy uses, taken from Config.
 struct PolicyConfig {
-  /// The rungs, from the most memory to the least: each rung's context, and
-  /// (a mixture of experts on a GPU, with_expert_rungs()) each rung's number
-  /// of first layers whose experts stay on the host (empty: none anywhere).
-  std::vector<uint32_t> ladder;
-  std::vector<uint32_t> host_experts;
-  /// Each rung's KV cache type ("f16", "q8_0"); empty: f16 everywhere.
-  std::vector<std::string> kv_cache;
+  /// The rungs, from the most memory to the least, each with its plan
+  /// (ladder.h). Never empty.
+  std::vector<Rung> ladder;
   Bytes reserve = 0;
   Bytes min_available = 0;
   Duration low_for{0};
@@ -62,23 +59,10 @@ struct PolicyConfig {
   Duration healthy_after{3000};  // ready this long, then died: restarted at once
   Duration hang_timeout{0};   // 0 = no hang detection
   Duration start_timeout{0};  // 0 = a start may take forever
+  /// The settings of `c`; its ladder one rung per configured context, with
+  /// no plan yet (the supervisor lays out the KV and expert rungs and plans
+  /// each: supervisor/model_setup.h).
   static PolicyConfig from(const Config& c);
-  /// Expands the context ladder with the expert rungs (workers.moe_offload,
-  /// ascending): every expert rung at the largest context first, then each
-  /// smaller context with the last expert rung. [32768, 16384] x [0, 4]:
-  /// (32768, 0), (32768, 4), (16384, 4). A single rung 0 changes nothing.
-  void with_expert_rungs(const std::vector<uint32_t>& offload) { with_rungs({}, offload); }
-  /// The same with the KV cache rungs (workers.kv_cache, most memory first)
-  /// walked before the expert rungs: [32768, 16384] x [f16, q8_0] x [0, 4]:
-  /// (32768, f16, 0), (32768, q8_0, 0), (32768, q8_0, 4), (16384, q8_0, 4).
-  /// Empty or [f16]: no KV rungs.
-  void with_rungs(const std::vector<std::string>& kv, const std::vector<uint32_t>& offload);
-  uint32_t experts_at(size_t rung) const { return host_experts.empty() ? 0 : host_experts[rung]; }
-  const std::string& kv_at(size_t rung) const;
-  /// "context 32768", "context 32768 with a q8_0 KV cache and the experts of 4 layers on the host".
-  std::string rung_text(size_t rung) const;
-  /// The rung of (context, host experts, KV cache); nullopt when it is not on the ladder.
-  std::optional<size_t> rung_of(uint32_t context, uint32_t host_experts, const std::string& kv = "f16") const;
 };
 
 /// One memory reading: the host's, and a GPU's where a worker reports one.
@@ -151,8 +135,8 @@ struct Step {
 
 class WorkerPolicy {
  public:
-  /// `own_bytes[i]`: KV + scratch of a worker at ladder rung i.
-  WorkerPolicy(int id, PolicyConfig config, std::vector<Bytes> own_bytes);
+  /// Throws ds4::Error when the ladder is empty.
+  WorkerPolicy(int id, PolicyConfig config);
 
   /// Starts the worker at the rung that fits `r.available`.
   Step start(TimePoint now, const Readings& r);
@@ -182,7 +166,7 @@ class WorkerPolicy {
   Step request_stop(TimePoint now);
   /// A new config (reload). Returns the actions to apply it (drain+restart
   /// when the ladder changed such that the current context is gone).
-  Step reconfigure(TimePoint now, PolicyConfig config, std::vector<Bytes> own_bytes);
+  Step reconfigure(TimePoint now, PolicyConfig config);
 
   /// A running worker found at start (supervisor restart): take it as ready.
   void adopt(TimePoint now, uint32_t context, int pid, uint32_t host_experts = 0, const std::string& kv_cache = "f16");
@@ -193,9 +177,11 @@ class WorkerPolicy {
   std::optional<TimePoint> next_wakeup() const;
 
   WorkerState state() const { return state_; }
-  uint32_t context() const { return config_.ladder[rung_]; }
-  uint32_t host_experts() const { return config_.experts_at(rung_); }
-  const std::string& kv_cache() const { return config_.kv_at(rung_); }
+  /// The rung it runs at (or starts at, or will start at again).
+  const Rung& current() const { return config_.ladder[rung_]; }
+  uint32_t context() const { return current().context; }
+  uint32_t host_experts() const { return current().host_experts; }
+  const std::string& kv_cache() const { return current().kv_cache; }
   size_t rung() const { return rung_; }
   int id() const { return id_; }
   int64_t restarts() const { return restarts_; }
@@ -203,7 +189,6 @@ class WorkerPolicy {
   int64_t failures() const { return failures_; }
   bool degraded() const { return failures_ >= 2; }
   const std::string& last_error() const { return last_error_; }
-  Bytes own_bytes(size_t rung) const { return own_[rung]; }
   const PolicyConfig& config() const { return config_; }
 
  private:
@@ -219,7 +204,6 @@ class WorkerPolicy {
 
   int id_;
   PolicyConfig config_;
-  std::vector<Bytes> own_;
   WorkerState state_ = WorkerState::stopped;
   size_t rung_ = 0;
   size_t target_ = 0;

@@ -34,11 +34,11 @@
 #include <vector>
 
 #include "shared/model_store.h"
+#include "shared/worker_registry.h"
 #include "supervisor/asio.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
 #include "supervisor/segment_ledger.h"
-#include "supervisor/worker_registry.h"
 
 namespace ds4::sup {
 

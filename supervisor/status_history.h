@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/log.h"
-#include "supervisor/worker_registry.h"
+#include "shared/worker_registry.h"
 
 namespace ds4::sup {
 

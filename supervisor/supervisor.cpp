@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "shared/busy_poll.h"
 #include "shared/error.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
@@ -104,11 +105,10 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
     // steps it down.
     try {
       std::string detail;
-      s.own_bytes = plan_exec_ladder(m.path, c.workers, keep_resident(c), &detail);
+      s.policy.ladder = plan_exec_ladder(m.path, c.workers, keep_resident(c), &detail);
       log::info("exec engine plan: " + detail.substr(0, detail.size() - 2), {{"DS4_EVENT", "exec_plan"}});
-    } catch (const Error& e) {
+    } catch (const Error& e) {  // the ladder's plans stay 0
       log::warn(std::string(e.what()) + "; the exec engine starts at the largest rung, ignoring");
-      s.own_bytes.assign(c.workers.ladder.size(), 0);
     }
     s.exec_command = c.workers.exec_command;
     s.model_path = m.path;
@@ -126,11 +126,9 @@ ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std:
     std::string kv_note;
     const std::vector<std::string> kv = kv_rungs(m, c.workers, &kv_note);
     if (!kv_note.empty()) log::info(kv_note, {{"DS4_KV_CACHE", kv.back()}});
-    s.policy.with_rungs(kv, rungs);
     s.holder_experts = rungs.back();
-    s.own_bytes = plan_ladder(m, s.policy.ladder, c.workers.slots, c.workers.threads, c.workers.prefill_chunk,
-                              s.policy.host_experts, c.gpu.weights == GpuWeights::device ? s.holder_experts : 0,
-                              s.policy.kv_cache);
+    s.policy.ladder = plan_ladder(m, ladder_rungs(c.workers.ladder, kv, rungs), c.workers.slots, c.workers.threads,
+                                  c.workers.prefill_chunk, c.gpu.weights == GpuWeights::device ? s.holder_experts : 0);
   }
   s.count = c.workers.count;
   s.slots = c.workers.slots;
@@ -670,7 +668,8 @@ nlohmann::json Supervisor::status_json(bool page) const {
     out["headroom"]["resident_model"] = held;  // outside host_available once locked
   }
   out["backend"] = backend_->name();
-  out["ladder"] = config_.workers.ladder;
+  out["ladder"] = config_.workers.ladder;  // the configured contexts
+  out["rungs"] = manager_->ladder_json();   // every rung, each worker's "rung" an index into it
   out["config"] = opts_.config_path;
   out["control_block"] = health_->name();
   out["hang_timeout_ms"] = config_.restart.hang_timeout.count();

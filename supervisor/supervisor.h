@@ -31,13 +31,13 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/config.h"
+#include "shared/worker_registry.h"
 #include "supervisor/asio.h"
 #include "supervisor/model_setup.h"
 #include "supervisor/paths.h"
 #include "supervisor/resident_file.h"
 #include "supervisor/status_history.h"
 #include "supervisor/worker_manager.h"
-#include "supervisor/worker_registry.h"
 
 namespace ds4::sup {
 

@@ -118,7 +118,7 @@ void WorkerManager::start() {
   for (const auto& a : backend_.find_running(s_.segment)) running[a.id] = a;
   for (uint32_t i = 0; i < s_.count; ++i) {
     Slot& sl = slots_[int(i)];
-    sl.policy = std::make_unique<WorkerPolicy>(int(i), s_.policy, s_.own_bytes);
+    sl.policy = std::make_unique<WorkerPolicy>(int(i), s_.policy);
     sl.timer = std::make_unique<asio::steady_timer>(io_);
     auto it = running.find(int(i));
     if (it != running.end()) {
@@ -157,7 +157,7 @@ void WorkerManager::start_worker(int id) {
   }
   for (const auto& [oid, o] : slots_)
     if (oid != id && o.policy && o.policy->state() == WorkerState::starting) {
-      const Bytes own = o.policy->own_bytes(o.policy->rung());
+      const Bytes own = o.policy->current().own_bytes;
       Bytes& room = r.gpu_free ? *r.gpu_free : r.available;
       room = room > own ? room - own : 0;
     }
@@ -282,7 +282,7 @@ void WorkerManager::on_ready(int id, int pid) {
     sl.down_since.reset();
   }
   const std::string msg = "worker " + std::to_string(id) + " ready (pid " + std::to_string(pid) + ", " +
-                          sl.policy->config().rung_text(sl.policy->rung()) + ")" + extra;
+                          sl.policy->current().text() + ")" + extra;
   if (extra.empty())
     log::info(msg, {{"DS4_WORKER", std::to_string(id)}, {"DS4_PID", std::to_string(pid)},
                     {"DS4_CONTEXT", std::to_string(sl.policy->context())}});
@@ -484,7 +484,7 @@ void WorkerManager::reconfigure(ManagerSettings settings, bool restart_all) {
   s_ = std::move(settings);
   for (auto& [id, sl] : slots_) {
     if (uint32_t(id) >= s_.count) continue;
-    apply(id, sl.policy->reconfigure(now(), s_.policy, s_.own_bytes));
+    apply(id, sl.policy->reconfigure(now(), s_.policy));
     if (restart_all) apply(id, sl.policy->request_restart(now()));
   }
   // Fewer workers: drain and stop the extra ones, then forget them once stopped.
@@ -497,7 +497,7 @@ void WorkerManager::reconfigure(ManagerSettings settings, bool restart_all) {
       continue;
     }
     Slot& sl = slots_[int(i)];
-    sl.policy = std::make_unique<WorkerPolicy>(int(i), s_.policy, s_.own_bytes);
+    sl.policy = std::make_unique<WorkerPolicy>(int(i), s_.policy);
     sl.timer = std::make_unique<asio::steady_timer>(io_);
     start_worker(int(i));
   }
@@ -548,7 +548,8 @@ nlohmann::json WorkerManager::status_json() const {
                         {"last_exit", sl.last_exit},
                         {"engine", s_.exec_command.empty() ? "native" : "exec"},
                         {"socket", s_.exec_command.empty() ? socket_path(id) : ""},
-                        {"memory_plan", p.own_bytes(p.rung())},
+                        {"rung", p.rung()},
+                        {"memory_plan", p.current().own_bytes},
                         {"decisions", sl.decisions}};
     if (sl.last_downtime_ms >= 0) w["last_downtime_ms"] = sl.last_downtime_ms;
     // Since its current process said READY=1; null while it is not up.
@@ -570,6 +571,16 @@ nlohmann::json WorkerManager::status_json() const {
       w["backoff_ms"] = std::chrono::duration_cast<std::chrono::milliseconds>(*wake - t).count();
     arr.push_back(std::move(w));
   }
+  return arr;
+}
+
+nlohmann::json WorkerManager::ladder_json() const {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const Rung& r : s_.policy.ladder)
+    arr.push_back({{"context", r.context},
+                   {"kv_cache", r.kv_cache},
+                   {"host_experts", r.host_experts},
+                   {"memory_plan", r.own_bytes}});
   return arr;
 }
 

@@ -14,19 +14,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shared/worker_registry.h"
 #include "supervisor/asio.h"
 #include "supervisor/headroom.h"
 #include "supervisor/policy.h"
 #include "supervisor/unit_backend.h"
 #include "supervisor/worker_health.h"
-#include "supervisor/worker_registry.h"
 
 namespace ds4::sup {
 
 /// What the manager needs besides the policy settings.
 struct ManagerSettings {
-  PolicyConfig policy;
-  std::vector<Bytes> own_bytes;  // KV + scratch per ladder rung (+ a GPU worker's own experts)
+  PolicyConfig policy;           // its ladder: every rung with its plan
   uint32_t holder_experts = 0;   // the last expert rung: what the GPU holder's image lacks
   uint32_t count = 1;
   uint32_t slots = 1;
@@ -87,8 +86,12 @@ class WorkerManager : public WorkerRegistry {
   /// The last memory reading, with the GPU figures of the workers' records now.
   Readings last_readings() const;
   const ManagerSettings& settings() const { return s_; }
-  /// `ds4ctl status` for the workers (without /proc details).
+  /// `ds4ctl status` for the workers (without /proc details); "rung" is an
+  /// index into ladder_json().
   nlohmann::json status_json() const;
+  /// The rungs the workers go by, most memory first: each one's context,
+  /// kv_cache, host_experts and memory_plan (bytes).
+  nlohmann::json ladder_json() const;
 
   // WorkerRegistry
   std::vector<WorkerInfo> workers() const override;

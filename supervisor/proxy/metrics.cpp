@@ -117,7 +117,7 @@ std::string Metrics::render(const std::vector<sup::WorkerInfo>& workers, const S
                                                  sup::WorkerState::backoff, sup::WorkerState::stopped};
   for (auto& w : workers)
     for (auto state : kStates)
-      o << "ds4_worker_state{worker=\"" << w.id << "\",state=\"" << worker_state_name(state) << "\"} "
+      o << "ds4_worker_state{worker=\"" << w.id << "\",state=\"" << sup::state_name(state) << "\"} "
         << (w.state == state ? 1 : 0) << '\n';
   head("ds4_worker_restarts_total", "counter", "Restarts of each worker.");
   for (auto& w : workers) o << "ds4_worker_restarts_total{worker=\"" << w.id << "\"} " << w.restarts << '\n';

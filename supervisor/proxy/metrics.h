@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "shared/worker_registry.h"
 #include "supervisor/proxy/scheduler.h"
-#include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {
 

@@ -20,9 +20,9 @@
 #include <string>
 
 #include "shared/config.h"
-#include "supervisor/proxy/model_text.h"
+#include "shared/worker_registry.h"
 #include "supervisor/proxy/conn_store.h"
-#include "supervisor/worker_registry.h"
+#include "supervisor/proxy/model_text.h"
 
 namespace ds4::proxy {
 

@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "shared/busy_poll.h"
 #include "shared/crash_report.h"
 #include "shared/config.h"
 #include "shared/error.h"
 #include "shared/gguf.h"
 #include "shared/log.h"
-#include "supervisor/asio.h"
 #include "supervisor/proxy/proxy.h"
 #include "supervisor/proxy/static_registry.h"
 
@@ -91,7 +91,7 @@ int run(int argc, char** argv) {
       io.stop();
     });
   });
-  ds4::sup::run_busy_polling(io, [&cfg] { return ds4::busy_poll_for(cfg.proxy.busy_poll); });
+  ds4::run_busy_polling(io, [&cfg] { return ds4::busy_poll_for(cfg.proxy.busy_poll); });
   return 0;
 }
 

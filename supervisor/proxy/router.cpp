@@ -10,18 +10,6 @@ namespace ds4::proxy {
 
 namespace http = boost::beast::http;
 
-const char* worker_state_name(sup::WorkerState s) {
-  switch (s) {
-    case sup::WorkerState::starting: return "starting";
-    case sup::WorkerState::ready: return "ready";
-    case sup::WorkerState::draining: return "draining";
-    case sup::WorkerState::restarting: return "restarting";
-    case sup::WorkerState::backoff: return "backoff";
-    case sup::WorkerState::stopped: return "stopped";
-  }
-  return "stopped";
-}
-
 Response error_response(Api api, const ApiError& e) {
   Response r;
   r.status = status_of(e.kind);
@@ -104,7 +92,7 @@ Response health(const RouteContext& ctx) {
   int ready = 0;
   for (const auto& w : ctx.workers()) {
     ready += w.state == sup::WorkerState::ready;
-    workers.push_back({{"id", w.id}, {"state", worker_state_name(w.state)}, {"context", w.context}, {"slots", w.slots}});
+    workers.push_back({{"id", w.id}, {"state", sup::state_name(w.state)}, {"context", w.context}, {"slots", w.slots}});
   }
   const bool ok = ready > 0 && !ctx.stopping;
   Response r = json_response(ok ? 200 : 503, {{"status", ok ? "ok" : (ctx.stopping ? "stopping" : "unavailable")},
@@ -135,7 +123,7 @@ std::string short_status(const RouteContext& ctx) {
   if (ctx.workers)  // not on the planner's threads (a GET with a long body goes there)
     for (const auto& w : ctx.workers())
       workers.push_back({{"id", w.id},
-                       {"state", worker_state_name(w.state)},
+                       {"state", sup::state_name(w.state)},
                        {"pid", w.pid},
                        {"context", w.context},
                        {"slots", w.slots},

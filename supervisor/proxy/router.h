@@ -13,12 +13,12 @@
 
 #include <boost/beast/http.hpp>
 
+#include "shared/worker_registry.h"
 #include "supervisor/proxy/api_error.h"
 #include "supervisor/proxy/api_keys.h"
 #include "supervisor/proxy/api_request.h"
 #include "supervisor/proxy/engine_call.h"
 #include "supervisor/proxy/model_text.h"
-#include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {
 
@@ -72,9 +72,5 @@ Route route(const HttpRequest& req, const RouteContext& ctx);
 /// The status page (GET /status): one HTML document, its script and style
 /// inline, that draws /status.json every few seconds.
 std::string_view status_page();
-
-/// DESIGN.md's state names (also in the supervisor; kept here so the proxy
-/// library stands alone).
-const char* worker_state_name(sup::WorkerState s);
 
 }  // namespace ds4::proxy

@@ -27,13 +27,13 @@
 
 #include "shared/config.h"
 #include "shared/protocol.h"
+#include "shared/worker_registry.h"
 #include "supervisor/proxy/api_error.h"
 #include "supervisor/proxy/engine_anthropic.h"
 #include "supervisor/proxy/engine_call.h"
 #include "supervisor/proxy/engine_resume.h"
 #include "supervisor/proxy/job_result.h"
 #include "supervisor/proxy/worker_call.h"
-#include "supervisor/worker_registry.h"
 
 namespace ds4::proxy {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "shared/config.h"
-#include "supervisor/worker_registry.h"
+#include "shared/worker_registry.h"
 
 namespace ds4::proxy {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "shared/protocol.h"
-#include "supervisor/worker_registry.h"
+#include "shared/worker_registry.h"
 
 namespace ds4::proxy {
 

@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "supervisor/worker_registry.h"
+#include "shared/worker_registry.h"
 
 namespace ds4::test {
 

@@ -1,14 +1,17 @@
-// The proxy's run loop with a busy poll (supervisor/asio.h).
+// The proxy's run loop with a busy poll (shared/busy_poll.h).
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp needs std::exchange
 
-#include "supervisor/asio.h"
+#include <boost/asio.hpp>
+
+#include "shared/busy_poll.h"
 
 using namespace std::chrono_literals;
-namespace asio = ds4::sup::asio;
+namespace asio = boost::asio;
 
 TEST_CASE("busy poll: every handler runs, and the loop ends when the work does, as io.run()") {
   for (const auto spin : {0us, 200us}) {
@@ -24,7 +27,7 @@ TEST_CASE("busy poll: every handler runs, and the loop ends when the work does, 
     });
     asio::post(io, [&] { ++ran; });
     int asked = 0;
-    ds4::sup::run_busy_polling(io, [&] {
+    ds4::run_busy_polling(io, [&] {
       ++asked;
       return spin;
     });
@@ -40,7 +43,7 @@ TEST_CASE("busy poll: io.stop() from a handler ends it") {
   asio::steady_timer timer(io);
   timer.expires_after(2ms);
   timer.async_wait([&](boost::system::error_code) { io.stop(); });
-  ds4::sup::run_busy_polling(io, [] { return 100us; });
+  ds4::run_busy_polling(io, [] { return 100us; });
   CHECK(io.stopped());
 }
 
@@ -57,7 +60,7 @@ TEST_CASE("busy poll: work posted from another thread while it polls or sleeps i
       }
       asio::post(io, [&] { guard.reset(); });
     });
-    ds4::sup::run_busy_polling(io, [&] { return spin; });
+    ds4::run_busy_polling(io, [&] { return spin; });
     CHECK(ran == 20);
   }
 }

@@ -116,12 +116,12 @@ TEST_CASE("memory plan: the supervisor's ladder is the CPU worker's own figure, 
   store::load(kStories, opts);
   sup::ModelInfo info;
   info.segment = name;
-  const std::vector<Bytes> ladder = sup::plan_ladder(info, {256, 1024}, 2, 3);
+  const std::vector<sup::Rung> ladder = sup::plan_ladder(info, sup::ladder_rungs({256, 1024}), 2, 3);
   const gguf::File file = gguf::File::open(kStories);
   const Model model = Model::bind_file(file);
   auto backend = make_cpu_backend(model, 3);
   REQUIRE(ladder.size() == 2);
-  CHECK(uint64_t(ladder[0]) == backend->plan({256, 2, 256}).own());
-  CHECK(uint64_t(ladder[1]) == backend->plan({1024, 2, 256}).own());
+  CHECK(uint64_t(ladder[0].own_bytes) == backend->plan({256, 2, 256}).own());
+  CHECK(uint64_t(ladder[1].own_bytes) == backend->plan({1024, 2, 256}).own());
   store::remove(name);
 }

@@ -12,9 +12,37 @@ namespace {
 
 constexpr Bytes MiB = 1 << 20;
 
+/// KV + scratch per rung: 800, 400, 200 MiB.
+std::vector<Bytes> plans() { return {800 * MiB, 400 * MiB, 200 * MiB}; }
+
+/// `ladder`, rung i with the plan own[i].
+std::vector<Rung> planned(std::vector<Rung> ladder, const std::vector<Bytes>& own) {
+  REQUIRE(ladder.size() == own.size());
+  for (size_t i = 0; i < ladder.size(); ++i) ladder[i].own_bytes = own[i];
+  return ladder;
+}
+
+std::vector<uint32_t> contexts(const std::vector<Rung>& ladder) {
+  std::vector<uint32_t> out;
+  for (const Rung& r : ladder) out.push_back(r.context);
+  return out;
+}
+
+std::vector<uint32_t> host_experts(const std::vector<Rung>& ladder) {
+  std::vector<uint32_t> out;
+  for (const Rung& r : ladder) out.push_back(r.host_experts);
+  return out;
+}
+
+std::vector<std::string> kv_caches(const std::vector<Rung>& ladder) {
+  std::vector<std::string> out;
+  for (const Rung& r : ladder) out.push_back(r.kv_cache);
+  return out;
+}
+
 PolicyConfig test_config() {
   PolicyConfig c;
-  c.ladder = {8192, 4096, 2048};
+  c.ladder = planned(ladder_rungs({8192, 4096, 2048}), plans());
   c.reserve = 100 * MiB;
   c.min_available = 200 * MiB;
   c.low_for = 10s;
@@ -24,12 +52,9 @@ PolicyConfig test_config() {
   return c;
 }
 
-/// KV + scratch per rung: 800, 400, 200 MiB.
-std::vector<Bytes> plans() { return {800 * MiB, 400 * MiB, 200 * MiB}; }
-
 struct Fixture {
   TimePoint t{};  // the fake clock
-  WorkerPolicy p{0, test_config(), plans()};
+  WorkerPolicy p{0, test_config()};
   Readings mem(Bytes mib) { return Readings{mib * MiB, 0, std::nullopt, std::nullopt}; }
   void advance(std::chrono::milliseconds d) { t += d; }
 };
@@ -158,7 +183,7 @@ TEST_CASE("policy: PSI above its threshold counts as low headroom") {
   Fixture f;
   PolicyConfig c = test_config();
   c.psi = 20;
-  WorkerPolicy p(1, c, plans());
+  WorkerPolicy p(1, c);
   p.start(f.t, f.mem(1000));
   p.on_ready(f.t, 5);
   Readings r = f.mem(5000);
@@ -197,7 +222,7 @@ TEST_CASE("policy: a worker on a GPU goes by the GPU's free memory, not the host
   Fixture f;
   PolicyConfig c = test_config();
   c.psi = 20;
-  WorkerPolicy p(0, c, plans());
+  WorkerPolicy p(0, c);
   auto gpu = [](Bytes host_mib, Bytes gpu_mib, double psi = 0) {
     return Readings{host_mib * MiB, psi, gpu_mib * MiB, 80000 * MiB};
   };
@@ -259,7 +284,7 @@ TEST_CASE("policy: a GPU worker whose GPU's free memory is not known yet starts 
     f.advance(30s);
   }
   // The same host reading for a host worker picks the smallest rung.
-  WorkerPolicy host(1, test_config(), plans());
+  WorkerPolicy host(1, test_config());
   r.on_gpu = false;
   CHECK(has(host.start(f.t, r), Action::Kind::start, 2048));
 }
@@ -268,7 +293,7 @@ TEST_CASE("policy: step_up_after 0 never steps up") {
   Fixture f;
   PolicyConfig c = test_config();
   c.step_up_after = 0s;
-  WorkerPolicy p(0, c, plans());
+  WorkerPolicy p(0, c);
   p.start(f.t, f.mem(600));
   p.on_ready(f.t, 1);
   for (int i = 0; i < 10; ++i) {
@@ -388,10 +413,10 @@ TEST_CASE("policy: stop, adopt and reconfigure") {
   g.p.start(g.t, g.mem(1000));
   g.p.on_ready(g.t, 1);
   PolicyConfig c = test_config();
-  c.ladder = {8192, 1024};
-  CHECK(g.p.reconfigure(g.t, c, {800 * MiB, 100 * MiB}).actions.empty());  // 8192 still there
-  c.ladder = {4096, 1024};
-  s = g.p.reconfigure(g.t, c, {400 * MiB, 100 * MiB});
+  c.ladder = planned(ladder_rungs({8192, 1024}), {800 * MiB, 100 * MiB});
+  CHECK(g.p.reconfigure(g.t, c).actions.empty());  // 8192 still there
+  c.ladder = planned(ladder_rungs({4096, 1024}), {400 * MiB, 100 * MiB});
+  s = g.p.reconfigure(g.t, c);
   CHECK(has(s, Action::Kind::drain));
   g.p.on_drained(g.t);
   CHECK(has(g.p.on_exit(g.t, ExitKind::clean, ""), Action::Kind::start, 4096));
@@ -413,7 +438,7 @@ TEST_CASE("policy: a stale heartbeat or a mute socket is a hang: kill, then rest
   Fixture f;
   PolicyConfig c = test_config();
   c.hang_timeout = 2s;
-  WorkerPolicy p{3, c, plans()};
+  WorkerPolicy p{3, c};
   p.start(f.t, f.mem(600));  // 4096
   // Not judged before it is ready.
   CHECK(p.on_health(f.t, {Duration(60s), 60s}).actions.empty());
@@ -468,7 +493,7 @@ TEST_CASE("policy: a worker not ready start_timeout after its start is hung ther
   Fixture f;
   PolicyConfig c = test_config();
   c.start_timeout = 60s;
-  WorkerPolicy p{1, c, plans()};
+  WorkerPolicy p{1, c};
   p.start(f.t, f.mem(600));  // 4096
   f.advance(60s);
   CHECK(p.on_health(f.t, {}).actions.empty());  // exactly the timeout: not yet
@@ -507,45 +532,58 @@ TEST_CASE("policy: hang detection off (hang_timeout 0), or the worker not ready,
 
   PolicyConfig c = test_config();
   c.hang_timeout = 1s;
-  WorkerPolicy p{0, c, plans()};
+  WorkerPolicy p{0, c};
   p.start(f.t, f.mem(1000));
   p.on_ready(f.t, 2);
   CHECK(has(p.request_drain(f.t), Action::Kind::drain));
   CHECK(p.on_health(f.t, {Duration(1h), 1h}).actions.empty());  // draining: the drain deadline handles it
 }
 
+TEST_CASE("policy: a rung is one record; an empty ladder is refused") {
+  // Each rung carries its context, KV cache, host experts and plan together:
+  // a reload that changes the plans alone keeps the worker where it is.
+  Fixture f;
+  f.p.start(f.t, f.mem(1000));
+  f.p.on_ready(f.t, 1);
+  CHECK(f.p.current() == Rung{8192, 0, "f16", 800 * MiB});
+  PolicyConfig c = test_config();
+  c.ladder[0].own_bytes = 900 * MiB;
+  CHECK(f.p.reconfigure(f.t, c).actions.empty());
+  CHECK(f.p.current().own_bytes == 900 * MiB);
+  c.ladder.clear();
+  CHECK_THROWS_AS(WorkerPolicy(1, c), Error);
+  CHECK_THROWS_AS(f.p.reconfigure(f.t, c), Error);
+}
+
 TEST_CASE("policy: KV cache rungs (workers.kv_cache) come before expert rungs and a smaller context") {
   PolicyConfig c = test_config();
-  c.ladder = {8192, 4096};
-  c.with_rungs({"f16", "q8_0"}, {0, 4});
-  CHECK(c.ladder == std::vector<uint32_t>{8192, 8192, 8192, 4096});
-  CHECK(c.kv_cache == std::vector<std::string>{"f16", "q8_0", "q8_0", "q8_0"});
-  CHECK(c.host_experts == std::vector<uint32_t>{0, 0, 4, 4});
-  CHECK(c.rung_text(0) == "context 8192");
-  CHECK(c.rung_text(1) == "context 8192 with a q8_0 KV cache");
-  CHECK(c.rung_text(2) == "context 8192 with a q8_0 KV cache and the experts of 4 layers on the host");
-  CHECK(c.rung_of(8192, 0, "q8_0") == std::optional<size_t>(1));
-  CHECK(!c.rung_of(4096, 4, "f16"));
+  c.ladder = ladder_rungs({8192, 4096}, {"f16", "q8_0"}, {0, 4});
+  CHECK(contexts(c.ladder) == std::vector<uint32_t>{8192, 8192, 8192, 4096});
+  CHECK(kv_caches(c.ladder) == std::vector<std::string>{"f16", "q8_0", "q8_0", "q8_0"});
+  CHECK(host_experts(c.ladder) == std::vector<uint32_t>{0, 0, 4, 4});
+  CHECK(c.ladder[0].text() == "context 8192");
+  CHECK(c.ladder[1].text() == "context 8192 with a q8_0 KV cache");
+  CHECK(c.ladder[2].text() == "context 8192 with a q8_0 KV cache and the experts of 4 layers on the host");
+  CHECK(find_rung(c.ladder, 8192, 0, "q8_0") == std::optional<size_t>(1));
+  CHECK(!find_rung(c.ladder, 4096, 4, "f16"));
   // Without expert rungs: only the KV rungs; a single q8_0 is q8_0 everywhere.
   PolicyConfig k = test_config();
-  k.ladder = {8192, 4096};
-  k.with_rungs({"f16", "q8_0"}, {0});
-  CHECK(k.ladder == std::vector<uint32_t>{8192, 8192, 4096});
-  CHECK(k.host_experts.empty());
+  k.ladder = ladder_rungs({8192, 4096}, {"f16", "q8_0"}, {0});
+  CHECK(contexts(k.ladder) == std::vector<uint32_t>{8192, 8192, 4096});
+  CHECK(!has_expert_rungs(k.ladder));
   PolicyConfig q = test_config();
-  q.ladder = {8192, 4096};
-  q.with_rungs({"q8_0"}, {0});
-  CHECK(q.ladder == std::vector<uint32_t>{8192, 4096});
-  CHECK(q.kv_cache == std::vector<std::string>{"q8_0", "q8_0"});
-  PolicyConfig none = test_config();
-  none.with_rungs({"f16"}, {0});
-  CHECK(none.kv_cache.empty());
-  CHECK(none.ladder == test_config().ladder);
+  q.ladder = ladder_rungs({8192, 4096}, {"q8_0"}, {0});
+  CHECK(contexts(q.ladder) == std::vector<uint32_t>{8192, 4096});
+  CHECK(kv_caches(q.ladder) == std::vector<std::string>{"q8_0", "q8_0"});
+  const std::vector<Rung> none = ladder_rungs(contexts(test_config().ladder), {"f16"}, {0});
+  CHECK(!has_kv_rungs(none));
+  CHECK(contexts(none) == contexts(test_config().ladder));
 
   // An OOM kill at the largest context: the same context with a q8_0 cache.
   const std::vector<Bytes> own = {900 * MiB, 500 * MiB, 300 * MiB};
+  k.ladder = planned(k.ladder, own);
   TimePoint t{};
-  WorkerPolicy p(0, k, own);
+  WorkerPolicy p(0, k);
   Step s = p.start(t, Readings{5000 * MiB});
   REQUIRE(s.actions.size() == 1);
   CHECK(s.actions[0].context == 8192);
@@ -569,37 +607,36 @@ TEST_CASE("policy: KV cache rungs (workers.kv_cache) come before expert rungs an
   CHECK(s.actions[0].context == 4096);
   CHECK(s.actions[0].kv_cache == "q8_0");
   // Start with little room: the q8_0 rung at the largest context fits where f16 does not.
-  WorkerPolicy r(1, k, own);
+  WorkerPolicy r(1, k);
   s = r.start(t, Readings{650 * MiB});  // 650 - 100 reserve: 500 fits, 900 does not
   REQUIRE(s.actions.size() == 1);
   CHECK(s.actions[0].context == 8192);
   CHECK(s.actions[0].kv_cache == "q8_0");
   // Adopted after a supervisor restart, a worker keeps its KV rung.
-  WorkerPolicy a(2, k, own);
+  WorkerPolicy a(2, k);
   a.adopt(t, 8192, 30, 0, "q8_0");
   CHECK(a.rung() == 1);
 }
 
 TEST_CASE("policy: expert rungs (workers.moe_offload) come before a smaller context, down and back up") {
   PolicyConfig c = test_config();
-  c.ladder = {8192, 4096};
-  c.with_expert_rungs({0, 4, 8});
+  c.ladder = ladder_rungs({8192, 4096}, {}, {0, 4, 8});
   // The largest context with each expert rung, then the smaller one with the last.
-  CHECK(c.ladder == std::vector<uint32_t>{8192, 8192, 8192, 4096});
-  CHECK(c.host_experts == std::vector<uint32_t>{0, 4, 8, 8});
-  CHECK(c.rung_text(1) == "context 8192 with the experts of 4 layers on the host");
-  CHECK(c.rung_text(0) == "context 8192");
-  CHECK(c.rung_of(8192, 8) == std::optional<size_t>(2));
-  CHECK(!c.rung_of(4096, 0));
-  PolicyConfig one = test_config();
-  one.with_expert_rungs({0});  // the default: nothing changes
-  CHECK(one.ladder == test_config().ladder);
-  CHECK(one.host_experts.empty());
+  CHECK(contexts(c.ladder) == std::vector<uint32_t>{8192, 8192, 8192, 4096});
+  CHECK(host_experts(c.ladder) == std::vector<uint32_t>{0, 4, 8, 8});
+  CHECK(c.ladder[1].text() == "context 8192 with the experts of 4 layers on the host");
+  CHECK(c.ladder[0].text() == "context 8192");
+  CHECK(find_rung(c.ladder, 8192, 8) == std::optional<size_t>(2));
+  CHECK(!find_rung(c.ladder, 4096, 0));
+  const std::vector<Rung> one = ladder_rungs(contexts(test_config().ladder), {}, {0});  // the default: nothing changes
+  CHECK(contexts(one) == contexts(test_config().ladder));
+  CHECK(!has_expert_rungs(one));
 
   // A GPU worker's plans: its own copy of the experts its holder lacks shrinks rung by rung.
   const std::vector<Bytes> own = {900 * MiB, 600 * MiB, 300 * MiB, 150 * MiB};
+  c.ladder = planned(c.ladder, own);
   TimePoint t{};
-  WorkerPolicy p(0, c, own);
+  WorkerPolicy p(0, c);
   auto gpu = [](Bytes free_mib) { return Readings{100000 * MiB, 0, free_mib * MiB, 80000 * MiB}; };
   // Start: the largest rung that fits (750 - 100 reserve: the 4-layer rung's 600).
   Step s = p.start(t, gpu(750));
@@ -656,7 +693,7 @@ TEST_CASE("policy: expert rungs (workers.moe_offload) come before a smaller cont
   CHECK(s.decisions[0].host_experts_to == std::optional<uint32_t>(4));
 
   // An administrator's context: of its rungs, the one with the fewest experts on the host.
-  WorkerPolicy q(1, c, own);
+  WorkerPolicy q(1, c);
   q.start(t, gpu(5000));
   q.on_ready(t, 20);
   s = q.request_context(t, 8192);
@@ -670,14 +707,14 @@ TEST_CASE("policy: expert rungs (workers.moe_offload) come before a smaller cont
   CHECK(refused.find("not on the ladder [8192, 4096]") != std::string::npos);
 
   // A worker adopted after a supervisor restart keeps its expert rung.
-  WorkerPolicy r(2, c, own);
+  WorkerPolicy r(2, c);
   r.adopt(t, 8192, 30, 8);
   CHECK(r.rung() == 2);
   CHECK(r.host_experts() == 8);
   // A reload that keeps the rung keeps the worker; one without expert rungs moves it.
-  CHECK(r.reconfigure(t, c, own).actions.empty());
+  CHECK(r.reconfigure(t, c).actions.empty());
   CHECK(r.rung() == 2);
-  s = r.reconfigure(t, test_config(), plans());
+  s = r.reconfigure(t, test_config());
   REQUIRE(s.decisions.size() == 1);
   CHECK(s.decisions[0].context_to == 8192);
   CHECK(has(s, Action::Kind::drain));

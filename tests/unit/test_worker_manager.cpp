@@ -68,14 +68,13 @@ class FakeHealth : public HealthSource {
 
 ManagerSettings settings(uint32_t count = 1) {
   ManagerSettings s;
-  s.policy.ladder = {2048, 256};
+  s.policy.ladder = {{.context = 2048, .own_bytes = 1000 * MiB}, {.context = 256, .own_bytes = 100 * MiB}};
   s.policy.reserve = 100 * MiB;
   s.policy.min_available = 500 * MiB;
   s.policy.low_for = 1s;
   s.policy.step_up_after = 0s;
   s.policy.backoff_initial = 100ms;
   s.policy.backoff_max = 1s;
-  s.own_bytes = {1000 * MiB, 100 * MiB};
   s.count = count;
   s.slots = 4;
   s.segment = "seg";
@@ -327,7 +326,7 @@ TEST_CASE("manager: exec engines start at the largest rung with a port, are reac
   FakeHealth health;
   health.io = &io;
   ManagerSettings s = settings();
-  s.own_bytes = {0, 0};  // as the supervisor sets them for exec: unknown
+  for (Rung& r : s.policy.ladder) r.own_bytes = 0;  // as the supervisor sets them for exec: unknown
   s.exec_command = "srv --port {port} -c {ctx}";
   s.model_path = "/m/x.gguf";
   s.policy.hang_timeout = 500ms;
@@ -454,9 +453,9 @@ TEST_CASE("manager: an expert rung reaches the worker's start, its status, /metr
   mem.available = 64 * 1024 * MiB;
   ManagerSettings s = settings();
   s.gpu_workers = true;
-  s.policy.ladder = {2048, 256};
-  s.policy.with_expert_rungs({0, 4});  // (2048, 0), (2048, 4), (256, 4)
-  s.own_bytes = {1500 * MiB, 1000 * MiB, 100 * MiB};
+  s.policy.ladder = ladder_rungs({2048, 256}, {}, {0, 4});  // (2048, 0), (2048, 4), (256, 4)
+  const std::vector<Bytes> own = {1500 * MiB, 1000 * MiB, 100 * MiB};
+  for (size_t i = 0; i < own.size(); ++i) s.policy.ladder[i].own_bytes = own[i];
   s.holder_experts = 4;
   WorkerManager m(io, be, mem, s);
   m.set_gpu_memory_source([&]() -> std::optional<GpuMemory> { return GpuMemory{1200 * MiB, 8192 * MiB}; });
@@ -468,6 +467,13 @@ TEST_CASE("manager: an expert rung reaches the worker's start, its status, /metr
   be.ready(0, 42);
   CHECK(m.workers()[0].host_experts == 4);
   CHECK(m.status_json()[0]["host_experts"] == 4);
+  // Its rung indexes the ladder the status JSON lists, each rung with its plan.
+  CHECK(m.status_json()[0]["rung"] == 1);
+  CHECK(m.status_json()[0]["memory_plan"] == 1000 * MiB);
+  const nlohmann::json ladder = m.ladder_json();
+  REQUIRE(ladder.size() == 3);
+  CHECK(ladder[1] == nlohmann::json{{"context", 2048}, {"kv_cache", "f16"}, {"host_experts", 4}, {"memory_plan", 1000 * MiB}});
+  CHECK(ladder[2]["context"] == 256);
   be.exited(0, ExitKind::oom);
   REQUIRE(be.starts.size() == 2);
   CHECK(be.starts[1].context == 256);

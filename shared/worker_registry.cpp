@@ -1,4 +1,4 @@
-#include "supervisor/worker_registry.h"
+#include "shared/worker_registry.h"
 
 namespace ds4::sup {
 

@@ -2,7 +2,9 @@
 /// The seam between the supervisor's worker management and its proxy. The
 /// supervisor owns the workers and implements WorkerRegistry; the proxy reads
 /// it to dispatch requests and implements ProxyStatsSource for `ds4ctl status`
-/// and /metrics. Everything here is used on the supervisor's one io_context
+/// and /metrics. It lives here, below both, so that the proxy's library
+/// includes nothing of the supervisor's and both name the states with one
+/// state_name(). Everything here is used on the supervisor's one io_context
 /// thread: no locking.
 
 #include <cstdint>
@@ -13,7 +15,7 @@
 
 namespace ds4::sup {
 
-/// DESIGN.md's worker states, as `ds4ctl status` shows them.
+/// DESIGN.md's worker states, as `ds4ctl status`, /status.json and /metrics show them.
 enum class WorkerState { starting, ready, draining, restarting, backoff, stopped };
 const char* state_name(WorkerState s);
 
