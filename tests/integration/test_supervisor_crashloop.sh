@@ -9,10 +9,7 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-sup_init || exit $?
-trap sup_cleanup EXIT
+sup_begin
 # ds4-worker has no CUDA backend in this build when --help says so; any
 # device it refuses works as the crash.
 "$DS4_BIN/ds4-worker" serve --help >/dev/null 2>&1

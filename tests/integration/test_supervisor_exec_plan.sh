@@ -15,10 +15,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 source "$here/lib/peer.sh"
 peer_require
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-sup_init || exit 77
-trap sup_cleanup EXIT
+sup_begin
 T=$SUP_DIR
 base=${DS4_TEST_PORT_BASE:-18700}
 export DS4_EXEC_PORTS="$((base + 50))-$((base + 59))"

@@ -15,12 +15,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 source "$here/lib/peer.sh"
 peer_require
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-for c in curl jq node; do command -v $c >/dev/null || { echo "SKIP: no $c"; exit 77; }; done
 [[ -d $DS4_SRC/tests/js/node_modules/openai ]] || { echo "SKIP: tests/js/node_modules (openai) not installed"; exit 77; }
-sup_init || exit 77
-trap sup_cleanup EXIT
+sup_begin curl jq node
 T=$SUP_DIR
 # Ports: the proxy and the engines in a range of their own (DS4_EXEC_PORTS).
 base=${DS4_TEST_PORT_BASE:-18700}

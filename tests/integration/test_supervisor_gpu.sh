@@ -20,14 +20,11 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 . "$here/lib/gpu_env.sh"
 
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "SKIP: no NVIDIA GPU here"; exit 77; }
-sup_init || exit $?
+sup_begin
 if "$DS4_BIN/ds4-worker" hold --segment none 2>&1 | grep -q 'built without the CUDA backend'; then
   echo "SKIP: this ds4-worker was built without the CUDA backend"; exit 77
 fi
-trap sup_cleanup EXIT
 unset DBUS_SESSION_BUS_ADDRESS
 
 cat >"$SUP_DIR/ds4.yaml" <<YAML

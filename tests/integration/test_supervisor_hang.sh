@@ -10,11 +10,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 . "$here/lib/hang_check.sh"
 
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
-sup_init || exit $?
-trap sup_cleanup EXIT
+sup_begin curl
 unset DBUS_SESSION_BUS_ADDRESS
 
 hang_write_config process "$model"

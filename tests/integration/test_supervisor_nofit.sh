@@ -13,10 +13,7 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-sup_init || exit $?
-trap sup_cleanup EXIT
+sup_begin
 top=16777216
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:

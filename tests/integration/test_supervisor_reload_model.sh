@@ -14,11 +14,8 @@ set -u
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
 
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-sup_init || exit $?
+sup_begin
 unset DBUS_SESSION_BUS_ADDRESS
-trap sup_cleanup EXIT
 
 big=$SUP_DIR/big.gguf
 if ! "$DS4_BIN/ds4-mkmodel" --out "$big" --vocab-from "$model" --preset 1b --type q8_0 >/dev/null 2>&1; then

@@ -16,11 +16,8 @@ mount -t tmpfs -o size=8m,mode=1777 ds4-test-shm /dev/shm || { echo "SKIP: canno
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/supervisor_env.sh"
-model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-sup_init || exit $?
+sup_begin
 unset DBUS_SESSION_BUS_ADDRESS
-trap sup_cleanup EXIT
 
 cat >"$SUP_DIR/ds4.yaml" <<YAML
 model:

