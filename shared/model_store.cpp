@@ -24,8 +24,10 @@
 #include <thread>
 #include <utility>
 
+#include "shared/bytes.h"
 #include "shared/error.h"
 #include "shared/files.h"
+#include "shared/meminfo.h"
 
 namespace ds4::store {
 
@@ -142,18 +144,6 @@ class Collapser {
   bool last_ = false;
   std::thread thread_;  // last: it starts once the rest is ready
 };
-
-std::string format_bytes(uint64_t b) {
-  char buf[48];
-  if (b >= (uint64_t(1) << 30)) {
-    std::snprintf(buf, sizeof buf, "%.1f GiB", double(b) / double(uint64_t(1) << 30));
-  } else if (b >= (uint64_t(1) << 20)) {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(uint64_t(1) << 20));
-  } else {
-    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(b));
-  }
-  return buf;
-}
 
 int64_t realtime_ns() {
   timespec ts{};
@@ -467,42 +457,11 @@ std::optional<LoadResult> create_segment(const std::string& name, const gguf::Fi
 
 // ---- memfd segments -----------------------------------------------------
 
-// The memory a new memfd may take: MemAvailable, and what the cgroup's
-// memory.max leaves (cgroup v2); the smaller one.
+// The memory a new memfd may take (shared/meminfo.h): its pages are shared
+// memory, charged to our cgroup and never reclaimed.
 uint64_t available_memory(const LoadOptions& opts) {
   if (opts.assume_available_memory) return *opts.assume_available_memory;
-  uint64_t avail = UINT64_MAX;
-  if (const std::optional<std::string> mi = read_whole_file("/proc/meminfo")) {
-    const size_t at = mi->find("MemAvailable:");
-    unsigned long long kib = 0;
-    if (at != std::string::npos && std::sscanf(mi->c_str() + at, "MemAvailable: %llu kB", &kib) == 1)
-      avail = uint64_t(kib) * 1024;
-  }
-  // "0::/user.slice/..." names our cgroup v2; its parents limit it too, but the
-  // nearest limit is what a user sets (MemoryMax= of the unit).
-  if (const std::optional<std::string> cg = read_whole_file("/proc/self/cgroup")) {
-    const size_t at = cg->find("0::");
-    if (at != std::string::npos) {
-      const std::string rel = cg->substr(at + 3, cg->find('\n', at) - at - 3);
-      const std::string dir = "/sys/fs/cgroup" + rel;
-      const std::optional<std::string> max = read_whole_file(dir + "/memory.max");
-      const std::optional<std::string> cur = read_whole_file(dir + "/memory.current");
-      unsigned long long m = 0, c = 0;
-      if (max && cur && std::sscanf(max->c_str(), "%llu", &m) == 1 && std::sscanf(cur->c_str(), "%llu", &c) == 1) {
-        // Page cache (the GGUF file's own pages, read just now) is reclaimed
-        // when the cgroup needs room: it does not count as used.
-        unsigned long long file = 0;
-        if (const std::optional<std::string> stat = read_whole_file(dir + "/memory.stat")) {
-          const size_t f = stat->find("\nfile ");
-          if (stat->starts_with("file ")) std::sscanf(stat->c_str(), "file %llu", &file);
-          else if (f != std::string::npos) std::sscanf(stat->c_str() + f + 1, "file %llu", &file);
-        }
-        const uint64_t used = c > file ? c - file : 0;
-        avail = std::min<uint64_t>(avail, m > used ? m - used : 0);
-      }
-    }
-  }
-  return avail;
+  return mem::read_memory_room().usable();
 }
 
 [[noreturn]] void throw_no_memory(const std::string& source, uint64_t need, const std::string& why) {

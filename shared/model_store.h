@@ -296,9 +296,10 @@ LoadResult load(const std::string& gguf_path, const LoadOptions& opts = {});
 /// A memfd segment (opts.backing) is created anew, sealed and returned with
 /// its descriptor in LoadResult::fd: it goes away with the last descriptor and
 /// mapping, so only load() (not ensure_loaded) can make one. Its memory is
-/// checked against MemAvailable and the cgroup's limit, then reserved
-/// (fallocate) before anything is written: a model that does not fit fails
-/// with a clear ds4::Error, never with SIGBUS or an OOM kill mid-load.
+/// checked against MemAvailable and the cgroup's limits (shared/meminfo.h),
+/// then reserved (fallocate) before anything is written: a model that does
+/// not fit fails with a clear ds4::Error, never with SIGBUS or an OOM kill
+/// mid-load.
 /// BackingChoice::automatic means shm here, and memfd is refused.
 std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts = {});
 
