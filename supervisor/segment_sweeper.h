@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "shared/model_store.h"
+#include "shared/segment_sweep.h"
 #include "supervisor/asio.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"
