@@ -25,7 +25,7 @@
 #include "worker/engine.h"
 #include "worker/exec_engine.h"
 #include "shared/exec_command.h"
-#include "worker/memory_plan.h"
+#include "worker/room_check.h"
 #include "worker/runtime.h"
 #include "worker/server.h"
 #include "text/utf8.h"

@@ -30,7 +30,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_ops.h"
 #include "worker/engine.h"
-#include "worker/model.h"
+#include "model/weights.h"
 #include "worker/sampler.h"
 #include "text/tokenizer.h"
 

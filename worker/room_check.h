@@ -1,7 +1,8 @@
 #pragma once
-/// Checks a worker's memory plan against what the machine and its cgroup can
-/// give before anything is allocated, so a plan that cannot fit fails at start
-/// with a message instead of an OOM kill later.
+/// The room check: a worker's memory plan (computed by model/memory_plan.h)
+/// against what the machine and its cgroup can give (shared/meminfo.h) or
+/// its device has free, before anything is allocated, so a plan that cannot
+/// fit fails at start with a message instead of an OOM kill later.
 
 #include <cstdint>
 #include <string>

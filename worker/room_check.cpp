@@ -1,4 +1,4 @@
-#include "worker/memory_plan.h"
+#include "worker/room_check.h"
 
 #include <sstream>
 
