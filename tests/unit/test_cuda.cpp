@@ -1882,7 +1882,7 @@ TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens,
       CudaWeightsOptions o;
       o.host_expert_layers = host;
       o.holder_expert_layers = holder_layers;
-      o.host_threads = 2;
+      o.host = make_host_compute(m->model, 2);
       return make_cuda_backend(m->model, 0, o);
     };
     // Same tokens as the CPU (up to its own near tie) for each rung: the
@@ -1935,7 +1935,7 @@ TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens,
       CudaWeightsOptions o = from_holder(socket, "moe-key");
       o.host_expert_layers = host;
       o.holder_expert_layers = 2;
-      o.host_threads = 2;
+      o.host = make_host_compute(m->model, 2);
       auto mapped = make_cuda_backend(m->model, 0, o);
       CHECK(mapped->name().find("weights: holder") != std::string::npos);
       const MemoryPlan p = mapped->plan(one);
@@ -1953,6 +1953,7 @@ TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens,
     CudaWeightsOptions o = from_holder(socket, "moe-key");
     o.host_expert_layers = 1;
     o.holder_expert_layers = 1;
+    o.host = make_host_compute(m->model, 2);
     auto other = make_cuda_backend(m->model, 0, o);
     CHECK(other->name().find("weights: copy") != std::string::npos);
   }
