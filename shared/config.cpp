@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "shared/error.h"
+#include "shared/files.h"
+#include "shared/meminfo.h"
 
 namespace ds4 {
 namespace fs = std::filesystem;
@@ -151,14 +153,8 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 Bytes read_mem_total() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  Bytes kib = 0;
-  while (in >> key) {
-    if (key == "MemTotal:" && in >> kib) return kib * 1024;
-    in.ignore(1 << 16, '\n');
-  }
-  return 0;
+  const std::optional<std::string> meminfo = read_whole_file("/proc/meminfo");
+  return meminfo ? mem::meminfo_bytes(*meminfo, "MemTotal").value_or(0) : 0;
 }
 
 // ---------------------------------------------------------------------------

@@ -4,7 +4,6 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/sysmacros.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -17,15 +16,16 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <new>
-#include <set>
 #include <thread>
 #include <utility>
 
+#include "shared/bytes.h"
 #include "shared/error.h"
 #include "shared/files.h"
+#include "shared/meminfo.h"
+#include "shared/model_store_internal.h"
 
 namespace ds4::store {
 
@@ -35,15 +35,6 @@ namespace {
 
 constexpr uint64_t kRegionAlignment = 64;
 constexpr uint64_t kCopyChunk = uint64_t(8) << 20;  // progress granularity while copying
-// 2 MiB pages: a CPU decode step streams every weight once, and from 2 MiB
-// pages it runs up to ~1.2x faster than from 4 KiB ones (fewer TLB misses
-// and page walks). Shared memory has them only where the machine allows it
-// (shmem_enabled, or a tmpfs mounted huge=), which Debian does not by
-// default; MADV_COLLAPSE (Linux 6.1) makes them for a range of a memfd or a
-// tmpfs file whatever those settings say (but "deny"), without privileges.
-// A 2 MiB page maps only where the virtual address and the file offset agree
-// modulo 2 MiB: every mapping of a segment starts on a 2 MiB boundary.
-constexpr uint64_t kHugePage = uint64_t(2) << 20;
 // The writer collapses what it has copied in steps of this many bytes, while
 // they are still in the cache.
 constexpr uint64_t kCollapseStep = uint64_t(64) << 20;
@@ -65,8 +56,10 @@ uint64_t fnv1a(const void* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-// Maps [0, bytes) of fd at a 2 MiB boundary (see kHugePage); MAP_FAILED with
-// errno set when it cannot. Unmapped with munmap(p, bytes) like any mapping.
+}  // namespace
+
+// ---- shared with segment_reader.cpp and segment_sweep.cpp ----------------
+
 void* map_segment(int fd, uint64_t bytes, int prot) {
   const uint64_t span = bytes + kHugePage;
   void* r = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -86,6 +79,36 @@ void* map_segment(int fd, uint64_t bytes, int prot) {
   if (lo + span > end) ::munmap(reinterpret_cast<void*>(end), lo + span - end);
   return p;
 }
+
+int64_t realtime_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+bool loader_lock_held(int fd) {
+  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
+    ::flock(fd, LOCK_UN);
+    return false;
+  }
+  return errno == EWOULDBLOCK;
+}
+
+std::string segment_label(const std::string& handle) {
+  if (is_memfd_handle(handle)) return "memfd segment '" + std::string(handle_name(handle)) + "'";
+  return "shared-memory segment '" + handle + "'";
+}
+
+Identity header_identity(const SegmentHeader& h) {
+  Identity id;
+  id.path.assign(h.path, size_t(std::min<uint64_t>(h.path_len, kMaxPath)));
+  id.size = h.file_size;
+  id.mtime_ns = h.mtime_ns;
+  id.header_hash = h.header_hash;
+  return id;
+}
+
+namespace {
 
 // Puts a segment mapped by map_segment into 2 MiB pages where the kernel can,
 // on a thread of its own that follows the copy (`written`, the bytes before
@@ -143,44 +166,11 @@ class Collapser {
   std::thread thread_;  // last: it starts once the rest is ready
 };
 
-std::string format_bytes(uint64_t b) {
-  char buf[48];
-  if (b >= (uint64_t(1) << 30)) {
-    std::snprintf(buf, sizeof buf, "%.1f GiB", double(b) / double(uint64_t(1) << 30));
-  } else if (b >= (uint64_t(1) << 20)) {
-    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(uint64_t(1) << 20));
-  } else {
-    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(b));
-  }
-  return buf;
-}
-
-int64_t realtime_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_REALTIME, &ts);
-  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-// The loader holds an exclusive flock on the segment for the whole load; the
-// kernel drops it when the loader dies, so a free lock means nobody is loading.
-bool loader_lock_held(int fd) {
-  if (::flock(fd, LOCK_SH | LOCK_NB) == 0) {
-    ::flock(fd, LOCK_UN);
-    return false;
-  }
-  return errno == EWOULDBLOCK;
-}
-
 bool recently_created(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return false;
   const int64_t ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
   return realtime_ns() - ctime_ns < kCreationGraceNs;
-}
-
-std::string segment_label(const std::string& handle) {
-  if (is_memfd_handle(handle)) return "memfd segment '" + std::string(handle_name(handle)) + "'";
-  return "shared-memory segment '" + handle + "'";
 }
 
 Identity identity_of(const gguf::File& f, const std::string& path) {
@@ -196,15 +186,6 @@ Identity identity_of(const gguf::File& f, const std::string& path) {
   id.size = uint64_t(st.st_size);
   id.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   id.header_hash = fnv1a(f.bytes().data(), size_t(std::min(f.data_offset(), f.file_size())));
-  return id;
-}
-
-Identity header_identity(const SegmentHeader& h) {
-  Identity id;
-  id.path.assign(h.path, size_t(std::min<uint64_t>(h.path_len, kMaxPath)));
-  id.size = h.file_size;
-  id.mtime_ns = h.mtime_ns;
-  id.header_hash = h.header_hash;
   return id;
 }
 
@@ -467,42 +448,11 @@ std::optional<LoadResult> create_segment(const std::string& name, const gguf::Fi
 
 // ---- memfd segments -----------------------------------------------------
 
-// The memory a new memfd may take: MemAvailable, and what the cgroup's
-// memory.max leaves (cgroup v2); the smaller one.
+// The memory a new memfd may take (shared/meminfo.h): its pages are shared
+// memory, charged to our cgroup and never reclaimed.
 uint64_t available_memory(const LoadOptions& opts) {
   if (opts.assume_available_memory) return *opts.assume_available_memory;
-  uint64_t avail = UINT64_MAX;
-  if (const std::optional<std::string> mi = read_whole_file("/proc/meminfo")) {
-    const size_t at = mi->find("MemAvailable:");
-    unsigned long long kib = 0;
-    if (at != std::string::npos && std::sscanf(mi->c_str() + at, "MemAvailable: %llu kB", &kib) == 1)
-      avail = uint64_t(kib) * 1024;
-  }
-  // "0::/user.slice/..." names our cgroup v2; its parents limit it too, but the
-  // nearest limit is what a user sets (MemoryMax= of the unit).
-  if (const std::optional<std::string> cg = read_whole_file("/proc/self/cgroup")) {
-    const size_t at = cg->find("0::");
-    if (at != std::string::npos) {
-      const std::string rel = cg->substr(at + 3, cg->find('\n', at) - at - 3);
-      const std::string dir = "/sys/fs/cgroup" + rel;
-      const std::optional<std::string> max = read_whole_file(dir + "/memory.max");
-      const std::optional<std::string> cur = read_whole_file(dir + "/memory.current");
-      unsigned long long m = 0, c = 0;
-      if (max && cur && std::sscanf(max->c_str(), "%llu", &m) == 1 && std::sscanf(cur->c_str(), "%llu", &c) == 1) {
-        // Page cache (the GGUF file's own pages, read just now) is reclaimed
-        // when the cgroup needs room: it does not count as used.
-        unsigned long long file = 0;
-        if (const std::optional<std::string> stat = read_whole_file(dir + "/memory.stat")) {
-          const size_t f = stat->find("\nfile ");
-          if (stat->starts_with("file ")) std::sscanf(stat->c_str(), "file %llu", &file);
-          else if (f != std::string::npos) std::sscanf(stat->c_str() + f + 1, "file %llu", &file);
-        }
-        const uint64_t used = c > file ? c - file : 0;
-        avail = std::min<uint64_t>(avail, m > used ? m - used : 0);
-      }
-    }
-  }
-  return avail;
+  return mem::read_memory_room().usable();
 }
 
 [[noreturn]] void throw_no_memory(const std::string& source, uint64_t need, const std::string& why) {
@@ -758,408 +708,6 @@ std::vector<std::string> list_segments(std::string_view prefix) {
   if (ec) throw Error(std::string(kShmDir) + ": cannot list: " + ec.message());
   std::sort(names.begin(), names.end());
   return names;
-}
-
-// ---- sweeping old segments ----------------------------------------------
-
-namespace {
-
-// Which kShmDir files the processes map, from one pass over /proc.
-struct MapScan {
-  std::set<std::pair<dev_t, ino_t>> mapped;  // device and inode of each mapped file
-  bool ds4_unreadable = false;               // a ds4 process whose maps cannot be read
-};
-
-// A maps line: "start-end perms offset major:minor inode   path"; a memfd's
-// path is "/memfd:<name> (deleted)".
-void add_mappings(const std::string& maps, MapScan& scan) {
-  const std::string dir = std::string(kShmDir) + "/";
-  constexpr std::string_view kMemfdPath = "/memfd:";
-  size_t at = 0;
-  while (at < maps.size()) {
-    size_t end = maps.find('\n', at);
-    if (end == std::string::npos) end = maps.size();
-    const std::string_view line(maps.data() + at, end - at);
-    at = end + 1;
-    size_t path = line.find(dir);
-    if (path == std::string_view::npos) path = line.find(kMemfdPath);
-    if (path == std::string_view::npos) continue;
-    unsigned major_no = 0, minor_no = 0;
-    unsigned long long inode = 0;
-    if (std::sscanf(std::string(line.substr(0, path)).c_str(), "%*s %*s %*s %x:%x %llu", &major_no, &minor_no,
-                    &inode) != 3) {
-      continue;
-    }
-    scan.mapped.emplace(makedev(major_no, minor_no), ino_t(inode));
-  }
-}
-
-// Whether a /proc/<pid>/cmdline runs a ds4 program (ds4-worker, ds4-supervisor).
-bool runs_ds4(const std::string& cmdline) {
-  const std::string argv0 = cmdline.substr(0, cmdline.find('\0'));
-  const size_t slash = argv0.rfind('/');
-  return argv0.compare(slash == std::string::npos ? 0 : slash + 1, 4, "ds4-") == 0;
-}
-
-MapScan scan_processes(const std::string& proc_dir) {
-  MapScan scan;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(proc_dir, ec)) {
-    const std::string pid = entry.path().filename().string();
-    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    if (const std::optional<std::string> maps = read_whole_file(proc_dir + "/" + pid + "/maps")) {
-      add_mappings(*maps, scan);
-    } else if (errno == EACCES || errno == EPERM) {
-      // Not ours to read (a non-dumpable process, another user's, or one in
-      // another user namespace): only a ds4 program would map a segment.
-      if (const std::optional<std::string> cmdline = read_whole_file(proc_dir + "/" + pid + "/cmdline"))
-        scan.ds4_unreadable = scan.ds4_unreadable || runs_ds4(*cmdline);
-    }
-    // Anything else: the process is gone.
-  }
-  return scan;
-}
-
-bool changed_within(const struct stat& st, std::chrono::milliseconds age) {
-  const int64_t ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
-  const int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  return realtime_ns() - std::max(ctime_ns, mtime_ns) < int64_t(age.count()) * 1000000;
-}
-
-enum class Swept { removed, kept, gone };
-
-Swept sweep_one(const std::string& name, const InUseFn& in_use, const SweepOptions& opts, uint64_t& freed) {
-  const std::string path = std::string(kShmDir) + "/" + name;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return errno == ENOENT ? Swept::gone : Swept::kept;
-  struct stat st {};
-  const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-  const uid_t me = ::geteuid();
-  // A loader holds the lock from right after creating the segment until it is
-  // ready, and maps it only once the pages are reserved.
-  // Another user's segment is never ours to remove, root's sweeps included.
-  const bool keep = !ok || st.st_uid != me || loader_lock_held(fd) || changed_within(st, opts.min_age);
-  ::close(fd);
-  if (keep || in_use(name)) return Swept::kept;
-  struct stat now {};
-  if (::stat(path.c_str(), &now) != 0) return Swept::gone;
-  if (now.st_ino != st.st_ino || now.st_dev != st.st_dev) return Swept::kept;  // replaced since: look next time
-  if (::unlink(path.c_str()) != 0) return errno == ENOENT ? Swept::gone : Swept::kept;
-  freed = uint64_t(st.st_blocks) * 512;
-  return Swept::removed;
-}
-
-}  // namespace
-
-InUseFn mapped_by_some_process(std::string proc_dir) {
-  auto scan = std::make_shared<std::optional<MapScan>>();
-  return [scan, proc_dir = std::move(proc_dir)](const std::string& name) {
-    struct stat st {};
-    if (::stat((std::string(kShmDir) + "/" + name).c_str(), &st) != 0) return false;
-    if (!*scan) *scan = scan_processes(proc_dir);
-    const MapScan& s = **scan;
-    return s.ds4_unreadable || s.mapped.count({st.st_dev, st.st_ino}) > 0;
-  };
-}
-
-FdInUseFn fd_mapped_by_some_process(std::string proc_dir) {
-  auto scan = std::make_shared<std::optional<MapScan>>();
-  return [scan, proc_dir = std::move(proc_dir)](int fd) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) return false;
-    if (!*scan) *scan = scan_processes(proc_dir);
-    const MapScan& s = **scan;
-    return s.ds4_unreadable || s.mapped.count({st.st_dev, st.st_ino}) > 0;
-  };
-}
-
-SweepResult remove_unused_segments(std::string_view keep, const InUseFn& in_use, const SweepOptions& opts) {
-  SweepResult r;
-  for (const std::string& name : list_segments(opts.prefix)) {
-    if (name == keep) continue;
-    uint64_t freed = 0;
-    switch (sweep_one(name, in_use, opts, freed)) {
-      case Swept::removed:
-        r.removed.push_back({name, freed});
-        break;
-      case Swept::kept:
-        r.kept.push_back(name);
-        break;
-      case Swept::gone:
-        break;
-    }
-  }
-  return r;
-}
-
-// ---- attaching ----------------------------------------------------------
-
-// Whether `fd` is a memfd: its /proc link reads "/memfd:<name> ...".
-static bool is_memfd(int fd) {
-  char link[64];
-  const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link);
-  return n >= 7 && std::string_view(link, size_t(n)).starts_with("/memfd:");
-}
-
-// A read-only mapping of a whole segment, unmapped on destruction.
-struct Mapping {
-  void* addr = nullptr;
-  size_t bytes = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (addr) ::munmap(addr, bytes);
-  }
-};
-
-struct Segment::Impl {
-  std::string name;
-  Backing backing = Backing::shm;
-  Mapping region;
-  const SegmentHeader* header = nullptr;
-  gguf::File metadata;
-  std::vector<TensorRef> tensors;
-  std::map<std::string_view, size_t, std::less<>> index;
-  VocabView vocab;
-};
-
-namespace {
-
-class Checker {
- public:
-  Checker(const std::string& name, uint64_t size) : name_(name), size_(size) {}
-
-  [[noreturn]] void fail(const std::string& what) const { throw Error(segment_label(name_) + ": " + what); }
-
-  // [offset, offset + bytes) lies inside the segment.
-  void region(std::string_view what, uint64_t offset, uint64_t bytes) const {
-    if (offset > size_ || bytes > size_ - offset) {
-      fail(std::string(what) + " [" + std::to_string(offset) + ", +" + std::to_string(bytes) +
-           ") lies outside the segment (size " + std::to_string(size_) + "); it is corrupt");
-    }
-  }
-
- private:
-  const std::string& name_;
-  uint64_t size_;
-};
-
-// count elements of `elem` bytes at `offset` fit in `limit` bytes, suitably aligned.
-bool fits(uint64_t offset, uint64_t count, uint64_t elem, uint64_t limit) {
-  if (offset % elem != 0 || offset > limit) return false;
-  return count <= (limit - offset) / elem;
-}
-
-VocabView check_vocab(const Checker& c, const uint8_t* base, const SegmentHeader& h) {
-  c.region("vocabulary", h.vocab_offset, h.vocab_bytes);
-  if (h.vocab_bytes < sizeof(VocabHeader) || h.vocab_offset % 8 != 0) c.fail("vocabulary region is corrupt (header)");
-  const uint8_t* region = base + h.vocab_offset;
-  const auto* vh = reinterpret_cast<const VocabHeader*>(region);
-  const uint64_t n = vh->n_tokens, limit = h.vocab_bytes;
-  if (n >= limit || !fits(vh->offsets_offset, n + 1, 8, limit) ||
-      (vh->scores_offset && !fits(vh->scores_offset, n, 4, limit)) ||
-      (vh->types_offset && !fits(vh->types_offset, n, 4, limit)) ||
-      !fits(vh->strings_offset, vh->strings_bytes, 1, limit)) {
-    c.fail("vocabulary region is corrupt (" + std::to_string(n) + " tokens do not fit its " + std::to_string(limit) +
-           " bytes)");
-  }
-  VocabView v;
-  v.n_tokens = n;
-  v.offsets = reinterpret_cast<const uint64_t*>(region + vh->offsets_offset);
-  v.strings = reinterpret_cast<const char*>(region + vh->strings_offset);
-  v.scores = vh->scores_offset ? reinterpret_cast<const float*>(region + vh->scores_offset) : nullptr;
-  v.types = vh->types_offset ? reinterpret_cast<const int32_t*>(region + vh->types_offset) : nullptr;
-  for (uint64_t i = 0; i < n; ++i) {
-    if (v.offsets[i] > v.offsets[i + 1]) c.fail("vocabulary token " + std::to_string(i) + " has a negative length");
-  }
-  if (v.offsets[0] != 0 || v.offsets[n] > vh->strings_bytes) c.fail("vocabulary strings run past their region");
-  return v;
-}
-
-void check_header(const Checker& c, const SegmentHeader& h, uint64_t size, int fd) {
-  if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) c.fail("bad magic: this is not a ds4 model segment");
-  if (h.layout_version != kLayoutVersion) {
-    c.fail("layout version " + std::to_string(h.layout_version) + ", this build reads layout version " +
-           std::to_string(kLayoutVersion) + "; the supervisor must rebuild it (restart it, or run ensure_loaded)");
-  }
-  if (size < sizeof(SegmentHeader)) c.fail("truncated: " + std::to_string(size) + " bytes, smaller than its header");
-  if (h.state.load(std::memory_order_acquire) != uint32_t(SegmentState::ready)) {
-    const std::string pid = std::to_string(h.loader_pid);
-    if (loader_lock_held(fd)) {
-      c.fail("still loading (loader pid " + pid + " is running); wait until it is ready");
-    }
-    c.fail("was left half-written by loader pid " + pid + ", which is no longer running; ensure_loaded rebuilds it");
-  }
-  if (h.total_bytes != size) {
-    c.fail("size " + std::to_string(size) + " differs from the " + std::to_string(h.total_bytes) +
-           " bytes its header records; it is truncated or corrupt");
-  }
-  if (h.path_len >= kMaxPath) c.fail("header is corrupt (path length " + std::to_string(h.path_len) + ")");
-  c.region("GGUF header blob", h.blob_offset, h.blob_bytes);
-  if (h.n_tensors > size / sizeof(TensorRecord) || h.dir_offset % 8 != 0) c.fail("tensor directory is corrupt");
-  c.region("tensor directory", h.dir_offset, h.n_tensors * sizeof(TensorRecord));
-  c.region("tensor data", h.data_offset, h.data_bytes);
-}
-
-TensorRef check_record(const Checker& c, const uint8_t* base, const SegmentHeader& h, const TensorRecord& r, size_t i) {
-  const std::string what = "tensor record " + std::to_string(i);
-  const void* nul = std::memchr(r.name, 0, sizeof r.name);
-  if (!nul) c.fail(what + ": name is not terminated");
-  TensorRef t;
-  t.name = std::string_view(r.name, size_t(static_cast<const char*>(nul) - r.name));
-  const std::optional<TypeTraits> traits = type_traits(r.type);
-  if (!traits || r.n_dims == 0 || r.n_dims > 4) c.fail(what + " '" + std::string(t.name) + "': bad type or n_dims");
-  uint64_t n = 1;
-  for (int d = 0; d < 4; ++d) {
-    if (r.dims[d] == 0 || __builtin_mul_overflow(n, r.dims[d], &n)) c.fail(what + " '" + std::string(t.name) + "': bad dims");
-    t.dims[d] = r.dims[d];
-  }
-  if (r.dims[0] % traits->block_elems != 0 || n / traits->block_elems * traits->block_bytes != r.n_bytes) {
-    c.fail(what + " '" + std::string(t.name) + "': size " + std::to_string(r.n_bytes) + " does not match its type and dims");
-  }
-  if (r.offset % kDataAlignment != 0 || r.offset < h.data_offset || r.offset - h.data_offset > h.data_bytes ||
-      r.n_bytes > h.data_bytes - (r.offset - h.data_offset)) {
-    c.fail(what + " '" + std::string(t.name) + "': data at " + std::to_string(r.offset) +
-           " is misaligned or outside the data region");
-  }
-  t.type = GgmlType(r.type);
-  t.n_dims = r.n_dims;
-  t.data = base + r.offset;
-  t.n_bytes = r.n_bytes;
-  return t;
-}
-
-}  // namespace
-
-Segment::Segment(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Segment::Segment(Segment&&) noexcept = default;
-Segment& Segment::operator=(Segment&&) noexcept = default;
-Segment::~Segment() = default;
-
-Segment Segment::attach(const std::string& name) {
-  if (is_memfd_handle(name)) {
-    throw Error(segment_label(name) + ": a memfd segment has no name to open; it is reached through the "
-                "supervisor's descriptor (ds4-worker fetches it from the supervisor's segment socket)");
-  }
-  const UniqueFd fd(::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0));
-  if (!fd) {
-    if (errno == ENOENT) {
-      throw Error(segment_label(name) + ": does not exist (" + kShmDir + "/" + name +
-                  "); the supervisor creates it when it loads the model");
-    }
-    throw Error(segment_label(name) + ": cannot open: " + std::strerror(errno));
-  }
-  return attach_fd(fd.get(), name);
-}
-
-Segment Segment::attach_fd(int fd, const std::string& name) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw Error(segment_label(name) + ": cannot stat: " + std::strerror(errno));
-  const uint64_t size = uint64_t(st.st_size);
-  const Checker c(name, size);
-  // A memfd whose size can still change could lose pages under our mapping.
-  const bool memfd = is_memfd(fd);
-  if (memfd && (::fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
-    c.fail("is a memfd whose size is not sealed; it was not made by the ds4 loader");
-  // magic and layout version come first in every layout.
-  if (size < sizeof(kMagic) + sizeof(uint32_t)) {
-    c.fail("truncated: " + std::to_string(size) + " bytes, too small for a ds4 model segment");
-  }
-  auto impl = std::make_unique<Impl>();
-  impl->name = name;
-  impl->backing = memfd ? Backing::memfd : Backing::shm;
-  void* addr = map_segment(fd, size, PROT_READ);
-  if (addr == MAP_FAILED) c.fail(std::string("cannot map: ") + std::strerror(errno));
-  impl->region.addr = addr;
-  impl->region.bytes = size_t(size);
-  const auto* base = static_cast<const uint8_t*>(addr);
-  const auto& h = *reinterpret_cast<const SegmentHeader*>(base);
-  check_header(c, h, size, fd);
-  impl->header = &h;
-
-  gguf::ParseOptions po;
-  po.check_tensor_data = false;
-  try {
-    impl->metadata = gguf::File::parse(std::span<const uint8_t>(base + h.blob_offset, h.blob_bytes),
-                                       segment_label(name) + " GGUF header", po);
-  } catch (const Error& e) {
-    c.fail(std::string("its GGUF header does not parse: ") + e.what());
-  }
-  if (impl->metadata.tensors().size() != h.n_tensors) c.fail("tensor directory and GGUF header disagree on the tensor count");
-  const auto* records = reinterpret_cast<const TensorRecord*>(base + h.dir_offset);
-  impl->tensors.reserve(h.n_tensors);
-  for (size_t i = 0; i < h.n_tensors; ++i) {
-    impl->tensors.push_back(check_record(c, base, h, records[i], i));
-    if (!impl->index.emplace(impl->tensors.back().name, i).second) {
-      c.fail("tensor '" + std::string(impl->tensors.back().name) + "' appears twice");
-    }
-  }
-  impl->vocab = check_vocab(c, base, h);
-  return Segment(std::move(impl));
-}
-
-const std::string& Segment::name() const { return impl_->name; }
-Backing Segment::backing() const { return impl_->backing; }
-Identity Segment::identity() const { return header_identity(*impl_->header); }
-
-std::optional<std::string> Segment::identity_mismatch() const {
-  const std::string_view named = base_name(impl_->name);
-  constexpr std::string_view kPrefix = "ds4-model-";
-  const bool loader_name = named.size() == kPrefix.size() + 16 && named.starts_with(kPrefix) &&
-                           named.substr(kPrefix.size()).find_first_not_of("0123456789abcdef") == std::string_view::npos;
-  const Identity id = identity();
-  if (loader_name && segment_name(id) != named)
-    return "it holds " + id.path + " (" + std::to_string(id.size) + " bytes, mtime " + std::to_string(id.mtime_ns) +
-           " ns), whose segment is " + segment_name(id) + ", not " + std::string(named);
-  return std::nullopt;
-}
-uint64_t Segment::bytes() const { return impl_->header->total_bytes; }
-uint64_t Segment::weight_bytes() const { return impl_->header->data_bytes; }
-const gguf::File& Segment::metadata() const { return impl_->metadata; }
-std::span<const TensorRef> Segment::tensors() const { return impl_->tensors; }
-const void* Segment::base() const { return impl_->region.addr; }
-uint64_t Segment::huge_page_bytes() const {
-  const auto* p = static_cast<const volatile uint8_t*>(impl_->region.addr);
-  for (uint64_t at = 0; at < impl_->region.bytes; at += kHugePage) (void)p[at];
-  return pmd_mapped_bytes(impl_->region.addr);
-}
-const SegmentHeader& Segment::header() const { return *impl_->header; }
-const VocabView& Segment::vocab() const { return impl_->vocab; }
-
-const TensorRef* Segment::find_tensor(std::string_view name) const {
-  const auto it = impl_->index.find(name);
-  return it == impl_->index.end() ? nullptr : &impl_->tensors[it->second];
-}
-
-uint64_t pmd_mapped_bytes(const void* addr) {
-  const std::optional<std::string> smaps = read_whole_file("/proc/self/smaps");
-  if (!smaps) return 0;
-  const auto a = reinterpret_cast<uintptr_t>(addr);
-  bool in = false;
-  uint64_t kib = 0;
-  size_t at = 0;
-  while (at < smaps->size()) {
-    size_t end = smaps->find('\n', at);
-    if (end == std::string::npos) end = smaps->size();
-    const std::string_view line(smaps->data() + at, end - at);
-    at = end + 1;
-    unsigned long long lo = 0, hi = 0;
-    int used = 0;
-    // A mapping's first line: "lo-hi perms offset dev inode path".
-    if (std::sscanf(std::string(line.substr(0, 40)).c_str(), "%llx-%llx %n", &lo, &hi, &used) == 2 && used > 0) {
-      if (in) break;  // past our mapping
-      in = a >= lo && a < hi;
-      continue;
-    }
-    if (!in) continue;
-    for (const char* key : {"ShmemPmdMapped:", "FilePmdMapped:", "AnonHugePages:"})
-      if (line.starts_with(key)) {
-        unsigned long long v = 0;
-        if (std::sscanf(std::string(line.substr(std::strlen(key))).c_str(), "%llu", &v) == 1) kib += v;
-      }
-  }
-  return kib * 1024;
 }
 
 }  // namespace ds4::store

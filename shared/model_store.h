@@ -11,6 +11,8 @@
 ///   each tensor aligned to kDataAlignment.
 /// The loader writes everything with state `loading`, then publishes `ready`
 /// with a release store. Readers map it read-only and refuse anything else.
+/// In three parts: loading (model_store.cpp), attaching (segment_reader.cpp),
+/// and removing old named segments (shared/segment_sweep.h).
 
 #include <fcntl.h>
 
@@ -158,6 +160,8 @@ Identity identify(const std::string& path);
 /// "ds4-model-<16 hex digits>": derived from the identity and the layout version.
 std::string segment_name(const Identity& id);
 
+// ---- attaching (shared/segment_reader.cpp) -----------------------------
+
 /// One tensor as the engine sees it: a pointer into the mapped segment.
 struct TensorRef {
   std::string_view name;
@@ -225,6 +229,8 @@ class Segment {
   explicit Segment(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- loading (shared/model_store.cpp) -----------------------------------
 
 /// Which backing load() uses.
 enum class BackingChoice {
@@ -296,9 +302,10 @@ LoadResult load(const std::string& gguf_path, const LoadOptions& opts = {});
 /// A memfd segment (opts.backing) is created anew, sealed and returned with
 /// its descriptor in LoadResult::fd: it goes away with the last descriptor and
 /// mapping, so only load() (not ensure_loaded) can make one. Its memory is
-/// checked against MemAvailable and the cgroup's limit, then reserved
-/// (fallocate) before anything is written: a model that does not fit fails
-/// with a clear ds4::Error, never with SIGBUS or an OOM kill mid-load.
+/// checked against MemAvailable and the cgroup's limits (shared/meminfo.h),
+/// then reserved (fallocate) before anything is written: a model that does
+/// not fit fails with a clear ds4::Error, never with SIGBUS or an OOM kill
+/// mid-load.
 /// BackingChoice::automatic means shm here, and memfd is refused.
 std::string ensure_loaded(const std::string& gguf_path, const LoadOptions& opts = {});
 
@@ -314,54 +321,6 @@ bool remove(const std::string& name);
 /// Names in kShmDir that start with `prefix`, sorted: how a supervisor finds
 /// segments of older files or layouts to remove.
 std::vector<std::string> list_segments(std::string_view prefix = "ds4-model-");
-
-/// Whether kShmDir/<name> may be in use by some process: true keeps it.
-using InUseFn = std::function<bool(const std::string& name)>;
-
-/// The real InUseFn: every /proc/<pid>/maps, read once at the first call (a
-/// sweep with nothing to remove reads none) and not again. A segment is in use
-/// when a mapping names its file (same inode: not an older file of that name).
-/// Some maps cannot be read, even by root: another user's processes, non-
-/// dumpable ones (ssh-agent, gpg-agent, setuid programs), a container's init.
-/// Such a process is not asked about unless it runs a ds4 program (argv[0]
-/// `ds4-*`): then nothing can be known, and every segment counts as in use.
-/// ds4's own processes (workers, holders, supervisors) run as the user who
-/// owns the segment and are dumpable, so their maps can be read; and removing
-/// a segment never takes a mapping away from anyone, it only stops new ones.
-InUseFn mapped_by_some_process(std::string proc_dir = "/proc");
-
-/// Whether the memfd segment behind a descriptor is mapped by some process
-/// (a mapping names "/memfd:<name>" with its inode): true keeps it.
-using FdInUseFn = std::function<bool(int fd)>;
-
-/// The real FdInUseFn: the same one-time scan of every /proc/<pid>/maps as
-/// mapped_by_some_process, with the same caution about unreadable ds4 processes.
-FdInUseFn fd_mapped_by_some_process(std::string proc_dir = "/proc");
-
-struct SweepOptions {
-  std::string prefix = "ds4-model-";  // which names in kShmDir are looked at (tests use their own)
-  /// A segment changed more recently than this is kept: a loader may be
-  /// between creating it and taking its lock.
-  std::chrono::milliseconds min_age = std::chrono::seconds(5);
-};
-
-/// One segment a sweep removed.
-struct RemovedSegment {
-  std::string name;
-  uint64_t bytes = 0;  // the memory its pages held, now freed
-};
-
-struct SweepResult {
-  std::vector<RemovedSegment> removed;
-  std::vector<std::string> kept;  // in use, being loaded, too young, or not ours to remove
-};
-
-/// Removes every segment in kShmDir named `prefix`..., other than `keep`, that
-/// nobody uses: no live loader writes it (its lock is free), it is older than
-/// `min_age`, and `in_use` says no. A caller that is not root leaves other
-/// users' segments alone (it could not remove them). Never throws for one segment: one that cannot be
-/// looked at or removed is kept.
-SweepResult remove_unused_segments(std::string_view keep, const InUseFn& in_use, const SweepOptions& opts = {});
 
 /// A progress reporter for long loads: on a terminal a single updating line with
 /// percent and MB/s; under systemd `STATUS=` via sd_notify (rate-limited).

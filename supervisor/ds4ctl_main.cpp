@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shared/bytes.h"
 #include "shared/config.h"
 #include "shared/error.h"
 #include "supervisor/admin.h"
@@ -59,26 +60,26 @@ void print_status(nlohmann::json s) {
   if (!s.contains("workers") || !s["workers"].is_array()) s["workers"] = nlohmann::json::array();
   const auto& m = s["model"];
   std::printf("model     %s  segment %s  %s in %s%s\n", m.value("name", "").c_str(), m.value("segment", "").c_str(),
-              ds4::sup::human_size(m.value("bytes", uint64_t(0))).c_str(), m.value("backing", "shared memory").c_str(),
+              ds4::format_bytes(m.value("bytes", uint64_t(0))).c_str(), m.value("backing", "shared memory").c_str(),
               m.value("synthetic", false) ? "  (SYNTHETIC, RANDOM WEIGHTS)" : "");
   if (!m.value("segment", "").empty() && m.contains("huge_page_bytes"))  // an exec engine's file has none
     std::printf("pages     %s of the segment in 2 MiB pages%s\n",
-                ds4::sup::human_size(m.value("huge_page_bytes", uint64_t(0))).c_str(),
+                ds4::format_bytes(m.value("huge_page_bytes", uint64_t(0))).c_str(),
                 m.value("huge_page_bytes", uint64_t(0)) * 2 < m.value("bytes", uint64_t(0))
                     ? " (4 KiB pages for the rest: slower CPU decoding; see docs/memory.md)" : "");
   if (m.contains("resident") && m["resident"].is_object())
     std::printf("resident  %s of %s kept in memory for the engine (%s)\n",
-                ds4::sup::human_size(m["resident"].value("resident", uint64_t(0))).c_str(),
-                ds4::sup::human_size(m["resident"].value("bytes", uint64_t(0))).c_str(),
+                ds4::format_bytes(m["resident"].value("resident", uint64_t(0))).c_str(),
+                ds4::format_bytes(m["resident"].value("bytes", uint64_t(0))).c_str(),
                 m["resident"].value("mode", "").c_str());
   const auto& h = s["headroom"];
   std::printf("headroom  %s available (min %s), PSI some avg10 %.2f%%\n",
-              ds4::sup::human_size(h.value("host_available", uint64_t(0))).c_str(),
-              ds4::sup::human_size(h.value("min_available", uint64_t(0))).c_str(), h.value("psi_some_avg10", 0.0));
+              ds4::format_bytes(h.value("host_available", uint64_t(0))).c_str(),
+              ds4::format_bytes(h.value("min_available", uint64_t(0))).c_str(), h.value("psi_some_avg10", 0.0));
   if (h.contains("gpu_free") && h["gpu_free"].is_number())
     std::printf("gpu       %s free of %s (the tightest device a worker reports)\n",
-                ds4::sup::human_size(h["gpu_free"].get<uint64_t>()).c_str(),
-                ds4::sup::human_size(h.value("gpu_total", uint64_t(0))).c_str());
+                ds4::format_bytes(h["gpu_free"].get<uint64_t>()).c_str(),
+                ds4::format_bytes(h.value("gpu_total", uint64_t(0))).c_str());
   std::string per_worker;  // requests running on each worker
   for (const auto& w : s["workers"])
     per_worker += (per_worker.empty() ? " (worker " : ", worker ") + std::to_string(w.value("id", 0)) + ": " +

@@ -3,21 +3,9 @@
 #include <sstream>
 
 #include "shared/files.h"
+#include "shared/meminfo.h"
 
 namespace ds4::sup {
-
-std::optional<Bytes> parse_mem_available(const std::string& text) {
-  std::istringstream in(text);
-  std::string key, unit;
-  unsigned long long kb = 0;
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream l(line);
-    if (!(l >> key >> kb)) continue;
-    if (key == "MemAvailable:") return Bytes(kb) * 1024;
-  }
-  return std::nullopt;
-}
 
 std::optional<double> parse_psi_some_avg10(const std::string& text) {
   std::istringstream in(text);
@@ -40,7 +28,7 @@ ProcMemorySource::ProcMemorySource(std::string meminfo, std::string pressure)
 
 Readings ProcMemorySource::read() {
   Readings r;
-  r.available = parse_mem_available(read_whole_file(meminfo_).value_or("")).value_or(0);
+  r.available = mem::read_host_available(read_whole_file, meminfo_).value_or(0);
   r.psi_some_avg10 = parse_psi_some_avg10(read_whole_file(pressure_).value_or("")).value_or(0);
   return r;
 }

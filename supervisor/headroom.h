@@ -17,8 +17,11 @@ class MemorySource {
   virtual Readings read() = 0;
 };
 
-/// /proc/meminfo MemAvailable and /proc/pressure/memory "some avg10" (0 when
-/// the kernel has no PSI). Paths are parameters for tests.
+/// /proc/meminfo MemAvailable (the host's: shared/meminfo.h says why that
+/// figure) and /proc/pressure/memory "some avg10" (0 when the kernel has no
+/// PSI). Paths are parameters for tests. The supervisor's own cgroup is not
+/// read: the workers run in cgroups of their own, and each checks its plan
+/// against its own limit when it starts (a worker allocates nothing later).
 class ProcMemorySource : public MemorySource {
  public:
   explicit ProcMemorySource(std::string meminfo = "/proc/meminfo",
@@ -29,9 +32,7 @@ class ProcMemorySource : public MemorySource {
   std::string meminfo_, pressure_;
 };
 
-/// Parsers, exposed for tests. MemAvailable in bytes; nullopt when absent.
-std::optional<Bytes> parse_mem_available(const std::string& meminfo_text);
-/// "some avg10=1.23 ..." → 1.23; nullopt when absent.
+/// "some avg10=1.23 ..." → 1.23; nullopt when absent. Exposed for tests.
 std::optional<double> parse_psi_some_avg10(const std::string& pressure_text);
 
 }  // namespace ds4::sup

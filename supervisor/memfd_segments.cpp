@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "shared/bytes.h"
 #include "shared/log.h"
 #include "supervisor/keeper.h"
 #include "supervisor/policy.h"
@@ -96,7 +97,7 @@ PassedFds MemfdSegments::recover() {
     struct stat st {};
     ::fstat(fd, &st);
     KeptMemfd k{store::memfd_handle(name), std::move(owned), *id, uint64_t(st.st_size)};
-    log::info("recovered memfd segment " + name + " (" + human_size(k.bytes) + ", " + id->path +
+    log::info("recovered memfd segment " + name + " (" + format_bytes(k.bytes) + ", " + id->path +
                   ") from systemd's fd store",
               {{"DS4_EVENT", "fdstore_recovered"}, {"DS4_SEGMENT", k.handle}, {"DS4_MODEL", id->path}});
     std::lock_guard lock(mu_);

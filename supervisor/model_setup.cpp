@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "shared/bytes.h"
 #include "shared/child_signals.h"
 #include "shared/error.h"
 #include "shared/gguf_writer.h"
@@ -85,7 +86,7 @@ namespace {
 // shmem_enabled "deny" or fragmented memory give fewer.
 void log_page_size(const store::LoadResult& r) {
   const bool memfd = r.backing == store::Backing::memfd;
-  std::string msg = "model segment " + r.name + ": " + human_size(r.huge_page_bytes) + " of " + human_size(r.bytes) +
+  std::string msg = "model segment " + r.name + ": " + format_bytes(r.huge_page_bytes) + " of " + format_bytes(r.bytes) +
                     " in 2 MiB pages";
   if (r.huge_page_bytes * 2 < r.bytes)
     msg += std::string("; the kernel did not collapse it (Linux 6.1 does); for faster CPU decoding ") +
@@ -154,7 +155,7 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
       const store::Segment seg = attach_served(m);
       m.weight_bytes = seg.weight_bytes();
       m.huge_page_bytes = seg.huge_page_bytes();
-      log::info("reused memfd segment " + m.segment + " (" + human_size(m.bytes) + ") kept " +
+      log::info("reused memfd segment " + m.segment + " (" + format_bytes(m.bytes) + ") kept " +
                     (memfds.fd_store() ? "in systemd's fd store" : "by this supervisor") + ": nothing loaded",
                 {{"DS4_EVENT", "segment_reused"}, {"DS4_SEGMENT", m.segment}, {"DS4_BACKING", "memfd"}});
       return m;
@@ -176,7 +177,7 @@ ModelInfo prepare_model(const Config& config, const std::string& runtime_dir, co
   if (!r.rebuild_reason.empty())
     log::info("rebuilt model segment " + r.name + ": " + r.rebuild_reason, {{"DS4_SEGMENT", r.name}});
   if (r.fd) {
-    log::info("model " + m.path + " loaded into memfd segment " + r.name + " (" + human_size(r.bytes) +
+    log::info("model " + m.path + " loaded into memfd segment " + r.name + " (" + format_bytes(r.bytes) +
                   "), kept by the supervisor and handed to workers over its segment socket: " + r.memfd_reason,
               {{"DS4_EVENT", "segment_memfd"}, {"DS4_SEGMENT", r.name}, {"DS4_BACKING", "memfd"}});
     memfds.add(r.name, r.fd);
@@ -272,9 +273,9 @@ std::vector<Rung> plan_exec_ladder(const std::string& model_path, const WorkersC
     const Bytes kv = exec_kv_bytes(g, tokens, w.slots, bytes_of(a.type_k), bytes_of(a.type_v));
     r.own_bytes = kv + w.exec_overhead + (resident ? 0 : file);
     if (detail)
-      *detail += "context " + std::to_string(ctx) + ": " + human_size(r.own_bytes) + " (KV " + human_size(kv) + " for " +
+      *detail += "context " + std::to_string(ctx) + ": " + format_bytes(r.own_bytes) + " (KV " + format_bytes(kv) + " for " +
                  std::to_string(tokens) + " tokens, " + a.type_k + "/" + a.type_v + ", + overhead " +
-                 human_size(w.exec_overhead) + (resident ? "" : ", + the file " + human_size(file)) + "); ";
+                 format_bytes(w.exec_overhead) + (resident ? "" : ", + the file " + format_bytes(file)) + "); ";
   }
   return out;
 }

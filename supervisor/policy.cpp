@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "shared/bytes.h"
 #include "shared/error.h"
 
 namespace ds4::sup {
@@ -21,14 +22,6 @@ PolicyConfig PolicyConfig::from(const Config& c) {
   p.hang_timeout = c.restart.hang_timeout;
   p.start_timeout = c.restart.start_timeout;
   return p;
-}
-
-std::string human_size(Bytes b) {
-  char buf[64];
-  if (b >= (Bytes(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(Bytes(1) << 30));
-  else if (b >= (Bytes(1) << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(Bytes(1) << 20));
-  else std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024.0);
-  return buf;
 }
 
 const char* exit_kind_name(ExitKind k) {
@@ -79,7 +72,7 @@ bool room_known(const Readings& r) { return !on_gpu(r) || r.gpu_free; }
 Bytes room(const Readings& r) { return r.gpu_free ? *r.gpu_free : r.available; }
 
 std::string room_text(const Readings& r) {
-  return r.gpu_free ? human_size(*r.gpu_free) + " free on the GPU" : human_size(r.available) + " available";
+  return r.gpu_free ? format_bytes(*r.gpu_free) + " free on the GPU" : format_bytes(r.available) + " available";
 }
 
 std::vector<std::pair<std::string, std::string>> room_figures(const Readings& r) {
@@ -132,10 +125,10 @@ Step WorkerPolicy::start(TimePoint now, const Readings& r) {
     }
   }
   const Bytes needs = config_.ladder[rung].own_bytes;
-  std::string reason = fits ? "largest rung that fits: needs " + human_size(needs) + ", " + room_text(r) +
-                                  " − " + human_size(config_.reserve) + " reserve"
-                            : "no rung fits (smallest needs " + human_size(needs) + ", " + room_text(r) +
-                                  " − " + human_size(config_.reserve) + " reserve); trying the smallest";
+  std::string reason = fits ? "largest rung that fits: needs " + format_bytes(needs) + ", " + room_text(r) +
+                                  " − " + format_bytes(config_.reserve) + " reserve"
+                            : "no rung fits (smallest needs " + format_bytes(needs) + ", " + room_text(r) +
+                                  " − " + format_bytes(config_.reserve) + " reserve); trying the smallest";
   Step s = start_at(rung, "start", reason, now);
   s.decisions.back().context_from = s.decisions.back().context_to;
   s.decisions.back().figures = room_figures(r);
@@ -370,7 +363,7 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
     if (to >= config_.ladder.size()) return s;  // nothing lower to go to: the kernel decides
     const std::string why = "headroom low for " + format_duration(std::chrono::duration_cast<Duration>(now - *low_since_)) +
                             ": " + room_text(r) + (room(r) < config_.min_available ? " < " : ", ") +
-                            "min_available " + human_size(config_.min_available) +
+                            "min_available " + format_bytes(config_.min_available) +
                             (config_.psi > 0 && !on_gpu(r) ? ", PSI some avg10 " + std::to_string(r.psi_some_avg10) + "%"
                                                             : "") +
                             "; draining, then one rung lower";
@@ -396,7 +389,7 @@ Step WorkerPolicy::on_readings(TimePoint now, const Readings& r, bool idle) {
   s.decisions.push_back(decision(
       "upgrade", rung_, to,
       "headroom ample for " + format_duration(std::chrono::duration_cast<Duration>(now - *ample_since_)) + ": " +
-          room_text(r) + ", " + config_.ladder[to].text() + " needs " + human_size(up - std::min(up, here)) +
+          room_text(r) + ", " + config_.ladder[to].text() + " needs " + format_bytes(up - std::min(up, here)) +
           " more; worker idle, one rung up"));
   s.decisions.back().figures = room_figures(r);
   s.decisions.back().figures.emplace_back("DS4_NEEDS", std::to_string(up));

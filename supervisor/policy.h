@@ -105,9 +105,6 @@ enum class ExitKind {
 };
 const char* exit_kind_name(ExitKind k);
 
-/// "3.2 MiB", "20.71 GiB": sizes for people (log lines, ds4ctl).
-std::string human_size(Bytes b);
-
 /// What the manager must do.
 struct Action {
   enum class Kind { start, stop, drain, kill } kind = Kind::start;  // kill: SIGKILL, no drain

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "shared/bytes.h"
 #include "shared/error.h"
 #include "shared/log.h"
 
@@ -135,7 +136,7 @@ void SegmentSweeper::finish(const std::vector<std::string>& candidates, const st
     retired_memfds_.erase(handle);
     const uint64_t bytes = s_.memfds->release(handle);
     if (bytes == 0) continue;
-    log::info("released old memfd segment " + handle + " (" + human_size(bytes) + " freed): no process maps it",
+    log::info("released old memfd segment " + handle + " (" + format_bytes(bytes) + " freed): no process maps it",
               {{"DS4_EVENT", "segment_removed"},
                {"DS4_SEGMENT", handle},
                {"DS4_BACKING", "memfd"},
@@ -162,7 +163,7 @@ void SegmentSweeper::finish(const std::vector<std::string>& candidates, const st
   }
   for (const store::RemovedSegment& g : r.removed) {
     if (ledger_) ledger_->remove(g.name);
-    log::info("removed old model segment " + g.name + " (" + human_size(g.bytes) + " freed): no process maps it",
+    log::info("removed old model segment " + g.name + " (" + format_bytes(g.bytes) + " freed): no process maps it",
               {{"DS4_EVENT", "segment_removed"},
                {"DS4_SEGMENT", g.name},
                {"DS4_BYTES_FREED", std::to_string(g.bytes)}});

@@ -35,6 +35,7 @@
 
 #include "shared/model_store.h"
 #include "shared/worker_registry.h"
+#include "shared/segment_sweep.h"
 #include "supervisor/asio.h"
 #include "supervisor/memfd_segments.h"
 #include "supervisor/policy.h"

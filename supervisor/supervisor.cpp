@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "shared/bytes.h"
 #include "shared/busy_poll.h"
 #include "shared/error.h"
 #include "shared/log.h"
@@ -233,7 +234,7 @@ void Supervisor::prepare() {
     throw;
   }
   if (!model_.file_only)
-    log::info("model " + model_.name + " in segment " + model_.segment + " (" + human_size(model_.bytes) + ", " +
+    log::info("model " + model_.name + " in segment " + model_.segment + " (" + format_bytes(model_.bytes) + ", " +
                   backing_text(model_, *memfds_) + (model_.reused ? ", reused" : ", loaded") + ")",
               {{"DS4_SEGMENT", model_.segment},
                {"DS4_MODEL", model_.path},
@@ -241,7 +242,7 @@ void Supervisor::prepare() {
                {"DS4_REUSED", model_.reused ? "1" : "0"}});
   if (model_.file_only && keep_resident(config_)) {
     resident_ = std::make_unique<ResidentFile>(model_.path);
-    log::info("model.keep_resident: " + model_.path + " (" + human_size(resident_->bytes()) +
+    log::info("model.keep_resident: " + model_.path + " (" + format_bytes(resident_->bytes()) +
                   ") mapped by the supervisor; reading and locking its pages",
               {{"DS4_EVENT", "keep_resident"}, {"DS4_MODEL", model_.path}});
     resident_timer_ = std::make_unique<asio::steady_timer>(io_);
@@ -286,10 +287,10 @@ void Supervisor::keep_resident_now() {
                 "; re-touching its pages every 10s instead (raise LimitMEMLOCK= to lock them)");
     }
     if (const uint64_t back = resident_->touch(); back > 0)
-      log::info("model.keep_resident: " + human_size(back) + " of " + model_.path + " had been evicted; read back");
+      log::info("model.keep_resident: " + format_bytes(back) + " of " + model_.path + " had been evicted; read back");
   } else if (m == ResidentFile::Mode::locked && !resident_warned_) {
     resident_warned_ = true;
-    log::info("model.keep_resident: " + model_.path + " locked in memory (" + human_size(resident_->resident_bytes()) +
+    log::info("model.keep_resident: " + model_.path + " locked in memory (" + format_bytes(resident_->resident_bytes()) +
                   " resident)",
               {{"DS4_EVENT", "keep_resident"}, {"DS4_MODEL", model_.path}});
   }

@@ -4,6 +4,7 @@
 #include <array>
 
 #include "text/unicode.h"
+#include "text/utf8.h"
 
 namespace ds4::bpe {
 
@@ -24,7 +25,7 @@ const ByteMap& byte_map() {
     int next = 256;
     for (int b = 0; b < 256; ++b) {
       const uint32_t cpt = printable(b) ? uint32_t(b) : uint32_t(next++);
-      unicode::append_utf8(cpt, m.text[size_t(b)]);
+      append_utf8(m.text[size_t(b)], cpt);
       m.byte[cpt] = int16_t(b);
     }
     return m;
@@ -48,7 +49,7 @@ std::string decode_token_text(std::string_view text) {
     if (b >= 0) {
       out += char(b);
     } else {
-      unicode::append_utf8(c, out);
+      append_utf8(out, c);
     }
   }
   return out;

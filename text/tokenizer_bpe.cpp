@@ -6,6 +6,7 @@
 #include "shared/error.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
+#include "text/utf8.h"
 
 namespace ds4 {
 
@@ -81,7 +82,7 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
   std::vector<uint32_t> offset(cpts.size() + 1);
   for (size_t i = 0; i < cpts.size(); ++i) {
     offset[i] = uint32_t(norm.size());
-    unicode::append_utf8(cpts[i], norm);
+    append_utf8(norm, cpts[i]);
   }
   offset[cpts.size()] = uint32_t(norm.size());
 

@@ -1,6 +1,7 @@
 #pragma once
-/// UTF-8 helpers for streaming text: a character split across tokens is held
-/// back until it is complete.
+/// UTF-8: the one encoder of code points, and the helper for streaming text
+/// (a character split across tokens is held back until it is complete).
+/// Decoding, as llama.cpp does it, is in text/unicode.h.
 
 #include <cstddef>
 #include <cstdint>
@@ -9,8 +10,18 @@
 
 namespace ds4 {
 
-/// Appends code point `cp` as UTF-8; a surrogate or a value past U+10FFFF
-/// becomes U+FFFD.
+/// Appends code point `cp` as UTF-8 (one to four bytes); a surrogate
+/// (U+D800..U+DFFF) or a value past U+10FFFF becomes U+FFFD.
+///
+/// Why U+FFFD and not the surrogate's three bytes (WTF-8, CESU-8): what this
+/// writes ends in JSON bodies, HTTP streams and prompts, and a lone
+/// surrogate's bytes are not UTF-8 (RFC 3629 §3). Strict decoders (Python's,
+/// Rust's serde_json, nlohmann) refuse the whole body, lenient ones (Go's
+/// encoding/json) put U+FFFD in themselves: U+FFFD here makes every client
+/// see the same valid text. The decoder (text/unicode.h) still yields such
+/// code points from such bytes, as llama.cpp's does, so a pre-tokenizer
+/// classes them as llama.cpp does; their bytes are then U+FFFD's where
+/// llama.cpp keeps the three (token ids differ only for such invalid input).
 inline void append_utf8(std::string& out, uint32_t cp) {
   if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
   if (cp < 0x80) {

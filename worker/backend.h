@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "model/memory_plan.h"
-#include "worker/model.h"
+#include "model/weights.h"
 #include "worker/sampler.h"
 
 namespace ds4 {

@@ -24,8 +24,9 @@
 #include "worker/cli.h"
 #include "worker/engine.h"
 #include "worker/exec_engine.h"
+#include "worker/host_compute.h"
 #include "shared/exec_command.h"
-#include "worker/memory_plan.h"
+#include "worker/room_check.h"
 #include "worker/runtime.h"
 #include "worker/server.h"
 #include "text/utf8.h"
@@ -114,7 +115,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedMod
   weights.host_expert_layers =
       host_experts >= 0 ? host_experts : int(integer_or_env(a, "host-experts", "DS4_HOST_EXPERTS", 0, 0, 1 << 16));
   weights.holder_expert_layers = int(integer_or_env(a, "holder-experts", "DS4_HOLDER_EXPERTS", -1, -1, 1 << 16));
-  weights.host_threads = threads;
+  weights.host = make_host_compute(model, threads);
   if (weights.host_expert_layers > 0 && !model.hp().moe())
     throw Error("--host-experts: " + model.hp().name + " is not a mixture of experts");
   if (device == "auto") {

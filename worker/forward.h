@@ -111,26 +111,6 @@ struct MoeSpec {
   int layer = -1;  // the layer it belongs to (a device backend may run some layers' experts on the host)
 };
 
-/// A mixture of experts computed on the host for a device backend: the
-/// experts of the model's first layers when they stay in host memory (the
-/// expert rung of the ladder, `--host-experts`). It is the CPU backend's
-/// moe_ffn (the reference), over rows the caller hands in, read from the
-/// weights where they are (the shared segment: no copy).
-class HostExperts {
- public:
-  virtual ~HostExperts() = default;
-  /// out[t] = the mixture of experts of `spec` over n[t], for T <= max_batch
-  /// rows of hp.dim values (strides ldn, ldo); `router`, when given, gets
-  /// each token's expert probabilities (n_expert values, stride ldr).
-  virtual void run(const MoeSpec& spec, const float* n, int64_t ldn, int64_t T, float* out, int64_t ldo,
-                   float* router, int64_t ldr) = 0;
-  /// Host memory it holds (its scratch).
-  virtual uint64_t bytes() const = 0;
-};
-/// Host experts on `threads` threads (<= 0: one per core) for steps of at
-/// most `max_batch` tokens.
-std::unique_ptr<HostExperts> make_host_experts(const Model& model, int threads, int64_t max_batch);
-
 /// Points in a step where a backend may do other work (the worker reads its
 /// socket there: Backend::during_step()).
 enum class StepPoint : uint8_t { attention_done, layer_done };

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "shared/model_store.h"
-#include "worker/model.h"
+#include "model/weights.h"
 #include "text/tokenizer.h"
 
 namespace ds4 {

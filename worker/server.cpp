@@ -21,7 +21,7 @@
 #include "shared/protocol.h"
 #include "shared/request_trace.h"
 #include "worker/engine.h"
-#include "worker/memory_plan.h"
+#include "worker/room_check.h"
 
 namespace ds4 {
 namespace {

@@ -10,18 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "text/grammar.h"
+#include "text/utf8.h"
 
 namespace ds4::testing {
-
-inline void put_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) out += char(cp);
-  else if (cp < 0x800) out += char(0xC0 | (cp >> 6)), out += char(0x80 | (cp & 0x3F));
-  else if (cp < 0x10000)
-    out += char(0xE0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
-  else
-    out += char(0xF0 | (cp >> 18)), out += char(0x80 | ((cp >> 12) & 0x3F)), out += char(0x80 | ((cp >> 6) & 0x3F)),
-        out += char(0x80 | (cp & 0x3F));
-}
 
 /// A random sentence of `g`: at each step one live stack's next class, one
 /// code point of it (mostly ASCII), ended when the grammar allows it with
@@ -47,7 +38,7 @@ inline std::optional<std::string> random_sentence(std::shared_ptr<const grammar:
       else cp = lo + uint32_t(rng() % (uint64_t(hi) - lo + 1));
     } while (cp >= 0xD800 && cp <= 0xDFFF);
     std::string c;
-    put_utf8(c, cp);
+    append_utf8(c, cp);
     if (!m.accept(c)) return std::nullopt;  // cannot happen: the class allowed it
     out += c;
   }

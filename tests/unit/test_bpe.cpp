@@ -22,6 +22,7 @@
 #include "text/hf_vocab.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
+#include "text/utf8.h"
 
 #include "skip.h"
 
@@ -40,7 +41,7 @@ Words cut(PreTokenizer kind, const std::string& text) {
   size_t at = 0;
   for (uint32_t n : lengths) {
     std::string w;
-    for (size_t i = at; i < at + n; ++i) unicode::append_utf8(cpts[i], w);
+    for (size_t i = at; i < at + n; ++i) append_utf8(w, cpts[i]);
     words.push_back(w);
     at += n;
   }

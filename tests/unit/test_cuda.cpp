@@ -31,7 +31,7 @@
 #include "worker/cuda/cuda_backend.h"
 #include "worker/cuda/cuda_ops.h"
 #include "worker/engine.h"
-#include "worker/model.h"
+#include "model/weights.h"
 #include "worker/sampler.h"
 #include "text/tokenizer.h"
 
@@ -1864,7 +1864,7 @@ TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens,
       CudaWeightsOptions o;
       o.host_expert_layers = host;
       o.holder_expert_layers = holder_layers;
-      o.host_threads = 2;
+      o.host = make_host_compute(m->model, 2);
       return make_cuda_backend(m->model, 0, o);
     };
     // Same tokens as the CPU (up to its own near tie) for each rung: the
@@ -1917,7 +1917,7 @@ TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens,
       CudaWeightsOptions o = from_holder(socket, "moe-key");
       o.host_expert_layers = host;
       o.holder_expert_layers = 2;
-      o.host_threads = 2;
+      o.host = make_host_compute(m->model, 2);
       auto mapped = make_cuda_backend(m->model, 0, o);
       CHECK(mapped->name().find("weights: holder") != std::string::npos);
       const MemoryPlan p = mapped->plan(one);
@@ -1935,6 +1935,7 @@ TEST_CASE("cuda: experts on the host (the expert rung) give the device's tokens,
     CudaWeightsOptions o = from_holder(socket, "moe-key");
     o.host_expert_layers = 1;
     o.holder_expert_layers = 1;
+    o.host = make_host_compute(m->model, 2);
     auto other = make_cuda_backend(m->model, 0, o);
     CHECK(other->name().find("weights: copy") != std::string::npos);
   }

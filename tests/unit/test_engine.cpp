@@ -19,7 +19,7 @@
 #include "shared/gguf.h"
 #include "worker/backend.h"
 #include "worker/engine.h"
-#include "worker/model.h"
+#include "model/weights.h"
 #include "text/tokenizer.h"
 
 using namespace ds4;

@@ -25,7 +25,7 @@
 #include "worker/backend.h"
 #include "worker/engine.h"
 #include "worker/grammar_sampler.h"
-#include "worker/model.h"
+#include "model/weights.h"
 
 using namespace ds4;
 using nlohmann::json;

@@ -28,6 +28,7 @@
 #include "shared/gguf_writer.h"
 #include "shared/model_store.h"
 #include "shared/progress.h"
+#include "shared/segment_sweep.h"
 #include "worker/runtime.h"
 
 using namespace ds4;

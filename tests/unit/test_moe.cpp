@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "supervisor/model_setup.h"
 #include "worker/backend.h"
 #include "worker/forward.h"
+#include "worker/host_compute.h"
 
 using namespace ds4;
 
@@ -305,6 +307,30 @@ TEST_CASE("moe: host experts (a GPU worker's expert rung) take rows of any strid
       refused = e.what();
     }
     CHECK(refused.find("exceeds max_batch") != std::string::npos);
+  }
+}
+
+TEST_CASE("moe: the host's cores a device backend is handed: experts as make_host_experts's, parallel over every index once") {
+  const auto f = make_moe("qwen3moe");
+  const HParams& hp = f->model.hp();
+  auto compute = make_host_compute(f->model, 2);
+  auto experts = compute->experts(4);
+  auto direct = make_host_experts(f->model, 2, 4);
+  CHECK(experts->bytes() == direct->bytes());
+  const LayerWeights& L = f->model.w().layers[0];
+  const MoeSpec spec{&L.gate_inp, L.gate_mats, L.up_mats, L.down_mats, hp.n_expert, hp.n_expert_used, hp.expert_ff};
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> n(size_t(4 * kDim)), a(n.size()), b(n.size());
+  for (float& v : n) v = nd(rng);
+  experts->run(spec, n.data(), kDim, 4, a.data(), kDim, nullptr, 0);
+  direct->run(spec, n.data(), kDim, 4, b.data(), kDim, nullptr, 0);
+  CHECK(a == b);
+  for (const int count : {0, 1, 7, 1000}) {
+    CAPTURE(count);
+    std::vector<std::atomic<int>> seen(static_cast<size_t>(count));
+    compute->parallel(count, [&](int i) { seen[size_t(i)].fetch_add(1); });
+    for (const auto& s : seen) CHECK(s.load() == 1);
   }
 }
 

@@ -422,11 +422,13 @@ TEST_CASE("policy: stop, adopt and reconfigure") {
   CHECK(has(g.p.on_exit(g.t, ExitKind::clean, ""), Action::Kind::start, 4096));
 }
 
+#include "shared/meminfo.h"
 #include "supervisor/headroom.h"
 
 TEST_CASE("headroom: /proc/meminfo and /proc/pressure/memory parsers") {
-  CHECK(parse_mem_available("MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   2048 kB\n") == 2048u * 1024);
-  CHECK_FALSE(parse_mem_available("MemTotal: 5 kB\n"));
+  CHECK(ds4::mem::meminfo_bytes("MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   2048 kB\n", "MemAvailable") ==
+        2048u * 1024);
+  CHECK_FALSE(ds4::mem::meminfo_bytes("MemTotal: 5 kB\n", "MemAvailable"));
   CHECK(parse_psi_some_avg10("some avg10=12.50 avg60=0.00 avg300=0.00 total=5\nfull avg10=1.00 avg60=0 avg300=0 total=0\n") ==
         doctest::Approx(12.5));
   CHECK_FALSE(parse_psi_some_avg10(""));

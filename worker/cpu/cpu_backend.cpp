@@ -14,6 +14,7 @@
 #include "worker/cpu/kernels.h"
 #include "worker/cpu/thread_pool.h"
 #include "worker/forward.h"
+#include "worker/host_compute.h"
 #include "worker/moe_routes.h"
 
 namespace ds4 {
@@ -637,10 +638,42 @@ class CpuHostExperts final : public HostExperts {
   std::vector<BatchToken> tokens_;
 };
 
+class CpuHostCompute final : public HostCompute {
+ public:
+  CpuHostCompute(const Model& model, int expert_threads, int threads)
+      : model_(model), expert_threads_(expert_threads), pool_(threads) {}
+  void parallel(int n, const std::function<void(int)>& fn) override {
+    if (n <= 1 || pool_.size() == 1) {
+      for (int i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    std::atomic<int> next{0};
+    pool_.run([&](int, int) {
+      for (int i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed))
+        fn(i);
+    });
+  }
+  std::unique_ptr<HostExperts> experts(int64_t max_batch) override {
+    return std::make_unique<CpuHostExperts>(model_, expert_threads_, max_batch);
+  }
+
+ private:
+  const Model& model_;
+  int expert_threads_;
+  cpu::ThreadPool pool_;
+};
+
 }  // namespace
 
 std::unique_ptr<HostExperts> make_host_experts(const Model& model, int threads, int64_t max_batch) {
   return std::make_unique<CpuHostExperts>(model, threads, max_batch);
+}
+
+std::unique_ptr<HostCompute> make_host_compute(const Model& model, int expert_threads) {
+  // Sampling a 128K-token row takes ~0.1 ms: a step of 32 sampled slots
+  // spreads over up to 8 of the cores the GPU leaves idle.
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return std::make_unique<CpuHostCompute>(model, expert_threads, std::clamp(cores / 2, 1, 8));
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, int threads) {

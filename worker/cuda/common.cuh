@@ -10,9 +10,9 @@
 #include <cstdint>
 #include <string>
 
+#include "model/weights.h"
 #include "shared/error.h"
 #include "shared/ggml_types.h"
-#include "worker/model.h"
 
 namespace ds4::cuda {
 

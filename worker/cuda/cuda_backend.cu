@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "shared/log.h"
-#include "worker/cpu/thread_pool.h"
 #include "worker/forward.h"
+#include "worker/host_compute.h"
 #include "worker/moe_routes.h"
 #include "worker/cuda/common.cuh"
 #include "worker/cuda/holder.cuh"
@@ -195,7 +195,7 @@ class CudaBackend final : public Backend, ForwardOps {
   // The expert rung (CudaWeightsOptions): experts of layers below
   // host_layers_ run on the host; those of [host_layers_, holder_layers_),
   // which the image lacks, are this worker's own copy (extra_).
-  int host_layers_ = 0, holder_layers_ = 0, host_threads_ = 0;
+  int host_layers_ = 0, holder_layers_ = 0;
   cuda::ImageLayout extra_layout_;
   std::unique_ptr<cuda::WeightImage> extra_;
   std::unique_ptr<HostExperts> host_experts_;
@@ -218,8 +218,10 @@ class CudaBackend final : public Backend, ForwardOps {
   mutable bool top_ready_ = false;
   // Which rows of logits_host_ hold this step's logits (fetch_logits).
   mutable std::vector<uint8_t> fetched_;
-  // Host threads that sample the rows the device does not (host_parallel).
-  std::unique_ptr<cpu::ThreadPool> host_pool_;
+  // The host's cores (CudaWeightsOptions::host): the experts of the layers
+  // below host_layers_, and sampling the rows the device does not
+  // (host_parallel). Null: none given, host_parallel runs on the caller.
+  std::shared_ptr<HostCompute> host_;
   // A mixture of experts: the routes on the device, and the router scores
   // and routes on the host, where they are computed (worker/moe_routes.h).
   DeviceBuffer routes_dev_;
@@ -287,7 +289,9 @@ CudaBackend::CudaBackend(const Model& model, int device, const CudaWeightsOption
     throw Error("CUDA backend: experts on the host (--host-experts) need a mixture-of-experts model");
   host_layers_ = int(std::clamp<int64_t>(weights.host_expert_layers, 0, hp_.n_layers));
   holder_layers_ = std::max(host_layers_, int(std::clamp<int64_t>(weights.holder_expert_layers, -1, hp_.n_layers)));
-  host_threads_ = weights.host_threads;
+  host_ = weights.host;
+  if (host_layers_ > 0 && !host_)
+    throw Error("CUDA backend: experts on the host (--host-experts) need the host's cores (CudaWeightsOptions::host)");
   // The weights read in place need no copy of their own: the image is what the device reads.
   if (resolve_weight_source(weights.mode, cuda_integrated(device), false) == CudaWeightSource::host_mapped)
     holder_layers_ = host_layers_;
@@ -490,12 +494,6 @@ void CudaBackend::reserve(const EngineShape& s) {
   adjust_dev_ = DeviceBuffer(size_t(logit_rows()) * kCudaAdjustsPerRow * sizeof(LogitAdjust), "logit adjustments");
   adjust_host_ = PinnedBuffer(size_t(logit_rows()) * kCudaAdjustsPerRow * sizeof(LogitAdjust), "logit adjustments");
   fetched_.assign(size_t(logit_rows()), 0);
-  if (!host_pool_) {
-    // Sampling a 128K-token row takes ~0.1 ms: a step of 32 sampled slots
-    // spreads over up to 8 of the cores the GPU leaves idle.
-    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-    host_pool_ = std::make_unique<cpu::ThreadPool>(std::clamp(cores / 2, 1, 8));
-  }
   if (hp_.moe()) {
     const size_t words = size_t(ExpertRoutes::words(s.max_batch, hp_.n_expert_used, hp_.n_expert) +
                                 ExpertRoutes::job_words(s.max_batch, hp_.n_expert_used, hp_.n_expert));
@@ -505,7 +503,7 @@ void CudaBackend::reserve(const EngineShape& s) {
 
   }
   if (host_layers_ > 0) {
-    host_experts_ = make_host_experts(m_, host_threads_, s.max_batch);
+    host_experts_ = host_->experts(s.max_batch);
     host_in_ = PinnedBuffer(size_t(s.max_batch * ld(Act::x)) * 4, "host experts' input");
     host_out_ = PinnedBuffer(size_t(s.max_batch * ld(Act::x)) * 4, "host experts' output");
   }
@@ -945,12 +943,8 @@ void CudaBackend::fetch_logits(std::span<const int32_t> rows) const {
 }
 
 void CudaBackend::host_parallel(int n, const std::function<void(int)>& fn) {
-  if (n <= 1 || !host_pool_ || host_pool_->size() == 1) return Backend::host_parallel(n, fn);
-  std::atomic<int> next{0};
-  host_pool_->run([&](int, int) {
-    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < n; i = next.fetch_add(1, std::memory_order_relaxed))
-      fn(i);
-  });
+  if (n <= 1 || !host_) return Backend::host_parallel(n, fn);
+  host_->parallel(n, fn);
 }
 
 // The first call of a step finds every row's best on the device (a block

@@ -9,6 +9,7 @@
 
 #include "shared/model_store.h"
 #include "worker/backend.h"
+#include "worker/host_compute.h"
 
 namespace ds4 {
 
@@ -51,14 +52,15 @@ struct CudaWeightsOptions {
   std::string model_key;      // what the holder's image must be of (holder_model_key)
   int holder_timeout_ms = 2000;
   // A mixture of experts' expert rung: the experts of the first
-  // `host_expert_layers` layers are computed on the host (on `host_threads`
-  // threads, <= 0: one per core) from the shared segment, with no device
-  // copy. The holder's image lacks the experts of its first
+  // `host_expert_layers` layers are computed on the host (by `host`) from
+  // the shared segment, with no device copy. The holder's image lacks the experts of its first
   // `holder_expert_layers` (-1: as many as host_expert_layers); the worker
   // copies those of layers [host_expert_layers, holder_expert_layers) itself.
   int host_expert_layers = 0;
   int holder_expert_layers = -1;
-  int host_threads = 0;
+  // The host's cores (make_host_compute of worker/host_compute.h): needed
+  // for host_expert_layers > 0; without it host_parallel runs on the caller.
+  std::shared_ptr<HostCompute> host;
 };
 
 /// $XDG_RUNTIME_DIR/ds4/holder-cuda<N>.sock (/tmp/ds4-$UID/... without XDG_RUNTIME_DIR).

@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "model/weights.h"
 #include "worker/backend.h"
-#include "worker/model.h"
 
 namespace ds4::cuda_ops {
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <utility>
 
+#include "shared/bytes.h"
 #include "shared/fd_passing.h"
 #include "shared/log.h"
 #include "worker/cuda/cuda_backend.h"
@@ -239,9 +240,7 @@ CudaHolder::~CudaHolder() {
 
 std::string CudaHolder::status() const {
   const Impl& m = *impl_;
-  char gib[32];
-  std::snprintf(gib, sizeof gib, "%.2f GiB", double(m.image->size()) / double(1ull << 30));
-  return std::string("holding ") + gib + " of weights of " + (m.model.hp().name.empty() ? m.segment : m.model.hp().name) +
+  return "holding " + format_bytes(m.image->size()) + " of weights of " + (m.model.hp().name.empty() ? m.segment : m.model.hp().name) +
          (m.host_expert_layers > 0
               ? " without the experts of the first " + std::to_string(m.host_expert_layers) + " layers"
               : std::string()) +
