@@ -259,3 +259,39 @@ TEST_CASE("quants: dequantize_row equals llama.cpp's dequantization (DS4_QUANT_P
   MESSAGE("tensors equal to llama.cpp's, by type: " << summary);
   CHECK(!checked.empty());
 }
+
+TEST_CASE("quants: every type ds4 computes with has a CPU row of its shared row's geometry, and a product in every table") {
+  std::string names;
+  int supported = 0;
+  for (uint32_t n = 0; n < TypeKernelTable::kSlots; ++n) {
+    const GgmlType t = GgmlType(n);
+    const TypeTraits* row = type_row(t);
+    const QuantType* q = quant_type(t);
+    if (!row || !type_supported(t)) {
+      CHECK(q == nullptr);
+      continue;
+    }
+    CAPTURE(row->name);
+    ++supported;
+    names += (names.empty() ? "" : ", ") + std::string(row->name);
+    REQUIRE(q != nullptr);
+    CHECK(q->type == t);
+    CHECK(q->block_elems == int64_t(row->block_elems));
+    CHECK(q->block_bytes == int64_t(row->block_bytes));
+    CHECK(q->act == row->act);
+    CHECK(bool(q->dequantize));
+    CHECK((q->dot != nullptr) == (row->act != ActType::F32));  // a quantized type has its reference dot
+    CHECK(row->device != DeviceLayout::none);
+    CHECK(row_bytes(t, 256) == int64_t(type_bytes(t, 256)));
+    for (const KernelTable* kt : tables()) {
+      CAPTURE(kt->name);
+      CHECK(bool(kt->matmul_rows));
+    }
+  }
+  CHECK(supported >= 15);
+  CHECK(names.size() == supported_types().size());  // the same names, in the rows' order there
+  for (size_t at = 0, end; at < names.size(); at = end + 2) {
+    end = std::min(names.find(", ", at), names.size());
+    CHECK(supported_types().find(names.substr(at, end - at)) != std::string_view::npos);
+  }
+}

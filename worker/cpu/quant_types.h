@@ -1,8 +1,10 @@
 #pragma once
-/// The weight types of the CPU backend, one row of traits each (quant_type()):
-/// how a row dequantizes (bit for bit as ggml's dequantize_row_*), which
-/// activation blocks its products take (ggml's vec_dot_type), and the
-/// reference dot product against those blocks. Each kernel table (generic,
+/// The weight types of the CPU backend, one row each (quant_type()), as
+/// ggml's type_traits_cpu: the type's geometry and activation blocks (its
+/// vec_dot_type) from the shared row (shared/ggml_types.h), and the kernels
+/// registered against it here: how a row dequantizes (bit for bit as ggml's
+/// dequantize_row_*), the reference dot product against those activation
+/// blocks, and where there is one, the quantization of floats into the type. Each kernel table (generic,
 /// AVX2, AVX-512) computes products of the same value; kernels.h has the
 /// numerical contract, and the per-type integer sums are spelled out here.
 ///
@@ -57,8 +59,8 @@ struct BlockLanes {
   float total() const { return reduce16(l); }
 };
 
-/// Which activation blocks a weight type's products take.
-enum class ActType : uint8_t { F32, Q8_0, Q8_K };
+/// Which activation blocks a weight type's products take (the shared row's).
+using ActType = ActFormat;
 
 /// 256 activations rounded as one block: x[i] ~ d * qs[i], d = 1 / (127 / max|x|),
 /// qs = round-to-nearest-even(x * 127 / max|x|) (ggml's values, up to the sign
@@ -115,7 +117,9 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
 /// Q3_K's sixteen 6-bit scales, minus 32.
 void q3k_scales(const uint8_t packed[12], int8_t out[16]);
 
-/// One weight type's row of traits.
+/// One weight type's row of the CPU backend: the shared row's geometry and
+/// activation format, and the generic kernels (quants_generic.cpp). The
+/// kernel tables (kernels.h) register their own products per type.
 struct QuantType {
   GgmlType type;
   ActType act;
@@ -127,6 +131,13 @@ struct QuantType {
   /// (BlockQ8Act for act Q8_0, BlockQ8K for Q8_K), per the contract above.
   /// Null for the float types.
   float (*dot)(const void* w, const void* x, int64_t nb);
+  /// n floats (a multiple of block_elems) as n / block_elems blocks, as
+  /// ggml's quantize_row_*_ref; null where ds4 has none (tools and tests
+  /// make such weights from random bytes and fp16_scales instead).
+  void (*from_float)(const float* x, int64_t n, void* blocks);
+  /// Byte offsets in a block of its fp16 scale fields (-1: none), which
+  /// random blocks need set to sane values (random bytes elsewhere).
+  int16_t fp16_scales[2];
 };
 
 /// The row of a type the CPU backend computes with, or nullptr.

@@ -34,10 +34,9 @@ inline __m256 hsums8(const __m256 v[8]) {
   return _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
 }
 
-// The types the f32 paths below convert themselves (others go through the generic table).
-inline bool simd_f32_type(GgmlType t) {
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 || t == GgmlType::Q8_0;
-}
+// The types the f32 paths below convert themselves (each table registers its
+// f32 product for them; others keep the generic table's).
+constexpr GgmlType kSimdF32Types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0};
 
 // Eight consecutive weights of one row, converted exactly to f32.
 inline __m256 load_f32(const float* p) { return _mm256_loadu_ps(p); }
@@ -626,7 +625,6 @@ constexpr int64_t q8x_scratch_bytes(int64_t K) {
 // (quants_x86.h), q an int8; an offset type (Q4_1, Q5_1) writes each block's
 // m to mh as well.
 void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out, uint16_t* mh);
-bool offset_type(GgmlType t);
 // Decode (T <= 3) of those types straight from their blocks (quants_x86.h).
 void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux);
 
@@ -804,10 +802,6 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
   }
 }
 
-void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (offset_type(a.type)) return matmul_rows_q8x_as<true>(a, n0, n1, scratch);
-  matmul_rows_q8x_as<false>(a, n0, n1, scratch);
-}
 
 // --- matrix-matrix path: a panel of rows converted once, then f32 tiles -----
 

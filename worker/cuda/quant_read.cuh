@@ -39,23 +39,14 @@ DS4_QT(IQ4_NL, 4, 0, 0, 2, 32, 18, 128, 0, true)
 DS4_QT(IQ4_XS, 4, 0, 1, 2, 256, 136, 128, 0, true)
 #undef DS4_QT
 
-/// Calls f(QT<TY>-tagged integral constant) for the runtime type.
+/// Calls f(QT<TY>-tagged integral constant) for the runtime type (one of
+/// DS4_PLANE_TYPES, quant.cuh).
 template <typename F>
 auto dispatch(GgmlType t, F&& f) {
   switch (t) {
 #define DS4_CASE(TY) \
   case GgmlType::TY: return f(std::integral_constant<GgmlType, GgmlType::TY>{});
-    DS4_CASE(Q4_0)
-    DS4_CASE(Q4_1)
-    DS4_CASE(Q5_0)
-    DS4_CASE(Q5_1)
-    DS4_CASE(Q2_K)
-    DS4_CASE(Q3_K)
-    DS4_CASE(Q4_K)
-    DS4_CASE(Q5_K)
-    DS4_CASE(Q6_K)
-    DS4_CASE(IQ4_NL)
-    DS4_CASE(IQ4_XS)
+    DS4_PLANE_TYPES(DS4_CASE)
 #undef DS4_CASE
     default: throw Error("CUDA backend: weight type " + std::to_string(int(t)) + " is not block-quantised");
   }
