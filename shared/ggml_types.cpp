@@ -47,7 +47,7 @@ constexpr Row kRows[] = {
     {GgmlType::IQ1_M, {"IQ1_M", 256, 56}},
     {GgmlType::TQ1_0, {"TQ1_0", 256, 54}},
     {GgmlType::TQ2_0, {"TQ2_0", 256, 66}},
-    {GgmlType::MXFP4, {"MXFP4", 32, 17}},
+    {GgmlType::MXFP4, {"MXFP4", 32, 17, A::Q8_0, D::planes}},
 };
 
 }  // namespace

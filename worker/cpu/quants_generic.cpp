@@ -131,6 +131,41 @@ void deq_iq4_nl(const void* w, int64_t nb, float* y) {
   }
 }
 
+void deq_mxfp4(const void* w, int64_t nb, float* y) {
+  const auto* b = static_cast<const BlockMXFP4*>(w);
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = e8m0_half(b[i].e);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = float(kMXFP4Values[b[i].qs[j] & 0xF]) * d;
+      y[j + 16] = float(kMXFP4Values[b[i].qs[j] >> 4]) * d;
+    }
+  }
+}
+
+// ggml's quantize_row_mxfp4_ref: the exponent puts the largest magnitude at
+// 4..8 times the halved scale (the table's top is 12), each value the first
+// of the nearest table entries.
+void quantize_mxfp4(const float* x, int64_t n, void* blocks) {
+  auto* b = static_cast<BlockMXFP4*>(blocks);
+  for (int64_t i = 0; i < n / 32; ++i, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float e = amax > 0 ? std::floor(std::log2(amax)) - 2 + 127 : 0;
+    b[i].e = uint8_t(std::clamp(e, 0.0f, 255.0f));
+    const float d = e8m0_half(b[i].e);
+    const auto nearest = [d](float v) {
+      int best = 0;
+      float err = std::fabs(float(kMXFP4Values[0]) * d - v);
+      for (int k = 1; k < 16; ++k) {
+        const float e2 = std::fabs(float(kMXFP4Values[k]) * d - v);
+        if (e2 < err) best = k, err = e2;
+      }
+      return uint8_t(best);
+    };
+    for (int j = 0; j < 16; ++j) b[i].qs[j] = uint8_t(nearest(x[j]) | nearest(x[j + 16]) << 4);
+  }
+}
+
 void deq_q2_k(const void* w, int64_t nb, float* y) {
   const auto* b = static_cast<const BlockQ2K*>(w);
   for (int64_t i = 0; i < nb; ++i) {
@@ -295,6 +330,20 @@ float dot_q4_0(const void* w, const void* x, int64_t nb) { return dot_int8_block
 float dot_q5_0(const void* w, const void* x, int64_t nb) { return dot_int8_blocks<BlockQ5_0>(w, x, nb, unpack_q5_0); }
 float dot_iq4_nl(const void* w, const void* x, int64_t nb) {
   return dot_int8_blocks<BlockIQ4NL>(w, x, nb, unpack_iq4_nl);
+}
+
+// MXFP4: the table's values, the block's E8M0 scale.
+float dot_mxfp4(const void* w, const void* x, int64_t nb) {
+  const auto* b = static_cast<const BlockMXFP4*>(w);
+  const auto* a = static_cast<const BlockQ8Act*>(x);
+  BlockLanes lanes;
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j)
+      s += kMXFP4Values[b[i].qs[j] & 0xF] * a[i].qs[j] + kMXFP4Values[b[i].qs[j] >> 4] * a[i].qs[j + 16];
+    lanes.first(i, float(s), e8m0_half(b[i].e) * a[i].d);
+  }
+  return lanes.total();
 }
 
 // Q4_1 and Q5_1: unsigned q plus a per-block offset m.
@@ -472,6 +521,7 @@ constexpr CpuKernels kKernels[] = {
     {GgmlType::Q5_K, deq_q5_k, dot_q45_k<true>, nullptr, {0, 2}},
     {GgmlType::Q6_K, deq_q6_k, dot_q6_k, nullptr, {208, -1}},
     {GgmlType::IQ4_XS, deq_iq4_xs, dot_iq4_xs, nullptr, {0, -1}},
+    {GgmlType::MXFP4, deq_mxfp4, dot_mxfp4, quantize_mxfp4, {-1, -1}},
 };
 
 constexpr size_t kNumTypes = sizeof kKernels / sizeof kKernels[0];

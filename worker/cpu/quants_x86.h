@@ -177,6 +177,31 @@ struct IQ4NLSrc {
   }
 };
 
+// MXFP4 as IQ4_NL is read (a table of 16 signed values), its scale the
+// E8M0 byte (e8m0_half, eight at once in d8).
+struct MXFP4Src {
+  using Block = BlockMXFP4;
+  static constexpr bool kUnsigned = false, kOffset = false, kSplit = false;
+  static constexpr int kBias = 0;
+  static __m256i q(const Block& b) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMXFP4Values)));
+    return _mm256_shuffle_epi8(table, nibbles32(b.qs));
+  }
+  static float d(const Block& b) { return e8m0_half(b.e); }
+  static __m256 d8(const Block* w) {
+    const __m256i e = _mm256_setr_epi32(w[0].e, w[1].e, w[2].e, w[3].e, w[4].e, w[5].e, w[6].e, w[7].e);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+  }
+};
+
+// MXFP4 for any batch: each row's blocks read in registers against every
+// token (its scales do not fit the f16 d of the Q8_0 panels of prefill).
+void matmul_rows_mxfp4_x86(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  q8x_decode<MXFP4Src>(a, n0, n1, scratch);  // no bias nor offset: the block sums are not read
+}
+
 void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux) {
   switch (a.type) {
     case GgmlType::Q4_0: return q8x_decode<Q4_0Src>(a, n0, n1, ux);
@@ -1616,6 +1641,7 @@ void register_quantized_x86(TypeKernelTable& t) {
   t.set_quantized(GgmlType::Q3_K, matmul_rows_kquant_x86<GgmlType::Q3_K>);
 #endif
   t.set_quantized(GgmlType::IQ4_XS, matmul_rows_kquant_x86<GgmlType::IQ4_XS>);
+  t.set_quantized(GgmlType::MXFP4, matmul_rows_mxfp4_x86);
 }
 
 }  // namespace

@@ -28,8 +28,8 @@ __device__ __forceinline__ uint32_t rd32(const uint8_t* p) {
 /// Quant i of a GGUF block, high bits included (llama.cpp's block layouts).
 template <GgmlType TY>
 __device__ uint32_t native_q(const uint8_t* blk, int i) {
-  if constexpr (TY == GgmlType::Q4_0 || TY == GgmlType::Q4_1 || TY == GgmlType::IQ4_NL) {
-    const uint8_t b = blk[(TY == GgmlType::Q4_1 ? 4 : 2) + i % 16];
+  if constexpr (TY == GgmlType::Q4_0 || TY == GgmlType::Q4_1 || TY == GgmlType::IQ4_NL || TY == GgmlType::MXFP4) {
+    const uint8_t b = blk[(TY == GgmlType::Q4_1 ? 4 : TY == GgmlType::MXFP4 ? 1 : 2) + i % 16];
     return i < 16 ? b & 15 : b >> 4;
   } else if constexpr (TY == GgmlType::Q5_0 || TY == GgmlType::Q5_1) {
     const int qh = TY == GgmlType::Q5_0 ? 2 : 4;

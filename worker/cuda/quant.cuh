@@ -1,6 +1,6 @@
 #pragma once
 /// Block-quantised weights on the device: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-/// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (Q8_0 has its own split layout, common.cuh).
+/// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 (Q8_0 has its own split layout, common.cuh).
 ///
 /// The device layout ("planes"). A row is cut into groups of 32 weights; for
 /// group g of the matrix (row-major, g = row * cols/32 + i):
@@ -11,8 +11,9 @@
 ///   sub         the group's sub-block scale bytes as the format stores them
 ///               (2 bytes: two 16-weight sub-blocks, or scale + min of one
 ///               32-weight sub-block; 1 byte for IQ4_XS; none for 32-blocks);
-///   sup         the block's halves (d, and dmin or m where the type has one),
-///               one record per GGUF block (8 groups for K-types, 1 otherwise).
+///   sup         the block's halves (d, and dmin or m where the type has one;
+///               MXFP4: its E8M0 exponent byte), one record per GGUF block (8
+///               groups for K-types, 1 otherwise).
 /// Quant order within a group: quad k (0..7) holds weights 4k..4k+3; with
 /// 4 low bits, byte j of lo has weight j in its low nibble and 16+j in its high
 /// one; with 2 bits, word h (0, 1) of lo has weight 16h+4k+b at bits 8b+2k;
@@ -40,7 +41,7 @@ struct QuantPlanes {
 /// QT<TY>), its GGUF block's reading (quant.cu, native_q and the sub/sup
 /// records) and an entry of kernels below. Adding one is a QT row, those two
 /// readers, and its name here (the shared row's DeviceLayout::planes).
-#define DS4_PLANE_TYPES(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_NL) X(IQ4_XS)
+#define DS4_PLANE_TYPES(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_NL) X(IQ4_XS) X(MXFP4)
 
 /// True for the types laid out in planes (see above).
 bool is_block_quant(GgmlType t);
