@@ -44,7 +44,9 @@ WeightsSummary WeightsSummary::of(const ModelWeights& w) {
   WeightsSummary s;
   s.bytes = w.bytes;
   auto see = [&](const Weight& x) {
-    const bool quantised = x.type != GgmlType::F32 && x.type != GgmlType::F16 && x.type != GgmlType::BF16;
+    // A matrix the device keeps repacked is dequantised to f16 for a prefill's GEMM.
+    const TypeTraits* row = type_row(x.type);
+    const bool quantised = row && row->device != DeviceLayout::as_is;
     if (x && quantised) s.largest_q8_elems = std::max(s.largest_q8_elems, uint64_t(x.rows * x.cols));
   };
   see(w.token_embd);

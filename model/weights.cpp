@@ -69,8 +69,7 @@ Weight* slot_of(Role role, ModelWeights& w, LayerWeights* L) {
 }  // namespace
 
 uint64_t Weight::row_bytes() const {
-  const auto tr = type_traits(uint32_t(type));
-  return tr ? uint64_t(cols) / tr->block_elems * tr->block_bytes : 0;
+  return type_bytes(type, uint64_t(cols));
 }
 
 Weight Weight::mat(int64_t e) const {

@@ -17,18 +17,44 @@ enum class GgmlType : uint32_t {
   IQ1_M = 29, BF16 = 30, TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
 };
 
-/// Geometry of one type: elements per block and bytes per block.
-struct TypeTraits {
-  std::string_view name;
-  uint32_t block_elems = 0;
-  uint32_t block_bytes = 0;
+/// Which activation blocks a weight type's products take (ggml's
+/// vec_dot_type): the activations are rounded to these once per product input.
+enum class ActFormat : uint8_t {
+  F32,   // the activations as they are (float weights: F32, F16, BF16)
+  Q8_0,  // blocks of 32 int8 with one scale
+  Q8_K,  // blocks of 256 int8 with one scale and the sums of each 16
+  none,  // ds4 does not compute with the type (last: the others index arrays)
 };
 
+/// How a GPU backend keeps a weight type in device memory.
+enum class DeviceLayout : uint8_t {
+  none,      // not taken by a GPU backend
+  as_is,     // the file's bytes, copied (F32, F16, BF16)
+  q8_split,  // Q8_0: all the int8 quants, then all the f16 scales
+  planes,    // repacked into bit planes and scale records (worker/cuda/quant.cuh)
+};
+
+/// One weight type's row: its geometry, the activations its products take,
+/// and its device layout. Every backend reads these; each registers its own
+/// kernels against the type (worker/cpu/quant_types.h, worker/cuda/quant.cuh).
+struct TypeTraits {
+  std::string_view name;
+  uint32_t block_elems = 0;  // elements per block (1 for the scalar types)
+  uint32_t block_bytes = 0;  // bytes per block
+  ActFormat act = ActFormat::none;
+  DeviceLayout device = DeviceLayout::none;
+};
+
+/// The row of a type ggml defines, or nullptr.
+const TypeTraits* type_row(GgmlType t);
 /// Traits of a type number found in a file, or nullopt when ggml has no such type.
 std::optional<TypeTraits> type_traits(uint32_t type);
+/// Bytes of `n` elements of a type (n a multiple of its block); 0 for a type ggml has not.
+uint64_t type_bytes(GgmlType t, uint64_t n);
 
-/// True for the types ds4's CPU backend computes with (supported_types()).
-/// Another backend may take fewer: it says so when it binds the weights.
+/// True for the types ds4 computes with (a row with an activation format):
+/// the CPU backend takes every one. Another backend may take fewer: it says
+/// so when it binds the weights.
 bool type_supported(GgmlType t);
 /// The names of those types, for messages: "F32, F16, ...".
 std::string_view supported_types();

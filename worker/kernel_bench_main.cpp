@@ -51,27 +51,6 @@ std::optional<GgmlType> type_named(std::string_view name) {
   return std::nullopt;
 }
 
-// Where a block keeps its fp16 scales (d, and m / dmin): random bytes
-// there could be infinities or NaNs, which are not what a model holds.
-std::vector<size_t> fp16_fields(GgmlType t) {
-  using namespace cpu;
-  switch (t) {
-    case GgmlType::Q4_0: return {offsetof(BlockQ4_0, d)};
-    case GgmlType::Q5_0: return {offsetof(BlockQ5_0, d)};
-    case GgmlType::Q8_0: return {offsetof(BlockQ8_0, d)};
-    case GgmlType::IQ4_NL: return {offsetof(BlockIQ4NL, d)};
-    case GgmlType::IQ4_XS: return {offsetof(BlockIQ4XS, d)};
-    case GgmlType::Q4_1: return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
-    case GgmlType::Q5_1: return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
-    case GgmlType::Q4_K: return {offsetof(BlockQ4K, d), offsetof(BlockQ4K, dmin)};
-    case GgmlType::Q5_K: return {offsetof(BlockQ5K, d), offsetof(BlockQ5K, dmin)};
-    case GgmlType::Q2_K: return {offsetof(BlockQ2K, d), offsetof(BlockQ2K, dmin)};
-    case GgmlType::Q3_K: return {offsetof(BlockQ3K, d)};
-    case GgmlType::Q6_K: return {offsetof(BlockQ6K, d)};
-    default: return {};
-  }
-}
-
 int run(int argc, char** argv) {
   std::string type_name = "Q4_K";
   int64_t K = 2048, N = 64, T = 1;
@@ -120,12 +99,18 @@ int run(int argc, char** argv) {
       const float f = float(int(rng() % 2001) - 1000) / 1000.0f;
       std::memcpy(w + 4 * i, &f, 4);
     }
-  } else {
-    const auto fields = fp16_fields(*type);
+  } else if (q->from_float) {  // the type's own quantization of random weights
+    std::vector<float> row(static_cast<size_t>(K));
+    for (int64_t n = 0; n < N; ++n) {
+      for (float& v : row) v = float(int(rng() % 2001) - 1000) / 1000.0f;
+      q->from_float(row.data(), K, w + n * rb);
+    }
+  } else {  // random bytes, the fp16 scales (d, and m / dmin) sane: not infinities or NaNs
     for (size_t b = 0; b + q->block_bytes <= bytes; b += q->block_bytes)
-      for (size_t off : fields) {
+      for (const int16_t off : q->fp16_scales) {
+        if (off < 0) continue;
         const uint16_t h = scale();
-        std::memcpy(w + b + off, &h, 2);
+        std::memcpy(w + b + size_t(off), &h, 2);
       }
   }
 

@@ -6,12 +6,13 @@
 //   ds4-mkmodel --out FILE (--vocab-from GGUF | --vocab-hf DIR [--pre NAME]) [--preset NAME]
 //               [--arch A] [--dim D] [--layers L] [--ff F] [--heads H] [--kv-heads K] [--head-dim N]
 //               [--tied] [--rope-freqs] [--rope-scale F] [--rope-base B] [--eos-bias B]
-//               [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]
+//               [--type f32|f16|bf16|q8_0|...] [--seed S] [--ctx C] [--name NAME]
 //               [--experts E --experts-used K --expert-ff F [--shared-ff F]]
 
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include "shared/progress.h"
 #include "text/hf_vocab.h"
 #include "text/tokenizer.h"
+#include "worker/cpu/quant_types.h"
 #include "worker/mkmodel_arch.h"
 
 namespace ds4 {
@@ -81,6 +83,9 @@ struct TypeChoice {
   GgmlType type;
   uint32_t file_type;  // general.file_type (llama_ftype)
 };
+// The types with their own encoding here. Any other type whose CPU row has a
+// quantization (from_float) is taken too, by its name in lower case, with
+// no general.file_type (llama.cpp then guesses it from the tensors).
 constexpr TypeChoice kTypes[] = {
     {"f32", GgmlType::F32, 0},
     {"f16", GgmlType::F16, 1},
@@ -88,19 +93,53 @@ constexpr TypeChoice kTypes[] = {
     {"bf16", GgmlType::BF16, 32},
 };
 
+// A type's name as --type takes it.
+std::string type_name(GgmlType t) {
+  for (const TypeChoice& c : kTypes)
+    if (c.type == t) return std::string(c.name);
+  const TypeTraits* row = type_row(t);
+  std::string lower(row ? row->name : "?");
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return lower;
+}
+
+// A type the CPU backend can quantize floats into, by its lower-case name.
+std::optional<GgmlType> quantizable_type(std::string_view name) {
+  for (uint32_t n = 0; n < 64; ++n) {
+    const TypeTraits* row = type_row(GgmlType(n));
+    const cpu::QuantType* q = cpu::quant_type(GgmlType(n));
+    if (!row || !q || !q->from_float) continue;
+    if (type_name(GgmlType(n)) == name) return GgmlType(n);
+  }
+  return std::nullopt;
+}
+
+// "f32, f16, bf16, q8_0" and the quantizable types, for messages.
+std::string type_names() {
+  std::string s;
+  for (const TypeChoice& c : kTypes) s += (s.empty() ? "" : ", ") + std::string(c.name);
+  for (uint32_t n = 0; n < 64; ++n) {
+    const cpu::QuantType* q = cpu::quant_type(GgmlType(n));
+    if (!q || !q->from_float) continue;
+    s += ", " + type_name(GgmlType(n));
+  }
+  return s;
+}
+
 constexpr const char* kUsage =
     "usage: ds4-mkmodel --out FILE (--vocab-from GGUF | --vocab-hf DIR [--pre NAME])\n"
     "                   [--preset stories-like|207m|1b|7b|llama3-1b|llama3-8b]\n"
     "                   [--arch llama|mistral|qwen2|qwen3|qwen2moe|qwen3moe] [--dim D] [--layers L] [--ff F]\n"
     "                   [--heads H] [--kv-heads K] [--head-dim N] [--tied] [--rope-freqs]\n"
     "                   [--rope-scale F] [--rope-base B] [--eos-bias B] [--no-byte-tokens]\n"
-    "                   [--type f32|f16|bf16|q8_0] [--seed S] [--ctx C] [--name NAME]\n"
+    "                   [--type f32|f16|bf16|q8_0|...] [--seed S] [--ctx C] [--name NAME]\n"
     "                   [--experts E --experts-used K --expert-ff F [--shared-ff F]]\n"
     "Writes a GGUF of the architecture (default llama) with seeded random weights and the\n"
     "vocabulary of --vocab-from (a GGUF) or --vocab-hf (a folder with tokenizer.json and\n"
     "tokenizer_config.json, whose pre-tokenizer is told from tokenizer.json or named by --pre:\n"
     "llama-bpe, qwen2, deepseek-v3, gpt-2). Explicit sizes override the preset's; --kv-heads defaults\n"
-    "to --heads; --type to f16. --head-dim: a head size other than dim/heads (written as\n"
+    "to --heads; --type to f16 (it also takes any type the CPU backend quantizes, by its lower-case\n"
+    "name, written without general.file_type). --head-dim: a head size other than dim/heads (written as\n"
     "attention.key_length); --tied: no output.weight; --rope-freqs: rope_freqs.weight\n"
     "(Llama 3 frequency factors); --rope-scale F: linear RoPE scaling by F; --eos-bias B:\n"
     "the end token's output row leans to a few tokens, so greedy answers end by themselves\n"
@@ -186,11 +225,13 @@ Options parse_args(int argc, char** argv) {
     } else if (flag == "--type") {
       const auto* t = std::find_if(std::begin(kTypes), std::end(kTypes),
                                    [&](const TypeChoice& c) { return c.name == value; });
-      if (t == std::end(kTypes)) {
-        throw Error("--type: unknown type '" + std::string(value) +
-                    "' (expected f32, f16, bf16 or q8_0)");
+      if (t != std::end(kTypes)) {
+        o.type = t->type;
+      } else if (const auto q = quantizable_type(value)) {
+        o.type = *q;
+      } else {
+        throw Error("--type: unknown type '" + std::string(value) + "' (expected one of " + type_names() + ")");
       }
-      o.type = t->type;
     } else {
       throw Error("unknown option '" + std::string(flag) + "' (see --help)");
     }
@@ -246,11 +287,14 @@ void validate(const Options& o) {
   }
   mkmodel::validate_arch(o.arch);
   const uint32_t q_dim = s.heads * o.arch.head_size();
-  if (o.type == GgmlType::Q8_0 && (o.arch.expert_ff % 32 != 0 || o.arch.shared_ff % 32 != 0))
-    throw Error("--type q8_0 needs --expert-ff and --shared-ff to be multiples of 32 (the block size)");
-  if (o.type == GgmlType::Q8_0 && (s.dim % 32 != 0 || s.ff % 32 != 0 || q_dim % 32 != 0)) {
-    throw Error("--type q8_0 needs --dim, --ff and heads x head size to be multiples of 32 (the block size), got " +
-                std::to_string(s.dim) + ", " + std::to_string(s.ff) + " and " + std::to_string(q_dim));
+  const uint32_t block = type_row(o.type)->block_elems;
+  const std::string tname(type_name(o.type)), bs = std::to_string(block);
+  if (block > 1 && (o.arch.expert_ff % block != 0 || o.arch.shared_ff % block != 0))
+    throw Error("--type " + tname + " needs --expert-ff and --shared-ff to be multiples of " + bs + " (the block size)");
+  if (block > 1 && (s.dim % block != 0 || s.ff % block != 0 || q_dim % block != 0)) {
+    throw Error("--type " + tname + " needs --dim, --ff and heads x head size to be multiples of " + bs +
+                " (the block size), got " + std::to_string(s.dim) + ", " + std::to_string(s.ff) + " and " +
+                std::to_string(q_dim));
   }
 }
 
@@ -282,7 +326,8 @@ inline float normal_at(uint64_t key, uint64_t i) {
 }
 
 /// Encodes elements [begin, end) of a normal(0, stddev) tensor into `out`
-/// (the whole tensor's bytes). For Q8_0, begin and end are multiples of 32.
+/// (the whole tensor's bytes). For Q8_0 and the quantized types, begin and
+/// end are multiples of 32 (of the type's block).
 void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_t begin,
                 uint64_t end, const std::function<float(uint64_t, float)>* adjust) {
   auto value = [&](uint64_t i) {
@@ -324,8 +369,15 @@ void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_
       }
       break;
     }
-    default:  // random_tensor accepts only the types above
+    default: {  // a type the CPU row quantizes (random_tensor checks)
+      const cpu::QuantType& q = *cpu::quant_type(type);
+      std::vector<float> x(static_cast<size_t>(q.block_elems));
+      for (uint64_t b = begin / uint64_t(q.block_elems); b < end / uint64_t(q.block_elems); ++b) {
+        for (int64_t j = 0; j < q.block_elems; ++j) x[size_t(j)] = value(b * uint64_t(q.block_elems) + uint64_t(j));
+        q.from_float(x.data(), q.block_elems, out + b * uint64_t(q.block_bytes));
+      }
       break;
+    }
   }
 }
 
@@ -334,8 +386,9 @@ void fill_range(uint8_t* out, GgmlType type, uint64_t key, float stddev, uint64_
 gguf::TensorGenerator random_tensor(std::string_view name, uint64_t seed, GgmlType type,
                                     uint64_t n_elements, float stddev,
                                     std::function<float(uint64_t, float)> adjust = nullptr) {
-  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 &&
-      type != GgmlType::Q8_0) {
+  const cpu::QuantType* q = cpu::quant_type(type);
+  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16 && type != GgmlType::Q8_0 &&
+      !(q && q->from_float && 32 % q->block_elems == 0)) {
     throw Error("cannot generate tensors of ggml type " + std::to_string(uint32_t(type)));
   }
   const uint64_t key = splitmix64(seed ^ fnv1a(name));
@@ -390,18 +443,11 @@ void copy_vocabulary(const gguf::File& src, gguf::Writer& w) {
   }
 }
 
-uint32_t file_type_of(GgmlType t) {
+std::optional<uint32_t> file_type_of(GgmlType t) {
   for (const TypeChoice& c : kTypes) {
     if (c.type == t) return c.file_type;
   }
-  return 0;
-}
-
-std::string_view type_name(GgmlType t) {
-  for (const TypeChoice& c : kTypes) {
-    if (c.type == t) return c.name;
-  }
-  return "?";
+  return std::nullopt;
 }
 
 /// Counts generated bytes for the progress line.
@@ -466,7 +512,7 @@ int run(int argc, char** argv) {
                                                                            std::to_string(s.layers) + "l"
                                                                      : o.preset)
                               : o.name);
-  w.set_u32("general.file_type", file_type_of(o.type));
+  if (const auto ft = file_type_of(o.type)) w.set_u32("general.file_type", *ft);
   mkmodel::write_arch_metadata(w, arch);
   copy_vocabulary(*vocab_src, w);
 
@@ -516,7 +562,7 @@ int run(int argc, char** argv) {
 
   std::fprintf(stderr, "ds4-mkmodel: writing %s: %s, %.1fM parameters, %s, dim %u, %u layers, ff %u, "
                "%u/%u heads, vocab %llu\n",
-               o.out.c_str(), arch.arch.c_str(), double(n_params) / 1e6, std::string(type_name(o.type)).c_str(), s.dim,
+               o.out.c_str(), arch.arch.c_str(), double(n_params) / 1e6, type_name(o.type).c_str(), s.dim,
                s.layers, s.ff, s.heads, s.kv_heads, (unsigned long long)n_vocab);
   progress.report = store::make_progress_reporter("ds4-mkmodel: generating",
                                                   store::default_progress_sinks());

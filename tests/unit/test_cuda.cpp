@@ -2007,6 +2007,42 @@ TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens
   CHECK(generate(*gpu, shape, prompts, 60) == want);
 }
 
+TEST_CASE("cuda: MXFP4 dequantises bit-exactly as the CPU row, and its GEMV and GEMM match the dequantised reference") {
+  if (!have_gpu()) return;
+  std::mt19937 rng(39);
+  const int64_t N = 1000, K = 2048;
+  std::vector<uint8_t> w(size_t(N * K / 32 * 17));
+  for (uint8_t& b : w) b = uint8_t(rng());
+  for (size_t b = 0; b < w.size(); b += 17) w[b] = uint8_t(118 + rng() % 12);  // scales 2^-10 .. 2^1
+  // The reference: E2M1 codes (sign, two exponent bits, one mantissa bit) times 2^(e - 127).
+  std::vector<float> want(size_t(N * K));
+  for (int64_t b = 0; b < N * K / 32; ++b)
+    for (int j = 0; j < 32; ++j) {
+      const uint8_t byte = w[size_t(b * 17 + 1 + j % 16)];
+      const unsigned code = j < 16 ? byte & 0xF : byte >> 4, ex = (code >> 1) & 3, man = code & 1;
+      const double mag = ex == 0 ? 0.5 * man : std::ldexp(1.0 + 0.5 * man, int(ex) - 1);
+      want[size_t(b * 32 + j)] = float((code & 8 ? -mag : mag) * std::ldexp(1.0, int(w[size_t(b * 17)]) - 127));
+    }
+  const auto got = cuda_ops::dequantize({GgmlType::MXFP4, w.data(), K, N});
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];  // != : the -0 code is +0, as ggml's
+  CHECK(bad == 0);
+  std::vector<float> cpu_rows(size_t(N * K));
+  for (int64_t n = 0; n < N; ++n) cpu::dequantize_row(GgmlType::MXFP4, w.data(), K, n, cpu_rows.data() + n * K);
+  CHECK(std::memcmp(got.data(), cpu_rows.data(), got.size() * 4) == 0);
+  const Weight W{GgmlType::MXFP4, w.data(), K, N};
+  for (int64_t T : {1, 2, 3, 8, 20, 64, 100}) {
+    const int64_t ldx = K + 8;
+    const auto x = random_floats(size_t(T * ldx), rng);
+    const auto ref = ref_matmul(want, N, K, x, ldx, T);
+    std::vector<float> y(size_t(T * N));
+    cuda_ops::matmul(W, x.data(), ldx, T, y.data(), N);
+    CAPTURE(T);
+    CHECK(rel_err(y, ref) < (half_activations(GgmlType::MXFP4, T) ? 3e-3 : quant_gemv_bound(1.5e-2)));
+  }
+}
+
 #else
 
 #include "skip.h"

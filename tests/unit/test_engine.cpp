@@ -18,6 +18,7 @@
 #include "shared/ggml_types.h"
 #include "shared/gguf.h"
 #include "worker/backend.h"
+#include "worker/cpu/quant_types.h"
 #include "worker/engine.h"
 #include "model/weights.h"
 #include "text/tokenizer.h"
@@ -554,4 +555,55 @@ TEST_CASE("engine: requests that come while a step computes are taken at the nex
   CHECK(late->timings.prompt_ms >= std::chrono::duration<double, std::milli>(first_step_end - submitted).count());
   CHECK(first->reason == Finish::cancelled);
   CHECK(first->tokens.size() == 4);  // one per step until the cancel, seen at the fifth
+}
+
+/// stories260K with every matrix whose rows split into 32-value blocks stored
+/// as MXFP4 (quantized by the CPU row's from_float), the rest F32.
+struct MXFP4Fixture {
+  gguf::File file = gguf::File::open(kModel);
+  std::map<std::string, std::vector<uint8_t>, std::less<>> blocks;
+  Model model = Model::bind(file, [this](std::string_view name, TensorView& out) {
+    const gguf::TensorInfo* t = file.find_tensor(name);
+    if (!t) return false;
+    out = tensor_view(file, *t);
+    if (t->type != GgmlType::F32 || t->dims.size() != 2 || t->dims[0] % 32 != 0) return true;
+    auto& q = blocks[std::string(name)];
+    const int64_t n = int64_t(out.n_bytes / 4);
+    q.resize(size_t(n / 32 * 17));
+    cpu::quant_type(GgmlType::MXFP4)->from_float(static_cast<const float*>(out.data), n, q.data());
+    out.type = GgmlType::MXFP4;
+    out.data = q.data();
+    out.n_bytes = q.size();
+    return true;
+  });
+};
+
+TEST_CASE("engine: MXFP4 weights give the same greedy tokens alone and batched, and stay near the F32 model") {
+  Fixture& f = fixture();
+  static MXFP4Fixture mx;
+  REQUIRE(mx.blocks.size() >= 6);
+  const std::vector<std::string> prompts{"Once upon a time", "The cat sat on the mat and", "Lily and Ben went"};
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Rig rig({256, 1, 64}, 2, &mx.model);
+    for (const auto& p : prompts) alone.push_back(rig.run(greedy(f.tok.encode(p, true), 30))->tokens);
+  }
+  Rig rig({256, 3, 7}, 2, &mx.model);  // 7-token steps: prompts chunked and mixed with decodes
+  std::vector<std::shared_ptr<Collect>> sinks;
+  for (const auto& p : prompts) {
+    sinks.push_back(std::make_shared<Collect>());
+    rig.engine->submit(greedy(f.tok.encode(p, true), 30), sinks.back());
+  }
+  rig.engine->run_until_idle();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    CAPTURE(prompts[i]);
+    CHECK(sinks[i]->tokens == alone[i]);
+    CHECK(alone[i].size() == 30);
+  }
+  // 4-bit weights move the answers, but the first token after a prompt mostly stays the F32 model's.
+  Rig ref({256, 1, 64});
+  int same = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) same += ref.run(greedy(f.tok.encode(prompts[i], true), 1))->tokens[0] == alone[i][0];
+  MESSAGE("first tokens equal to the F32 model's: " << same << " of " << prompts.size());
+  CHECK(same >= 1);
 }

@@ -450,7 +450,7 @@ TEST_CASE("store: refuses what ds4 cannot load, before touching shared memory") 
     CHECK_THROWS_WITH_AS(load(path, opts),
                          (path + ": tensor 'blk.0.ffn_up.weight' has type IQ2_XXS, which ds4 cannot compute (supported: "
                                  "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
-                                 "IQ4_XS)").c_str(),
+                                 "IQ4_XS, MXFP4)").c_str(),
                          Error);
   }
   SUBCASE("a model the caller's check refuses (the engine's shape checks, in the daemons)") {

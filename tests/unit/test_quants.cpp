@@ -26,7 +26,8 @@ namespace {
 
 constexpr GgmlType kQuantTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
                                     GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::Q2_K, GgmlType::Q3_K,
-                                    GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
+                                    GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS,
+                                    GgmlType::MXFP4};
 
 // Random blocks: random bytes everywhere, then sane fp16 scales (positive and
 // negative, as files have), so every bit pattern of the quants occurs.
@@ -54,6 +55,7 @@ std::vector<uint8_t> random_rows(GgmlType type, int64_t N, int64_t K, std::mt199
       case GgmlType::Q4_K: case GgmlType::Q5_K: scale(b, 0.01f); scale(b + 2, 0.01f); break;
       case GgmlType::Q6_K: scale(b + 208, 0.001f); break;
       case GgmlType::IQ4_XS: scale(b, 0.001f); break;
+      case GgmlType::MXFP4: b[0] = uint8_t(118 + rng() % 12); break;  // scales 2^-10 .. 2^1
       default: break;
     }
   }
@@ -263,4 +265,133 @@ TEST_CASE("quants: dequantize_row equals llama.cpp's dequantization (DS4_QUANT_P
   for (const auto& [name, n] : checked) summary += name + ":" + std::to_string(n) + " ";
   MESSAGE("tensors equal to llama.cpp's, by type: " << summary);
   CHECK(!checked.empty());
+}
+
+TEST_CASE("quants: every type ds4 computes with has a CPU row of its shared row's geometry, and a product in every table") {
+  std::string names;
+  int supported = 0;
+  for (uint32_t n = 0; n < TypeKernelTable::kSlots; ++n) {
+    const GgmlType t = GgmlType(n);
+    const TypeTraits* row = type_row(t);
+    const QuantType* q = quant_type(t);
+    if (!row || !type_supported(t)) {
+      CHECK(q == nullptr);
+      continue;
+    }
+    CAPTURE(row->name);
+    ++supported;
+    names += (names.empty() ? "" : ", ") + std::string(row->name);
+    REQUIRE(q != nullptr);
+    CHECK(q->type == t);
+    CHECK(q->block_elems == int64_t(row->block_elems));
+    CHECK(q->block_bytes == int64_t(row->block_bytes));
+    CHECK(q->act == row->act);
+    CHECK(bool(q->dequantize));
+    CHECK((q->dot != nullptr) == (row->act != ActType::F32));  // a quantized type has its reference dot
+    CHECK(row->device != DeviceLayout::none);
+    CHECK(row_bytes(t, 256) == int64_t(type_bytes(t, 256)));
+    for (const KernelTable* kt : tables()) {
+      CAPTURE(kt->name);
+      CHECK(bool(kt->matmul_rows));
+    }
+  }
+  CHECK(supported >= 15);
+  CHECK(names.size() == supported_types().size());  // the same names, in the rows' order there
+  for (size_t at = 0, end; at < names.size(); at = end + 2) {
+    end = std::min(names.find(", ", at), names.size());
+    CHECK(supported_types().find(names.substr(at, end - at)) != std::string_view::npos);
+  }
+}
+
+namespace {
+
+// An E2M1 code (sign, two exponent bits, one mantissa bit) as its value,
+// from the OCP MX format's definition.
+double e2m1(unsigned code) {
+  const unsigned exp = (code >> 1) & 3, man = code & 1;
+  const double mag = exp == 0 ? 0.5 * man : std::ldexp(1.0 + 0.5 * man, int(exp) - 1);
+  return code & 8 ? -mag : mag;
+}
+
+}  // namespace
+
+TEST_CASE("quants: MXFP4 dequantizes as E2M1 values times the E8M0 scale, for every exponent") {
+  // One block per exponent byte 0..255, its 32 codes cycling through all 16.
+  std::vector<uint8_t> w(256 * 17);
+  for (int e = 0; e < 256; ++e) {
+    w[size_t(e * 17)] = uint8_t(e);
+    for (int j = 0; j < 16; ++j) w[size_t(e * 17 + 1 + j)] = uint8_t((j + e) % 16 | ((j * 7 + e) % 16) << 4);
+  }
+  std::vector<float> got(256 * 32);
+  dequantize_row(GgmlType::MXFP4, w.data(), 256 * 32, 0, got.data());
+  for (int e = 0; e < 256; ++e)
+    for (int j = 0; j < 32; ++j) {
+      const uint8_t byte = w[size_t(e * 17 + 1 + j % 16)];
+      const unsigned code = j < 16 ? byte & 0xF : byte >> 4;
+      // 2^(e - 127), the E8M0 scale, as a double (exact); the product is exact
+      // in double and rounds only where f32 overflows (e = 255, |v| >= 2) or
+      // has too few bits (none here: at most two significant bits).
+      const double want = e2m1(code) * std::ldexp(1.0, e - 127);
+      CAPTURE(e);
+      CAPTURE(code);
+      CHECK(got[size_t(e * 32 + j)] == float(want));  // == : ggml's -0 code gives +0
+    }
+}
+
+TEST_CASE("quants: MXFP4 products equal a double sum of the dequantized weights and activations, in every table") {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int64_t N = 37, K = 1024;
+  const auto w = random_rows(GgmlType::MXFP4, N, K, rng);
+  std::vector<float> wd(static_cast<size_t>(K));
+  for (int64_t T : {1, 3, 4, 9}) {
+    std::vector<float> x(size_t(T * K));
+    for (auto& v : x) v = nd(rng);
+    for (const KernelTable* kt : tables()) {
+      CAPTURE(kt->name);
+      CAPTURE(T);
+      const auto y = product(*kt, GgmlType::MXFP4, w, N, K, x, T, K);
+      const Acts acts = quantize(*kt, x, T, K, K);
+      for (int64_t n = 0; n < N; ++n) {
+        dequantize_row(GgmlType::MXFP4, w.data(), K, n, wd.data());
+        for (int64_t t = 0; t < T; ++t) {
+          double s = 0, mag = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const BlockQ8Act& xb = acts.xq[size_t(t * K / 32 + k / 32)];
+            const double p = double(wd[size_t(k)]) * double(xb.d) * xb.qs[k % 32];
+            s += p;
+            mag += std::fabs(p);
+          }
+          REQUIRE(std::fabs(double(y[size_t(t * N + n)]) - s) <= 1e-5 * mag + 1e-6);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("quants: MXFP4's quantization picks ggml's exponent and the nearest value of each") {
+  const QuantType& q = *quant_type(GgmlType::MXFP4);
+  REQUIRE(bool(q.from_float));
+  std::mt19937 rng(22);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(32 * 64), y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = nd(rng) * std::ldexp(1.0f, int(i / 32) % 40 - 20);
+  for (int j = 0; j < 32; ++j) x[size_t(5 * 32 + j)] = 0;  // an all-zero block: exponent byte 0
+  std::vector<uint8_t> w(64 * 17);
+  q.from_float(x.data(), int64_t(x.size()), w.data());
+  dequantize_row(GgmlType::MXFP4, w.data(), int64_t(x.size()), 0, y.data());
+  for (int b = 0; b < 64; ++b) {
+    CAPTURE(b);
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[size_t(b * 32 + j)]));
+    const int e = amax > 0 ? int(std::floor(std::log2(amax))) - 2 + 127 : 0;
+    CHECK(int(w[size_t(b * 17)]) == e);
+    const double d = std::ldexp(1.0, e - 128);  // the halved scale of ggml's doubled values
+    for (int j = 0; j < 32; ++j) {
+      const double v = x[size_t(b * 32 + j)];
+      double best = INFINITY;
+      for (unsigned c = 0; c < 16; ++c) best = std::min(best, std::fabs(2 * e2m1(c) * d - v));
+      CHECK(std::fabs(double(y[size_t(b * 32 + j)]) - v) == doctest::Approx(best).epsilon(1e-6));
+    }
+  }
 }

@@ -93,10 +93,44 @@ struct MatmulArgs {
 /// Floats of scratch one thread needs for matmul_rows with this K.
 int64_t matmul_scratch_floats(int64_t K);
 
+/// Rows [n0, n1) of a product; `scratch` holds matmul_scratch_floats(K) floats.
+using MatmulRows = void (*)(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch);
+
+/// One kernel table's products for one weight type (ggml's type_traits_cpu
+/// vec_dot, per instruction set): `quantized` with the activation blocks of
+/// the type's row (a.quantized()), `f32` on f32 activations. A table
+/// registers them once per type (TypeKernelTable::set); matmul_rows looks
+/// them up once per call.
+struct TypeKernels {
+  MatmulRows quantized = nullptr;
+  MatmulRows f32 = nullptr;
+};
+
+/// A table's entries, by type number. Every type the CPU backend runs
+/// (quant_type()) starts with the generic table's entries.
+class TypeKernelTable {
+ public:
+  static constexpr size_t kSlots = 64;  // more than any GgmlType's number
+  TypeKernelTable();  // the generic entries
+  void set(GgmlType t, TypeKernels k) { at_[size_t(t)] = k; }
+  void set_quantized(GgmlType t, MatmulRows f) { at_[size_t(t)].quantized = f; }
+  void set_f32(GgmlType t, MatmulRows f) { at_[size_t(t)].f32 = f; }
+  const TypeKernels& operator[](GgmlType t) const { return at_[size_t(t) < kSlots ? size_t(t) : 0]; }
+  /// Rows [n0, n1) of a's product through the type's entry.
+  void matmul_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) const {
+    const TypeKernels& k = (*this)[a.type];
+    (a.quantized() ? k.quantized : k.f32)(a, n0, n1, scratch);
+  }
+
+ private:
+  TypeKernels at_[kSlots];
+};
+
 struct KernelTable {
   std::string_view name;
-  /// Rows [n0, n1) of the product; `scratch` holds matmul_scratch_floats(K) floats.
-  void (*matmul_rows)(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch);
+  /// Rows [n0, n1) of the product; `scratch` holds matmul_scratch_floats(K) floats
+  /// (through the table's TypeKernels for a.type).
+  MatmulRows matmul_rows;
   /// Attention of one query head over n_pos cached positions (K and V rows
   /// of `hd` values, of one type): out = softmax(scale * q.K) V,
   /// in tiles of kAttendTile positions with an online softmax (flash

@@ -96,15 +96,29 @@ void gemm_rows(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   }
 }
 
-void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.quantized()) return matmul_rows_quantized_x86(a, n0, n1, scratch);
-  if (!simd_f32_type(a.type)) return generic_kernels().matmul_rows(a, n0, n1, scratch);
+// The f32 product of the types x86_common.h converts (kSimdF32Types).
+void matmul_rows_f32_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   if (a.T > kRowPathMaxT) return gemm_rows(a, n0, n1, scratch);
   // Two registers an output: two rows of three tokens fill twelve of sixteen.
   if (a.T >= 4) return gemv_rows_tokens<2, 3>(a, n0, n1, kRowsAhead);
   const DecodeWalk& walk = decode_walk();
   if (walk.rows == 2) return gemv_rows_tokens<2, 3>(a, n0, n1, walk.ahead);
   gemv_rows_tokens<1, 3>(a, n0, n1, walk.ahead);
+}
+
+// This table's kernels, per type: looked up once per product.
+const TypeKernelTable& avx2_types() {
+  static const TypeKernelTable table = [] {
+    TypeKernelTable t;
+    register_quantized_x86(t);
+    for (GgmlType ty : kSimdF32Types) t.set_f32(ty, matmul_rows_f32_avx2);
+    return t;
+  }();
+  return table;
+}
+
+void matmul_rows_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  avx2_types().matmul_rows(a, n0, n1, scratch);
 }
 
 }  // namespace

@@ -54,8 +54,9 @@ int64_t matmul_scratch_floats(int64_t K) {
 
 namespace {
 
-void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.quantized()) return matmul_rows_quantized_generic(a, n0, n1);
+// The reference of the contract: each row dequantized, then 16 lanes of
+// fused multiply-adds per output.
+void matmul_rows_f32_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
   const int64_t kp = pad16(a.K);
   float* wrow = scratch;
   for (int64_t n = n0; n < n1; ++n) {
@@ -69,6 +70,15 @@ void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scr
       a.y[t * a.ldy + n] = reduce16(lanes);
     }
   }
+}
+
+void matmul_rows_quantized_generic_entry(const MatmulArgs& a, int64_t n0, int64_t n1, float*) {
+  matmul_rows_quantized_generic(a, n0, n1);
+}
+
+void matmul_rows_generic(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  static const TypeKernelTable types;
+  types.matmul_rows(a, n0, n1, scratch);
 }
 
 // Value i of row p of cached rows, exactly as f32.
@@ -135,6 +145,10 @@ void quantize_q8_generic(const float* x, int64_t K, BlockQ8Act* out) {
 }
 
 }  // namespace
+
+TypeKernelTable::TypeKernelTable() {
+  for (TypeKernels& k : at_) k = {matmul_rows_quantized_generic_entry, matmul_rows_f32_generic};
+}
 
 void attend_block_by_query(const KernelTable& t, const float* const* q, const int64_t* n_pos, int nq, KvRows k,
                            KvRows v, int64_t hd, float scale, float* const* out, float* scores, int64_t score_stride) {

@@ -1,8 +1,10 @@
 #pragma once
-/// The weight types of the CPU backend, one row of traits each (quant_type()):
-/// how a row dequantizes (bit for bit as ggml's dequantize_row_*), which
-/// activation blocks its products take (ggml's vec_dot_type), and the
-/// reference dot product against those blocks. Each kernel table (generic,
+/// The weight types of the CPU backend, one row each (quant_type()), as
+/// ggml's type_traits_cpu: the type's geometry and activation blocks (its
+/// vec_dot_type) from the shared row (shared/ggml_types.h), and the kernels
+/// registered against it here: how a row dequantizes (bit for bit as ggml's
+/// dequantize_row_*), the reference dot product against those activation
+/// blocks, and where there is one, the quantization of floats into the type. Each kernel table (generic,
 /// AVX2, AVX-512) computes products of the same value; kernels.h has the
 /// numerical contract, and the per-type integer sums are spelled out here.
 ///
@@ -26,6 +28,9 @@
 ///   Q2_K, Q4_K, Q5_K (act Q8_K, 256 values): weights d * sc_j * q - dmin * m_j in sub-blocks j;
 ///     S = sum_j sc_j * (sum q * q_x over j), M = sum_j m_j * (sum q_x over j);
 ///     first fma(float(S), d * d_x, .), second fma(-float(M), dmin * d_x, .).
+///   MXFP4 (act Q8_0, 32 values): weights d_w * q with d_w = 2^(e - 128) (the
+///     E8M0 byte, halved as ggml does) and q from kMXFP4Values (twice the
+///     E2M1 values); s = sum q * q_x; first fma(float(s), d_w * d_x, .).
 ///   Q3_K, Q6_K, IQ4_XS (act Q8_K): weights d * sc_j * q with signed sc_j and q;
 ///     S as above; first fma(float(S), d * d_x, .), no second step.
 /// Every |S| < 2^31. Integer sums are exact in any grouping, so a table may
@@ -35,6 +40,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "shared/ggml_types.h"
 
@@ -57,8 +63,8 @@ struct BlockLanes {
   float total() const { return reduce16(l); }
 };
 
-/// Which activation blocks a weight type's products take.
-enum class ActType : uint8_t { F32, Q8_0, Q8_K };
+/// Which activation blocks a weight type's products take (the shared row's).
+using ActType = ActFormat;
 
 /// 256 activations rounded as one block: x[i] ~ d * qs[i], d = 1 / (127 / max|x|),
 /// qs = round-to-nearest-even(x * 127 / max|x|) (ggml's values, up to the sign
@@ -92,6 +98,9 @@ struct BlockQ4K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
 struct BlockQ5K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
 struct BlockQ6K { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; };
 struct BlockIQ4XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+/// MXFP4: an E8M0 exponent, then 32 E2M1 values as nibbles (j low, j + 16 high).
+struct BlockMXFP4 { uint8_t e; uint8_t qs[16]; };
+static_assert(sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockIQ4NL) == 18);
 static_assert(sizeof(BlockQ2K) == 84 && sizeof(BlockQ3K) == 110 && sizeof(BlockQ4K) == 144 &&
@@ -100,6 +109,18 @@ static_assert(sizeof(BlockQ2K) == 84 && sizeof(BlockQ3K) == 110 && sizeof(BlockQ
 /// IQ4_NL's and IQ4_XS's 16 values (ggml's kvalues_iq4nl).
 inline constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                           1,    13,   25,  38,  53,  69,  89,  113};
+
+/// MXFP4's 16 values: twice the E2M1 floats (ggml's kvalues_mxfp4), so
+/// that they are integers; the block's scale is halved to match.
+inline constexpr int8_t kMXFP4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/// An E8M0 byte as ggml's halved scale, 2^(e - 128), exactly (e < 2: subnormal).
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 /// Q4_K's and Q5_K's 6-bit scale and min of sub-block j (ggml's get_scale_min_k4).
 inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
@@ -115,7 +136,9 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
 /// Q3_K's sixteen 6-bit scales, minus 32.
 void q3k_scales(const uint8_t packed[12], int8_t out[16]);
 
-/// One weight type's row of traits.
+/// One weight type's row of the CPU backend: the shared row's geometry and
+/// activation format, and the generic kernels (quants_generic.cpp). The
+/// kernel tables (kernels.h) register their own products per type.
 struct QuantType {
   GgmlType type;
   ActType act;
@@ -127,6 +150,13 @@ struct QuantType {
   /// (BlockQ8Act for act Q8_0, BlockQ8K for Q8_K), per the contract above.
   /// Null for the float types.
   float (*dot)(const void* w, const void* x, int64_t nb);
+  /// n floats (a multiple of block_elems) as n / block_elems blocks, as
+  /// ggml's quantize_row_*_ref; null where ds4 has none (tools and tests
+  /// make such weights from random bytes and fp16_scales instead).
+  void (*from_float)(const float* x, int64_t n, void* blocks);
+  /// Byte offsets in a block of its fp16 scale fields (-1: none), which
+  /// random blocks need set to sane values (random bytes elsewhere).
+  int16_t fp16_scales[2];
 };
 
 /// The row of a type the CPU backend computes with, or nullptr.

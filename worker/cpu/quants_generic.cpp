@@ -131,6 +131,41 @@ void deq_iq4_nl(const void* w, int64_t nb, float* y) {
   }
 }
 
+void deq_mxfp4(const void* w, int64_t nb, float* y) {
+  const auto* b = static_cast<const BlockMXFP4*>(w);
+  for (int64_t i = 0; i < nb; ++i, y += 32) {
+    const float d = e8m0_half(b[i].e);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = float(kMXFP4Values[b[i].qs[j] & 0xF]) * d;
+      y[j + 16] = float(kMXFP4Values[b[i].qs[j] >> 4]) * d;
+    }
+  }
+}
+
+// ggml's quantize_row_mxfp4_ref: the exponent puts the largest magnitude at
+// 4..8 times the halved scale (the table's top is 12), each value the first
+// of the nearest table entries.
+void quantize_mxfp4(const float* x, int64_t n, void* blocks) {
+  auto* b = static_cast<BlockMXFP4*>(blocks);
+  for (int64_t i = 0; i < n / 32; ++i, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float e = amax > 0 ? std::floor(std::log2(amax)) - 2 + 127 : 0;
+    b[i].e = uint8_t(std::clamp(e, 0.0f, 255.0f));
+    const float d = e8m0_half(b[i].e);
+    const auto nearest = [d](float v) {
+      int best = 0;
+      float err = std::fabs(float(kMXFP4Values[0]) * d - v);
+      for (int k = 1; k < 16; ++k) {
+        const float e2 = std::fabs(float(kMXFP4Values[k]) * d - v);
+        if (e2 < err) best = k, err = e2;
+      }
+      return uint8_t(best);
+    };
+    for (int j = 0; j < 16; ++j) b[i].qs[j] = uint8_t(nearest(x[j]) | nearest(x[j + 16]) << 4);
+  }
+}
+
 void deq_q2_k(const void* w, int64_t nb, float* y) {
   const auto* b = static_cast<const BlockQ2K*>(w);
   for (int64_t i = 0; i < nb; ++i) {
@@ -297,6 +332,20 @@ float dot_iq4_nl(const void* w, const void* x, int64_t nb) {
   return dot_int8_blocks<BlockIQ4NL>(w, x, nb, unpack_iq4_nl);
 }
 
+// MXFP4: the table's values, the block's E8M0 scale.
+float dot_mxfp4(const void* w, const void* x, int64_t nb) {
+  const auto* b = static_cast<const BlockMXFP4*>(w);
+  const auto* a = static_cast<const BlockQ8Act*>(x);
+  BlockLanes lanes;
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j)
+      s += kMXFP4Values[b[i].qs[j] & 0xF] * a[i].qs[j] + kMXFP4Values[b[i].qs[j] >> 4] * a[i].qs[j + 16];
+    lanes.first(i, float(s), e8m0_half(b[i].e) * a[i].d);
+  }
+  return lanes.total();
+}
+
 // Q4_1 and Q5_1: unsigned q plus a per-block offset m.
 template <typename Block>
 float dot_offset_blocks(const void* w, const void* x, int64_t nb) {
@@ -445,28 +494,60 @@ float dot_iq4_xs(const void* w, const void* x, int64_t nb) {
   return lanes.total();
 }
 
-constexpr QuantType kTypes[] = {
-    {GgmlType::F32, ActType::F32, 1, 4, deq_f32, nullptr},
-    {GgmlType::F16, ActType::F32, 1, 2, deq_f16, nullptr},
-    {GgmlType::BF16, ActType::F32, 1, 2, deq_bf16, nullptr},
-    {GgmlType::Q8_0, ActType::Q8_0, 32, 34, deq_q8_0, dot_q8_0},
-    {GgmlType::Q4_0, ActType::Q8_0, 32, 18, deq_q4_0, dot_q4_0},
-    {GgmlType::Q4_1, ActType::Q8_0, 32, 20, deq_q4_1, dot_q4_1},
-    {GgmlType::Q5_0, ActType::Q8_0, 32, 22, deq_q5_0, dot_q5_0},
-    {GgmlType::Q5_1, ActType::Q8_0, 32, 24, deq_q5_1, dot_q5_1},
-    {GgmlType::IQ4_NL, ActType::Q8_0, 32, 18, deq_iq4_nl, dot_iq4_nl},
-    {GgmlType::Q2_K, ActType::Q8_K, 256, 84, deq_q2_k, dot_q2_k},
-    {GgmlType::Q3_K, ActType::Q8_K, 256, 110, deq_q3_k, dot_q3_k},
-    {GgmlType::Q4_K, ActType::Q8_K, 256, 144, deq_q4_k, dot_q45_k<false>},
-    {GgmlType::Q5_K, ActType::Q8_K, 256, 176, deq_q5_k, dot_q45_k<true>},
-    {GgmlType::Q6_K, ActType::Q8_K, 256, 210, deq_q6_k, dot_q6_k},
-    {GgmlType::IQ4_XS, ActType::Q8_K, 256, 136, deq_iq4_xs, dot_iq4_xs},
+// The generic kernels of each type the CPU backend runs (geometry and
+// activation format come from the shared row): dequantize, dot, from_float,
+// and the fp16 scale fields of a block.
+struct CpuKernels {
+  GgmlType type;
+  void (*dequantize)(const void*, int64_t, float*);
+  float (*dot)(const void*, const void*, int64_t);
+  void (*from_float)(const float*, int64_t, void*);
+  int16_t fp16_scales[2];
 };
+
+constexpr CpuKernels kKernels[] = {
+    {GgmlType::F32, deq_f32, nullptr, nullptr, {-1, -1}},
+    {GgmlType::F16, deq_f16, nullptr, nullptr, {-1, -1}},
+    {GgmlType::BF16, deq_bf16, nullptr, nullptr, {-1, -1}},
+    {GgmlType::Q8_0, deq_q8_0, dot_q8_0, nullptr, {0, -1}},
+    {GgmlType::Q4_0, deq_q4_0, dot_q4_0, nullptr, {0, -1}},
+    {GgmlType::Q4_1, deq_q4_1, dot_q4_1, nullptr, {0, 2}},
+    {GgmlType::Q5_0, deq_q5_0, dot_q5_0, nullptr, {0, -1}},
+    {GgmlType::Q5_1, deq_q5_1, dot_q5_1, nullptr, {0, 2}},
+    {GgmlType::IQ4_NL, deq_iq4_nl, dot_iq4_nl, nullptr, {0, -1}},
+    {GgmlType::Q2_K, deq_q2_k, dot_q2_k, nullptr, {80, 82}},
+    {GgmlType::Q3_K, deq_q3_k, dot_q3_k, nullptr, {108, -1}},
+    {GgmlType::Q4_K, deq_q4_k, dot_q45_k<false>, nullptr, {0, 2}},
+    {GgmlType::Q5_K, deq_q5_k, dot_q45_k<true>, nullptr, {0, 2}},
+    {GgmlType::Q6_K, deq_q6_k, dot_q6_k, nullptr, {208, -1}},
+    {GgmlType::IQ4_XS, deq_iq4_xs, dot_iq4_xs, nullptr, {0, -1}},
+    {GgmlType::MXFP4, deq_mxfp4, dot_mxfp4, quantize_mxfp4, {-1, -1}},
+};
+
+constexpr size_t kNumTypes = sizeof kKernels / sizeof kKernels[0];
+
+// The rows, each the shared row's geometry with the kernels above.
+struct Rows {
+  QuantType at[kNumTypes];
+};
+const Rows& rows() {
+  static const Rows r = [] {
+    Rows out{};
+    for (size_t i = 0; i < kNumTypes; ++i) {
+      const CpuKernels& k = kKernels[i];
+      const TypeTraits& t = *type_row(k.type);
+      out.at[i] = QuantType{k.type, t.act, t.block_elems, t.block_bytes, k.dequantize, k.dot, k.from_float,
+                            {k.fp16_scales[0], k.fp16_scales[1]}};
+    }
+    return out;
+  }();
+  return r;
+}
 
 }  // namespace
 
 const QuantType* quant_type(GgmlType t) {
-  for (const QuantType& q : kTypes)
+  for (const QuantType& q : rows().at)
     if (q.type == t) return &q;
   return nullptr;
 }

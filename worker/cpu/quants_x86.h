@@ -14,8 +14,8 @@
 //   so two sub-blocks a 512-bit register (kquant_rows512).
 // - Q4_1, Q5_1 are d * q + m: their q read as Q8_0 blocks as above, each
 //   block's m beside them for the second float step.
-// - Other types use the generic row (matmul_rows_quantized_generic): Q2_K /
-//   Q3_K in the AVX2 table.
+// - Other types use the generic row (matmul_rows_quantized_generic).
+// register_quantized_x86 (at the end) registers these per type.
 
 namespace ds4::cpu {
 namespace {
@@ -78,8 +78,6 @@ inline void store_q8_block(BlockQ8_0& o, uint16_t d, __m256i q) {
   o.d = d;
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o.qs), q);
 }
-
-bool offset_type(GgmlType t) { return t == GgmlType::Q4_1 || t == GgmlType::Q5_1; }
 
 // Q5_0's / Q5_1's 32 values, 0..31: the nibbles and each high bit as 16.
 inline __m256i q5_values(const uint8_t* qs, const uint8_t* qh_bytes) {  // 0..31
@@ -179,6 +177,31 @@ struct IQ4NLSrc {
   }
 };
 
+// MXFP4 as IQ4_NL is read (a table of 16 signed values), its scale the
+// E8M0 byte (e8m0_half, eight at once in d8).
+struct MXFP4Src {
+  using Block = BlockMXFP4;
+  static constexpr bool kUnsigned = false, kOffset = false, kSplit = false;
+  static constexpr int kBias = 0;
+  static __m256i q(const Block& b) {
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kMXFP4Values)));
+    return _mm256_shuffle_epi8(table, nibbles32(b.qs));
+  }
+  static float d(const Block& b) { return e8m0_half(b.e); }
+  static __m256 d8(const Block* w) {
+    const __m256i e = _mm256_setr_epi32(w[0].e, w[1].e, w[2].e, w[3].e, w[4].e, w[5].e, w[6].e, w[7].e);
+    const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, small, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+  }
+};
+
+// MXFP4 for any batch: each row's blocks read in registers against every
+// token (its scales do not fit the f16 d of the Q8_0 panels of prefill).
+void matmul_rows_mxfp4_x86(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
+  q8x_decode<MXFP4Src>(a, n0, n1, scratch);  // no bias nor offset: the block sums are not read
+}
+
 void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux) {
   switch (a.type) {
     case GgmlType::Q4_0: return q8x_decode<Q4_0Src>(a, n0, n1, ux);
@@ -190,9 +213,6 @@ void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* 
   }
 }
 
-bool q8_convertible(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::IQ4_NL || offset_type(t);
-}
 
 // ---- K-quants ----------------------------------------------------------------
 
@@ -1480,29 +1500,32 @@ void kquant_rows_tokens16(const MatmulArgs& a, int64_t n0, int64_t n1, float* sc
 // more go sixteen tokens a register instead
 // (kquant_rows_tokens16).
 
+template <GgmlType TY>
 void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
 #ifdef __AVX512VNNI__
   // From twelve tokens on (Zen 4, Q4_K, 64 rows of K 2048: T = 9 20.2 us
   // against 18.2 for the one-row tile, T = 12 20.2 / 23.4, T = 32 41 / 59,
   // T = 128 143-150 / 238-243).
-  if (a.T >= 12 && a.type == GgmlType::Q4_K) return kquant_rows_tokens16<BlockQ4K, Q45KPanelBlock>(a, n0, n1, scratch);
-  if (a.T >= 12 && a.type == GgmlType::Q5_K) return kquant_rows_tokens16<BlockQ5K, Q45KPanelBlock>(a, n0, n1, scratch);
-  if (a.T >= 12 && a.type == GgmlType::Q6_K) return kquant_rows_tokens16<BlockQ6K, Q6KPanelBlock>(a, n0, n1, scratch);
-  if (a.T >= 12 && a.type == GgmlType::Q2_K)
-    return kquant_rows_tokens16<BlockQ2K, K16PanelBlock<Q2KGroups>>(a, n0, n1, scratch);
-  if (a.T >= 12 && a.type == GgmlType::Q3_K)
-    return kquant_rows_tokens16<BlockQ3K, K16PanelBlock<Q3KGroups>>(a, n0, n1, scratch);
+  if (a.T >= 12) {
+    if constexpr (TY == GgmlType::Q4_K) return kquant_rows_tokens16<BlockQ4K, Q45KPanelBlock>(a, n0, n1, scratch);
+    if constexpr (TY == GgmlType::Q5_K) return kquant_rows_tokens16<BlockQ5K, Q45KPanelBlock>(a, n0, n1, scratch);
+    if constexpr (TY == GgmlType::Q6_K) return kquant_rows_tokens16<BlockQ6K, Q6KPanelBlock>(a, n0, n1, scratch);
+    if constexpr (TY == GgmlType::Q2_K)
+      return kquant_rows_tokens16<BlockQ2K, K16PanelBlock<Q2KGroups>>(a, n0, n1, scratch);
+    if constexpr (TY == GgmlType::Q3_K)
+      return kquant_rows_tokens16<BlockQ3K, K16PanelBlock<Q3KGroups>>(a, n0, n1, scratch);
+  }
 #endif
-  const int64_t nb = a.K / 256, rb = nb * quant_type(a.type)->block_bytes;
+  const int64_t nb = a.K / 256, rb = nb * int64_t(type_row(TY)->block_bytes);
   const auto* wb = static_cast<const uint8_t*>(a.w);
-  const KRows rows1 = kquant_rows512_of(a.type);
+  const KRows rows1 = kquant_rows512_of(TY);
   const bool one_row = kquant_prefill_rows() == 1;
   // Rows r..r+R times tokens t..t+C.
   const auto tile = [&]<int R, int C>(int64_t r, int64_t t) {
     const BlockQ8K* x[C];
     for (int c = 0; c < C; ++c) x[c] = a.xk + (t + c) * a.ldxk;
     float o[R][C];
-    kquant_dot512<R, C>(a.type)(wb + r * rb, rb, x, nb, o);
+    kquant_dot512<R, C>(TY)(wb + r * rb, rb, x, nb, o);
     for (int i = 0; i < R; ++i)
       for (int c = 0; c < C; ++c) a.y[(t + c) * a.ldy + r + i] = o[i][c];
   };
@@ -1536,17 +1559,17 @@ void kquant_rows512(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch)
 #endif
 
 // Rows [n0, n1) of a K-quant product: each weight row against four tokens at a time.
-void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
-  const QuantType& q = *quant_type(a.type);
-  const int64_t nb = a.K / 256, rb = nb * q.block_bytes;
-  const KDot<4> d4 = kquant_dot<4>(a.type);
-  const KDot<1> d1 = kquant_dot<1>(a.type);
-  const KDot<2> d2 = kquant_dot<2>(a.type);
-  const KDot<3> d3 = kquant_dot<3>(a.type);
+template <GgmlType TY>
+void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1, float*) {
+  const int64_t nb = a.K / 256, rb = nb * int64_t(type_row(TY)->block_bytes);
+  const KDot<4> d4 = kquant_dot<4>(TY);
+  const KDot<1> d1 = kquant_dot<1>(TY);
+  const KDot<2> d2 = kquant_dot<2>(TY);
+  const KDot<3> d3 = kquant_dot<3>(TY);
   // Eight tokens a pass where the type has it (Q4_K, Q5_K: the unpacked
   // weights and the block's scales serve twice as many tokens).
-  const KDot<8> d8 = a.type == GgmlType::Q4_K ? dot_q45k_x86<false, 8>
-                     : a.type == GgmlType::Q5_K ? dot_q45k_x86<true, 8> : nullptr;
+  constexpr bool kEight = TY == GgmlType::Q4_K || TY == GgmlType::Q5_K;
+  [[maybe_unused]] const KDot<8> d8 = TY == GgmlType::Q5_K ? dot_q45k_x86<true, 8> : dot_q45k_x86<false, 8>;
   // Row r against tokens t.. (the last 1-3 of the batch).
   const auto tail = [&](int64_t r, int64_t t) {
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + r * rb;
@@ -1569,7 +1592,7 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
   for (; a.T >= 4 && n < n1; n += panel) {
     const int64_t pe = std::min(n1, n + panel);
     int64_t t = 0;
-    if (d8) {
+    if constexpr (kEight) {
       for (; t + 8 <= a.T; t += 8) {
         const BlockQ8K* x[8];
         for (int c = 0; c < 8; ++c) x[c] = a.xk + (t + c) * a.ldxk;
@@ -1592,19 +1615,33 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1) {
     for (int64_t r = n; r < pe; ++r) tail(r, a.T / 4 * 4);
   }
   // Decode (T < 4): one token, the row eight blocks a pass where the type has one.
-  if (const KRows rows1 = a.T == 1 ? kquant_rows_x86_of(a.type) : nullptr)
+  if (const KRows rows1 = a.T == 1 ? kquant_rows_x86_of(TY) : nullptr)
     return rows1(static_cast<const uint8_t*>(a.w) + n * rb, rb, a.xk, nb, n1 - n, a.y + n);
   for (; n < n1; ++n) tail(n, 0);
 }
 
-// The quantized products of a table: rows [n0, n1) with a.quantized().
-void matmul_rows_quantized_x86(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (a.type == GgmlType::Q8_0 || q8_convertible(a.type)) return matmul_rows_q8x(a, n0, n1, scratch);
+// The quantized products of a table (AVX2 or AVX-512, by the flags this
+// file is compiled under), registered against the types' rows; the types
+// not named keep the generic row's (matmul_rows_quantized_generic).
+void register_quantized_x86(TypeKernelTable& t) {
+  for (GgmlType ty : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::IQ4_NL})
+    t.set_quantized(ty, matmul_rows_q8x_as<false>);
+  for (GgmlType ty : {GgmlType::Q4_1, GgmlType::Q5_1}) t.set_quantized(ty, matmul_rows_q8x_as<true>);
 #ifdef __AVX512F__
-  if (kquant_dot512<1, 1>(a.type)) return kquant_rows512(a, n0, n1, scratch);
+  t.set_quantized(GgmlType::Q4_K, kquant_rows512<GgmlType::Q4_K>);
+  t.set_quantized(GgmlType::Q5_K, kquant_rows512<GgmlType::Q5_K>);
+  t.set_quantized(GgmlType::Q6_K, kquant_rows512<GgmlType::Q6_K>);
+  t.set_quantized(GgmlType::Q2_K, kquant_rows512<GgmlType::Q2_K>);
+  t.set_quantized(GgmlType::Q3_K, kquant_rows512<GgmlType::Q3_K>);
+#else
+  t.set_quantized(GgmlType::Q4_K, matmul_rows_kquant_x86<GgmlType::Q4_K>);
+  t.set_quantized(GgmlType::Q5_K, matmul_rows_kquant_x86<GgmlType::Q5_K>);
+  t.set_quantized(GgmlType::Q6_K, matmul_rows_kquant_x86<GgmlType::Q6_K>);
+  t.set_quantized(GgmlType::Q2_K, matmul_rows_kquant_x86<GgmlType::Q2_K>);
+  t.set_quantized(GgmlType::Q3_K, matmul_rows_kquant_x86<GgmlType::Q3_K>);
 #endif
-  if (kquant_dot<1>(a.type)) return matmul_rows_kquant_x86(a, n0, n1);
-  matmul_rows_quantized_generic(a, n0, n1);
+  t.set_quantized(GgmlType::IQ4_XS, matmul_rows_kquant_x86<GgmlType::IQ4_XS>);
+  t.set_quantized(GgmlType::MXFP4, matmul_rows_mxfp4_x86);
 }
 
 }  // namespace

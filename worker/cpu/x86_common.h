@@ -34,10 +34,9 @@ inline __m256 hsums8(const __m256 v[8]) {
   return _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
 }
 
-// The types the f32 paths below convert themselves (others go through the generic table).
-inline bool simd_f32_type(GgmlType t) {
-  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16 || t == GgmlType::Q8_0;
-}
+// The types the f32 paths below convert themselves (each table registers its
+// f32 product for them; others keep the generic table's).
+constexpr GgmlType kSimdF32Types[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0};
 
 // Eight consecutive weights of one row, converted exactly to f32.
 inline __m256 load_f32(const float* p) { return _mm256_loadu_ps(p); }
@@ -384,6 +383,23 @@ struct Q8Src {
   static __m256i q(const Block& b) { return load_i8x32(b.qs); }
 };
 
+// A block's scale as f32: its fp16 d, or Src::d(block) where the type has
+// another (MXFP4's E8M0 byte); d8: eight consecutive blocks' at once.
+template <class Src>
+inline float src_d(const typename Src::Block& b) {
+  if constexpr (requires { Src::d(b); }) return Src::d(b);
+  else return _cvtsh_ss(b.d);
+}
+template <class Src>
+inline __m256 src_d8(const typename Src::Block* w) {
+  if constexpr (requires { Src::d8(w); }) {
+    return Src::d8(w);
+  } else {
+    return _mm256_cvtph_ps(_mm_setr_epi16(short(w[0].d), short(w[1].d), short(w[2].d), short(w[3].d), short(w[4].d),
+                                          short(w[5].d), short(w[6].d), short(w[7].d)));
+  }
+}
+
 template <class Src>
 inline __m256i src_block_dot(const typename Src::Block& w, __m256i x) {
   const __m256i q = Src::q(w);
@@ -420,8 +436,7 @@ void q8x_row(const typename Src::Block* w, int64_t nb, int64_t r, const MatmulAr
       __m256 sf = _mm256_cvtepi32_ps(totals8_i32<Src::kSplit ? 4 : 0>(v));
       if constexpr (Src::kBias != 0)
         sf = _mm256_fnmadd_ps(_mm256_set1_ps(float(Src::kBias)), _mm256_loadu_ps(u + b), sf);  // exact
-      const __m128i dh = halves([](const typename Src::Block& k) { return k.d; });
-      accS = _mm256_fmadd_ps(sf, _mm256_mul_ps(_mm256_cvtph_ps(dh), dxv), accS);
+      accS = _mm256_fmadd_ps(sf, _mm256_mul_ps(src_d8<Src>(w + b), dxv), accS);
       if constexpr (Src::kOffset) {
         const __m128i mh = halves([](const typename Src::Block& k) { return k.m; });
         accM = _mm256_fmadd_ps(_mm256_loadu_ps(u + b), _mm256_mul_ps(_mm256_cvtph_ps(mh), dxv), accM);
@@ -436,7 +451,7 @@ void q8x_row(const typename Src::Block* w, int64_t nb, int64_t r, const MatmulAr
       const typename Src::Block& blk = w[i];
       const int32_t s = total_i32(shift_upper_half<Src::kSplit ? 4 : 0>(src_block_dot<Src>(blk, load_i8x32(x[i].qs))));
       const float sf = float(s) - float(Src::kBias) * (Src::kBias != 0 ? u[i] : 0.0f);
-      lanes.first(i, sf, _cvtsh_ss(blk.d) * x[i].d);
+      lanes.first(i, sf, src_d<Src>(blk) * x[i].d);
       if constexpr (Src::kOffset) lanes.second(i, u[i], _cvtsh_ss(blk.m) * x[i].d);
     }
     a.y[t * a.ldy + r] = lanes.total();
@@ -626,7 +641,6 @@ constexpr int64_t q8x_scratch_bytes(int64_t K) {
 // (quants_x86.h), q an int8; an offset type (Q4_1, Q5_1) writes each block's
 // m to mh as well.
 void to_q8_0_rows(const MatmulArgs& a, int64_t r0, int64_t rows, BlockQ8_0* out, uint16_t* mh);
-bool offset_type(GgmlType t);
 // Decode (T <= 3) of those types straight from their blocks (quants_x86.h).
 void q8x_decode_other(const MatmulArgs& a, int64_t n0, int64_t n1, const float* ux);
 
@@ -804,10 +818,6 @@ void matmul_rows_q8x_as(const MatmulArgs& a, int64_t n0, int64_t n1, float* scra
   }
 }
 
-void matmul_rows_q8x(const MatmulArgs& a, int64_t n0, int64_t n1, float* scratch) {
-  if (offset_type(a.type)) return matmul_rows_q8x_as<true>(a, n0, n1, scratch);
-  matmul_rows_q8x_as<false>(a, n0, n1, scratch);
-}
 
 // --- matrix-matrix path: a panel of rows converted once, then f32 tiles -----
 

@@ -65,27 +65,30 @@ bool pdl_enabled() {
 
 uint64_t device_weight_bytes(const Weight& w) {
   const uint64_t n = uint64_t(w.rows) * uint64_t(w.cols);
-  switch (w.type) {
-    case GgmlType::F32: return n * 4;
-    case GgmlType::F16:
-    case GgmlType::BF16: return n * 2;
-    case GgmlType::Q8_0: return n + n / 32 * 2;
-    default:
+  const TypeTraits* row = type_row(w.type);
+  switch (row ? row->device : DeviceLayout::none) {
+    case DeviceLayout::as_is:
+    case DeviceLayout::q8_split: return type_bytes(w.type, n);  // the same bytes, Q8_0's in two runs
+    case DeviceLayout::planes:
       if (is_block_quant(w.type)) return quant_device_bytes(w.type, w.rows, w.cols);
-      throw Error("CUDA backend: unsupported weight type " + std::to_string(int(w.type)));
+      break;
+    case DeviceLayout::none: break;
   }
+  throw Error("CUDA backend: unsupported weight type " + std::string(row ? row->name : std::to_string(int(w.type))));
 }
 
 uint64_t host_weight_bytes(const Weight& w) {
-  const auto tt = type_traits(uint32_t(w.type));
-  if (!tt) throw Error("CUDA backend: unknown weight type " + std::to_string(int(w.type)));
-  return uint64_t(w.rows) * uint64_t(w.cols) / tt->block_elems * tt->block_bytes;
+  if (!type_row(w.type)) throw Error("CUDA backend: unknown weight type " + std::to_string(int(w.type)));
+  return type_bytes(w.type, uint64_t(w.rows) * uint64_t(w.cols));
 }
 
-bool repacked(GgmlType t) { return t == GgmlType::Q8_0 || is_block_quant(t); }
+bool repacked(GgmlType t) {
+  const TypeTraits* row = type_row(t);
+  return row && (row->device == DeviceLayout::q8_split || row->device == DeviceLayout::planes);
+}
 
 DeviceWeight repack_weight(const Weight& w, const void* blocks, void* dst, cudaStream_t s) {
-  if (w.type != GgmlType::Q8_0) return repack_quant(w.type, blocks, w.rows, w.cols, dst, s);
+  if (type_row(w.type)->device == DeviceLayout::planes) return repack_quant(w.type, blocks, w.rows, w.cols, dst, s);
   if (w.cols % 32 != 0) throw Error("Q8_0 weight with " + std::to_string(w.cols) + " columns");
   DeviceWeight d;
   d.type = w.type;

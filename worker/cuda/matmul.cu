@@ -713,9 +713,9 @@ void gemm(const Product* ps, int n, const float* x, int64_t ldx, int T, GemmCont
       b = g.act;
       ldb = K;
       ta = tb = bf ? CUDA_R_16BF : CUDA_R_16F;
-      if (w.type == GgmlType::Q8_0 || is_block_quant(w.type)) {
+      if (repacked(w.type)) {
         if (size_t(w.rows) * size_t(K) * 2 > g.deq_bytes) throw Error("GEMM: dequantisation scratch too small");
-        if (w.type == GgmlType::Q8_0) {
+        if (!is_block_quant(w.type)) {  // Q8_0's split layout
           const int64_t n16 = w.rows * K / 16;
           dequant_q8_kernel<<<elem_grid(n16), 256, 0, s>>>(static_cast<const int8_t*>(w.data), w.scales, n16, g.deq);
         } else {

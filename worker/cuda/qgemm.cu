@@ -236,7 +236,7 @@ int qgemm_max_tokens() {
 }
 
 bool qgemm_takes(GgmlType type, int64_t cols) {
-  return (type == GgmlType::Q8_0 || is_block_quant(type)) && cols > 0 && cols % kQgK == 0;
+  return repacked(type) && cols > 0 && cols % kQgK == 0;
 }
 
 void qgemm(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,

@@ -28,8 +28,8 @@ __device__ __forceinline__ uint32_t rd32(const uint8_t* p) {
 /// Quant i of a GGUF block, high bits included (llama.cpp's block layouts).
 template <GgmlType TY>
 __device__ uint32_t native_q(const uint8_t* blk, int i) {
-  if constexpr (TY == GgmlType::Q4_0 || TY == GgmlType::Q4_1 || TY == GgmlType::IQ4_NL) {
-    const uint8_t b = blk[(TY == GgmlType::Q4_1 ? 4 : 2) + i % 16];
+  if constexpr (TY == GgmlType::Q4_0 || TY == GgmlType::Q4_1 || TY == GgmlType::IQ4_NL || TY == GgmlType::MXFP4) {
+    const uint8_t b = blk[(TY == GgmlType::Q4_1 ? 4 : TY == GgmlType::MXFP4 ? 1 : 2) + i % 16];
     return i < 16 ? b & 15 : b >> 4;
   } else if constexpr (TY == GgmlType::Q5_0 || TY == GgmlType::Q5_1) {
     const int qh = TY == GgmlType::Q5_0 ? 2 : 4;
@@ -663,34 +663,113 @@ uint64_t align16(uint64_t n) { return (n + 15) / 16 * 16; }
 
 }  // namespace
 
-bool is_block_quant(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q4_0:
-    case GgmlType::Q4_1:
-    case GgmlType::Q5_0:
-    case GgmlType::Q5_1:
-    case GgmlType::Q2_K:
-    case GgmlType::Q3_K:
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K:
-    case GgmlType::Q6_K:
-    case GgmlType::IQ4_NL:
-    case GgmlType::IQ4_XS: return true;
-    default: return false;
+namespace {
+
+// --- the launchers of one type -----------------------------------------------------
+
+template <GgmlType TY>
+void repack_of(const void* blocks, const DeviceWeight& d, cudaStream_t s) {
+  const int64_t groups = d.rows * d.cols / 32;
+  repack_kernel<TY><<<grid_for(groups), 256, 0, s>>>(
+      static_cast<const uint8_t*>(blocks), groups, static_cast<uint8_t*>(const_cast<void*>(d.data)),
+      const_cast<uint8_t*>(d.hi), const_cast<uint8_t*>(d.sub), const_cast<uint8_t*>(d.sup));
+}
+
+template <GgmlType TY, typename Out>
+void dequant_of(const DeviceWeight& w, Out* out, cudaStream_t s) {
+  const int64_t groups = w.rows * w.cols / 32;
+  launch(dequant_kernel<TY, Out>, dim3(grid_for(groups)), dim3(256), s, w, groups, out);
+}
+
+template <GgmlType TY>
+void embed_of(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s) {
+  launch(embed_quant_kernel<TY>, dim3(unsigned(T)), dim3(128), s, table, batch, x, ldx);
+}
+
+template <GgmlType TY>
+void gemv_of(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+             cudaStream_t s) {
+  if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem) {
+    switch (T) {
+      // High bits (Q5_*, Q3_K, Q6_K) take more registers: two groups a row and chunk.
+      case 1: return launch_warp<TY, 1, 2, QT<TY>::H ? 2 : 4>(w, x, ldx, y, ldy, accumulate, s);
+      case 2: return launch_warp<TY, 2, 2, QT<TY>::H ? 2 : 4>(w, x, ldx, y, ldy, accumulate, s);
+      case 3: return launch_warp<TY, 3, 1, 4>(w, x, ldx, y, ldy, accumulate, s);
+      case 4: return launch_warp<TY, 4, 1, 4>(w, x, ldx, y, ldy, accumulate, s);
+      case 5: return launch_warp<TY, 5, 1, 2>(w, x, ldx, y, ldy, accumulate, s);
+      case 6: return launch_warp<TY, 6, 1, 2>(w, x, ldx, y, ldy, accumulate, s);
+      case 7: return launch_warp<TY, 7, 1, 2>(w, x, ldx, y, ldy, accumulate, s);
+      case 8: return launch_warp<TY, 8, 1, 2>(w, x, ldx, y, ldy, accumulate, s);
+      default: break;
+    }
+  }
+  switch (T) {
+#define DS4_QCASE(N)                                                                                     \
+  case N:                                                                                                \
+    launch(gemv_quant_kernel<TY, N>, dim3(unsigned(ceil_div(w.rows, quant_rows<N>()))), dim3(kThreads), s, w, x, \
+           ldx, y, ldy, int(accumulate));                                                                \
+    break;
+    DS4_QCASE(1)
+    DS4_QCASE(2)
+    DS4_QCASE(3)
+    DS4_QCASE(4)
+    DS4_QCASE(5)
+    DS4_QCASE(6)
+    DS4_QCASE(7)
+    DS4_QCASE(8)
+#undef DS4_QCASE
+    default: throw Error("GEMV: batch of " + std::to_string(T) + " tokens");
   }
 }
 
-QuantPlanes quant_planes(GgmlType t) {
-  return dispatch(t, [](auto tag) {
-    using Q = QT<decltype(tag)::value>;
-    return QuantPlanes{Q::L * 4, Q::H * 4, Q::SUB, Q::SUP, Q::BE, Q::BB};
-  });
+template <GgmlType TY>
+void expert_gemv_of(const ExpertGemv& g, cudaStream_t s) {
+  constexpr int U = QT<TY>::H ? 2 : 4;
+  if (g.x_up) launch_expert<TY, 2, U, true>(g, s);
+  else launch_expert<TY, 2, U, false>(g, s);
 }
+
+template <GgmlType TY>
+constexpr QuantKernels kernels_of() {
+  using Q = QT<TY>;
+  return QuantKernels{TY,
+                      QuantPlanes{Q::L * 4, Q::H * 4, Q::SUB, Q::SUP, Q::BE, Q::BB},
+                      repack_of<TY>,
+                      dequant_of<TY, __half>,
+                      dequant_of<TY, float>,
+                      embed_of<TY>,
+                      gemv_of<TY>,
+                      expert_gemv_of<TY>,
+                      launch_groups<TY>};
+}
+
+// One entry a type of the planes layout.
+#define DS4_PLANE_ENTRY(TY) kernels_of<GgmlType::TY>(),
+constexpr QuantKernels kPlaneKernels[] = {DS4_PLANE_TYPES(DS4_PLANE_ENTRY)};
+#undef DS4_PLANE_ENTRY
+
+const QuantKernels& checked(GgmlType t, const char* who) {
+  const QuantKernels* k = quant_kernels(t);
+  if (!k) throw Error(std::string(who) + ": weight type " + std::to_string(int(t)) + " is not block-quantised");
+  return *k;
+}
+
+}  // namespace
+
+const QuantKernels* quant_kernels(GgmlType t) {
+  for (const QuantKernels& k : kPlaneKernels)
+    if (k.type == t) return &k;
+  return nullptr;
+}
+
+bool is_block_quant(GgmlType t) { return quant_kernels(t) != nullptr; }
+
+QuantPlanes quant_planes(GgmlType t) { return checked(t, "CUDA backend").planes; }
 
 uint64_t quant_device_bytes(GgmlType t, int64_t rows, int64_t cols) {
   const QuantPlanes p = quant_planes(t);
   if (cols <= 0 || cols % p.block_elems != 0) {
-    const auto tt = type_traits(uint32_t(t));
+    const TypeTraits* tt = type_row(t);
     throw Error(std::string("a ") + std::string(tt ? tt->name : "quantised") + " weight with " +
                 std::to_string(cols) + " columns (its rows must be whole blocks of " +
                 std::to_string(p.block_elems) + ")");
@@ -721,38 +800,21 @@ DeviceWeight quant_view(GgmlType t, const void* base, int64_t rows, int64_t cols
 DeviceWeight repack_quant(GgmlType t, const void* blocks, int64_t rows, int64_t cols, void* dst, cudaStream_t s) {
   quant_device_bytes(t, rows, cols);  // checks the shape
   const DeviceWeight d = quant_view(t, dst, rows, cols);
-  const int64_t groups = rows * cols / 32;
-  dispatch(t, [&](auto tag) {
-    repack_kernel<decltype(tag)::value><<<grid_for(groups), 256, 0, s>>>(
-        static_cast<const uint8_t*>(blocks), groups, static_cast<uint8_t*>(const_cast<void*>(d.data)),
-        const_cast<uint8_t*>(d.hi), const_cast<uint8_t*>(d.sub), const_cast<uint8_t*>(d.sup));
-    return 0;
-  });
+  checked(t, "repack").repack(blocks, d, s);
   DS4_CUDA_LAUNCHED();
   return d;
 }
 
 void dequant_quant_f16(const DeviceWeight& w, __half* out, cudaStream_t s) {
-  const int64_t groups = w.rows * w.cols / 32;
-  dispatch(w.type, [&](auto tag) {
-    launch(dequant_kernel<decltype(tag)::value, __half>, dim3(grid_for(groups)), dim3(256), s, w, groups, out);
-    return 0;
-  });
+  checked(w.type, "dequantise").dequant_f16(w, out, s);
 }
 
 void dequant_quant_f32(const DeviceWeight& w, float* out, cudaStream_t s) {
-  const int64_t groups = w.rows * w.cols / 32;
-  dispatch(w.type, [&](auto tag) {
-    launch(dequant_kernel<decltype(tag)::value, float>, dim3(grid_for(groups)), dim3(256), s, w, groups, out);
-    return 0;
-  });
+  checked(w.type, "dequantise").dequant_f32(w, out, s);
 }
 
 void embed_quant(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s) {
-  dispatch(table.type, [&](auto tag) {
-    launch(embed_quant_kernel<decltype(tag)::value>, dim3(unsigned(T)), dim3(128), s, table, batch, x, ldx);
-    return 0;
-  });
+  checked(table.type, "embedding").embed(table, batch, T, x, ldx, s);
 }
 
 bool expert_gemv_takes(GgmlType type, int64_t cols) {
@@ -766,13 +828,7 @@ void expert_gemv(const ExpertGemv& g, cudaStream_t s) {
   if (g.pairs <= 0) return;
   if (g.x_up && ((reinterpret_cast<uintptr_t>(g.x_up) & 15) != 0 || g.second))
     throw Error("expert GEMV: a SwiGLU input needs 16-byte aligned rows and one table");
-  dispatch(g.type, [&](auto tag) {
-    constexpr GgmlType TY = decltype(tag)::value;
-    constexpr int U = QT<TY>::H ? 2 : 4;
-    if (g.x_up) launch_expert<TY, 2, U, true>(g, s);
-    else launch_expert<TY, 2, U, false>(g, s);
-    return 0;
-  });
+  quant_kernels(g.type)->expert_gemv(g, s);
 }
 
 bool expert_groups_take(GgmlType type, int64_t cols) {
@@ -784,51 +840,14 @@ void expert_groups(const ExpertGroups& g, cudaStream_t s) {
   if ((g.ldx % 4) != 0 || (reinterpret_cast<uintptr_t>(g.x) & 15) != 0)
     throw Error("expert groups: activation rows must be 16-byte aligned");
   if (g.n_jobs <= 0) return;
-  dispatch(g.type, [&](auto tag) {
-    launch_groups<decltype(tag)::value>(g, s);
-    return 0;
-  });
+  quant_kernels(g.type)->expert_groups(g, s);
 }
 
 void gemv_quant(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
                 cudaStream_t s) {
   if ((ldx % 4) != 0 || (reinterpret_cast<uintptr_t>(x) & 15) != 0)
     throw Error("GEMV: a quantised product needs 16-byte aligned activation rows");
-  dispatch(w.type, [&](auto tag) {
-    constexpr GgmlType TY = decltype(tag)::value;
-    if (dp4a_enabled() && xq_bytes(T, w.cols) <= kDp4aSmem) {
-      switch (T) {
-        // High bits (Q5_*, Q3_K, Q6_K) take more registers: two groups a row and chunk.
-        case 1: launch_warp<TY, 1, 2, QT<TY>::H ? 2 : 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 2: launch_warp<TY, 2, 2, QT<TY>::H ? 2 : 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 3: launch_warp<TY, 3, 1, 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 4: launch_warp<TY, 4, 1, 4>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 5: launch_warp<TY, 5, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 6: launch_warp<TY, 6, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 7: launch_warp<TY, 7, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        case 8: launch_warp<TY, 8, 1, 2>(w, x, ldx, y, ldy, accumulate, s); return 0;
-        default: break;
-      }
-    }
-    switch (T) {
-#define DS4_QCASE(N)                                                                                     \
-  case N:                                                                                                \
-    launch(gemv_quant_kernel<TY, N>, dim3(unsigned(ceil_div(w.rows, quant_rows<N>()))), dim3(kThreads), s, w, x, \
-           ldx, y, ldy, int(accumulate));                                                                \
-    break;
-      DS4_QCASE(1)
-      DS4_QCASE(2)
-      DS4_QCASE(3)
-      DS4_QCASE(4)
-      DS4_QCASE(5)
-      DS4_QCASE(6)
-      DS4_QCASE(7)
-      DS4_QCASE(8)
-#undef DS4_QCASE
-      default: throw Error("GEMV: batch of " + std::to_string(T) + " tokens");
-    }
-    return 0;
-  });
+  checked(w.type, "GEMV").gemv(w, x, ldx, T, y, ldy, accumulate, s);
 }
 
 }  // namespace ds4::cuda

@@ -1,6 +1,6 @@
 #pragma once
 /// Block-quantised weights on the device: Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K,
-/// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS (Q8_0 has its own split layout, common.cuh).
+/// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4 (Q8_0 has its own split layout, common.cuh).
 ///
 /// The device layout ("planes"). A row is cut into groups of 32 weights; for
 /// group g of the matrix (row-major, g = row * cols/32 + i):
@@ -11,8 +11,9 @@
 ///   sub         the group's sub-block scale bytes as the format stores them
 ///               (2 bytes: two 16-weight sub-blocks, or scale + min of one
 ///               32-weight sub-block; 1 byte for IQ4_XS; none for 32-blocks);
-///   sup         the block's halves (d, and dmin or m where the type has one),
-///               one record per GGUF block (8 groups for K-types, 1 otherwise).
+///   sup         the block's halves (d, and dmin or m where the type has one;
+///               MXFP4: its E8M0 exponent byte), one record per GGUF block (8
+///               groups for K-types, 1 otherwise).
 /// Quant order within a group: quad k (0..7) holds weights 4k..4k+3; with
 /// 4 low bits, byte j of lo has weight j in its low nibble and 16+j in its high
 /// one; with 2 bits, word h (0, 1) of lo has weight 16h+4k+b at bits 8b+2k;
@@ -35,6 +36,12 @@ struct QuantPlanes {
   int sup = 0;                  // bytes per GGUF block
   int block_elems = 0, block_bytes = 0;
 };
+
+/// The types laid out in planes: each has its constants (quant_read.cuh,
+/// QT<TY>), its GGUF block's reading (quant.cu, native_q and the sub/sup
+/// records) and an entry of kernels below. Adding one is a QT row, those two
+/// readers, and its name here (the shared row's DeviceLayout::planes).
+#define DS4_PLANE_TYPES(X) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(IQ4_NL) X(IQ4_XS) X(MXFP4)
 
 /// True for the types laid out in planes (see above).
 bool is_block_quant(GgmlType t);
@@ -123,6 +130,26 @@ void qgemm(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, 
 /// A mixture of experts' prefill on the same kernel: ExpertGroups' jobs, of
 /// up to `max_rows` (<= 64) rows each.
 void qgemm_experts(const ExpertGroups& g, int max_rows, cudaStream_t s);
+
+/// One planes type's device kernels (as ggml-cuda's per-type dequantize,
+/// mul_mat_vec and mul_mat_q): built from the type's constants when quant.cu
+/// is compiled, looked up once per launch. The functions above and below
+/// check their arguments, then call these.
+struct QuantKernels {
+  GgmlType type;
+  QuantPlanes planes;
+  /// GGUF blocks (device memory) into the planes of `d` (quant_view).
+  void (*repack)(const void* blocks, const DeviceWeight& d, cudaStream_t s);
+  void (*dequant_f16)(const DeviceWeight& w, __half* out, cudaStream_t s);
+  void (*dequant_f32)(const DeviceWeight& w, float* out, cudaStream_t s);
+  void (*embed)(const DeviceWeight& table, const BatchToken* batch, int T, float* x, int64_t ldx, cudaStream_t s);
+  void (*gemv)(const DeviceWeight& w, const float* x, int64_t ldx, int T, float* y, int64_t ldy, bool accumulate,
+               cudaStream_t s);
+  void (*expert_gemv)(const ExpertGemv& g, cudaStream_t s);
+  void (*expert_groups)(const ExpertGroups& g, cudaStream_t s);
+};
+/// The entry of a planes type, or nullptr.
+const QuantKernels* quant_kernels(GgmlType t);
 
 /// Decode GEMV: y[t*ldy + n] (+)= W[n] . x[t*ldx ...] for T <= kMaxGemvTokens
 /// tokens; x rows 16-byte aligned (ldx a multiple of 4). Each weight's

@@ -15,7 +15,8 @@ namespace ds4::cuda::qread {
 /// L, H: low and high bits of a quant; SUB, SUP: bytes of the sub and sup
 /// records; BE, BB: GGUF block elements and bytes; OFF: w = a * (q - OFF) + b;
 /// MIN: b != 0 (+1: b is the block's m, -1: b is -(dmin * m)); TABLE: the
-/// IQ4 non-linear values. Two 16-weight sub-blocks a group or one of 32 is
+/// values of a table type (1: IQ4's non-linear ones, 2: MXFP4's E2M1 ones),
+/// 0 for none. Two 16-weight sub-blocks a group or one of 32 is
 /// group_scales' business (a[0], a[1]).
 template <GgmlType TY>
 struct QT;
@@ -24,47 +25,42 @@ struct QT;
   struct QT<GgmlType::TY> {                                                                          \
     static constexpr int L = L_, H = H_, SUB = SUB_, SUP = SUP_, BE = BE_, BB = BB_, OFF = OFF_;     \
     static constexpr int MIN = MIN_;                                                                 \
-    static constexpr bool TABLE = TABLE_;                                                            \
+    static constexpr int TABLE = TABLE_;                                                            \
   };
-DS4_QT(Q4_0, 4, 0, 0, 2, 32, 18, 8, 0, false)
-DS4_QT(Q4_1, 4, 0, 0, 4, 32, 20, 0, 1, false)
-DS4_QT(Q5_0, 4, 1, 0, 2, 32, 22, 16, 0, false)
-DS4_QT(Q5_1, 4, 1, 0, 4, 32, 24, 0, 1, false)
-DS4_QT(Q2_K, 2, 0, 2, 4, 256, 84, 0, -1, false)
-DS4_QT(Q3_K, 2, 1, 2, 2, 256, 110, 4, 0, false)
-DS4_QT(Q4_K, 4, 0, 2, 4, 256, 144, 0, -1, false)
-DS4_QT(Q5_K, 4, 1, 2, 4, 256, 176, 0, -1, false)
-DS4_QT(Q6_K, 4, 2, 2, 2, 256, 210, 32, 0, false)
-DS4_QT(IQ4_NL, 4, 0, 0, 2, 32, 18, 128, 0, true)
-DS4_QT(IQ4_XS, 4, 0, 1, 2, 256, 136, 128, 0, true)
+DS4_QT(Q4_0, 4, 0, 0, 2, 32, 18, 8, 0, 0)
+DS4_QT(Q4_1, 4, 0, 0, 4, 32, 20, 0, 1, 0)
+DS4_QT(Q5_0, 4, 1, 0, 2, 32, 22, 16, 0, 0)
+DS4_QT(Q5_1, 4, 1, 0, 4, 32, 24, 0, 1, 0)
+DS4_QT(Q2_K, 2, 0, 2, 4, 256, 84, 0, -1, 0)
+DS4_QT(Q3_K, 2, 1, 2, 2, 256, 110, 4, 0, 0)
+DS4_QT(Q4_K, 4, 0, 2, 4, 256, 144, 0, -1, 0)
+DS4_QT(Q5_K, 4, 1, 2, 4, 256, 176, 0, -1, 0)
+DS4_QT(Q6_K, 4, 2, 2, 2, 256, 210, 32, 0, 0)
+DS4_QT(IQ4_NL, 4, 0, 0, 2, 32, 18, 128, 0, 1)
+DS4_QT(IQ4_XS, 4, 0, 1, 2, 256, 136, 128, 0, 1)
+DS4_QT(MXFP4, 4, 0, 0, 1, 32, 17, 128, 0, 2)  // sup: the E8M0 byte
 #undef DS4_QT
 
-/// Calls f(QT<TY>-tagged integral constant) for the runtime type.
+/// Calls f(QT<TY>-tagged integral constant) for the runtime type (one of
+/// DS4_PLANE_TYPES, quant.cuh).
 template <typename F>
 auto dispatch(GgmlType t, F&& f) {
   switch (t) {
 #define DS4_CASE(TY) \
   case GgmlType::TY: return f(std::integral_constant<GgmlType, GgmlType::TY>{});
-    DS4_CASE(Q4_0)
-    DS4_CASE(Q4_1)
-    DS4_CASE(Q5_0)
-    DS4_CASE(Q5_1)
-    DS4_CASE(Q2_K)
-    DS4_CASE(Q3_K)
-    DS4_CASE(Q4_K)
-    DS4_CASE(Q5_K)
-    DS4_CASE(Q6_K)
-    DS4_CASE(IQ4_NL)
-    DS4_CASE(IQ4_XS)
+    DS4_PLANE_TYPES(DS4_CASE)
 #undef DS4_CASE
     default: throw Error("CUDA backend: weight type " + std::to_string(int(t)) + " is not block-quantised");
   }
 }
 
-/// IQ4's values + 128, four to a word (bytes, little-endian).
-__device__ __forceinline__ uint32_t iq4_word(int i) {
-  constexpr uint32_t w[4] = {0x3f2d1801u, 0x766a5d4fu, 0xa6998d81u, 0xf1d9c5b5u};
-  return w[i];
+/// A table type's values + 128, four to a word (bytes, little-endian):
+/// IQ4's (TABLE 1), MXFP4's (TABLE 2).
+template <int TABLE>
+__device__ __forceinline__ uint32_t table_word(int i) {
+  constexpr uint32_t iq4[4] = {0x3f2d1801u, 0x766a5d4fu, 0xa6998d81u, 0xf1d9c5b5u};
+  constexpr uint32_t mxfp4[4] = {0x83828180u, 0x8c888684u, 0x7d7e7f80u, 0x74787a7cu};
+  return TABLE == 1 ? iq4[i] : mxfp4[i];
 }
 
 
@@ -126,11 +122,12 @@ __device__ __forceinline__ uint32_t quad(const Raw& r, int kk) {
   else q = (r.lo[h] >> (2 * k)) & 0x03030303u;
   if constexpr (Q::H == 1) q |= ((r.hi[0] >> (4 * h + k)) & 0x01010101u) << Q::L;
   if constexpr (Q::H == 2) q |= ((r.hi[h] >> (2 * k)) & 0x03030303u) << 4;
-  if constexpr (Q::TABLE) {  // nibble -> IQ4 value + 128, by byte permutes
+  if constexpr (Q::TABLE != 0) {  // nibble -> table value + 128, by byte permutes
     const uint32_t s = q & 0x07070707u;
     const uint32_t s2 = s | (s >> 4);
     const uint32_t sel = (s2 & 0xffu) | ((s2 >> 8) & 0xff00u);
-    const uint32_t a = __byte_perm(iq4_word(0), iq4_word(1), sel), b = __byte_perm(iq4_word(2), iq4_word(3), sel);
+    const uint32_t a = __byte_perm(table_word<Q::TABLE>(0), table_word<Q::TABLE>(1), sel),
+                   b = __byte_perm(table_word<Q::TABLE>(2), table_word<Q::TABLE>(3), sel);
     const uint32_t m = ((q >> 3) & 0x01010101u) * 0xffu;
     q = (a & ~m) | (b & m);
   }
@@ -157,6 +154,7 @@ __device__ __forceinline__ GroupScaleBits load_scale_bits(const DeviceWeight& w,
   GroupScaleBits s;
   const unsigned short* sp = reinterpret_cast<const unsigned short*>(w.sup + (g / GPB) * Q::SUP);
   if constexpr (Q::SUP == 4) s.sup = __ldg(reinterpret_cast<const uint32_t*>(sp));
+  else if constexpr (Q::SUP == 1) s.sup = __ldg(w.sup + g / GPB);
   else s.sup = __ldg(sp);
   if constexpr (Q::SUB == 2) s.sub = __ldg(reinterpret_cast<const unsigned short*>(w.sub) + g);
   else if constexpr (Q::SUB == 1) s.sub = __ldg(w.sub + g);
@@ -188,6 +186,9 @@ __device__ __forceinline__ void scales_of(GroupScaleBits bits, float (&a)[2], fl
     a[1] = __fmul_rn(d, float(int8_t(s1)));
   } else if constexpr (TY == GgmlType::IQ4_XS) {
     a[0] = a[1] = __fmul_rn(d, float(int(s0) - 32));
+  } else if constexpr (TY == GgmlType::MXFP4) {  // 2^(e - 128), ggml's halved E8M0 scale
+    const uint32_t e = bits.sup & 0xff;
+    a[0] = a[1] = __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
   } else {  // 32-blocks: d, and m
     a[0] = a[1] = d;
     if (Q::MIN) b[0] = b[1] = d2;

@@ -129,7 +129,7 @@ DeviceWeight view_at(const ImageLayout& l, const Weight& w, const void* base) {
   d.rows = w.rows;
   d.data = static_cast<const uint8_t*>(base) + l.at(w).offset;
   if (is_block_quant(w.type)) return quant_view(w.type, d.data, w.rows, w.cols);
-  if (w.type == GgmlType::Q8_0)
+  if (type_row(w.type)->device == DeviceLayout::q8_split)
     d.scales = reinterpret_cast<const __half*>(static_cast<const int8_t*>(d.data) + w.rows * w.cols);
   return d;
 }
