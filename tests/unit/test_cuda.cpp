@@ -2007,8 +2007,7 @@ TEST_CASE("cuda: host-mapped weights are used in place and give the CPU's tokens
   CHECK(generate(*gpu, shape, prompts, 60) == want);
 }
 
-TEST_CASE("cuda: MXFP4 dequantises bit-exactly as the CPU row, and its GEMV and GEMM match the dequantised reference") {
-  if (!have_gpu()) return;
+TEST_CASE("cuda: MXFP4 dequantises bit-exactly as the CPU row, and its GEMV and GEMM match the dequantised reference" * needs_gpu()) {
   std::mt19937 rng(39);
   const int64_t N = 1000, K = 2048;
   std::vector<uint8_t> w(size_t(N * K / 32 * 17));
