@@ -64,8 +64,9 @@ char* put_number(char* out, long v) {
 }
 
 /// The child's side of spawn(): never returns.
+/// `kept` has room for o.keep_fds' copies (no allocation after the fork).
 [[noreturn]] void become_child(const SpawnOptions& o, pid_t parent, char* const* argv, char** envp, char* listen_pid,
-                               int procs_fd, const char* oom_text, const char* cannot_run) {
+                               int procs_fd, const char* oom_text, const char* cannot_run, int* kept) {
   ChildSignals::reset_in_child();
   if (o.new_session) ::setsid();
   else if (o.new_process_group) ::setpgid(0, 0);
@@ -86,8 +87,7 @@ char* put_number(char* out, long v) {
   int std_fds[3] = {o.stdin_fd, o.stdout_fd, o.stderr_fd};
   for (int& fd : std_fds)
     if (fd >= 0 && (fd = ::fcntl(fd, F_DUPFD_CLOEXEC, top)) < 0) ::_exit(126);
-  int kept[256];
-  const size_t n_kept = o.keep_fds.size() < 256 ? o.keep_fds.size() : 256;
+  const size_t n_kept = o.keep_fds.size();
   for (size_t i = 0; i < n_kept; ++i)
     if ((kept[i] = ::fcntl(o.keep_fds[i], F_DUPFD_CLOEXEC, top)) < 0) ::_exit(126);
   for (int i = 0; i < 3; ++i)
@@ -132,6 +132,7 @@ pid_t spawn(const SpawnOptions& o) {
     procs_fd = ::open((o.cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
     if (procs_fd < 0) throw Error("cannot start " + o.argv[0] + " in cgroup " + o.cgroup + ": " + std::strerror(errno));
   }
+  std::vector<int> kept(o.keep_fds.size());
   const pid_t parent = ::getpid();
   pid_t pid;
   {
@@ -139,7 +140,7 @@ pid_t spawn(const SpawnOptions& o) {
     pid = ::fork();
     if (pid == 0)
       become_child(o, parent, argv.data(), envp.data(), o.set_listen_pid ? listen_text : nullptr, procs_fd, oom_text.c_str(),
-                   cannot_run.c_str());
+                   cannot_run.c_str(), kept.data());
   }
   const int e = errno;
   if (procs_fd >= 0) ::close(procs_fd);

@@ -141,23 +141,29 @@ std::vector<std::string> worker_launch_env_names() {
 }
 
 std::vector<std::string> WorkerLaunch::to_args() const {
-  const WorkerLaunch defaults;
   std::vector<std::string> out;
   for (const Row& r : rows()) {
-    const std::string v = text_of(r, *this);
-    if (v == text_of(r, defaults)) continue;
+    std::string v = text_of(r, *this);
+    if (v.empty()) continue;
     out.push_back("--" + std::string(r.flag));
-    out.push_back(v);
+    out.push_back(std::move(v));
   }
+  return out;
+}
+
+std::vector<std::string> WorkerLaunch::to_env() const {
+  std::vector<std::string> out;
+  for (const Row& r : rows())
+    if (!r.env.empty()) out.push_back(std::string(r.env) + "=" + text_of(r, *this));
   return out;
 }
 
 std::string WorkerLaunch::to_env_file() const {
   std::string out;
-  for (const Row& r : rows()) {
-    if (r.env.empty()) continue;
-    const std::string v = text_of(r, *this);
-    out += std::string(r.env) + "=";
+  for (const std::string& line : to_env()) {
+    const size_t eq = line.find('=');
+    const std::string v = line.substr(eq + 1);
+    out += line.substr(0, eq + 1);
     if (plain(v) || v.empty()) {
       out += v;
     } else {  // double quotes, with \ " $ ` escaped; a newline cannot be carried

@@ -2,9 +2,10 @@
 /// Everything a worker is started with, in one struct, and its one encoding.
 ///
 /// The supervisor fills a WorkerLaunch; a unit backend writes it as the
-/// worker's command line (to_args(): child processes) or as the environment
-/// file of ds4-worker@N.service (to_env_file(): systemd, whose template also
-/// names a few of these variables on its ExecStart= line). `ds4-worker serve`
+/// environment file of ds4-worker@N.service (to_env_file(): systemd, whose
+/// template also names a few of these variables on its ExecStart= line), or
+/// as a child process's environment and command line (to_env(), to_args()),
+/// so that the worker's environment holds the same variables under either. `ds4-worker serve`
 /// and `ds4-worker engine` read it back with parse_worker_launch(): the
 /// environment first, then the command line, which wins. No other code names
 /// these flags or variables: worker_launch_settings() lists each setting with
@@ -49,11 +50,13 @@ struct WorkerLaunch {
 
   /// "engine" when exec_command is set, else "serve": the subcommand to_args() goes with.
   std::string subcommand() const { return exec_command.empty() ? "serve" : "engine"; }
-  /// `--flag value` for every setting that differs from its default (after
-  /// the subcommand).
+  /// `--flag value` for every setting but the empty ones (after the
+  /// subcommand): `ps` shows the whole launch.
   std::vector<std::string> to_args() const;
-  /// `NAME=value` for every setting that has a variable, quoted where the
-  /// value needs it for a systemd EnvironmentFile= (see decode_env_file()).
+  /// `NAME=value` for every setting that has a variable (for a process's environment).
+  std::vector<std::string> to_env() const;
+  /// The same lines, quoted where the value needs it for a systemd
+  /// EnvironmentFile= (see decode_env_file()).
   std::string to_env_file() const;
 
   bool operator==(const WorkerLaunch&) const = default;

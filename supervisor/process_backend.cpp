@@ -196,11 +196,13 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   SpawnOptions o;
   o.argv = {opts_.worker_binary, launch.subcommand()};
   for (std::string& a : launch.to_args()) o.argv.push_back(std::move(a));
-  // Everything the worker is started with is on its command line: none of
-  // the launch variables of our own environment reaches it.
+  // The launch in its environment, as a unit's environment file gives it
+  // (ours of the same names do not reach it), and on its command line, where
+  // ps shows it.
   std::vector<std::string> drop = worker_launch_env_names();
   drop.insert(drop.end(), {"NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID"});
   o.env = environment_without(drop);
+  for (std::string& e : launch.to_env()) o.env->push_back(std::move(e));
   o.env->push_back("NOTIFY_SOCKET=" + notify_->address());
   // Own process group: a Ctrl-C meant for the supervisor does not reach it
   // (the supervisor stops it); dies with the supervisor.

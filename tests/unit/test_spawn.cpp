@@ -104,6 +104,14 @@ TEST_CASE("spawn: only the kept descriptors reach the child, as 3, 4, ...") {
   CHECK(c.out == "0 1 2 3 4 5 ");
   for (int fd : {a[0], a[1], b[0]}) ::close(fd);
 
+  // As many as the keeper's fd store passes (over a thousand).
+  std::vector<int> many;
+  for (int i = 0; i < 1100; ++i) many.push_back(::fcntl(0, F_DUPFD_CLOEXEC, 3));
+  SpawnOptions m = sh("ls /proc/self/fd | wc -l");
+  m.keep_fds = many;
+  CHECK(run(m).out == "1104\n");  // 0 1 2, 1100 kept, the listing's own
+  for (int fd : many) ::close(fd);
+
   SpawnOptions l = sh("echo $LISTEN_PID $$");
   l.set_listen_pid = true;
   const std::string out = run(l).out;

@@ -79,3 +79,23 @@ TEST_CASE("worker capabilities: the supervisor's device decisions follow the wor
   for (const auto& p : {cpu_worker, gpu_worker, old_worker, slow}) ::unlink(p.c_str());
 }
 
+
+namespace {
+std::string built_worker() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return "";
+  std::string dir(self, size_t(n));
+  return dir.substr(0, dir.rfind('/')) + "/ds4-worker";
+}
+}  // namespace
+
+TEST_CASE("worker capabilities: this build's ds4-worker answers what the supervisor reads" *
+          doctest::skip(::access(built_worker().c_str(), X_OK) != 0)) {
+  std::string why;
+  const auto caps = ask_worker_capabilities(built_worker(), &why);
+  REQUIRE_MESSAGE(caps, why);
+  CHECK(caps->has_backend("cpu"));
+  CHECK(!caps->weight_types.empty());
+  CHECK(caps->kv_cache == std::vector<std::string>{"f16", "q8_0"});
+}

@@ -2,6 +2,7 @@
 // environment file -> struct gives it back; a bad value names its setting.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -55,11 +56,21 @@ TEST_CASE("worker launch: every setting survives the command line") {
   CHECK(ds4::parse_worker_launch(l.to_args(), {}) == l);
   CHECK(l.subcommand() == "engine");
   CHECK(WorkerLaunch{}.subcommand() == "serve");
-  // Defaults are left out.
-  CHECK(WorkerLaunch{}.to_args().empty());
+  // Every setting but the empty ones, defaults too: the whole launch shows.
   WorkerLaunch c;
   c.context = 256;
-  CHECK(c.to_args() == std::vector<std::string>{"--context", "256"});
+  const std::vector<std::string> args = c.to_args();
+  REQUIRE(args.size() >= 4);
+  CHECK(std::vector<std::string>(args.begin(), args.begin() + 2) == std::vector<std::string>{"--id", "0"});
+  CHECK(std::find(args.begin(), args.end(), "--context") + 1 < args.end());
+  CHECK(*(std::find(args.begin(), args.end(), "--context") + 1) == "256");
+  CHECK(std::find(args.begin(), args.end(), "--busy-poll-us") != args.end());
+  CHECK(std::find(args.begin(), args.end(), "--command") == args.end());  // empty: left out
+  CHECK(ds4::parse_worker_launch(args, {}) == c);
+  // The environment form: every variable, unquoted.
+  const std::vector<std::string> env = every_setting_changed().to_env();
+  CHECK(std::find(env.begin(), env.end(), "DS4_KV_CACHE=q8_0") != env.end());
+  CHECK(ds4::parse_worker_launch({"--id", "3"}, env) == every_setting_changed());
 }
 
 TEST_CASE("worker launch: every setting survives the environment file") {
