@@ -131,7 +131,9 @@ TEST_CASE("spawn: working directory, process group, session and signal mask") {
   const size_t nl = out.find('\n');
   CHECK(out.substr(0, nl + 1) == out.substr(nl + 1));  // its own group: pgid = pid
 
-  SpawnOptions m = sh("grep SigBlk /proc/self/status");
+  SpawnOptions m;  // grep itself (a shell may set its own mask)
+  m.argv = {"grep", "SigBlk", "/proc/self/status"};
+  m.search_path = true;
   CHECK(run(m).out == "SigBlk:\t0000000000000000\n");
   sigset_t usr1;
   sigemptyset(&usr1);
