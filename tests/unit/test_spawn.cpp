@@ -14,6 +14,7 @@
 #include <string>
 
 #include "shared/error.h"
+#include "shared/fd_passing.h"
 #include "shared/notify_socket.h"
 #include "shared/spawn.h"
 
@@ -179,22 +180,9 @@ TEST_CASE("notify socket: a datagram with its sender's pid and descriptors") {
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  const char text[] = "FDSTORE=1\nFDNAME=conn";
-  iovec iov{const_cast<char*>(text), sizeof text - 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  msghdr mh{};
-  mh.msg_name = &addr;
-  mh.msg_namelen = sizeof addr;
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = control;
-  mh.msg_controllen = sizeof control;
-  cmsghdr* cm = CMSG_FIRSTHDR(&mh);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &p[1], sizeof(int));
-  REQUIRE(::sendmsg(s, &mh, 0) == ssize_t(sizeof text - 1));
+  REQUIRE(::connect(s, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  const std::string_view text = "FDSTORE=1\nFDNAME=conn";
+  REQUIRE(ds4::send_with_fd(s, text, p[1]) == ssize_t(text.size()));
   ::close(s);
   const auto f = n.receive();
   REQUIRE(f);
