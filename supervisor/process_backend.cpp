@@ -232,13 +232,12 @@ void ProcessBackend::start(const LaunchSpec& spec) {
 }
 
 void ProcessBackend::record_start(const Child& c) const {
-  const LaunchSpec& s = c.spec;
-  write_text(record_path(opts_.runtime_dir, s.id),
+  // Who it is (pid and start time: a reused pid is told apart), its cgroup,
+  // then its launch as a unit's environment file holds it.
+  write_text(record_path(opts_.runtime_dir, c.spec.id),
              "DS4_PID=" + std::to_string(c.pid) + "\nDS4_START_TIME=" + std::to_string(start_time_of(c.pid)) +
-                 "\nDS4_SEGMENT=" + s.segment + "\nDS4_CONTEXT=" + std::to_string(s.context) +
-                 "\nDS4_SOCKET=" + s.socket_path + "\nDS4_PORT=" + std::to_string(s.port) +
-                 "\nDS4_HOST_EXPERTS=" + std::to_string(s.host_experts) + "\nDS4_KV_CACHE=" + s.kv_cache +
-                 "\nDS4_CGROUP=" + c.cgroup + "\n");
+                 "\nDS4_CGROUP=" + c.cgroup + "\n" +
+                 worker_launch(c.spec, opts_.runtime_dir + "/segments.sock").to_env_file());
 }
 
 std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segment) {
@@ -261,9 +260,16 @@ std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segme
       ::unlink(e.path().c_str());
       continue;
     }
-    if (value("DS4_SEGMENT") != segment || children_.count(id)) {
+    WorkerLaunch launch;
+    try {
+      launch = parse_worker_launch({}, decode_env_file(env));
+    } catch (const Error& err) {
+      log::warn(name + " does not read (" + err.what() + ")");
+      launch.segment.clear();  // stopped below
+    }
+    if (launch.segment != segment || children_.count(id)) {
       log::info("worker " + std::to_string(id) + " (pid " + std::to_string(pid) + ") runs another model segment (" +
-                value("DS4_SEGMENT") + "); stopping it");
+                launch.segment + "); stopping it");
       ::kill(pid, SIGTERM);
       ::unlink(e.path().c_str());
       continue;
@@ -274,11 +280,11 @@ std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segme
     c->ready = true;
     c->spec.id = id;
     c->spec.segment = segment;
-    c->spec.context = uint32_t(std::atoi(value("DS4_CONTEXT").c_str()));
-    c->spec.socket_path = value("DS4_SOCKET");
-    c->spec.port = std::atoi(value("DS4_PORT").c_str());
-    c->spec.host_experts = uint32_t(std::atoi(value("DS4_HOST_EXPERTS").c_str()));
-    c->spec.kv_cache = value("DS4_KV_CACHE").empty() ? "f16" : value("DS4_KV_CACHE");
+    c->spec.context = uint32_t(launch.context);
+    c->spec.socket_path = launch.socket;
+    c->spec.port = int(launch.port);
+    c->spec.host_experts = uint32_t(launch.host_experts);
+    c->spec.kv_cache = launch.kv_cache;
     c->cgroup = value("DS4_CGROUP");
     c->cgroup_ooms_at_start = oom_kills_in(c->cgroup);
     c->vmstat_ooms_at_start = read_vmstat_oom_kills();
