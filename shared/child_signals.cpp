@@ -32,13 +32,13 @@ void ChildSignals::unblock_all_in_child() {
   sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 
-void close_on_exec_in_child() {
-  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+void close_on_exec_in_child(int from) {
+  if (::close_range(unsigned(from), ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
   // A kernel before 5.11: one by one, up to the descriptor limit.
   struct rlimit limit {};
   const rlim_t top = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < (rlim_t(1) << 20) ? limit.rlim_cur
                                                                                                    : rlim_t(1) << 20;
-  for (int fd = 3; rlim_t(fd) < top; ++fd)
+  for (int fd = from; rlim_t(fd) < top; ++fd)
     if (const int flags = ::fcntl(fd, F_GETFD); flags >= 0 && !(flags & FD_CLOEXEC)) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
 }
 

@@ -3,7 +3,8 @@
 /// handlers until it execs: a SIGTERM that reaches it in between (a stop just
 /// after a start) would run the parent's handler in the child. Asio's writes
 /// the signal to a pipe the parent shares, so the parent would take it for
-/// its own SIGTERM and stop. So:
+/// its own SIGTERM and stop. spawn() (shared/spawn.h) does this for every
+/// program ds4 starts:
 ///
 ///   ChildSignals guard;              // every signal blocked on this thread
 ///   const pid_t pid = ::fork();
@@ -40,11 +41,11 @@ class ChildSignals {
   sigset_t old_;
 };
 
-/// In the child: every descriptor above stderr closes at the exec. Asio and
+/// In the child: every descriptor from `from` up (above stderr) closes at the exec. Asio and
 /// others open theirs without O_CLOEXEC, so a worker would otherwise keep the
 /// proxy's listening socket (still taking connections in its backlog after
 /// the supervisor closed it, and holding the port against a new supervisor),
 /// clients' connections and the parent's pipes. Async-signal-safe.
-void close_on_exec_in_child();
+void close_on_exec_in_child(int from = 3);
 
 }  // namespace ds4

@@ -1,7 +1,6 @@
 #include "supervisor/holder_keeper.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -12,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "shared/child_signals.h"
 #include "shared/error.h"
 #include "shared/fd_passing.h"
 #include "shared/log.h"
+#include "shared/spawn.h"
 
 namespace ds4::sup {
 
@@ -50,15 +49,6 @@ bool socket_answers(const std::string& path) {
   const int fd = connect_holder(path);
   if (fd >= 0) ::close(fd);
   return fd >= 0;
-}
-
-std::string describe_exit(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {  // as the workers' exits say it
-    const char* name = sigabbrev_np(WTERMSIG(status));
-    return std::string("killed by signal ") + (name ? std::string(name) : std::to_string(WTERMSIG(status)));
-  }
-  return "stopped";
 }
 
 }  // namespace
@@ -107,33 +97,17 @@ void HolderKeeper::spawn() {
     args.push_back("--host-experts");
     args.push_back(std::to_string(s_.host_experts));
   }
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string_view v(*e);
-    if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=")) continue;
-    env.emplace_back(v);
-  }
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  ChildSignals signals;  // a stop right after the start must not run our handlers in the child
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    last_exit_ = std::string("fork failed: ") + std::strerror(errno);
+  SpawnOptions o;
+  o.argv = std::move(args);
+  o.env = environment_without({"NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID"});
+  o.new_process_group = true;
+  o.parent_death_signal = SIGTERM;
+  pid_t pid = -1;
+  try {
+    pid = ds4::spawn(o);
+  } catch (const Error& e) {
+    last_exit_ = e.what();
     return;
-  }
-  if (pid == 0) {
-    ChildSignals::reset_in_child();
-    ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    ChildSignals::unblock_all_in_child();
-    close_on_exec_in_child();
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
   }
   pid_ = pid;
   ready_ = false;
@@ -146,9 +120,8 @@ void HolderKeeper::spawn() {
 
 bool HolderKeeper::wait_ready() {
   while (Clock::now() < settle_by_) {
-    int st = 0;
-    if (pid_ > 0 && ::waitpid(pid_, &st, WNOHANG) == pid_) {
-      reap(st);
+    if (const auto st = pid_ > 0 ? try_wait(pid_) : std::nullopt) {
+      reap(*st);
       return false;
     }
     if (socket_answers(s_.socket)) {
@@ -175,12 +148,12 @@ void HolderKeeper::settle() {
   if (auto f = std::exchange(settled_, nullptr)) f();
 }
 
-void HolderKeeper::reap(int status) {
-  last_exit_ = describe_exit(status);
+void HolderKeeper::reap(const ExitStatus& status) {
+  last_exit_ = status.describe();
   pid_ = -1;
   ready_ = false;
   if (stopping_) return;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == ds4::kExitNothingToHold) {
+  if (status.exited() && status.code == ds4::kExitNothingToHold) {
     not_needed_ = true;
     log::info("no GPU weights holder for cuda:" + std::to_string(s_.device) +
                   ": an integrated GPU, whose workers read the weights in place",
@@ -217,9 +190,8 @@ void HolderKeeper::watch() {
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopping_) return;
     if (pid_ > 0) {
-      int st = 0;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        reap(st);
+      if (const auto st = try_wait(pid_)) {
+        reap(*st);
         settle();
       } else if (!ready_ && socket_answers(s_.socket)) {
         became_ready();
@@ -271,16 +243,16 @@ void HolderKeeper::stop() {
   if (pid_ <= 0) return;
   ::kill(pid_, SIGTERM);
   const auto deadline = Clock::now() + std::chrono::seconds(5);
-  int st = 0;
-  while (::waitpid(pid_, &st, WNOHANG) != pid_) {
+  std::optional<ExitStatus> st;
+  while (!(st = try_wait(pid_))) {
     if (Clock::now() > deadline) {
       ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, &st, 0);
+      st = wait_for(pid_);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  last_exit_ = describe_exit(st);
+  last_exit_ = st ? st->describe() : "gone";
   pid_ = -1;
   ready_ = false;
 }

@@ -11,6 +11,7 @@
 /// whatever happens to the holder; a worker started while there is none
 /// copies the weights itself.
 
+#include "shared/spawn.h"
 #include "supervisor/asio.h"
 #include "supervisor/policy.h"
 #include <chrono>
@@ -80,7 +81,7 @@ class HolderKeeper {
   void became_ready();
   void settle();
   void restart_later();
-  void reap(int status);
+  void reap(const ExitStatus& status);
 
   asio::io_context& io_;
   HolderSettings s_;

@@ -1,7 +1,6 @@
 #include "supervisor/keeper.h"
 
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -9,7 +8,6 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,10 +20,11 @@
 #include <filesystem>
 #include <string_view>
 
-#include "shared/child_signals.h"
 #include "shared/config.h"
 #include "shared/error.h"
 #include "shared/log.h"
+#include "shared/notify_socket.h"
+#include "shared/spawn.h"
 #include "supervisor/paths.h"
 
 namespace ds4::sup {
@@ -90,98 +89,52 @@ class Keeper {
 
   std::vector<std::string> argv_;
   int listener_;
-  int notify_ = -1;
-  std::string notify_name_;
+  std::unique_ptr<NotifySocket> notify_;
+  std::string notify_error_;
   std::vector<Stored> store_;
   bool store_full_said_ = false;
   pid_t child_ = -1;
 };
 
 bool Keeper::open_notify() {
-  notify_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (notify_ < 0) return false;
-  notify_name_ = "ds4-keeper-" + std::to_string(::getpid());
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path + 1, notify_name_.data(), notify_name_.size());  // abstract: no file to remove
-  const socklen_t len = socklen_t(offsetof(sockaddr_un, sun_path) + 1 + notify_name_.size());
-  const int one = 1;
-  // Descriptors of a connection come two at a time; a burst of them is
-  // queued here while the keeper sleeps.
-  const int buf = 4 << 20;
-  ::setsockopt(notify_, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-  return ::bind(notify_, reinterpret_cast<sockaddr*>(&addr), len) == 0 &&
-         ::setsockopt(notify_, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) == 0;
+  try {
+    // Abstract: no file to remove. Descriptors of a connection come two at a
+    // time; a burst of them is queued here while the keeper sleeps.
+    notify_ = std::make_unique<NotifySocket>("@ds4-keeper-" + std::to_string(::getpid()), 4 << 20);
+    return true;
+  } catch (const Error& e) {
+    notify_error_ = e.what();
+    return false;
+  }
 }
 
 pid_t Keeper::spawn() {
-  // What the child gets, prepared before fork: the port first, then the store.
-  std::vector<int> fds;
+  // What the child gets: the port first, then the store.
+  SpawnOptions o;
   std::string names;
   if (listener_ >= 0) {
-    fds.push_back(listener_);
+    o.keep_fds.push_back(listener_);
     names = "ds4-listen";
   }
   for (const Stored& s : store_) {
-    fds.push_back(s.fd);
+    o.keep_fds.push_back(s.fd);
     names += (names.empty() ? "" : ":") + s.name;
   }
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    const std::string_view v(*e);
-    if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_") || v.starts_with(kKeeperEnv) ||
-        v.starts_with(kFdStoreMaxEnv))
-      continue;
-    env.emplace_back(v);
-  }
-  env.push_back("NOTIFY_SOCKET=@" + notify_name_);
-  env.push_back(std::string(kKeeperEnv) + "=" + std::to_string(::getpid()));
-  env.push_back(std::string(kFdStoreMaxEnv) + "=" + std::to_string(kStoreMax));
-  env.push_back("LISTEN_FDS=" + std::to_string(fds.size()));
-  env.push_back("LISTEN_FDNAMES=" + names);
-  env.push_back("LISTEN_PID=");  // its pid, written in the child
-  const size_t pid_slot = env.size() - 1;
-  std::vector<char*> args, envp;
-  for (auto& a : argv_) args.push_back(a.data());
-  args.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  char pid_text[48] = "LISTEN_PID=";
+  o.env = environment_without({"NOTIFY_SOCKET", "LISTEN_*", kKeeperEnv, kFdStoreMaxEnv});
+  o.env->push_back("NOTIFY_SOCKET=" + notify_->address());
+  o.env->push_back(std::string(kKeeperEnv) + "=" + std::to_string(::getpid()));
+  o.env->push_back(std::string(kFdStoreMaxEnv) + "=" + std::to_string(kStoreMax));
+  o.env->push_back("LISTEN_FDS=" + std::to_string(o.keep_fds.size()));
+  o.env->push_back("LISTEN_FDNAMES=" + names);
+  o.set_listen_pid = true;
   // This very binary, by its name (exec of /proc/self/exe would name the process "exe").
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  const char* exe = ec ? "/proc/self/exe" : self.c_str();
-  const pid_t parent = ::getpid();
-
-  ChildSignals signals;
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  // Child: only async-signal-safe calls from here.
-  ChildSignals::reset_in_child();
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no supervisor without its keeper
-  if (::getppid() != parent) ::_exit(127);
-  ::setpgid(0, 0);  // a terminal's Ctrl-C reaches the keeper only, which passes it on once
-  // The passed descriptors to 3, 4, ...: first above the range, then down.
-  const int top = 3 + int(fds.size());
-  for (int& fd : fds) {
-    const int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, top);
-    if (moved < 0) ::_exit(126);
-    fd = moved;
-  }
-  for (size_t i = 0; i < fds.size(); ++i)
-    if (::dup2(fds[i], 3 + int(i)) < 0) ::_exit(126);
-  ::syscall(SYS_close_range, unsigned(top), ~0u, CLOSE_RANGE_CLOEXEC);
-  // LISTEN_PID=<pid>, without snprintf.
-  char digits[24];
-  int n = 0;
-  for (pid_t p = ::getpid(); p > 0; p /= 10) digits[n++] = char('0' + p % 10);
-  size_t at = std::strlen(pid_text);
-  while (n > 0) pid_text[at++] = digits[--n];
-  pid_text[at] = '\0';
-  envp[pid_slot] = pid_text;
-  ChildSignals::unblock_all_in_child();
-  ::execve(exe, args.data(), envp.data());
-  ::_exit(127);
+  o.argv = argv_;
+  if (!o.argv.empty()) o.argv[0] = ec ? "/proc/self/exe" : self;
+  o.parent_death_signal = SIGKILL;  // no supervisor without its keeper
+  o.new_process_group = true;       // a terminal's Ctrl-C reaches the keeper only, which passes it on once
+  return ds4::spawn(o);
 }
 
 void Keeper::store(const std::string& name, std::vector<int>& fds) {
@@ -212,60 +165,20 @@ void Keeper::unstore(const std::string& name) {
 // supervisor only (its credentials); READY=1, STATUS= and the rest need
 // nothing from the keeper.
 void Keeper::on_notify() {
-  for (;;) {
-    char text[4096];
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int) * 253)];
-    iovec iov{text, sizeof text - 1};
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = control;
-    mh.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(notify_, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) return;
-    std::vector<int> fds;
-    pid_t sender = -1;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET) continue;
-      if (cm->cmsg_type == SCM_CREDENTIALS) {
-        ucred c;
-        std::memcpy(&c, CMSG_DATA(cm), sizeof c);
-        sender = c.pid;
-      } else if (cm->cmsg_type == SCM_RIGHTS) {
-        const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-          fds.push_back(fd);
-        }
-      }
+  while (std::optional<NotifyMessage> m = notify_->receive()) {
+    const std::optional<std::string> name = m->value("FDNAME");
+    if (m->pid == child_ && child_ > 0 && name && !name->empty()) {
+      if (m->has("FDSTOREREMOVE=1")) unstore(*name);
+      if (m->has("FDSTORE=1")) store(*name, m->fds);
     }
-    std::string name;
-    bool add = false, remove = false;
-    if (sender == child_ && child_ > 0) {
-      const std::string_view body(text, size_t(n));
-      size_t at = 0;
-      while (at < body.size()) {
-        size_t end = body.find('\n', at);
-        if (end == std::string_view::npos) end = body.size();
-        const std::string_view line = body.substr(at, end - at);
-        if (line == "FDSTORE=1") add = true;
-        else if (line == "FDSTOREREMOVE=1") remove = true;
-        else if (line.starts_with("FDNAME=")) name = std::string(line.substr(7));
-        at = end + 1;
-      }
-    }
-    if (remove && !name.empty()) unstore(name);
-    if (add && !name.empty()) store(name, fds);
-    for (int fd : fds)
+    for (int fd : m->fds)
       if (fd >= 0) ::close(fd);
   }
 }
 
 int Keeper::run() {
   if (!open_notify()) {
-    log::warn(std::string("ds4-supervisor's keeper: no notify socket (") + std::strerror(errno) +
-              "); running the supervisor without it");
+    log::warn("ds4-supervisor's keeper: " + notify_error_ + "; running the supervisor without it");
     return -1;
   }
   // Workers outlive a killed supervisor: they become the keeper's to reap.
@@ -279,9 +192,8 @@ int Keeper::run() {
   std::deque<std::chrono::steady_clock::time_point> restarts;
   bool stopping = false;
   child_ = spawn();
-  if (child_ < 0) throw Error(std::string("cannot start the supervisor: fork: ") + std::strerror(errno));
   for (;;) {
-    pollfd p[2] = {{sfd, POLLIN, 0}, {notify_, POLLIN, 0}};
+    pollfd p[2] = {{sfd, POLLIN, 0}, {notify_->fd(), POLLIN, 0}};
     if (::poll(p, 2, -1) < 0 && errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno));
     if (p[1].revents & POLLIN) on_notify();
     signalfd_siginfo si;
@@ -297,13 +209,14 @@ int Keeper::run() {
         if (child_ > 0) ::kill(child_, int(si.ssi_signo));
         continue;
       }
-      int status = 0;
+      int wait_status = 0;
       pid_t done;
-      while ((done = ::waitpid(-1, &status, WNOHANG)) > 0) {
+      while ((done = ::waitpid(-1, &wait_status, WNOHANG)) > 0) {  // adopted workers too
         if (done != child_) continue;
+        const ExitStatus status = ExitStatus::from_wait_status(wait_status);
         on_notify();  // what it stored just before it died
         child_ = -1;
-        if (!WIFSIGNALED(status) || stopping) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (!status.signalled() || stopping) return status.exited() ? status.code : 128 + status.signal;
         const auto now = std::chrono::steady_clock::now();
         while (!restarts.empty() && now - restarts.front() > kBurstWindow) restarts.pop_front();
         if (int(restarts.size()) >= kBurst) {
@@ -314,14 +227,13 @@ int Keeper::run() {
         }
         restarts.push_back(now);
         log::warn("the supervisor (pid " + std::to_string(done) + ") was killed by signal " +
-                      std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) +
+                      std::to_string(status.signal) + " (" + strsignal(status.signal) +
                       "); its keeper starts it again with the port and " + std::to_string(store_.size()) +
                       " kept descriptors",
-                  {{"DS4_EVENT", "supervisor_restart"}, {"DS4_SIGNAL", std::to_string(WTERMSIG(status))}});
+                  {{"DS4_EVENT", "supervisor_restart"}, {"DS4_SIGNAL", std::to_string(status.signal)}});
         ::usleep(useconds_t(std::chrono::microseconds(kRestartDelay).count()));
         on_notify();
         child_ = spawn();
-        if (child_ < 0) throw Error(std::string("cannot start the supervisor again: fork: ") + std::strerror(errno));
       }
     }
   }

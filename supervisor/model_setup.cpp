@@ -1,6 +1,6 @@
 #include "supervisor/model_setup.h"
 
-#include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "shared/bytes.h"
-#include "shared/child_signals.h"
+#include "shared/spawn.h"
 #include "shared/error.h"
 #include "shared/gguf_writer.h"
 #include "shared/log.h"
@@ -53,27 +53,20 @@ std::string make_synthetic_model(const std::string& dir, const std::string& bin_
   const std::string mkmodel = bin_dir + "/ds4-mkmodel";
   if (access(mkmodel.c_str(), X_OK) != 0)
     throw Error("cannot make a synthetic model: no executable " + mkmodel + " beside ds4-supervisor");
-  pid_t pid = -1;
-  {
-    ChildSignals signals;
-    pid = fork();
-    if (pid == 0) {
-      ChildSignals::reset_in_child();
-      ChildSignals::unblock_all_in_child();  // not our mask: it blocks SIGTERM during the start
-    }
+  SpawnOptions o;
+  o.argv = {mkmodel, "--out", out, "--vocab-from", vocab, "--preset", "stories-like", "--name", "ds4-synthetic-random-weights"};
+  // Its progress output is not wanted on ours.
+  const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  o.stdout_fd = null_fd;
+  std::optional<ExitStatus> st;
+  try {
+    st = wait_for(spawn(o));
+  } catch (const Error& e) {
+    if (null_fd >= 0) ::close(null_fd);
+    throw Error(std::string("cannot make a synthetic model: ") + e.what());
   }
-  if (pid < 0) throw Error("cannot make a synthetic model: fork failed");
-  if (pid == 0) {
-    // Its progress output is not wanted on ours.
-    std::freopen("/dev/null", "w", stdout);
-    close_on_exec_in_child();
-    execl(mkmodel.c_str(), mkmodel.c_str(), "--out", out.c_str(), "--vocab-from", vocab.c_str(), "--preset",
-          "stories-like", "--name", "ds4-synthetic-random-weights", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  int st = 0;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !fs::exists(out))
+  if (null_fd >= 0) ::close(null_fd);
+  if (!st || !st->success() || !fs::exists(out))
     throw Error("cannot make a synthetic model: " + mkmodel + " --out " + out + " failed");
   return out;
 }

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -16,12 +15,12 @@
 #include <sstream>
 #include <vector>
 
-#include "shared/child_signals.h"
 #include "shared/error.h"
 #include "shared/files.h"
 #include "shared/log.h"
-
-extern char** environ;
+#include "shared/notify_socket.h"
+#include "shared/spawn.h"
+#include "shared/worker_launch.h"
 
 namespace ds4::sup {
 
@@ -111,22 +110,11 @@ std::string memory_cgroup_dir(const std::string& pid, bool* v2) {
 
 ProcessBackend::ProcessBackend(asio::io_context& io, ProcessBackendOptions options)
     : io_(io), opts_(std::move(options)), sigchld_(io, SIGCHLD) {
-  notify_path_ = opts_.runtime_dir + "/notify.sock";
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (notify_path_.size() >= sizeof addr.sun_path) throw Error("notify socket path too long: " + notify_path_);
-  std::memcpy(addr.sun_path, notify_path_.c_str(), notify_path_.size() + 1);
-  notify_fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (notify_fd_ < 0) throw Error(std::string("cannot create the workers' notify socket: ") + std::strerror(errno));
-  ::unlink(notify_path_.c_str());
-  const int one = 1;
-  if (::bind(notify_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::setsockopt(notify_fd_, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) {
-    const int e = errno;
-    ::close(notify_fd_);
-    throw Error("cannot bind the workers' notify socket " + notify_path_ + ": " + std::strerror(e));
-  }
-  notify_ = std::make_unique<asio::posix::stream_descriptor>(io_, notify_fd_);
+  notify_ = std::make_unique<NotifySocket>(opts_.runtime_dir + "/notify.sock");
+  // Asio waits on a copy; the datagrams are read from the socket's own.
+  const int wait_fd = ::fcntl(notify_->fd(), F_DUPFD_CLOEXEC, 3);
+  if (wait_fd < 0) throw Error(std::string("cannot watch the workers' notify socket: ") + std::strerror(errno));
+  notify_wait_ = std::make_unique<asio::posix::stream_descriptor>(io_, wait_fd);
   do_notify_read();
   do_wait_signal();
 
@@ -158,7 +146,6 @@ ProcessBackend::~ProcessBackend() {
     }
     if (!c->cgroup.empty()) ::rmdir(c->cgroup.c_str());
   }
-  ::unlink(notify_path_.c_str());
 }
 
 std::string ProcessBackend::cgroup_of(int id) const {
@@ -192,84 +179,47 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   auto c = std::make_unique<Child>();
   c->spec = spec;
   c->cgroup = prepare_cgroup(spec.id, spec.memory_max);
+  if (!c->cgroup.empty() && ::access((c->cgroup + "/cgroup.procs").c_str(), W_OK) != 0) {
+    log::warn("cannot move worker " + std::to_string(spec.id) + " into " + c->cgroup + ": " + std::strerror(errno) +
+              "; it runs without its memory limit, ignoring");
+    c->cgroup.clear();
+  }
   c->cgroup_ooms_at_start = oom_kills_in(c->cgroup);
   c->vmstat_ooms_at_start = read_vmstat_oom_kills();
 
-  std::vector<std::string> args = {opts_.worker_binary, "serve", "--id", std::to_string(spec.id),
-                                   "--segment", spec.segment, "--socket", spec.socket_path,
-                                   "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),
-                                   "--device", spec.device, "--threads", std::to_string(spec.threads),
-                                   "--busy-poll-us", std::to_string(spec.busy_poll.count()),
-                                   "--batch", std::to_string(spec.prefill_chunk)};
-  if (!spec.exec_command.empty())  // workers.engine: exec: the external server as the worker
-    args = {opts_.worker_binary, "engine", "--id", std::to_string(spec.id), "--port", std::to_string(spec.port),
-            "--context", std::to_string(spec.context), "--slots", std::to_string(spec.slots),
-            "--threads", std::to_string(spec.threads), "--model", spec.model_path, "--command", spec.exec_command,
-            "--start-timeout", std::to_string(exec_start_timeout_ms(spec.start_timeout))};
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string_view v(*e);
-    if (v.starts_with("NOTIFY_SOCKET=") || v.starts_with("LISTEN_FDS=") || v.starts_with("LISTEN_PID=") ||
-        v.starts_with("DS4_CONTROL=") || v.starts_with("DS4_GPU_WEIGHTS=") || v.starts_with("DS4_SEGMENT_SOCKET=") ||
-        v.starts_with("DS4_EXEC_COMMAND=") || v.starts_with("DS4_HOST_EXPERTS=") || v.starts_with("DS4_HOLDER_EXPERTS=") ||
-        v.starts_with("DS4_KV_CACHE="))
-      continue;
-    env.emplace_back(v);
-  }
-  env.push_back("NOTIFY_SOCKET=" + notify_path_);
-  if (!spec.control.empty()) env.push_back("DS4_CONTROL=" + spec.control);
-  env.push_back("DS4_GPU_WEIGHTS=" + spec.gpu_weights);
-  env.push_back("DS4_HOST_EXPERTS=" + std::to_string(spec.host_experts));
-  env.push_back("DS4_HOLDER_EXPERTS=" + std::to_string(spec.holder_experts));
-  env.push_back("DS4_KV_CACHE=" + spec.kv_cache);
-  env.push_back("DS4_SEGMENT_SOCKET=" + opts_.runtime_dir + "/segments.sock");
   // Under a keeper the worker outlives us (a restarted supervisor adopts it)
   // and dies with the keeper instead (ds4-worker watches that pid).
   // (Exec engines die with us, as before: their servers are not adopted.)
   const bool outlive = opts_.keeper_pid > 0 && spec.exec_command.empty();
-  if (outlive) env.push_back("DS4_WORKER_DIES_WITH=" + std::to_string(opts_.keeper_pid));
-  // Everything the child needs is prepared before fork (only async-signal-safe calls after).
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  int procs_fd = -1;
-  if (!c->cgroup.empty()) procs_fd = ::open((c->cgroup + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
-  const pid_t parent = ::getpid();
-
-  ChildSignals signals;  // a stop right after the start must not run our handlers in the child
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int e = errno;
-    if (procs_fd >= 0) ::close(procs_fd);
-    const std::string msg = std::string("fork failed: ") + std::strerror(e);
+  WorkerLaunch launch = worker_launch(spec, opts_.runtime_dir + "/segments.sock");
+  if (outlive) launch.dies_with = opts_.keeper_pid;
+  SpawnOptions o;
+  o.argv = {opts_.worker_binary, launch.subcommand()};
+  for (std::string& a : launch.to_args()) o.argv.push_back(std::move(a));
+  // The launch in its environment, as a unit's environment file gives it
+  // (ours of the same names do not reach it), and on its command line, where
+  // ps shows it.
+  std::vector<std::string> drop = worker_launch_env_names();
+  drop.insert(drop.end(), {"NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID"});
+  o.env = environment_without(drop);
+  for (std::string& e : launch.to_env()) o.env->push_back(std::move(e));
+  o.env->push_back("NOTIFY_SOCKET=" + notify_->address());
+  // Own process group: a Ctrl-C meant for the supervisor does not reach it
+  // (the supervisor stops it); dies with the supervisor.
+  o.new_process_group = true;
+  o.parent_death_signal = outlive ? 0 : SIGTERM;
+  o.cgroup = c->cgroup;
+  // As the unit's OOMScoreAdjust=1000: when memory runs out, the kernel
+  // kills a worker (restarted in milliseconds), never the supervisor.
+  o.oom_score_adj = 1000;
+  pid_t pid = -1;
+  try {
+    pid = spawn(o);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
     asio::post(io_, [this, id = spec.id, msg] { if (cb_.exited) cb_.exited(id, ExitKind::crash, msg); });
     return;
   }
-  if (pid == 0) {
-    // Child. Own process group: a Ctrl-C meant for the supervisor does not
-    // reach it (the supervisor stops it); dies with the supervisor.
-    ChildSignals::reset_in_child();
-    ::setpgid(0, 0);
-    if (!outlive) ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    if (procs_fd >= 0) {
-      if (::write(procs_fd, "0", 1) != 1) ::_exit(126);
-      ::close(procs_fd);
-    }
-    // As the unit's OOMScoreAdjust=1000: when memory runs out, the kernel
-    // kills a worker (restarted in milliseconds), never the supervisor.
-    if (const int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
-      [[maybe_unused]] const ssize_t n = ::write(fd, "1000", 4);
-      ::close(fd);
-    }
-    ChildSignals::unblock_all_in_child();
-    close_on_exec_in_child();
-    ::execve(argv[0], argv.data(), envp.data());
-    ::_exit(127);
-  }
-  if (procs_fd >= 0) ::close(procs_fd);
   c->pid = pid;
   log::info("started worker " + std::to_string(spec.id) + " (pid " + std::to_string(pid) + ", context " +
                 std::to_string(spec.context) + " x " + std::to_string(spec.slots) + " slots" +
@@ -282,13 +232,12 @@ void ProcessBackend::start(const LaunchSpec& spec) {
 }
 
 void ProcessBackend::record_start(const Child& c) const {
-  const LaunchSpec& s = c.spec;
-  write_text(record_path(opts_.runtime_dir, s.id),
+  // Who it is (pid and start time: a reused pid is told apart), its cgroup,
+  // then its launch as a unit's environment file holds it.
+  write_text(record_path(opts_.runtime_dir, c.spec.id),
              "DS4_PID=" + std::to_string(c.pid) + "\nDS4_START_TIME=" + std::to_string(start_time_of(c.pid)) +
-                 "\nDS4_SEGMENT=" + s.segment + "\nDS4_CONTEXT=" + std::to_string(s.context) +
-                 "\nDS4_SOCKET=" + s.socket_path + "\nDS4_PORT=" + std::to_string(s.port) +
-                 "\nDS4_HOST_EXPERTS=" + std::to_string(s.host_experts) + "\nDS4_KV_CACHE=" + s.kv_cache +
-                 "\nDS4_CGROUP=" + c.cgroup + "\n");
+                 "\nDS4_CGROUP=" + c.cgroup + "\n" +
+                 worker_launch(c.spec, opts_.runtime_dir + "/segments.sock").to_env_file());
 }
 
 std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segment) {
@@ -311,9 +260,16 @@ std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segme
       ::unlink(e.path().c_str());
       continue;
     }
-    if (value("DS4_SEGMENT") != segment || children_.count(id)) {
+    WorkerLaunch launch;
+    try {
+      launch = parse_worker_launch({}, decode_env_file(env));
+    } catch (const Error& err) {
+      log::warn(name + " does not read (" + err.what() + ")");
+      launch.segment.clear();  // stopped below
+    }
+    if (launch.segment != segment || children_.count(id)) {
       log::info("worker " + std::to_string(id) + " (pid " + std::to_string(pid) + ") runs another model segment (" +
-                value("DS4_SEGMENT") + "); stopping it");
+                launch.segment + "); stopping it");
       ::kill(pid, SIGTERM);
       ::unlink(e.path().c_str());
       continue;
@@ -324,11 +280,11 @@ std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segme
     c->ready = true;
     c->spec.id = id;
     c->spec.segment = segment;
-    c->spec.context = uint32_t(std::atoi(value("DS4_CONTEXT").c_str()));
-    c->spec.socket_path = value("DS4_SOCKET");
-    c->spec.port = std::atoi(value("DS4_PORT").c_str());
-    c->spec.host_experts = uint32_t(std::atoi(value("DS4_HOST_EXPERTS").c_str()));
-    c->spec.kv_cache = value("DS4_KV_CACHE").empty() ? "f16" : value("DS4_KV_CACHE");
+    c->spec.context = uint32_t(launch.context);
+    c->spec.socket_path = launch.socket;
+    c->spec.port = int(launch.port);
+    c->spec.host_experts = uint32_t(launch.host_experts);
+    c->spec.kv_cache = launch.kv_cache;
     c->cgroup = value("DS4_CGROUP");
     c->cgroup_ooms_at_start = oom_kills_in(c->cgroup);
     c->vmstat_ooms_at_start = read_vmstat_oom_kills();
@@ -420,43 +376,21 @@ void ProcessBackend::kill(int id) {
 }
 
 void ProcessBackend::do_notify_read() {
-  notify_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+  notify_wait_->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
     if (ec) return;
-    for (;;) {
-      char buf[4096];
-      alignas(cmsghdr) char ctl[CMSG_SPACE(sizeof(ucred))];
-      iovec iov{buf, sizeof buf - 1};
-      msghdr mh{};
-      mh.msg_iov = &iov;
-      mh.msg_iovlen = 1;
-      mh.msg_control = ctl;
-      mh.msg_controllen = sizeof ctl;
-      const ssize_t n = ::recvmsg(notify_fd_, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-      if (n < 0) break;
-      int pid = 0;
-      for (cmsghdr* cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS) {
-          ucred cr;
-          std::memcpy(&cr, CMSG_DATA(cm), sizeof cr);
-          pid = cr.pid;
-        }
-      if (pid > 0) on_notify_datagram(pid, std::string(buf, size_t(n)));
+    while (std::optional<NotifyMessage> m = notify_->receive()) {
+      for (int fd : m->fds) ::close(fd);  // workers store nothing with us
+      if (m->pid > 0) on_notify_datagram(m->pid, *m);
     }
     do_notify_read();
   });
 }
 
-void ProcessBackend::on_notify_datagram(int pid, const std::string& text) {
+void ProcessBackend::on_notify_datagram(int pid, const NotifyMessage& m) {
   for (auto& [id, c] : children_) {
     if (c->pid != pid) continue;
-    std::istringstream in(text);
-    std::string line;
-    bool ready = false;
-    while (std::getline(in, line)) {
-      if (line == "READY=1") ready = true;
-      else if (line.rfind("STATUS=", 0) == 0) c->status = line.substr(7);
-    }
-    if (ready && !c->ready) {
+    if (auto status = m.value("STATUS")) c->status = *status;
+    if (m.has("READY=1") && !c->ready) {
       c->ready = true;
       if (cb_.ready) cb_.ready(id, pid);
     }
@@ -476,19 +410,19 @@ void ProcessBackend::reap() {
   std::vector<std::pair<int, std::pair<ExitKind, std::string>>> ended;
   for (auto& [id, c] : children_) {
     if (c->pid <= 0 || c->adopted) continue;
-    int st = 0;
-    if (::waitpid(c->pid, &st, WNOHANG) != c->pid) continue;
+    const std::optional<ExitStatus> st = try_wait(c->pid);
+    if (!st) continue;
     ExitKind kind = ExitKind::crash;
     std::string msg;
-    if (WIFEXITED(st)) {
-      const int code = WEXITSTATUS(st);
+    if (st->exited()) {
+      const int code = st->code;
       kind = code == 0 || c->stop_requested ? ExitKind::clean
              : code == kExitDoesNotFit    ? ExitKind::no_fit
                                           : ExitKind::crash;
-      if (code != 0) msg = "exited with status " + std::to_string(code);
-    } else if (WIFSIGNALED(st)) {
-      const int sig = WTERMSIG(st);
-      msg = std::string("killed by signal ") + sigabbrev_np(sig);
+      if (code != 0) msg = st->describe();
+    } else if (st->signalled()) {
+      const int sig = st->signal;
+      msg = st->describe();
       if (sig == SIGKILL && c->killed_by_us) {
         kind = ExitKind::clean;
         msg = "killed by the supervisor (SIGKILL)";

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "shared/notify_socket.h"
 #include "supervisor/asio.h"
 #include "supervisor/unit_backend.h"
 
@@ -58,7 +59,7 @@ class ProcessBackend : public UnitBackend {
  private:
   struct Child;
   void do_notify_read();
-  void on_notify_datagram(int pid, const std::string& text);
+  void on_notify_datagram(int pid, const NotifyMessage& m);
   void do_wait_signal();
   void reap();
   void record_start(const Child& c) const;
@@ -71,9 +72,8 @@ class ProcessBackend : public UnitBackend {
   asio::io_context& io_;
   ProcessBackendOptions opts_;
   BackendCallbacks cb_;
-  int notify_fd_ = -1;
-  std::string notify_path_;
-  std::unique_ptr<asio::posix::stream_descriptor> notify_;
+  std::unique_ptr<NotifySocket> notify_;
+  std::unique_ptr<asio::posix::stream_descriptor> notify_wait_;  // readable when notify_ has a datagram
   asio::signal_set sigchld_;
   std::map<int, std::unique_ptr<Child>> children_;  // by worker id
   std::string cgroup_root_;  // where per-worker memory cgroups are made; "" = none

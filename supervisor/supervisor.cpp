@@ -57,23 +57,13 @@ nlohmann::json proc_command(int pid) {
   return j;
 }
 
-// Whether this build has the CUDA backend (ds4_cuda defines DS4_HAVE_CUDA for
-// everything that links the engine; the workers are of the same build).
-constexpr bool kCudaBuilt =
-#ifdef DS4_HAVE_CUDA
-    true;
-#else
-    false;
-#endif
-
 // What the proxy meets only once the model is loaded, found before it is: a
 // port another process listens on, a device this build cannot use (a large
 // model's load takes minutes to end in these errors otherwise). The config's
 // own checks (load_config) cover the files it names.
-void check_before_load(const Config& c, bool socket_inherited) {
-  if (c.workers.device.kind == Device::Kind::cuda && !kCudaBuilt)  // its workers and holder would crash-loop
-    throw Error("workers.device " + c.workers.device.str() +
-                ": this build has no CUDA backend (configured with -DDS4_CUDA=OFF); use cpu or auto, or a CUDA build");
+void check_before_load(const Config& c, bool socket_inherited, const std::optional<WorkerCapabilities>& caps) {
+  // A cuda device where ds4-worker has no CUDA backend: its workers and holder would crash-loop.
+  if (const std::string why = device_refusal(c.workers.device, caps); !why.empty()) throw Error(why);
   const ListenAddress& l = c.proxy.listen;
   if (l.port != 0 && !socket_inherited) {  // an inherited socket is the proxy's already
     try {
@@ -89,14 +79,11 @@ void check_before_load(const Config& c, bool socket_inherited) {
   }
 }
 
-// Workers run on a GPU: cuda:N, or auto on a machine with an NVIDIA driver
-// (and a build that can use it: else auto workers run on the CPU).
-bool workers_on_gpu(const Device& d) {
-  return d.kind == Device::Kind::cuda || (d.kind == Device::Kind::automatic && kCudaBuilt && nvidia_driver_present());
-}
-
 ManagerSettings manager_settings(const Config& c, const ModelInfo& m, const std::string& runtime_dir,
-                                 const std::string& control) {
+                                 const std::string& control, const std::optional<WorkerCapabilities>& caps) {
+  // Workers run on a GPU: cuda:N, or auto on a machine with an NVIDIA driver
+  // (and workers that can use it: else auto workers run on the CPU).
+  auto workers_on_gpu = [&](const Device& d) { return sup::workers_on_gpu(d, caps, nvidia_driver_present()); };
   ManagerSettings s;
   s.policy = PolicyConfig::from(c);
   if (c.workers.engine == WorkerEngine::exec) {
@@ -226,7 +213,12 @@ void Supervisor::prepare() {
               "closing descriptor " + std::to_string(sockets[i]));
     ::close(sockets[i]);
   }
-  check_before_load(config_, listen_fd_ >= 0);
+  // What the workers can run, from ds4-worker itself (asked once).
+  std::string caps_why;
+  worker_caps_ = ask_worker_capabilities(opts_.bin_dir + "/ds4-worker", &caps_why);
+  if (!worker_caps_)
+    log::warn("cannot ask ds4-worker what it runs (" + caps_why + "); assuming it may have a CUDA backend, ignoring");
+  check_before_load(config_, listen_fd_ >= 0, worker_caps_);
   try {
     model_ = prepare_model(config_, runtime_dir_, opts_.bin_dir, *memfds_, signals.token());
   } catch (const store::LoadCancelled&) {
@@ -263,7 +255,7 @@ void Supervisor::prepare() {
   // The workers' records: kept when a restarted supervisor finds its own.
   health_ = std::make_unique<WorkerHealth>(io_, control::Block::create_or_open(control::segment_name_for(runtime_dir_)));
   manager_ = std::make_unique<WorkerManager>(io_, *backend_, *memory_,
-                                             manager_settings(config_, model_, runtime_dir_, health_->name()));
+                                             manager_settings(config_, model_, runtime_dir_, health_->name(), worker_caps_));
   manager_->set_proxy_stats(stats_);
   manager_->set_health_source(health_.get());
   // A GPU worker's first start goes by the free memory the holder sees.
@@ -330,7 +322,8 @@ std::optional<int> Supervisor::holder_device() const {
   // worker does not copy them again. Not for host-mapped weights (they stay in
   // the shared pages) nor for CPU workers.
   const Device& d = config_.workers.device;
-  if (config_.gpu.weights != GpuWeights::device || !workers_on_gpu(d)) return std::nullopt;
+  if (config_.gpu.weights != GpuWeights::device || !workers_on_gpu(d, worker_caps_, nvidia_driver_present()))
+    return std::nullopt;
   if (config_.workers.engine == WorkerEngine::exec) return std::nullopt;  // an external engine loads its own
   return d.kind == Device::Kind::cuda ? d.index : 0;
 }
@@ -535,7 +528,7 @@ bool Supervisor::reload(std::string* error) {
     Loaded l;
     try {
       l.model = prepare_model(next, runtime_dir_, opts_.bin_dir, *memfds_, stop);
-      l.settings = manager_settings(next, l.model, runtime_dir_, control);
+      l.settings = manager_settings(next, l.model, runtime_dir_, control, worker_caps_);
       loaded = std::move(l);
     } catch (const store::LoadCancelled& e) {
       log::info(std::string("reload: the new model's load stopped, nothing of it kept: ") + e.what(),
@@ -568,7 +561,7 @@ bool Supervisor::apply_reload(Config next, const ConfigChanges& ch, std::optiona
       model_ = std::move(loaded->model);
       sweeper_->set_current(model_.segment, model_.fd.get());
     }
-    ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name());
+    ManagerSettings s = loaded ? std::move(loaded->settings) : manager_settings(next, model_, runtime_dir_, health_->name(), worker_caps_);
     const bool restart_all = ch.model || ch.changed("workers.slots") || ch.changed("workers.device") ||
                              ch.changed("workers.threads") || ch.changed("workers.busy_poll") ||
                              ch.changed("workers.prefill_chunk") ||

@@ -37,6 +37,7 @@
 #include "supervisor/paths.h"
 #include "supervisor/resident_file.h"
 #include "supervisor/status_history.h"
+#include "supervisor/worker_capabilities.h"
 #include "supervisor/worker_manager.h"
 
 namespace ds4::sup {
@@ -155,6 +156,7 @@ class Supervisor {
   asio::io_context io_{1};  // one thread runs it
   Config config_;
   ModelInfo model_;
+  std::optional<WorkerCapabilities> worker_caps_;  // what ds4-worker said it runs; nullopt: it did not say
   std::string runtime_dir_;
   RuntimeDirLock runtime_lock_;  // one supervisor per runtime folder
   std::unique_ptr<MemorySource> memory_;

@@ -16,6 +16,7 @@
 #include "shared/error.h"
 #include "shared/files.h"
 #include "shared/log.h"
+#include "shared/worker_launch.h"
 #include "supervisor/journal_watch.h"
 #include "supervisor/process_backend.h"  // read_vmstat_oom_kills
 #include "supervisor/worker_unit_text.h"
@@ -195,15 +196,16 @@ class SystemdBackend : public UnitBackend {
                                &jtype, &jpath) > 0) {
       int id = -1;
       if (std::sscanf(name, "ds4-worker@%d.service", &id) != 1 || id < 0) continue;
-      const std::string env =
-          read_whole_file(opts_.runtime_dir + "/worker-" + std::to_string(id) + ".env").value_or("");
-      auto value = [&](const std::string& key) {
-        const auto p = env.find(key + "=");
-        if (p == std::string::npos) return std::string();
-        return env.substr(p + key.size() + 1, env.find('\n', p) - p - key.size() - 1);
-      };
-      if (value("DS4_SEGMENT") != segment) {
-        log::info(std::string(name) + " runs another model segment (" + value("DS4_SEGMENT") + "); stopping it");
+      WorkerLaunch launch;
+      try {
+        launch = parse_worker_launch({}, decode_env_file(read_whole_file(opts_.runtime_dir + "/worker-" +
+                                                                         std::to_string(id) + ".env").value_or("")));
+      } catch (const Error& e) {
+        log::warn(std::string(name) + ": its environment file does not read (" + e.what() + ")");
+        launch.segment.clear();  // stopped below
+      }
+      if (launch.segment != segment) {
+        log::info(std::string(name) + " runs another model segment (" + launch.segment + "); stopping it");
         BusError e2;
         sd_bus_call_method(bus_, kDest, kManagerPath, kManagerIface, "StopUnit", &e2.e, nullptr, "ss", name,
                            "replace");
@@ -212,11 +214,11 @@ class SystemdBackend : public UnitBackend {
       AdoptedWorker a;
       a.id = id;
       a.pid = int(main_pid(id));
-      a.context = uint32_t(std::atoi(value("DS4_CONTEXT").c_str()));
-      a.host_experts = uint32_t(std::atoi(value("DS4_HOST_EXPERTS").c_str()));
-      a.kv_cache = value("DS4_KV_CACHE").empty() ? "f16" : value("DS4_KV_CACHE");
-      a.socket_path = value("DS4_SOCKET");
-      a.port = std::atoi(value("DS4_PORT").c_str());
+      a.context = uint32_t(launch.context);
+      a.host_experts = uint32_t(launch.host_experts);
+      a.kv_cache = launch.kv_cache;
+      a.socket_path = launch.socket;
+      a.port = int(launch.port);
       Unit& u = unit(id);
       u.running = u.seen_start = u.ready = true;
       u.main_pid = uint32_t(a.pid);
@@ -269,30 +271,14 @@ class SystemdBackend : public UnitBackend {
     return std::string(x ? x : "") + "/systemd/user";
   }
 
-  /// A value for an EnvironmentFile=: double quotes, with \\ \" \$ \` escaped.
-  static std::string env_quoted(const std::string& v) {
-    std::string out = "\"";
-    for (char c : v) {
-      if (c == '\\' || c == '"' || c == '$' || c == '`') out += '\\';
-      if (c != '\n') out += c;
-    }
-    return out + "\"";
-  }
-
   void write_env(const LaunchSpec& s) {
-    std::ostringstream o;
-    o << "# Written by ds4-supervisor for ds4-worker@" << s.id << ".service; rewritten at every start.\n"
-      << "DS4_SEGMENT=" << s.segment << "\nDS4_SOCKET=" << s.socket_path << "\nDS4_CONTEXT=" << s.context
-      << "\nDS4_SLOTS=" << s.slots << "\nDS4_DEVICE=" << s.device << "\nDS4_THREADS=" << s.threads
-      << "\nDS4_BUSY_POLL_US=" << s.busy_poll.count() << "\nDS4_PREFILL_CHUNK=" << s.prefill_chunk
-      << "\nDS4_CONTROL=" << s.control << "\nDS4_GPU_WEIGHTS=" << s.gpu_weights
-      << "\nDS4_HOST_EXPERTS=" << s.host_experts << "\nDS4_HOLDER_EXPERTS=" << s.holder_experts
-      << "\nDS4_KV_CACHE=" << s.kv_cache << "\nDS4_SEGMENT_SOCKET=" << opts_.runtime_dir << "/segments.sock\n";
-    if (!s.exec_command.empty())  // `serve` runs the engine then (worker/exec_engine.h)
-      o << "DS4_PORT=" << s.port << "\nDS4_MODEL=" << env_quoted(s.model_path)
-        << "\nDS4_START_TIMEOUT_MS=" << exec_start_timeout_ms(s.start_timeout)
-        << "\nDS4_EXEC_COMMAND=" << env_quoted(s.exec_command) << "\n";
-    write_if_changed(opts_.runtime_dir + "/worker-" + std::to_string(s.id) + ".env", o.str());
+    // ds4-worker@.service reads it (EnvironmentFile=), and its ExecStart=
+    // names a few of the variables; the worker reads the rest from its
+    // environment (shared/worker_launch.h).
+    const WorkerLaunch launch = worker_launch(s, opts_.runtime_dir + "/segments.sock");
+    write_if_changed(opts_.runtime_dir + "/worker-" + std::to_string(s.id) + ".env",
+                     "# Written by ds4-supervisor for ds4-worker@" + std::to_string(s.id) +
+                         ".service; rewritten at every start.\n" + launch.to_env_file());
   }
 
   /// The MemoryMax= drop-in; true when it changed (the manager must reload).

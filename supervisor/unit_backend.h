@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shared/config.h"
+#include "shared/worker_launch.h"
 #include "supervisor/policy.h"
 
 namespace ds4::sup {
@@ -47,6 +48,34 @@ struct LaunchSpec {
 /// a longer start_timeout short. 0 (no limit): its largest, a day.
 inline int64_t exec_start_timeout_ms(std::chrono::milliseconds t) {
   return t.count() == 0 ? 86400000 : std::min<int64_t>(t.count() + 10000, 86400000);
+}
+
+/// What worker `spec.id` is started with (shared/worker_launch.h), as both
+/// backends write it; `segment_socket` is the supervisor's segment socket.
+inline WorkerLaunch worker_launch(const LaunchSpec& spec, const std::string& segment_socket) {
+  WorkerLaunch l;
+  l.id = spec.id;
+  l.segment = spec.segment;
+  l.segment_socket = segment_socket;
+  l.socket = spec.socket_path;
+  l.context = spec.context;
+  l.slots = spec.slots;
+  l.device = spec.device;
+  l.threads = spec.threads;
+  l.prefill_chunk = spec.prefill_chunk;
+  l.busy_poll_us = spec.busy_poll.count();
+  l.control = spec.control;
+  l.gpu_weights = spec.gpu_weights;
+  l.host_experts = spec.host_experts;
+  l.holder_experts = spec.holder_experts;
+  l.kv_cache = spec.kv_cache;
+  if (!spec.exec_command.empty()) {  // workers.engine: exec (worker/exec_engine.h)
+    l.exec_command = spec.exec_command;
+    l.port = spec.port;
+    l.model = spec.model_path;
+    l.start_timeout_ms = exec_start_timeout_ms(spec.start_timeout);
+  }
+  return l;
 }
 
 /// A worker that was already running when the supervisor started.

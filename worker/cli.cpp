@@ -9,6 +9,8 @@ Args::Args(const std::vector<std::string>& argv, std::set<std::string> with_valu
   for (size_t i = 0; i < argv.size(); ++i) {
     std::string a = argv[i];
     if (auto it = aliases.find(a); it != aliases.end()) a = "--" + it->second;
+    else if (const auto eq = a.find('='); eq != std::string::npos)  // --ctx=N as --ctx N
+      if (auto it2 = aliases.find(a.substr(0, eq)); it2 != aliases.end()) a = "--" + it2->second + a.substr(eq);
     if (a.rfind("--", 0) != 0) throw Error("unexpected argument '" + argv[i] + "'");
     std::string name = a.substr(2), value;
     bool inline_value = false;

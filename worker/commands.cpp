@@ -18,9 +18,11 @@
 
 #include "shared/config.h"
 #include "shared/error.h"
+#include "shared/ggml_types.h"
 #include "shared/log.h"
 #include "shared/model_store.h"
 #include "shared/segment_socket.h"
+#include "shared/worker_launch.h"
 #include "worker/cli.h"
 #include "worker/engine.h"
 #include "worker/exec_engine.h"
@@ -37,11 +39,11 @@
 namespace ds4 {
 namespace {
 
-// Where a memfd segment ("memfd:<name>") is asked for: the supervisor's
-// socket, which it names in a worker's environment.
+// Where a memfd segment ("memfd:<name>") is asked for: --segment-socket,
+// else the supervisor's socket that it names in a worker's environment, else
+// the default one.
 std::string segment_socket(const Args& a) {
-  const char* env = std::getenv("DS4_SEGMENT_SOCKET");
-  return a.str("segment-socket", env && *env ? env : store::default_segment_socket());
+  return a.str("segment-socket", worker_launch_env("segment-socket").value_or(store::default_segment_socket()));
 }
 
 using Clock = std::chrono::steady_clock;
@@ -69,32 +71,43 @@ int cuda_index(const std::string& device) {
   return std::stoi(n);
 }
 
-/// --kv-cache f16|q8_0 (for serve also DS4_KV_CACHE, workers.kv_cache in a
-/// ds4-worker@.service's environment file; the command line wins).
-KvType kv_cache_arg(const Args& a, const char* env = nullptr) {
-  std::string def = "f16";
-  if (const char* v = env ? std::getenv(env) : nullptr; v && *v) def = v;
-  const std::string name = a.str("kv-cache", def);
+/// A KV cache type by name (--kv-cache f16|q8_0).
+KvType kv_cache_named(const std::string& name) {
   const auto t = kv_type_from(name);
   if (!t) throw Error("--kv-cache: '" + name + "' is not a KV cache type (expected f16 or q8_0)");
   return *t;
 }
 
-/// An integer option that the supervisor may give in the environment instead
-/// (a ds4-worker@.service's environment file); the command line wins.
-int64_t integer_or_env(const Args& a, const std::string& name, const char* env, int64_t def, int64_t lo, int64_t hi) {
-  if (const char* v = std::getenv(env); v && *v) def = std::clamp<int64_t>(std::atoll(v), lo, hi);
-  return a.integer(name, def, lo, hi);
+KvType kv_cache_arg(const Args& a) { return kv_cache_named(a.str("kv-cache", "f16")); }
+
+/// How a GPU backend takes its weights (the CPU backend ignores it).
+struct GpuWeightsChoice {
+  std::string source = "auto";  // --gpu-weights: auto | holder | copy | host-mapped
+  std::string holder_socket;    // --holder-socket
+  int host_experts = 0;         // --host-experts: the expert rung
+  int holder_experts = -1;      // --holder-experts: those the holder's image lacks
+};
+
+GpuWeightsChoice gpu_weights_of(const WorkerLaunch& l) {
+  return {l.gpu_weights, l.holder_socket, int(l.host_experts), int(l.holder_experts)};
+}
+
+/// For `run` and `bench`: the command line, else the launch variables of the
+/// environment (shared/worker_launch.h), else the defaults.
+GpuWeightsChoice gpu_weights_of(const Args& a) {
+  std::vector<std::string> args;
+  for (const char* name : {"gpu-weights", "holder-socket", "host-experts", "holder-experts"})
+    if (a.has(name) && !(std::string(name) == "host-experts" && a.str(name).find(',') != std::string::npos))
+      args.insert(args.end(), {std::string("--") + name, a.str(name)});
+  return gpu_weights_of(parse_worker_launch(args));
 }
 
 /// Backend for `--device`: cpu, cuda[:N], or auto (the first GPU when this
 /// build has the CUDA backend and a device answers, else the CPU). A GPU
-/// backend takes its weights as `--gpu-weights` (auto|holder|copy|host-mapped)
-/// and `--holder-socket` say, and a mixture of experts' expert rung as
-/// `--host-experts N` (DS4_HOST_EXPERTS; the holder's as DS4_HOLDER_EXPERTS).
-/// `host_experts` >= 0 overrides --host-experts (bench's list of rungs).
-std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedModel& lm, int threads, const Args& a,
-                                      int host_experts = -1) {
+/// backend takes its weights as `gpu` says. `host_experts` >= 0 overrides
+/// gpu.host_experts (bench's list of rungs).
+std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedModel& lm, int threads,
+                                      const GpuWeightsChoice& gpu, int host_experts = -1) {
   const Model& model = lm.model;
   if (device == "cpu") return make_cpu_backend(model, threads);
 #ifdef DS4_HAVE_CUDA
@@ -107,14 +120,11 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedMod
       throw Error("device '" + device + "': the CUDA backend does not run " + why + " yet (use cpu or auto)");
   }
   CudaWeightsOptions weights;
-  // The supervisor says it in the environment (DS4_GPU_WEIGHTS), a person on the command line.
-  const char* weights_env = std::getenv("DS4_GPU_WEIGHTS");
-  weights.mode = parse_cuda_weight_source(a.str("gpu-weights", weights_env && *weights_env ? weights_env : "auto"));
-  weights.holder_socket = a.str("holder-socket");
+  weights.mode = parse_cuda_weight_source(gpu.source);
+  weights.holder_socket = gpu.holder_socket;
   weights.model_key = holder_model_key(lm.segment);
-  weights.host_expert_layers =
-      host_experts >= 0 ? host_experts : int(integer_or_env(a, "host-experts", "DS4_HOST_EXPERTS", 0, 0, 1 << 16));
-  weights.holder_expert_layers = int(integer_or_env(a, "holder-experts", "DS4_HOLDER_EXPERTS", -1, -1, 1 << 16));
+  weights.host_expert_layers = host_experts >= 0 ? host_experts : gpu.host_experts;
+  weights.holder_expert_layers = gpu.holder_experts;
   weights.host = make_host_compute(model, threads);
   if (weights.host_expert_layers > 0 && !model.hp().moe())
     throw Error("--host-experts: " + model.hp().name + " is not a mixture of experts");
@@ -126,7 +136,7 @@ std::unique_ptr<Backend> make_backend(const std::string& device, const LoadedMod
   }
   if (const int n = cuda_index(device); n >= 0) return make_cuda_backend(model, n, weights);
 #else
-  (void)a;  // --gpu-weights, --holder-socket and --host-experts concern the CUDA backend only
+  (void)gpu;  // --gpu-weights, --holder-socket and --host-experts concern the CUDA backend only
   (void)host_experts;
   if (device == "auto") return make_cpu_backend(model, threads);
   if (cuda_index(device) >= 0)
@@ -169,10 +179,10 @@ class CollectSink : public RequestSink {
 }  // namespace
 
 int cmd_run(const std::vector<std::string>& argv) {
-  Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "ctx", "threads", "device",
+  Args a(argv, {"model", "prompt", "n-predict", "temp", "seed", "top-k", "top-p", "min-p", "context", "threads", "device",
                 "gpu-weights", "holder-socket", "host-experts", "holder-experts", "kv-cache"},
          {"json", "ignore-eos", "no-bos", "router-gaps"},
-         {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}});
+         {{"-m", "model"}, {"-p", "prompt"}, {"-n", "n-predict"}, {"-s", "seed"}, {"-t", "threads"}, {"--ctx", "context"}});
   auto lm = open_model(a.required("model"));
   const HParams& hp = lm->model.hp();
   const Tokenizer& tok = lm->tokenizer;
@@ -188,15 +198,15 @@ int cmd_run(const std::vector<std::string>& argv) {
 
   EngineShape shape;
   const int64_t need = int64_t(req.prompt.size()) + req.max_tokens + 1;
-  shape.ctx = a.integer("ctx", std::max<int64_t>(need, std::min<int64_t>(hp.train_ctx, 4096)), kMinContext, kMaxContext);
+  shape.ctx = a.integer("context", std::max<int64_t>(need, std::min<int64_t>(hp.train_ctx, 4096)), kMinContext, kMaxContext);
   if (int64_t(req.prompt.size()) >= shape.ctx)  // said before the prompt is echoed
     throw Error("the prompt has " + std::to_string(req.prompt.size()) + " tokens, and a context of " +
-                std::to_string(shape.ctx) + " (--ctx) holds at most " + std::to_string(shape.ctx - 1) +
+                std::to_string(shape.ctx) + " (--context) holds at most " + std::to_string(shape.ctx - 1) +
                 " with room for one more");
   shape.slots = 1;
   shape.max_batch = 512;
   shape.kv = kv_cache_arg(a);
-  auto backend = make_backend(a.str("device", "auto"), *lm, int(a.integer("threads", 0, 0, 1024)), a);
+  auto backend = make_backend(a.str("device", "auto"), *lm, int(a.integer("threads", 0, 0, 1024)), gpu_weights_of(a));
   const MemoryPlan plan = backend->plan(shape);
   check_backend_plan_fits(*backend, plan, shape);
   backend->reserve(shape);
@@ -258,8 +268,9 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_bench(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "n-prompt", "n-gen", "repetitions", "threads", "device", "segment", "segment-socket", "gpu-weights",
-                "holder-socket", "host-experts", "holder-experts", "depth", "ctx", "kv-cache"}, {},
-         {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}, {"-d", "depth"}});
+                "holder-socket", "host-experts", "holder-experts", "depth", "context", "kv-cache"}, {},
+         {{"-m", "model"}, {"-p", "n-prompt"}, {"-n", "n-gen"}, {"-r", "repetitions"}, {"-t", "threads"}, {"-d", "depth"},
+          {"--ctx", "context"}});
   const auto t_attach = Clock::now();
   auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
   const double attach_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_attach).count();
@@ -277,18 +288,19 @@ int cmd_bench(const std::vector<std::string>& argv) {
     rungs.push_back(std::stoi(v));
   }
   if (rungs.empty()) rungs.push_back(-1);
+  const GpuWeightsChoice gpu = gpu_weights_of(a);
   for (const int rung : rungs) {
-    auto backend = make_backend(a.str("device", "cpu"), *lm, threads, a, rung);
+    auto backend = make_backend(a.str("device", "cpu"), *lm, threads, gpu, rung);
     if (rung > 0 && !backend->memory_on_device())
       throw Error("--host-experts " + std::to_string(rung) + ": " + backend->name() +
                   " computes every expert on the host already; the expert rungs are a GPU worker's");
     EngineShape shape;
-    // --ctx C: the slot's context, as a worker at that rung holds it (the
+    // --context C: the slot's context, as a worker at that rung holds it (the
     // attention's plan follows the context, not the depth); default the runs' need.
     const int64_t need = depth + std::max<int64_t>(np, ng) + 1;
-    shape.ctx = a.integer("ctx", need, kMinContext, kMaxContext);
+    shape.ctx = a.integer("context", need, kMinContext, kMaxContext);
     if (shape.ctx < need)
-      throw Error("--ctx " + std::to_string(shape.ctx) + " is smaller than the runs need (" +
+      throw Error("--context " + std::to_string(shape.ctx) + " is smaller than the runs need (" +
                   std::to_string(need) + ": -d + the longer of -p and -n + 1)");
     shape.slots = 1;
     shape.max_batch = std::max<int64_t>(1, std::min<int64_t>(std::max(np, depth), 512));
@@ -367,68 +379,62 @@ int cmd_bench(const std::vector<std::string>& argv) {
   return 0;
 }
 
-int cmd_engine(const std::vector<std::string>& argv) {
-  Args a(argv, {"id", "port", "context", "slots", "threads", "model", "command", "control", "start-timeout",
-                "segment", "segment-socket", "socket", "device", "gpu-weights", "holder-socket", "batch"}, {});
+namespace {
+
+/// workers.engine: exec: the external server as the worker (exec_engine.h).
+int run_engine(const WorkerLaunch& l) {
+  if (l.port == 0) throw Error("engine: --port is required (where the server answers HTTP)");
+  if (l.exec_command.empty()) throw Error("missing option '--command'");
   ExecEngineOptions o;
-  o.id = int(a.integer("id", 0, 0, 1 << 20));
-  o.port = int(a.integer("port", 0, 1, 65535));
-  if (!a.has("port")) throw Error("engine: --port is required (where the server answers HTTP)");
-  o.context = a.integer("context", 4096, kMinContext, kMaxContext);
-  o.slots = a.integer("slots", 1, 1, 256);
-  o.start_timeout = std::chrono::milliseconds(a.integer("start-timeout", 300000, 100, 86400000));
-  const char* control_env = std::getenv("DS4_CONTROL");
-  o.control = a.str("control", control_env ? control_env : "");
+  o.id = int(l.id);
+  o.port = int(l.port);
+  o.context = l.context;
+  o.slots = l.slots;
+  o.start_timeout = std::chrono::milliseconds(l.start_timeout_ms);
+  o.control = l.control;
   ExecValues v;
   v.ctx = o.context;
   v.port = o.port;
   v.slots = o.slots;
-  v.threads = a.integer("threads", 0, 0, 1024);
-  v.model = a.str("model");
-  o.argv = expand_exec_command(a.required("command"), v);
+  v.threads = l.threads;
+  v.model = l.model;
+  o.argv = expand_exec_command(l.exec_command, v);
   return run_exec_engine(o);
 }
 
+}  // namespace
+
+int cmd_engine(const std::vector<std::string>& argv) { return run_engine(parse_worker_launch(argv)); }
+
 int cmd_serve(const std::vector<std::string>& argv) {
-  // ds4-worker@.service runs `serve`; with workers.engine: exec the
-  // supervisor's environment file names the engine, and the worker is one.
-  if (const char* cmd = std::getenv("DS4_EXEC_COMMAND"); cmd && *cmd) {
-    std::vector<std::string> e = argv;
-    for (const auto& [env, flag] : {std::pair{"DS4_PORT", "--port"}, std::pair{"DS4_MODEL", "--model"},
-                                    std::pair{"DS4_START_TIMEOUT_MS", "--start-timeout"}})
-      if (const char* v = std::getenv(env); v && *v) e.insert(e.end(), {flag, v});
-    e.insert(e.end(), {"--command", cmd});
-    return cmd_engine(e);
-  }
-  Args a(argv, {"segment", "model", "socket", "context", "slots", "threads", "device", "id", "batch", "control",
-                      "gpu-weights", "holder-socket", "segment-socket", "busy-poll-us", "host-experts", "holder-experts",
-                      "kv-cache"}, {});
+  // Its settings (shared/worker_launch.h) come on the command line from a
+  // person or the process backend, and in the environment file of
+  // ds4-worker@.service from the systemd backend.
+  const WorkerLaunch l = parse_worker_launch(argv);
+  // With workers.engine: exec the launch names the engine, and the worker is one.
+  if (!l.exec_command.empty()) return run_engine(l);
   ServeOptions o;
-  o.id = int(a.integer("id", 0, 0, 1 << 20));
-  o.socket_path = a.required("socket");
-  o.shape.ctx = a.integer("context", 4096, kMinContext, kMaxContext);
-  o.shape.slots = a.integer("slots", 1, 1, 256);
-  // workers.prefill_chunk: on the command line, or for ds4-worker@.service in its environment file.
-  int64_t batch = 256;
-  if (const char* v = std::getenv("DS4_PREFILL_CHUNK"); v && *v) batch = std::clamp<int64_t>(std::atoll(v), 1, 8192);
-  o.shape.max_batch = a.integer("batch", batch, 1, 8192);
-  o.shape.kv = kv_cache_arg(a, "DS4_KV_CACHE");
-  o.threads = int(a.integer("threads", 0, 0, 1024));
-  o.device = a.str("device", "auto");
-  // workers.busy_poll: on the command line, or for ds4-worker@.service in its environment file.
-  int64_t busy_poll_us = 0;
-  if (const char* v = std::getenv("DS4_BUSY_POLL_US"); v && *v) busy_poll_us = std::clamp<int64_t>(std::atoll(v), 0, 10000);
-  o.busy_poll = std::chrono::microseconds(a.integer("busy-poll-us", busy_poll_us, 0, 10000));
-  // The supervisor names its control block on the command line or, for
-  // ds4-worker@.service, in the unit's environment file.
-  const char* control_env = std::getenv("DS4_CONTROL");
-  o.control = a.str("control", control_env ? control_env : "");
+  o.id = int(l.id);
+  if (l.socket.empty()) throw Error("missing option '--socket'");
+  o.socket_path = l.socket;
+  o.shape.ctx = l.context;
+  o.shape.slots = l.slots;
+  o.shape.max_batch = l.prefill_chunk;
+  o.shape.kv = kv_cache_named(l.kv_cache);
+  o.threads = int(l.threads);
+  o.device = l.device;
+  o.busy_poll = std::chrono::microseconds(l.busy_poll_us);
+  o.control = l.control;
+  o.dies_with = int(l.dies_with);
+  if (l.segment.empty() && l.model.empty()) throw Error("missing option '--model'");
   const auto t0 = Clock::now();
-  auto lm = a.has("segment") ? attach_model(a.str("segment"), segment_socket(a)) : open_model(a.required("model"));
+  auto lm = !l.segment.empty()
+                ? attach_model(l.segment, l.segment_socket.empty() ? store::default_segment_socket() : l.segment_socket)
+                : open_model(l.model);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   log::info("attached model segment " + lm->segment.name() + " in " + std::to_string(ms) + " ms",
             {{"DS4_WORKER", std::to_string(o.id)}, {"DS4_SEGMENT", lm->segment.name()}});
-  auto backend = make_backend(o.device, *lm, o.threads, a);
+  auto backend = make_backend(o.device, *lm, o.threads, gpu_weights_of(l));
   serve(*lm, *backend, o);
   return 0;
 }
@@ -458,7 +464,9 @@ int cmd_hold(const std::vector<std::string>& argv) {
   const auto t0 = Clock::now();
   // The experts of the first N layers stay out of the image: the workers'
   // deepest expert rung (workers.moe_offload), whose experts are on the host.
-  const int host_experts = int(integer_or_env(a, "host-experts", "DS4_HOLDER_EXPERTS", 0, 0, 1 << 16));
+  // (--host-experts, else the holder's rung of a worker's environment.)
+  const int host_experts =
+      int(a.integer("host-experts", std::max<int64_t>(parse_worker_launch({}).holder_experts, 0), 0, 1 << 16));
   CudaHolder holder(lm->model, dev, socket, holder_model_key(lm->segment), lm->segment.name(), host_experts);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   std::thread waiter([&] {
@@ -484,6 +492,24 @@ int cmd_hold(const std::vector<std::string>& argv) {
 #else
   throw Error("this ds4-worker was built without the CUDA backend: nothing to hold");
 #endif
+}
+
+int cmd_capabilities(const std::vector<std::string>& argv) {
+  Args a(argv, {}, {});
+  nlohmann::json backends = {"cpu"};
+#ifdef DS4_HAVE_CUDA
+  backends.push_back("cuda");
+#endif
+  nlohmann::json types = nlohmann::json::array();
+  for (std::string_view list = supported_types(); !list.empty();) {
+    const size_t comma = list.find(", ");
+    types.push_back(std::string(list.substr(0, comma)));
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 2);
+  }
+  nlohmann::json kv = nlohmann::json::array();
+  for (const KvType t : {KvType::f16, KvType::q8_0}) kv.push_back(kv_type_name(t));
+  std::cout << nlohmann::json{{"backends", backends}, {"weight_types", types}, {"kv_cache", kv}}.dump() << std::endl;
+  return 0;
 }
 
 int cmd_load(const std::vector<std::string>& argv) {

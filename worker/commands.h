@@ -14,6 +14,10 @@ int cmd_serve(const std::vector<std::string>& args);
 int cmd_engine(const std::vector<std::string>& args);
 /// `hold`: keeps a model's weights on one GPU for the workers (CUDA builds).
 int cmd_hold(const std::vector<std::string>& args);
+/// `capabilities` (or `--capabilities`): one JSON line saying what this
+/// build runs: {"backends":["cpu","cuda"],"weight_types":[...],"kv_cache":[...]}.
+/// The supervisor asks it before it plans (supervisor/worker_capabilities.h).
+int cmd_capabilities(const std::vector<std::string>& args);
 int cmd_load(const std::vector<std::string>& args);
 int cmd_unload(const std::vector<std::string>& args);
 /// `tokenize`: prints a model's token ids for a text (worker/tokenize_command.cpp).

@@ -5,7 +5,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <systemd/sd-daemon.h>
@@ -16,10 +15,11 @@
 #include <memory>
 #include <optional>
 
-#include "shared/child_signals.h"
 #include "shared/control_block.h"
 #include "shared/error.h"
 #include "shared/log.h"
+#include "shared/spawn.h"
+#include "shared/worker_launch.h"
 
 namespace ds4 {
 
@@ -52,46 +52,27 @@ std::unique_ptr<control::Writer> open_record(const ExecEngineOptions& o) {
   }
 }
 
-pid_t spawn(const std::vector<std::string>& args, const sigset_t& old_mask) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
+pid_t start_server(const std::vector<std::string>& args, const sigset_t& old_mask) {
+  SpawnOptions o;
+  o.argv = args;
+  o.search_path = true;
   // What the supervisor told us is ours: the server must not answer systemd
   // for us (NOTIFY_SOCKET), claim our record (DS4_CONTROL) or, being a ds4
-  // worker itself, take itself for an exec engine.
-  std::vector<char*> envp;
-  for (char** e = environ; *e; ++e) {
-    const std::string_view v(*e);
-    bool ours = false;
-    for (std::string_view k : {"NOTIFY_SOCKET=", "DS4_CONTROL=", "DS4_EXEC_COMMAND=", "DS4_PORT=", "DS4_MODEL=", "DS4_START_TIMEOUT_MS=",
-                               "DS4_SEGMENT=", "DS4_SEGMENT_SOCKET=", "DS4_SOCKET=", "LISTEN_FDS=", "LISTEN_PID=", "WATCHDOG_USEC="})
-      ours = ours || v.starts_with(k);
-    if (!ours) envp.push_back(*e);
-  }
-  envp.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  ChildSignals signals;  // a signal before the exec must not run this process's handlers in the child
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error(std::string("cannot fork for the engine: ") + std::strerror(errno));
-  if (pid == 0) {
-    ChildSignals::reset_in_child();
-    // The server must not outlive this process (a SIGKILL from the supervisor
-    // for a hang reaches only us under the process backend).
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-    close_on_exec_in_child();
-    ::execvpe(argv[0], argv.data(), envp.data());
-    std::fprintf(stderr, "ds4-worker engine: cannot run %s: %s\n", argv[0], std::strerror(errno));
-    ::_exit(127);
-  }
-  return pid;
+  // worker itself, take itself for an exec engine (DS4_EXEC_COMMAND).
+  std::vector<std::string> drop = worker_launch_env_names();
+  drop.insert(drop.end(), {"NOTIFY_SOCKET", "LISTEN_*", "WATCHDOG_USEC"});
+  o.env = environment_without(drop);
+  // The server must not outlive this process (a SIGKILL from the supervisor
+  // for a hang reaches only us under the process backend).
+  o.parent_death_signal = SIGKILL;
+  o.signal_mask = old_mask;
+  return spawn(o);
 }
 
 /// The status for main(), or raises the server's fatal signal on ourselves.
-int end_like(int status, bool stopping, bool ready) {
-  if (WIFEXITED(status)) {
-    const int code = WEXITSTATUS(status);
+int end_like(const ExitStatus& status, bool stopping, bool ready) {
+  if (status.exited()) {
+    const int code = status.code;
     if (stopping) return code;
     // A server that fails before it ever answered most often could not get
     // the memory for its context (its plan is unknown to us): the supervisor
@@ -100,7 +81,7 @@ int end_like(int status, bool stopping, bool ready) {
     // A server that ends on its own with 0 did not do what it was started for.
     return code == 0 ? 1 : code;
   }
-  const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : SIGKILL;
+  const int sig = status.signalled() ? status.signal : SIGKILL;
   if (stopping && (sig == SIGTERM || sig == SIGINT)) return 0;
   ::signal(sig, SIG_DFL);
   sigset_t s;
@@ -153,7 +134,7 @@ class EngineProcess {
     if (record_) record_->set_plan(o.context, o.slots, 0, 0, 0);
     std::string shown;
     for (const auto& a : o.argv) shown += (shown.empty() ? "" : " ") + a;
-    child_ = spawn(o.argv, child_mask);
+    child_ = start_server(o.argv, child_mask);
     started_ = Clock::now();
     log::info("engine: started " + shown + " (pid " + std::to_string(child_) + ", port " + std::to_string(o.port) + ")",
               {{"DS4_WORKER", std::to_string(o.id)}, {"DS4_ENGINE_PID", std::to_string(child_)}});
@@ -161,16 +142,14 @@ class EngineProcess {
   }
 
   /// The server's wait status once it has ended.
-  std::optional<int> ended() {
-    int status = 0;
-    if (::waitpid(child_, &status, WNOHANG) != child_) return std::nullopt;
-    log::info("engine: the server (pid " + std::to_string(child_) + ") " +
-                  (WIFSIGNALED(status) ? std::string("was killed by signal ") + sigabbrev_np(WTERMSIG(status))
-                                       : "exited with status " + std::to_string(WEXITSTATUS(status))),
+  std::optional<ExitStatus> ended() {
+    const std::optional<ExitStatus> status = try_wait(child_);
+    if (!status) return std::nullopt;
+    log::info("engine: the server (pid " + std::to_string(child_) + ") " + status->describe(),
               {{"DS4_WORKER", std::to_string(o_.id)}});
     if (record_) record_->set_state(control::RecordState::stopping);
-    if (!stopping_ && !ready_ && WIFEXITED(status))
-      sd_notify(0, ("STATUS=error: the engine exited with status " + std::to_string(WEXITSTATUS(status)) +
+    if (!stopping_ && !ready_ && status->exited())
+      sd_notify(0, ("STATUS=error: the engine exited with status " + std::to_string(status->code) +
                     " before it answered on port " + std::to_string(o_.port) + " at context " +
                     std::to_string(o_.context))
                        .c_str());
@@ -218,8 +197,7 @@ class EngineProcess {
   /// Kills the server at once and waits for it.
   void kill_now() {
     ::kill(child_, SIGKILL);
-    int status = 0;
-    ::waitpid(child_, &status, 0);
+    wait_for(child_);
   }
 
   bool stopping() const { return stopping_; }
@@ -260,7 +238,7 @@ int run_exec_engine(const ExecEngineOptions& o) {
 
   EngineProcess engine(o, old_mask);
   for (;;) {
-    if (std::optional<int> status = engine.ended()) return end_like(*status, engine.stopping(), engine.ready());
+    if (std::optional<ExitStatus> status = engine.ended()) return end_like(*status, engine.stopping(), engine.ready());
     engine.kill_if_late();
     if (engine.check_due() && !engine.check_health()) {
       engine.kill_now();

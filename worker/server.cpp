@@ -385,10 +385,10 @@ void serve(const LoadedModel& lm, Backend& backend, const ServeOptions& opts) {
   // A process-backend worker under the supervisor's keeper outlives the
   // supervisor (the next one adopts it) and ends with the keeper.
   std::optional<asio::posix::stream_descriptor> keeper;
-  if (const char* k = std::getenv("DS4_WORKER_DIES_WITH"); k && std::atoi(k) > 0) {
-    const std::string gone = "as the supervisor's keeper (pid " + std::string(k) + ") is gone";
-    const int fd = int(::syscall(SYS_pidfd_open, std::atoi(k), 0));
-    if (fd < 0) throw Error("the supervisor's keeper (pid " + std::string(k) + ") is gone");
+  if (const int k = opts.dies_with; k > 0) {
+    const std::string gone = "as the supervisor's keeper (pid " + std::to_string(k) + ") is gone";
+    const int fd = int(::syscall(SYS_pidfd_open, k, 0));
+    if (fd < 0) throw Error("the supervisor's keeper (pid " + std::to_string(k) + ") is gone");
     keeper.emplace(io, fd);
     keeper->async_wait(asio::posix::stream_descriptor::wait_read, [&stop, gone](boost::system::error_code ec) {
       if (!ec) stop(gone);

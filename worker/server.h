@@ -29,6 +29,9 @@ struct ServeOptions {
   /// `id` gets the plan, state, heartbeat, counters and device memory. Empty =
   /// none (a worker run by hand).
   std::string control;
+  /// A pid whose end stops the worker (the supervisor's keeper, which a
+  /// process-backend worker outlives the supervisor for); 0 = none.
+  int dies_with = 0;
 };
 
 /// Runs until a stop signal. Throws ds4::Error when it cannot start (plan does

@@ -14,11 +14,12 @@
 static const char* kUsage =
     "usage: ds4-worker COMMAND [options]\n"
     "  run    --model FILE -p TEXT -n N [--temp T] [--seed S] [--top-k K] [--top-p P] [--min-p P]\n"
-    "         [--ctx N] [--threads T] [--device auto|cpu|cuda:N] [--json]   one-shot generation\n"
+    "         [--context N] [--threads T] [--device auto|cpu|cuda:N] [--json]   one-shot generation\n"
     "         [--router-gaps]  with --json on a mixture of experts: each position's smallest\n"
     "                          margin (nats) between a chosen expert and the best unchosen one\n"
-    "  bench  --model FILE [-p 128] [-n 128] [-r 3] [-d 0] [--ctx N] [--threads T] [--device auto|cpu|cuda:N]\n"
+    "  bench  --model FILE [-p 128] [-n 128] [-r 3] [-d 0] [--context N] [--threads T] [--device auto|cpu|cuda:N]\n"
     "                                                 prompt and generation speed, one JSON line\n"
+    "         (--ctx is another name for --context, in every command)\n"
     "  serve  (--segment SEGMENT | --model FILE) --socket PATH [--context N] [--slots N]\n"
     "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"
     "         [--busy-poll-us U]  poll U us once idle before sleeping (default 0, or $DS4_BUSY_POLL_US)\n"
@@ -41,6 +42,8 @@ static const char* kUsage =
     "         are computed by the CPU from shared memory (bench: a list N,M,... measures each rung;\n"
     "         default $DS4_HOST_EXPERTS); [--holder-experts M] the holder's image lacks the first M\n"
     "         layers' (default N, or $DS4_HOLDER_EXPERTS); hold --host-experts M holds that image\n"
+    "  capabilities (or --capabilities)  what this build runs, one JSON line: its backends\n"
+    "         (cpu, cuda), weight types and KV cache types\n"
     "  load   --model FILE [--force]                  load into shared memory, print the segment\n"
     "  unload (--model FILE | --segment NAME)         remove a model's segment\n"
     "  tokenize --model FILE (-p TEXT | --file F | --lines F) [--special] [--escape] [--no-bos]\n"
@@ -48,6 +51,7 @@ static const char* kUsage =
     "         JSON string a line, one line of ids each)\n";
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && !std::strcmp(argv[1], "--capabilities")) argv[1] = const_cast<char*>("capabilities");
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
     if (cmd == "serve") return ds4::cmd_serve(args);
     if (cmd == "engine") return ds4::cmd_engine(args);
     if (cmd == "hold") return ds4::cmd_hold(args);
+    if (cmd == "capabilities") return ds4::cmd_capabilities(args);
     if (cmd == "load") return ds4::cmd_load(args);
     if (cmd == "unload") return ds4::cmd_unload(args);
     if (cmd == "tokenize") return ds4::cmd_tokenize(args);

@@ -296,8 +296,8 @@ worker, mkmodel = os.path.join(BIN, "ds4-worker"), os.path.join(BIN, "ds4-mkmode
 p = run(worker, "run", "--model", STORIES, "-n", "2")
 check(p.returncode == 1 and "missing option '--prompt'" in p.stderr and p.stdout == "", "run without -p: refused")
 p2 = run(worker, "run", "--model", STORIES, "-p", "Once upon a time " * 10, "--ctx", "16", "-n", "2")
-check(p2.returncode == 1 and "a context of 16 (--ctx) holds at most 15" in p2.stderr and p2.stdout == "",
-      f"run: a prompt over --ctx is refused before it is echoed ({p2.stderr.strip()[:120]})")
+check(p2.returncode == 1 and "a context of 16 (--context) holds at most 15" in p2.stderr and p2.stdout == "",
+      f"run: a prompt over --context (given as --ctx) is refused before it is echoed ({p2.stderr.strip()[:120]})")
 p = run(mkmodel, "--bogus", "x")
 check(p.returncode == 1 and "unknown option '--bogus'" in p.stderr, "mkmodel: an unknown option is named")
 p = run(mkmodel, "--out", os.path.join(tmp, "m.gguf"), "--vocab-from", STORIES, "--preset", "stories-like", "--dim", "0")
