@@ -108,12 +108,7 @@ void matmul_rows_f32_avx2(const MatmulArgs& a, int64_t n0, int64_t n1, float* sc
 
 // This table's kernels, per type: looked up once per product.
 const TypeKernelTable& avx2_types() {
-  static const TypeKernelTable table = [] {
-    TypeKernelTable t;
-    register_quantized_x86(t);
-    for (GgmlType ty : kSimdF32Types) t.set_f32(ty, matmul_rows_f32_avx2);
-    return t;
-  }();
+  static const TypeKernelTable table = x86_type_table(matmul_rows_f32_avx2);
   return table;
 }
 

@@ -169,12 +169,7 @@ void matmul_rows_f32_avx512(const MatmulArgs& a, int64_t n0, int64_t n1, float* 
 
 // This table's kernels, per type: looked up once per product.
 const TypeKernelTable& avx512_types() {
-  static const TypeKernelTable table = [] {
-    TypeKernelTable t;
-    register_quantized_x86(t);
-    for (GgmlType ty : kSimdF32Types) t.set_f32(ty, matmul_rows_f32_avx512);
-    return t;
-  }();
+  static const TypeKernelTable table = x86_type_table(matmul_rows_f32_avx512);
   return table;
 }
 

@@ -15,7 +15,7 @@
 // - Q4_1, Q5_1 are d * q + m: their q read as Q8_0 blocks as above, each
 //   block's m beside them for the second float step.
 // - Other types use the generic row (matmul_rows_quantized_generic).
-// register_quantized_x86 (at the end) registers these per type.
+// x86_type_table (at the end) registers these per type.
 
 namespace ds4::cpu {
 namespace {
@@ -1620,10 +1620,14 @@ void matmul_rows_kquant_x86(const MatmulArgs& a, int64_t n0, int64_t n1, float*)
   for (; n < n1; ++n) tail(n, 0);
 }
 
-// The quantized products of a table (AVX2 or AVX-512, by the flags this
-// file is compiled under), registered against the types' rows; the types
-// not named keep the generic row's (matmul_rows_quantized_generic).
-void register_quantized_x86(TypeKernelTable& t) {
+// A table's kernels (AVX2 or AVX-512, by the flags this file is compiled
+// under), registered against the types' rows: `f32_rows` for the types
+// x86_common.h converts to f32 (kSimdF32Types), and the quantized products;
+// the types not named keep the generic row's (matmul_rows_quantized_generic).
+// Each table builds it once and looks a type up once per product.
+TypeKernelTable x86_type_table(MatmulRows f32_rows) {
+  TypeKernelTable t;
+  for (GgmlType ty : kSimdF32Types) t.set_f32(ty, f32_rows);
   for (GgmlType ty : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::IQ4_NL})
     t.set_quantized(ty, matmul_rows_q8x_as<false>);
   for (GgmlType ty : {GgmlType::Q4_1, GgmlType::Q5_1}) t.set_quantized(ty, matmul_rows_q8x_as<true>);
@@ -1642,6 +1646,7 @@ void register_quantized_x86(TypeKernelTable& t) {
 #endif
   t.set_quantized(GgmlType::IQ4_XS, matmul_rows_kquant_x86<GgmlType::IQ4_XS>);
   t.set_quantized(GgmlType::MXFP4, matmul_rows_mxfp4_x86);
+  return t;
 }
 
 }  // namespace
