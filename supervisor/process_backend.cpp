@@ -176,11 +176,13 @@ std::optional<uint64_t> ProcessBackend::oom_kills_in(const std::string& cgroup) 
 }
 
 void ProcessBackend::start(const LaunchSpec& spec) {
+  const int id = int(spec.launch.id);
   auto c = std::make_unique<Child>();
   c->spec = spec;
-  c->cgroup = prepare_cgroup(spec.id, spec.memory_max);
+  c->spec.launch.segment_socket = opts_.runtime_dir + "/segments.sock";
+  c->cgroup = prepare_cgroup(id, spec.memory_max);
   if (!c->cgroup.empty() && ::access((c->cgroup + "/cgroup.procs").c_str(), W_OK) != 0) {
-    log::warn("cannot move worker " + std::to_string(spec.id) + " into " + c->cgroup + ": " + std::strerror(errno) +
+    log::warn("cannot move worker " + std::to_string(id) + " into " + c->cgroup + ": " + std::strerror(errno) +
               "; it runs without its memory limit, ignoring");
     c->cgroup.clear();
   }
@@ -190,8 +192,8 @@ void ProcessBackend::start(const LaunchSpec& spec) {
   // Under a keeper the worker outlives us (a restarted supervisor adopts it)
   // and dies with the keeper instead (ds4-worker watches that pid).
   // (Exec engines die with us, as before: their servers are not adopted.)
-  const bool outlive = opts_.keeper_pid > 0 && spec.exec_command.empty();
-  WorkerLaunch launch = worker_launch(spec, opts_.runtime_dir + "/segments.sock");
+  const bool outlive = opts_.keeper_pid > 0 && spec.launch.exec_command.empty();
+  WorkerLaunch launch = c->spec.launch;
   if (outlive) launch.dies_with = opts_.keeper_pid;
   SpawnOptions o;
   o.argv = {opts_.worker_binary, launch.subcommand()};
@@ -217,27 +219,28 @@ void ProcessBackend::start(const LaunchSpec& spec) {
     pid = spawn(o);
   } catch (const Error& e) {
     const std::string msg = e.what();
-    asio::post(io_, [this, id = spec.id, msg] { if (cb_.exited) cb_.exited(id, ExitKind::crash, msg); });
+    asio::post(io_, [this, id, msg] { if (cb_.exited) cb_.exited(id, ExitKind::crash, msg); });
     return;
   }
   c->pid = pid;
-  log::info("started worker " + std::to_string(spec.id) + " (pid " + std::to_string(pid) + ", context " +
-                std::to_string(spec.context) + " x " + std::to_string(spec.slots) + " slots" +
-                (spec.kv_cache != "f16" ? ", a " + spec.kv_cache + " KV cache" : "") +
-                (spec.host_experts ? ", the experts of " + std::to_string(spec.host_experts) + " layers on the host" : "") +
+  log::info("started worker " + std::to_string(id) + " (pid " + std::to_string(pid) + ", context " +
+                std::to_string(launch.context) + " x " + std::to_string(launch.slots) + " slots" +
+                (launch.kv_cache != "f16" ? ", a " + launch.kv_cache + " KV cache" : "") +
+                (launch.host_experts
+                     ? ", the experts of " + std::to_string(launch.host_experts) + " layers on the host"
+                     : "") +
                 (c->cgroup.empty() ? "" : ", memory cgroup " + c->cgroup) + ")",
-            {{"DS4_WORKER", std::to_string(spec.id)}, {"DS4_PID", std::to_string(pid)}});
+            {{"DS4_WORKER", std::to_string(id)}, {"DS4_PID", std::to_string(pid)}});
   if (outlive) record_start(*c);
-  children_[spec.id] = std::move(c);
+  children_[id] = std::move(c);
 }
 
 void ProcessBackend::record_start(const Child& c) const {
   // Who it is (pid and start time: a reused pid is told apart), its cgroup,
   // then its launch as a unit's environment file holds it.
-  write_text(record_path(opts_.runtime_dir, c.spec.id),
+  write_text(record_path(opts_.runtime_dir, int(c.spec.launch.id)),
              "DS4_PID=" + std::to_string(c.pid) + "\nDS4_START_TIME=" + std::to_string(start_time_of(c.pid)) +
-                 "\nDS4_CGROUP=" + c.cgroup + "\n" +
-                 worker_launch(c.spec, opts_.runtime_dir + "/segments.sock").to_env_file());
+                 "\nDS4_CGROUP=" + c.cgroup + "\n" + c.spec.launch.to_env_file());
 }
 
 std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segment) {
@@ -278,24 +281,19 @@ std::vector<AdoptedWorker> ProcessBackend::find_running(const std::string& segme
     c->adopted = true;
     c->pid = pid;
     c->ready = true;
-    c->spec.id = id;
-    c->spec.segment = segment;
-    c->spec.context = uint32_t(launch.context);
-    c->spec.socket_path = launch.socket;
-    c->spec.port = int(launch.port);
-    c->spec.host_experts = uint32_t(launch.host_experts);
-    c->spec.kv_cache = launch.kv_cache;
+    c->spec.launch = launch;
+    c->spec.launch.id = id;  // the record's name gives it
     c->cgroup = value("DS4_CGROUP");
     c->cgroup_ooms_at_start = oom_kills_in(c->cgroup);
     c->vmstat_ooms_at_start = read_vmstat_oom_kills();
     AdoptedWorker a;
     a.id = id;
     a.pid = pid;
-    a.context = c->spec.context;
-    a.socket_path = c->spec.socket_path;
-    a.port = c->spec.port;
-    a.host_experts = c->spec.host_experts;
-    a.kv_cache = c->spec.kv_cache;
+    a.context = uint32_t(launch.context);
+    a.socket_path = launch.socket;
+    a.port = int(launch.port);
+    a.host_experts = uint32_t(launch.host_experts);
+    a.kv_cache = launch.kv_cache;
     children_[id] = std::move(c);
     watch_adopted(id);
     out.push_back(a);

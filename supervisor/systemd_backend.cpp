@@ -108,14 +108,15 @@ class SystemdBackend : public UnitBackend {
   std::string unit_name(int id) const override { return unit_of(id); }
 
   void start(const LaunchSpec& spec) override {
-    Unit& u = unit(spec.id);
+    const int id = int(spec.launch.id);
+    Unit& u = unit(id);
     try {
-      write_env(spec);
-      if (write_memory_dropin(spec.id, spec.memory_max)) reload_manager();
+      write_env(spec.launch);
+      if (write_memory_dropin(id, spec.memory_max)) reload_manager();
     } catch (const std::exception& e) {
-      return fail_later(spec.id, e.what());
+      return fail_later(id, e.what());
     }
-    const std::string name = unit_of(spec.id);
+    const std::string name = unit_of(id);
     {
       // A failed unit must be reset before it is started again, or systemd
       // counts the starts towards start-limit-hit.
@@ -140,16 +141,16 @@ class SystemdBackend : public UnitBackend {
     if (r < 0) {
       u.running = false;
       kick();
-      return fail_later(spec.id, "cannot start " + name + ": " + err.what(r));
+      return fail_later(id, "cannot start " + name + ": " + err.what(r));
     }
     const char* job = nullptr;
     if (sd_bus_message_read(reply.m, "o", &job) >= 0 && job) u.start_job = job;
-    log::info("starting " + name + " (context " + std::to_string(spec.context) + " x " +
-                  std::to_string(spec.slots) + " slots" +
-                  (spec.kv_cache != "f16" ? ", a " + spec.kv_cache + " KV cache" : "") +
-                  (spec.host_experts ? ", the experts of " + std::to_string(spec.host_experts) + " layers on the host" : "") +
+    const WorkerLaunch& l = spec.launch;
+    log::info("starting " + name + " (context " + std::to_string(l.context) + " x " + std::to_string(l.slots) +
+                  " slots" + (l.kv_cache != "f16" ? ", a " + l.kv_cache + " KV cache" : "") +
+                  (l.host_experts ? ", the experts of " + std::to_string(l.host_experts) + " layers on the host" : "") +
                   (spec.memory_max ? ", MemoryMax=" + std::to_string(spec.memory_max) : "") + ")",
-              {{"DS4_WORKER", std::to_string(spec.id)}, {"DS4_UNIT", name}});
+              {{"DS4_WORKER", std::to_string(id)}, {"DS4_UNIT", name}});
     kick();
   }
 
@@ -271,13 +272,13 @@ class SystemdBackend : public UnitBackend {
     return std::string(x ? x : "") + "/systemd/user";
   }
 
-  void write_env(const LaunchSpec& s) {
+  void write_env(WorkerLaunch launch) {
     // ds4-worker@.service reads it (EnvironmentFile=), and its ExecStart=
     // names a few of the variables; the worker reads the rest from its
     // environment (shared/worker_launch.h).
-    const WorkerLaunch launch = worker_launch(s, opts_.runtime_dir + "/segments.sock");
-    write_if_changed(opts_.runtime_dir + "/worker-" + std::to_string(s.id) + ".env",
-                     "# Written by ds4-supervisor for ds4-worker@" + std::to_string(s.id) +
+    launch.segment_socket = opts_.runtime_dir + "/segments.sock";
+    write_if_changed(opts_.runtime_dir + "/worker-" + std::to_string(launch.id) + ".env",
+                     "# Written by ds4-supervisor for ds4-worker@" + std::to_string(launch.id) +
                          ".service; rewritten at every start.\n" + launch.to_env_file());
   }
 

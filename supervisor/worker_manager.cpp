@@ -216,27 +216,28 @@ void WorkerManager::apply(int id, Step step) {
 void WorkerManager::launch(int id, uint32_t context, uint32_t host_experts, const std::string& kv_cache) {
   Slot& sl = slot(id);
   LaunchSpec spec;
-  spec.id = id;
-  spec.segment = s_.segment;
-  spec.socket_path = socket_path(id);
-  spec.context = context;
-  spec.host_experts = host_experts;
-  spec.kv_cache = kv_cache;
-  spec.holder_experts = s_.holder_experts;
-  spec.slots = s_.slots;
-  spec.device = s_.device;
-  spec.gpu_weights = s_.gpu_weights;
-  spec.threads = s_.threads;
-  spec.prefill_chunk = s_.prefill_chunk;
-  spec.busy_poll = s_.busy_poll;
   spec.memory_max = s_.memory_max;
-  spec.control = s_.control;
-  if (!s_.exec_command.empty()) {
-    spec.exec_command = s_.exec_command;
-    spec.model_path = s_.model_path;
-    spec.start_timeout = s_.policy.start_timeout;
+  WorkerLaunch& l = spec.launch;  // segment_socket: the backend's
+  l.id = id;
+  l.segment = s_.segment;
+  l.socket = socket_path(id);
+  l.context = context;
+  l.host_experts = host_experts;
+  l.kv_cache = kv_cache;
+  l.holder_experts = s_.holder_experts;
+  l.slots = s_.slots;
+  l.device = s_.device;
+  l.gpu_weights = s_.gpu_weights;
+  l.threads = s_.threads;
+  l.prefill_chunk = s_.prefill_chunk;
+  l.busy_poll_us = s_.busy_poll.count();
+  l.control = s_.control;
+  if (!s_.exec_command.empty()) {  // workers.engine: exec (worker/exec_engine.h)
+    l.exec_command = s_.exec_command;
+    l.model = s_.model_path;
+    l.start_timeout_ms = exec_start_timeout_ms(s_.policy.start_timeout);
     try {
-      spec.port = sl.port = free_tcp_port();
+      l.port = sl.port = free_tcp_port();
     } catch (const Error& e) {
       // A start that failed, as if the engine had exited at once: the
       // policy restarts it, then backs off; the supervisor goes on.

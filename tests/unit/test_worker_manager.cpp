@@ -25,7 +25,7 @@ class FakeBackend : public UnitBackend {
  public:
   std::string name() const override { return "fake"; }
   void set_callbacks(BackendCallbacks cb) override { cb_ = cb; }
-  void start(const LaunchSpec& s) override { starts.push_back(s); }
+  void start(const LaunchSpec& s) override { starts.push_back(s.launch); }
   void stop(int id) override { stops.push_back(id); }
   void kill(int id) override { kills.push_back(id); }
   std::string unit_name(int id) const override { return "fake@" + std::to_string(id); }
@@ -33,7 +33,7 @@ class FakeBackend : public UnitBackend {
   void ready(int id, int pid) { cb_.ready(id, pid); }
   void exited(int id, ExitKind k, const std::string& m = "") { cb_.exited(id, k, m); }
 
-  std::vector<LaunchSpec> starts;
+  std::vector<WorkerLaunch> starts;  // the launch of each start
   std::vector<int> stops;
   std::vector<int> kills;
   std::vector<AdoptedWorker> running;
@@ -95,7 +95,7 @@ TEST_CASE("manager: start, OOM one rung down, status and registry") {
   m.start();
   REQUIRE(be.starts.size() == 1);
   CHECK(be.starts[0].context == 2048);
-  CHECK(be.starts[0].socket_path == "/run/test/worker-0.sock");
+  CHECK(be.starts[0].socket == "/run/test/worker-0.sock");
   CHECK(be.starts[0].segment == "seg");
   CHECK(m.workers()[0].state == WorkerState::starting);
 
@@ -336,7 +336,8 @@ TEST_CASE("manager: exec engines start at the largest rung with a port, are reac
   REQUIRE(be.starts.size() == 1);
   CHECK(be.starts[0].context == 2048);
   CHECK(be.starts[0].exec_command == "srv --port {port} -c {ctx}");
-  CHECK(be.starts[0].model_path == "/m/x.gguf");
+  CHECK(be.starts[0].model == "/m/x.gguf");
+  CHECK(be.starts[0].start_timeout_ms == exec_start_timeout_ms(s.policy.start_timeout));
   const int port = be.starts[0].port;
   CHECK(port > 0);
   be.ready(0, 42);
