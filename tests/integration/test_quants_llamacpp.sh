@@ -52,6 +52,11 @@ for t in Q4_K_M Q5_K_M Q3_K_M Q2_K; do
 done
 # The output and token embeddings in other types than the rest.
 add emb_types "$tmp/f16.gguf" --output-tensor-type q8_0 --token-embedding-type q5_k Q4_K_M
+# MXFP4 (DeepSeek V4's expert type): llama-quantize writes it only for the
+# experts of a mixture of experts (MXFP4_MOE), so a small qwen3moe.
+"$bin/ds4-mkmodel" --out "$tmp/moe.gguf" --vocab-from "$models/stories260K.gguf" --arch qwen3moe --dim 256 \
+  --layers 2 --ff 512 --heads 4 --kv-heads 2 --experts 8 --experts-used 2 --expert-ff 256 --type f16 --seed 7 2>/dev/null
+add moe_mxfp4 "$tmp/moe.gguf" MXFP4_MOE
 
 out=$(DS4_QUANT_PAIRS=$pairs "$bin/ds4_unit_tests" -tc='quants: dequantize_row equals*' -s 2>&1) || {
   echo "$out" >&2
@@ -59,7 +64,7 @@ out=$(DS4_QUANT_PAIRS=$pairs "$bin/ds4_unit_tests" -tc='quants: dequantize_row e
 }
 summary=$(grep -o 'tensors equal to llama.cpp.s, by type: .*' <<<"$out") || { echo "$out" >&2; fail "no summary"; }
 echo "ok: $summary"
-for t in Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS; do
+for t in Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4; do
   grep -q " $t:" <<<" ${summary#*: }" || fail "no $t tensor was checked"
 done
 echo "ok: every type dequantizes as llama.cpp's does"
