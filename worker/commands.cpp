@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +29,7 @@
 #include "worker/engine.h"
 #include "worker/exec_engine.h"
 #include "worker/host_compute.h"
+#include "worker/perplexity.h"
 #include "shared/exec_command.h"
 #include "worker/room_check.h"
 #include "worker/runtime.h"
@@ -263,6 +266,49 @@ int cmd_run(const std::vector<std::string>& argv) {
                  (long long)t.predicted_n, t.predicted_ms,
                  t.predicted_ms > 0 ? 1000.0 * t.predicted_n / t.predicted_ms : 0.0);
   }
+  return 0;
+}
+
+int cmd_perplexity(const std::vector<std::string>& argv) {
+  Args a(argv, {"model", "file", "context", "chunks", "threads", "device", "gpu-weights", "holder-socket", "host-experts",
+                "holder-experts", "kv-cache", "save-logits", "kl-divergence"},
+         {}, {{"-m", "model"}, {"-f", "file"}, {"-c", "context"}, {"-t", "threads"}, {"--ctx", "context"}});
+  auto lm = open_model(a.required("model"));
+  const HParams& hp = lm->model.hp();
+  const Tokenizer& tok = lm->tokenizer;
+  PerplexityOptions o;
+  o.n_ctx = a.integer("context", 512, kMinContext, kMaxContext);
+  o.n_chunks = a.integer("chunks", -1, -1, 1 << 24);
+  o.save_logits = a.str("save-logits");
+  o.kl_divergence = a.str("kl-divergence");
+  o.add_bos = tok.add_bos();
+  o.bos = tok.bos();
+  o.n_vocab = hp.n_vocab;
+  std::vector<int32_t> tokens;
+  if (a.has("file")) {
+    std::ifstream in(a.str("file"), std::ios::binary);
+    if (!in) throw Error("--file: cannot read '" + a.str("file") + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    // As llama-perplexity: the whole text, BOS first when the vocabulary adds it.
+    tokens = tok.encode(ss.str(), tok.add_bos());
+  } else if (o.kl_divergence.empty()) {
+    throw Error("--file: the text to measure is missing (with --kl-divergence the base's file holds it)");
+  }
+  EngineShape shape;
+  shape.ctx = o.n_ctx;
+  shape.slots = 1;
+  shape.max_batch = std::min<int64_t>(o.n_ctx, 512);
+  shape.kv = kv_cache_arg(a);
+  o.max_batch = shape.max_batch;
+  o.logit_rows = shape.slots + 1;
+  auto backend = make_backend(a.str("device", "auto"), *lm, int(a.integer("threads", 0, 0, 1024)), gpu_weights_of(a));
+  check_backend_plan_fits(*backend, backend->plan(shape), shape);
+  backend->reserve(shape);
+  const auto t0 = Clock::now();
+  run_perplexity(*backend, std::move(tokens), o, stdout);
+  std::fprintf(stderr, "perplexity: %s, context %lld, %.2f s\n", backend->name().c_str(), (long long)o.n_ctx,
+               std::chrono::duration<double>(Clock::now() - t0).count());
   return 0;
 }
 

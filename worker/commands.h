@@ -9,6 +9,9 @@ namespace ds4 {
 
 int cmd_run(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
+/// `perplexity`: a text's perplexity, --save-logits and --kl-divergence
+/// against a base, as llama-perplexity (worker/perplexity.h).
+int cmd_perplexity(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 /// `engine`: runs an external OpenAI-compatible server as the worker (exec_engine.h).
 int cmd_engine(const std::vector<std::string>& args);

@@ -19,6 +19,11 @@ static const char* kUsage =
     "                          margin (nats) between a chosen expert and the best unchosen one\n"
     "  bench  --model FILE [-p 128] [-n 128] [-r 3] [-d 0] [--context N] [--threads T] [--device auto|cpu|cuda:N]\n"
     "                                                 prompt and generation speed, one JSON line\n"
+    "  perplexity --model FILE -f TEXT [--context N (512)] [--chunks N] [--threads T] [--device D] [--kv-cache K]\n"
+    "         the text's perplexity in chunks of N tokens, the second half of each scored, as llama-perplexity\n"
+    "         [--save-logits OUT]  also save each scored position's log-probs (n_vocab x 2 bytes each)\n"
+    "         [--kl-divergence BASE]  KL divergence, same top and PPL against BASE (a --save-logits file\n"
+    "                                 of the same text, context and vocabulary; -f may be left out)\n"
     "         (--ctx is another name for --context, in every command)\n"
     "  serve  (--segment SEGMENT | --model FILE) --socket PATH [--context N] [--slots N]\n"
     "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"
@@ -63,6 +68,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "run") return ds4::cmd_run(args);
     if (cmd == "bench") return ds4::cmd_bench(args);
+    if (cmd == "perplexity") return ds4::cmd_perplexity(args);
     if (cmd == "serve") return ds4::cmd_serve(args);
     if (cmd == "engine") return ds4::cmd_engine(args);
     if (cmd == "hold") return ds4::cmd_hold(args);
