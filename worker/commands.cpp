@@ -272,7 +272,7 @@ int cmd_run(const std::vector<std::string>& argv) {
 int cmd_perplexity(const std::vector<std::string>& argv) {
   Args a(argv, {"model", "file", "context", "chunks", "threads", "device", "gpu-weights", "holder-socket", "host-experts",
                 "holder-experts", "kv-cache", "save-logits", "kl-divergence"},
-         {}, {{"-m", "model"}, {"-f", "file"}, {"-c", "context"}, {"-t", "threads"}, {"--ctx", "context"}});
+         {"json"}, {{"-m", "model"}, {"-f", "file"}, {"-c", "context"}, {"-t", "threads"}, {"--ctx", "context"}});
   auto lm = open_model(a.required("model"));
   const HParams& hp = lm->model.hp();
   const Tokenizer& tok = lm->tokenizer;
@@ -306,7 +306,9 @@ int cmd_perplexity(const std::vector<std::string>& argv) {
   check_backend_plan_fits(*backend, backend->plan(shape), shape);
   backend->reserve(shape);
   const auto t0 = Clock::now();
-  run_perplexity(*backend, std::move(tokens), o, stdout);
+  // --json: the chunks' lines on stderr as progress, one JSON line on stdout.
+  const bool json = a.has("json");
+  run_perplexity(*backend, std::move(tokens), o, json ? stderr : stdout, json ? stdout : nullptr);
   std::fprintf(stderr, "perplexity: %s, context %lld, %.2f s\n", backend->name().c_str(), (long long)o.n_ctx,
                std::chrono::duration<double>(Clock::now() - t0).count());
   return 0;

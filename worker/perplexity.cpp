@@ -6,6 +6,8 @@
 #include <fstream>
 #include <limits>
 
+#include <nlohmann/json.hpp>
+
 #include "shared/error.h"
 #include "worker/backend.h"
 
@@ -197,10 +199,13 @@ std::string format(const char* fmt, auto... args) {
   return buf;
 }
 
-}  // namespace
+struct KlFigures {
+  double ppl, ppl_err, base, base_err, cor, ln_ratio, ln_ratio_err, diff_err;
+  MeanError kld;
+  double top, top_err;
+};
 
-std::string kl_summary(KlStats s) {
-  std::sort(s.kld.begin(), s.kld.end());
+KlFigures kl_figures(const KlStats& s) {
   const PplFigures f = ppl_figures(s);
   const double ppl = std::exp(f.ln_ppl.mean), ppl_err = ppl * f.ln_ppl.error;
   const double base = std::exp(f.ln_base.mean), base_err = base * f.ln_base.error;
@@ -213,6 +218,14 @@ std::string kl_summary(KlStats s) {
   const MeanError kld = mean_and_error(s.sum_kld, s.sum_kld2, s.count);
   const double top = s.count ? double(s.same_top) / double(s.count) : 0;
   const double top_err = s.count > 1 ? std::sqrt(top * (1 - top) / double(s.count - 1)) : 0;
+  return {ppl, ppl_err, base, base_err, cor, ln_ratio, ln_ratio_err, diff_err, kld, top, top_err};
+}
+
+}  // namespace
+
+std::string kl_summary(KlStats s) {
+  std::sort(s.kld.begin(), s.kld.end());
+  const auto [ppl, ppl_err, base, base_err, cor, ln_ratio, ln_ratio_err, diff_err, kld, top, top_err] = kl_figures(s);
   std::string o = "====== Perplexity statistics ======\n";
   o += format("Mean PPL(Q)                   : %10.6f ± %10.6f\n", ppl, ppl_err);
   o += format("Mean PPL(base)                : %10.6f ± %10.6f\n", base, base_err);
@@ -231,7 +244,32 @@ std::string kl_summary(KlStats s) {
   return o;
 }
 
-double run_perplexity(Backend& backend, std::vector<int32_t> tokens, const PerplexityOptions& o, std::FILE* out) {
+namespace {
+
+nlohmann::json kl_json(KlStats s) {
+  std::sort(s.kld.begin(), s.kld.end());
+  const KlFigures f = kl_figures(s);
+  return {{"positions", s.count},
+          {"ppl", f.ppl},
+          {"ppl_error", f.ppl_err},
+          {"ppl_base", f.base},
+          {"ppl_base_error", f.base_err},
+          {"ln_ppl_ratio", f.ln_ratio},
+          {"ln_ppl_ratio_error", f.ln_ratio_err},
+          {"kld_mean", f.kld.mean},
+          {"kld_error", f.kld.error},
+          {"kld_median", median(s.kld)},
+          {"kld_p99", percentile(s.kld, 0.99)},
+          {"kld_p999", percentile(s.kld, 0.999)},
+          {"kld_max", s.kld.empty() ? 0.0 : double(s.kld.back())},
+          {"same_top", f.top},
+          {"same_top_error", f.top_err}};
+}
+
+}  // namespace
+
+double run_perplexity(Backend& backend, std::vector<int32_t> tokens, const PerplexityOptions& o, std::FILE* out,
+                      std::FILE* json) {
   const int64_t n_ctx = o.n_ctx, n_vocab = o.n_vocab, first = n_ctx / 2;
   if (!o.save_logits.empty() && !o.kl_divergence.empty())
     throw Error("give one of --save-logits and --kl-divergence (the base's log-probs are saved from one run, "
@@ -348,13 +386,23 @@ double run_perplexity(Backend& backend, std::vector<int32_t> tokens, const Perpl
   if (save.is_open() && !save.flush()) throw Error("--save-logits: writing '" + o.save_logits + "' failed");
   if (kld_mode) {
     std::fprintf(out, "\n%s", kl_summary(kl).c_str());
+    if (json) {
+      nlohmann::json j = kl_json(kl);
+      j["n_ctx"] = n_ctx;
+      j["chunks"] = n_chunks;
+      std::fprintf(json, "%s\n", j.dump().c_str());
+    }
     return std::exp(kl.sum_nll / double(kl.count));
   }
   const double mean = nll / double(count);
   const double ppl = std::exp(mean);
   const double var = nll2 / double(count) - mean * mean;
-  std::fprintf(out, "\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl,
-               var > 0 && count > 1 ? ppl * std::sqrt(var / double(count - 1)) : 0.0);
+  const double err = var > 0 && count > 1 ? ppl * std::sqrt(var / double(count - 1)) : 0.0;
+  std::fprintf(out, "\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl, err);
+  if (json)
+    std::fprintf(json, "%s\n",
+                 nlohmann::json{{"n_ctx", n_ctx}, {"chunks", n_chunks}, {"positions", count}, {"ppl", ppl},
+                                {"ppl_error", err}}.dump().c_str());
   return ppl;
 }
 

@@ -117,7 +117,11 @@ struct PerplexityOptions {
 /// one slot) and prints the running perplexity of each chunk and the final
 /// estimate to `out`, as llama-perplexity does; with kl_divergence the
 /// tokens come from that file when `tokens` is empty, else must equal its.
-/// Returns the final perplexity.
-double run_perplexity(Backend& backend, std::vector<int32_t> tokens, const PerplexityOptions& o, std::FILE* out);
+/// With `json`, the figures also as one JSON line there at the end ({n_ctx,
+/// chunks, positions, ppl, ppl_error}; with kl_divergence also ppl_base,
+/// ln_ppl_ratio, kld_mean, kld_error, kld_median, kld_p99, kld_p999,
+/// kld_max, same_top and their errors). Returns the final perplexity.
+double run_perplexity(Backend& backend, std::vector<int32_t> tokens, const PerplexityOptions& o, std::FILE* out,
+                      std::FILE* json = nullptr);
 
 }  // namespace ds4

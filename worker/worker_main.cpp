@@ -24,6 +24,7 @@ static const char* kUsage =
     "         [--save-logits OUT]  also save each scored position's log-probs (n_vocab x 2 bytes each)\n"
     "         [--kl-divergence BASE]  KL divergence, same top and PPL against BASE (a --save-logits file\n"
     "                                 of the same text, context and vocabulary; -f may be left out)\n"
+    "         [--json]  the figures as one JSON line on stdout, the chunks' lines on stderr\n"
     "         (--ctx is another name for --context, in every command)\n"
     "  serve  (--segment SEGMENT | --model FILE) --socket PATH [--context N] [--slots N]\n"
     "         [--threads T] [--device auto|cpu|cuda:N] [--id N] the worker daemon\n"

@@ -103,7 +103,30 @@ check "0 < $kld < 0.01" "Q8_0 against F32: KLD $kld"
 check "$top > 90" "Q8_0 against F32: same top $top%"
 check "$kld <= 1.1 * $peer_kld" "Q8_0 against F32: ds4's KLD $kld above 1.1x llama-perplexity's $peer_kld"
 
-# A base of another context or text, or no base at all, is refused.
+# --json: the same figures as one JSON line on stdout.
+json=$("$bin/ds4-worker" perplexity --device cpu -t 2 -m "$tmp/q8.gguf" --context $ctx --kl-divergence "$tmp/base.bin" --json 2>/dev/null)
+python3 -c "import json, sys; j = json.loads(sys.argv[1]); sys.exit(0 if abs(j['kld_mean'] - float(sys.argv[2])) < 1e-6 and j['chunks'] == $chunks and j['positions'] == $chunks * $per else 1)" \
+  "$json" "$kld" || fail "--json: $json (mean KLD $kld)"
+json=$("$bin/ds4-worker" perplexity --device cpu -t 2 -m "$stories" --context $ctx -f "$tmp/text.txt" --chunks 2 --json 2>/dev/null)
+python3 -c "import json, sys; j = json.loads(sys.argv[1]); sys.exit(0 if j['ppl'] > 1 and j['ppl_error'] > 0 and j['chunks'] == 2 else 1)" \
+  "$json" || fail "--json: $json"
+
+# Options that cannot go together, a text too short, a base of another
+# context or text, or no base at all, are refused.
+refused() {  # refused WHAT ARGS...: ds4-worker perplexity ARGS fails saying WHAT
+  local what=$1
+  shift
+  if "$bin/ds4-worker" perplexity --device cpu -m "$tmp/f32.gguf" "$@" >/dev/null 2>"$tmp/err"; then
+    fail "perplexity $* was taken"
+  fi
+  grep -q -- "$what" "$tmp/err" || fail "perplexity $*: $(cat "$tmp/err") (expected '$what')"
+}
+refused "text to measure is missing" --context $ctx
+refused "give one of --save-logits and --kl-divergence" --context $ctx -f "$tmp/text.txt" \
+  --save-logits "$tmp/x.bin" --kl-divergence "$tmp/base.bin"
+head -c 300 "$tmp/text.txt" >"$tmp/short.txt"
+refused "needs at least 256" --context $ctx -f "$tmp/short.txt"
+refused "holds $chunks chunks" --context $ctx --kl-divergence "$tmp/base.bin" --chunks 9
 if "$bin/ds4-worker" perplexity --device cpu -m "$tmp/f32.gguf" --context 64 --kl-divergence "$tmp/base.bin" \
   >/dev/null 2>"$tmp/err"; then fail "a base of context $ctx was taken with --context 64"; fi
 grep -q "context of $ctx" "$tmp/err" || fail "context mismatch: $(cat "$tmp/err")"
