@@ -14,21 +14,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/systemd_env.sh"
 . "$here/lib/supervisor_env.sh"
 
-model=${DS4_MODELS:-${DS4_SRC:-}/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
-command -v cmake >/dev/null || { echo "SKIP: no cmake"; exit 77; }
-: "${DS4_BIN:?DS4_BIN must name the bin folder of a build}"
-build=$(cd "$DS4_BIN/.." && pwd)
-[[ -f $build/cmake_install.cmake ]] || { echo "SKIP: $build is not a CMake build folder"; exit 77; }
-ds4_systemd_start || exit $?
-SUP_PRIVATE_RUNTIME=0 sup_init || { ds4_systemd_stop; exit 77; }
-cleanup() {
-  timeout 30 systemctl --user disable --now ds4-supervisor.service ds4-supervisor.socket >/dev/null 2>&1
-  sup_cleanup
-  ds4_systemd_stop
-}
-trap cleanup EXIT
+sup_install_begin
 
 if cmake --install "$build" --prefix "$HOME/.local" >"$SUP_DIR/install.log" 2>&1; then
   pass "cmake --install $build --prefix ~/.local"
@@ -61,13 +47,7 @@ fi
 [[ $(systemctl --user is-enabled ds4-supervisor) == enabled ]] && pass "enabled (at every start of the manager)" \
   || fail "is-enabled: $(systemctl --user is-enabled ds4-supervisor)"
 url=http://127.0.0.1:$port
-code=
-for _ in $(seq 300); do
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url/health")
-  [[ $code == 200 ]] && break
-  sleep 0.1
-done
-[[ $code == 200 ]] && pass "GET /health: 200 on the socket unit's port $port" || fail "GET /health: $code"
+sup_wait_health "$url" && pass "GET /health: 200 on the socket unit's port $port" || fail "GET /health: $code"
 [[ $(curl -s -o /dev/null -w '%{http_code}' "$url/status") == 200 ]] && pass "GET /status: the page" || fail "GET /status"
 [[ $(sup_complete "$url" stories260K | tail -1) == 200 ]] && pass "a completion" || fail "a completion"
 DS4_BIN=$HOME/.local/bin

@@ -43,10 +43,9 @@ git -C "$DS4_SRC" rev-parse HEAD >/dev/null 2>&1 || { echo "SKIP: $DS4_SRC is no
 T=$(mktemp -d /tmp/ds4-readme-test.XXXXXX)
 readme=$DS4_SRC/README.md
 port_free() { python3 -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port=8080
 if ! port_free 8080; then
-  port=$(free_port)
+  port=$(sup_free_port)
   echo "note: 127.0.0.1:8080 is taken here; the README's 8080 becomes $port"
 fi
 
@@ -155,12 +154,7 @@ else
   exit 1
 fi
 grep -q "stories260K.gguf" "$T/run.log" && pass "it serves ../shared/models/stories260K.gguf" || fail "not the stories model"
-code=
-for _ in $(seq 300); do
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url/health")
-  [[ $code == 200 ]] && break
-  sleep 0.1
-done
+sup_wait_health "$url"
 [[ $code == 200 ]] || fail "GET /health: $code"
 cmd=$(readme_cmd "Quick start" '^curl .*/v1/chat/completions') || cmd=false
 reply=$(cd "$T/ds4" && bash -c "$cmd" 2>&1)
@@ -201,19 +195,15 @@ done
 [[ $code == 200 ]] && pass "README: $cmd: 200" || fail "README: $cmd: $code"
 
 # A change of proxy.listen, applied as the README says.
-new_port=$(free_port)
+new_port=$(sup_free_port)
 sed -i "s|^  listen: 127.0.0.1:$port |  listen: 127.0.0.1:$new_port |" "$HOME/.config/ds4/ds4.yaml"
 grep -q "listen: 127.0.0.1:$new_port " "$HOME/.config/ds4/ds4.yaml" || fail "could not change proxy.listen"
 run_readme Operations '^systemctl --user daemon-reload$'
 run_readme Operations '^systemctl --user stop ds4-supervisor\.socket$'
 run_readme Operations '^systemctl --user restart ds4-supervisor$'
-for _ in $(seq 300); do
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$new_port/health")
-  [[ $code == 200 ]] && break
-  sleep 0.1
-done
+sup_wait_health "http://127.0.0.1:$new_port"
 [[ $code == 200 ]] && pass "proxy.listen changed to $new_port: it serves there" || fail "GET /health on $new_port: $code"
-code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port/health")
+code=$(sup_health "http://127.0.0.1:$port")
 [[ $code == 000 ]] && pass "and no longer on $port" || fail "the old port $port answers: $code"
 
 # The stop the README names.
@@ -226,18 +216,14 @@ else
   fail "README: $stop failed"
 fi
 # "The port stays open, and the next connection to it starts the supervisor again".
-for _ in $(seq 300); do
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 60 "http://127.0.0.1:$new_port/health")
-  [[ $code == 200 ]] && break
-  sleep 0.1
-done
+sup_wait_health "http://127.0.0.1:$new_port" 300 60
 state=$(systemctl --user is-active ds4-supervisor)
 [[ $code == 200 && $state == active ]] && pass "a connection after the stop starts it again: /health $code, $state" \
   || fail "a connection after the stop: /health $code, the service $state"
 stop='systemctl --user stop ds4-supervisor.socket ds4-supervisor'
 grep -qF "\`$stop\`" <(tr '\n' ' ' <"$readme") || fail "README.md no longer names \`$stop\`"
 if timeout 90 bash -c "$stop"; then
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$new_port/health")
+  code=$(sup_health "http://127.0.0.1:$new_port")
   state="$(systemctl --user is-active ds4-supervisor.socket) $(systemctl --user is-active ds4-supervisor)"
   [[ $code == 000 && $state == "inactive inactive" ]] && pass "README: $stop: both $state, the port closed" \
     || fail "after $stop: $state, /health $code"

@@ -9,9 +9,7 @@
 # Exit 0 = pass, 1 = fail, 77 = skip (reason printed).
 set -u
 : "${DS4_SRC:?}" "${DS4_BIN:?}"
-fails=0
-pass() { echo "ok   - $*"; }
-fail() { echo "FAIL - $*"; fails=$((fails + 1)); }
+. "$(dirname "${BASH_SOURCE[0]}")/lib/supervisor_env.sh"   # pass, fail, sup_wait_health
 model=${DS4_MODELS:-$DS4_SRC/../shared/models}/stories260K.gguf
 [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
 command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
@@ -63,13 +61,7 @@ if [[ -z $url ]]; then
 fi
 pass "run.sh printed its address after $((SECONDS - start)) s: $url"
 grep -q "the status page at $url/status" "$T/run.log" && pass "and the status page's: $url/status" || fail "no status page address printed"
-code=
-for _ in $(seq 300); do
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$url/health")
-  [[ $code == 200 ]] && break
-  sleep 0.2
-done
-[[ $code == 200 ]] && pass "GET $url/health: 200 after $((SECONDS - start)) s" || fail "GET /health: $code"
+sup_wait_health "$url" 600 && pass "GET $url/health: 200 after $((SECONDS - start)) s" || fail "GET /health: $code"
 page=$(curl -s --max-time 5 -w '\n%{http_code}' "$url/status")
 [[ ${page##*$'\n'} == 200 && $page == *'<title>ds4 status</title>'* ]] && pass "GET $url/status: the page" || fail "GET /status: ${page: -200}"
 curl -s --max-time 5 "$url/status.json" | python3 -c 'import json,sys; s=json.load(sys.stdin); assert s["workers"][0]["state"]=="ready"' \

@@ -19,46 +19,21 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$here/lib/systemd_env.sh"
 . "$here/lib/supervisor_env.sh"
 
-model=${DS4_MODELS:-${DS4_SRC:-}/../shared/models}/stories260K.gguf
-[[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
-command -v curl >/dev/null || { echo "SKIP: no curl"; exit 77; }
-command -v cmake >/dev/null || { echo "SKIP: no cmake"; exit 77; }
-: "${DS4_BIN:?DS4_BIN must name the bin folder of a build}"
-[[ -x $DS4_BIN/ds4-socket-generator ]] || { echo "SKIP: no $DS4_BIN/ds4-socket-generator (build first)"; exit 77; }
-build=$(cd "$DS4_BIN/.." && pwd)
-[[ -f $build/cmake_install.cmake ]] || { echo "SKIP: $build is not a CMake build folder"; exit 77; }
-ds4_systemd_start || exit $?
-SUP_PRIVATE_RUNTIME=0 sup_init || { ds4_systemd_stop; exit 77; }
-cleanup() {
-  timeout 60 systemctl --user disable --now ds4-supervisor.service ds4-supervisor.socket >/dev/null 2>&1
-  sup_cleanup
-  ds4_systemd_stop
-}
-trap cleanup EXIT
+[[ -x ${DS4_BIN:?DS4_BIN must name the bin folder of a build}/ds4-socket-generator ]] ||
+  { echo "SKIP: no $DS4_BIN/ds4-socket-generator (build first)"; exit 77; }
+sup_install_begin
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # config PORT: the shipped config with model.path, proxy.listen on PORT and one thread.
 config() {
   sed -e "s|^  path: \"\" |  path: \"$model\" |" -e "s|^  listen: 127.0.0.1:8080 |  listen: 127.0.0.1:$1 |" \
     -e "s|^  threads: 0 |  threads: 1 |" "$DS4_SRC/config/ds4.yaml" >"$HOME/.config/ds4/ds4.yaml"
   grep -q "listen: 127.0.0.1:$1 " "$HOME/.config/ds4/ds4.yaml" || fail "could not set proxy.listen in the shipped config"
 }
-health() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$1/health"; }
-wait_health() {
-  local code
-  for _ in $(seq 300); do
-    code=$(health "$1")
-    [[ $code == 200 ]] && return 0
-    sleep 0.1
-  done
-  echo "$code"
-  return 1
-}
 dropin=ds4-supervisor.socket.d/10-proxy-listen.conf
 generated=$XDG_RUNTIME_DIR/systemd/generator/$dropin
 mkdir -p "$HOME/.config/ds4"
-port_a=$(free_port)
-port_b=$(free_port)
+port_a=$(sup_free_port)
+port_b=$(sup_free_port)
 [[ $port_a != "$port_b" ]] || port_b=$((port_a + 1))
 
 # The generator on its own, as systemd calls it.
@@ -100,7 +75,7 @@ else
   journalctl --no-pager -q -n 30 --user-unit ds4-supervisor.service
   sup_finish
 fi
-code=$(wait_health "$port_a") && pass "GET /health on port A ($port_a): 200" || fail "GET /health on $port_a: $code"
+sup_wait_health "http://127.0.0.1:$port_a" && pass "GET /health on port A ($port_a): 200" || fail "GET /health on $port_a: $code"
 
 # The edit a user makes: proxy.listen to port B.
 config "$port_b"
@@ -112,8 +87,8 @@ if timeout 120 systemctl --user stop ds4-supervisor.socket >"$SUP_DIR/restart.lo
 else
   fail "restart: $(cat "$SUP_DIR/restart.log")"
 fi
-code=$(wait_health "$port_b") && pass "GET /health on port B ($port_b): 200" || fail "GET /health on $port_b: $code"
-code=$(health "$port_a")
+sup_wait_health "http://127.0.0.1:$port_b" && pass "GET /health on port B ($port_b): 200" || fail "GET /health on $port_b: $code"
+code=$(sup_health "http://127.0.0.1:$port_a")
 [[ $code == 000 ]] && pass "port A ($port_a) is closed" || fail "port A still answers: $code"
 [[ $(sup_complete "http://127.0.0.1:$port_b" stories260K | tail -1) == 200 ]] && pass "a completion on port B" \
   || fail "a completion on port B"
@@ -136,5 +111,5 @@ else
 fi
 state=$(systemctl --user is-system-running)
 [[ $state == running || $state == degraded ]] && pass "the user manager still $state" || fail "user manager: $state"
-[[ $(health "$port_b") == 200 ]] && pass "the running service still serves on port B" || fail "port B after the reload"
+[[ $(sup_health "http://127.0.0.1:$port_b") == 200 ]] && pass "the running service still serves on port B" || fail "port B after the reload"
 sup_finish

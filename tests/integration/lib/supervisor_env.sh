@@ -5,6 +5,10 @@
 #   sup_begin [COMMAND...]              # a test on stories260K: sets $model, skips
 #                                       # without it or a COMMAND, sup_init, cleanup on exit
 #   sup_init || exit $?                 # checks DS4_BIN etc.; makes $SUP_DIR
+#   sup_install_begin [COMMAND...]      # the same for a test of the installed units
+#                                       # (with lib/systemd_env.sh): sets $build too
+#   sup_wait_health URL [TRIES]         # GET URL/health until 200; $code = the last answer
+#   sup_health URL, sup_free_port       # one GET /health's code; a free local port
 #   sup_start CONFIG_FILE               # starts it (log: $SUP_DIR/sup.log)
 #   sup_wait 30 'w[0]["state"] == "ready"'   # a Python expression on status:
 #                                       #   s = the status JSON, w = s["workers"]
@@ -47,6 +51,47 @@ sup_begin() {
   sup_init || exit $?
   trap sup_cleanup EXIT
 }
+
+# sup_install_begin [COMMAND...]: how a test of the installed service begins
+# (cmake --install of $DS4_BIN's build under a fresh user manager; the test
+# sources lib/systemd_env.sh too). Sets $model (stories260K) and $build,
+# skips (77) when the model, curl, cmake, a named command or the CMake build
+# folder is missing, starts the user manager and sup_init, and on exit
+# disables the installed units, cleans up and stops the manager.
+sup_install_begin() {
+  : "${DS4_BIN:?DS4_BIN must name the bin folder of a build}"
+  model=${DS4_MODELS:-${DS4_SRC:-}/../shared/models}/stories260K.gguf
+  [[ -f $model ]] || { echo "SKIP: no $model"; exit 77; }
+  local c
+  for c in curl cmake "$@"; do command -v "$c" >/dev/null || { echo "SKIP: no $c"; exit 77; }; done
+  build=$(cd "$DS4_BIN/.." && pwd)
+  [[ -f $build/cmake_install.cmake ]] || { echo "SKIP: $build is not a CMake build folder"; exit 77; }
+  ds4_systemd_start || exit $?
+  SUP_PRIVATE_RUNTIME=0 sup_init || { ds4_systemd_stop; exit 77; }
+  trap sup_install_cleanup EXIT
+}
+sup_install_cleanup() {
+  timeout 60 systemctl --user disable --now ds4-supervisor.service ds4-supervisor.socket >/dev/null 2>&1
+  sup_cleanup
+  ds4_systemd_stop
+}
+
+# sup_health URL [MAX_TIME]: the status code of GET URL/health (000 when
+# nothing answers). sup_wait_health URL [TRIES] [MAX_TIME]: asks every 0.1 s
+# until it is 200, at most TRIES (300) times; $code holds the last answer;
+# returns 0 on 200.
+sup_health() { curl -s -o /dev/null -w '%{http_code}' --max-time "${2:-5}" "$1/health"; }
+sup_wait_health() {
+  local i
+  for ((i = 0; i < ${2:-300}; i++)); do
+    code=$(sup_health "$1" "${3:-5}")
+    [[ $code == 200 ]] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# sup_free_port: a TCP port on 127.0.0.1 that nothing listens on now.
+sup_free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 sup_start() {
   local config=$1
