@@ -96,11 +96,8 @@ run_readme() {
 
 pid=
 cleanup() {
-  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid"
-    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-  fi
+  SUP_PID=$pid
+  sup_stop   # TERM, at most 15 s, then KILL
   if [[ -n ${DS4_SD_DIR:-} ]]; then
     timeout 60 systemctl --user disable --now ds4-supervisor.service ds4-supervisor.socket >/dev/null 2>&1
     [[ -n ${SUP_DIR:-} ]] && sup_cleanup

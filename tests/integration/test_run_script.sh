@@ -34,11 +34,8 @@ workers:
 YAML
 pid=
 cleanup() {
-  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid"
-    for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-  fi
+  SUP_PID=$pid
+  sup_stop   # TERM, at most 15 s, then KILL
   [[ ${fails} == 0 ]] && rm -rf "$T" || echo "kept $T"
 }
 trap cleanup EXIT
